@@ -1,0 +1,358 @@
+//! The compute engine of one device.
+//!
+//! Each context has an in-order queue of work. The engine runs one item at a time and
+//! time-slices between contexts that have runnable work, round-robin, `timeslice_ns` each (like a
+//! GPU without MPS: contexts never run concurrently, and a long kernel is preempted at the end of
+//! its slice when another context is waiting). A context alone on the device runs without
+//! switches. Nothing runs in the background: whichever process touches the device first calls
+//! [`Dev::advance`] with the current time, which replays exactly what the engine did since the
+//! last call. Every launch advances before it queues, so the replay never misses a submission.
+
+use crate::dev::Dev;
+use crate::layout::*;
+
+/// Why an item could not be queued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueFull;
+
+impl Dev<'_> {
+    /// Queues `item` on context `c`; returns its sequence number.
+    pub fn push(&mut self, c: u32, item: Item) -> Result<u64, QueueFull> {
+        let ctx = &mut self.b.ctxs[c as usize];
+        if ctx.submitted - ctx.completed >= RING as u64 {
+            return Err(QueueFull);
+        }
+        let seq = ctx.submitted + 1;
+        ctx.ring[(seq % RING as u64) as usize] = item;
+        ctx.submitted = seq;
+        self.set_active(c, true);
+        Ok(seq)
+    }
+
+    pub fn completed(&self, c: u32) -> u64 {
+        self.b.ctxs[c as usize].completed
+    }
+
+    pub fn submitted(&self, c: u32) -> u64 {
+        self.b.ctxs[c as usize].submitted
+    }
+
+    /// Engine time that must pass, at the very least, before item `seq` of context `c` is done:
+    /// the remaining work queued up to it (host functions count as 20 us).
+    pub fn min_wait(&self, c: u32, seq: u64) -> u64 {
+        let ctx = &self.b.ctxs[c as usize];
+        (ctx.completed + 1..=seq.min(ctx.submitted))
+            .map(|s| {
+                let it = &ctx.ring[(s % RING as u64) as usize];
+                match it.kind {
+                    ITEM_KERNEL => it.remaining,
+                    ITEM_HOSTFN if it.remaining == HOSTFN_PENDING => 20_000,
+                    _ => 0,
+                }
+            })
+            .fold(0u64, |a, b| a.saturating_add(b))
+    }
+
+    /// Marks the host function at the head of context `c` as returned.
+    pub fn finish_hostfn(&mut self, c: u32, seq: u64) {
+        let ctx = &mut self.b.ctxs[c as usize];
+        if ctx.completed < seq && seq <= ctx.submitted {
+            let it = &mut ctx.ring[(seq % RING as u64) as usize];
+            if it.kind == ITEM_HOSTFN {
+                it.remaining = 0;
+            }
+        }
+    }
+
+    fn head(&self, c: u32) -> Option<Item> {
+        let ctx = &self.b.ctxs[c as usize];
+        (ctx.state == CTX_LIVE && ctx.submitted > ctx.completed)
+            .then(|| ctx.ring[((ctx.completed + 1) % RING as u64) as usize])
+    }
+
+    fn runnable(&self, c: u32) -> bool {
+        self.head(c).is_some_and(|it| !(it.kind == ITEM_HOSTFN && it.remaining == HOSTFN_PENDING))
+    }
+
+    /// The next runnable context after `after` in round-robin order, `after` itself last.
+    fn next_runnable(&self, after: u32) -> Option<u32> {
+        let start = if after == NONE { 0 } else { after as usize + 1 };
+        (0..MAX_CTXS)
+            .map(|i| ((start + i) % MAX_CTXS) as u32)
+            .filter(|&c| self.b.engine.active[c as usize / 64] & (1 << (c % 64)) != 0)
+            .find(|&c| self.runnable(c))
+    }
+
+    fn others_runnable(&self, c: u32) -> bool {
+        self.b.engine.active.iter().enumerate().any(|(w, &bits)| {
+            let mut bits = bits;
+            while bits != 0 {
+                let o = w as u32 * 64 + bits.trailing_zeros();
+                bits &= bits - 1;
+                if o != c && self.runnable(o) {
+                    return true;
+                }
+            }
+            false
+        })
+    }
+
+    fn complete_head(&mut self, c: u32) {
+        let ctx = &mut self.b.ctxs[c as usize];
+        ctx.completed += 1;
+        if ctx.completed == ctx.submitted {
+            self.set_active(c, false);
+        }
+    }
+
+    fn fire_marker(&mut self, arg: u64, t: u64) {
+        let (i, record_generation) = ((arg & 0xffff_ffff) as usize, (arg >> 32) as u32);
+        if let Some(e) = self.b.events.get_mut(i) {
+            if e.state == EVENT_PENDING && e.record_generation == record_generation {
+                e.ts = t;
+                e.state = EVENT_DONE;
+            }
+        }
+    }
+
+    fn credit(&mut self, c: u32, run: u64, t_end: u64) {
+        let ctx = &mut self.b.ctxs[c as usize];
+        ctx.device_time_ns += run;
+        let owner = ctx.owner as usize;
+        let p = &mut self.b.procs[owner];
+        p.device_time_ns += run;
+        record_util(&mut p.util, t_end, p.device_time_ns);
+        let e = &mut self.b.engine;
+        e.busy_ns += run;
+        record_util(&mut e.util, t_end, e.busy_ns);
+    }
+
+    /// Replays the engine up to `now` (monotonic ns).
+    pub fn advance(&mut self, now: u64, timeslice_ns: u64) {
+        let timeslice = timeslice_ns.max(1);
+        let mut t = self.b.engine.sim_time;
+        if self.b.engine.current == NONE && self.b.engine.active.iter().all(|w| *w == 0) {
+            // Idle: nothing to replay.
+            self.b.engine.sim_time = t.max(now);
+            return;
+        }
+        loop {
+            let mut cur = self.b.engine.current;
+            if cur == NONE || !self.runnable(cur) {
+                match self.next_runnable(cur) {
+                    Some(c) => {
+                        cur = c;
+                        self.b.engine.current = c;
+                        self.b.engine.slice_used = 0;
+                    }
+                    None => {
+                        self.b.engine.current = NONE;
+                        t = t.max(now);
+                        break;
+                    }
+                }
+            }
+            let Some(item) = self.head(cur) else { continue };
+            match item.kind {
+                ITEM_MARKER => {
+                    self.fire_marker(item.arg, t);
+                    self.complete_head(cur);
+                    continue;
+                }
+                ITEM_HOSTFN => {
+                    // Runnable only once it has returned.
+                    self.complete_head(cur);
+                    continue;
+                }
+                _ => {}
+            }
+            if item.remaining == 0 {
+                self.complete_head(cur);
+                continue;
+            }
+            if t >= now {
+                break;
+            }
+            let others = self.others_runnable(cur);
+            if others && self.b.engine.slice_used >= timeslice {
+                self.b.engine.current = self.next_runnable(cur).unwrap_or(cur);
+                self.b.engine.slice_used = 0;
+                continue;
+            }
+            let mut run = item.remaining.min(now - t);
+            if others {
+                run = run.min(timeslice - self.b.engine.slice_used);
+            }
+            t += run;
+            self.b.engine.sim_time = t;
+            self.b.engine.slice_used += run;
+            let ctx = &mut self.b.ctxs[cur as usize];
+            let slot = ((ctx.completed + 1) % RING as u64) as usize;
+            ctx.ring[slot].remaining -= run;
+            let done = ctx.ring[slot].remaining == 0;
+            self.credit(cur, run, t);
+            if done {
+                self.complete_head(cur);
+            }
+        }
+        self.b.engine.sim_time = t;
+    }
+}
+
+fn record_util(r: &mut UtilRing, t: u64, cum: u64) {
+    let last = if r.len == 0 { None } else { Some(((r.next as usize + UTIL_POINTS - 1) % UTIL_POINTS, r.t[(r.next as usize + UTIL_POINTS - 1) % UTIL_POINTS])) };
+    match last {
+        Some((i, lt)) if t / UTIL_BUCKET_NS == lt / UTIL_BUCKET_NS => {
+            r.t[i] = t;
+            r.cum[i] = cum;
+        }
+        _ => {
+            let i = r.next as usize;
+            r.t[i] = t;
+            r.cum[i] = cum;
+            r.next = ((i + 1) % UTIL_POINTS) as u32;
+            r.len = (r.len + 1).min(UTIL_POINTS as u32);
+        }
+    }
+}
+
+/// Busy time accumulated in `(from, to]` according to the history `r` (linear between points;
+/// nothing accrues after the last point, which is when the counter last moved).
+pub fn busy_between(r: &UtilRing, from: u64, to: u64) -> u64 {
+    let points: Vec<(u64, u64)> = (0..r.len as usize)
+        .map(|k| {
+            let i = (r.next as usize + UTIL_POINTS - r.len as usize + k) % UTIL_POINTS;
+            (r.t[i], r.cum[i])
+        })
+        .collect();
+    let at = |x: u64| -> u64 {
+        match points.iter().position(|&(t, _)| t > x) {
+            None => points.last().map_or(0, |p| p.1),
+            Some(0) => points[0].1.saturating_sub(points[0].0.saturating_sub(x)),
+            Some(k) => {
+                let ((t0, c0), (t1, c1)) = (points[k - 1], points[k]);
+                c0 + ((c1 - c0) as u128 * (x - t0) as u128 / (t1 - t0).max(1) as u128) as u64
+            }
+        }
+    };
+    at(to).saturating_sub(at(from))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dev::testdev::TestDevice;
+    use crate::clock::MS;
+
+    fn kernel(ns: u64) -> Item {
+        Item { kind: ITEM_KERNEL, stream: 0, remaining: ns, arg: 0, total: ns }
+    }
+
+    #[test]
+    fn a_lone_context_runs_back_to_back() {
+        let mut t = TestDevice::new(64 << 20);
+        let mut d = t.dev();
+        let (c, _) = d.create_ctx(0, 0, 0).unwrap();
+        d.advance(1_000, 2 * MS);
+        for _ in 0..3 {
+            d.push(c, kernel(MS)).unwrap();
+        }
+        d.advance(1_000 + 2 * MS + MS / 2, 2 * MS);
+        assert_eq!(d.completed(c), 2);
+        assert_eq!(d.min_wait(c, 3), MS / 2);
+        d.advance(1_000 + 10 * MS, 2 * MS);
+        assert_eq!(d.completed(c), 3);
+        assert_eq!(d.b.procs[0].device_time_ns, 3 * MS);
+        assert_eq!(d.b.engine.busy_ns, 3 * MS);
+    }
+
+    #[test]
+    fn two_busy_contexts_share_the_engine_by_time_slices() {
+        let mut t = TestDevice::new(64 << 20);
+        let mut d = t.dev();
+        let (a, _) = d.create_ctx(1, 0, 0).unwrap();
+        let (b, _) = d.create_ctx(2, 0, 0).unwrap();
+        let start = 10 * MS;
+        d.advance(start, 2 * MS);
+        // A queues one 10 ms kernel, B many 1 ms kernels: both get half the engine.
+        d.push(a, kernel(10 * MS)).unwrap();
+        for _ in 0..20 {
+            d.push(b, kernel(MS)).unwrap();
+        }
+        d.advance(start + 8 * MS, 2 * MS);
+        assert_eq!(d.b.procs[1].device_time_ns, 4 * MS);
+        assert_eq!(d.b.procs[2].device_time_ns, 4 * MS);
+        // A's kernel takes 20 ms of wall time for 10 ms of engine time.
+        d.advance(start + 20 * MS, 2 * MS);
+        assert_eq!(d.completed(a), 1);
+        assert_eq!(d.b.procs[2].device_time_ns, 10 * MS);
+    }
+
+    #[test]
+    fn markers_take_the_time_the_engine_reaches_them() {
+        let mut t = TestDevice::new(64 << 20);
+        let mut d = t.dev();
+        let (c, _) = d.create_ctx(0, 0, 0).unwrap();
+        let (e, _) = d.create_event(0).unwrap();
+        d.advance(MS, 2 * MS);
+        d.push(c, kernel(3 * MS)).unwrap();
+        d.b.events[e as usize].state = EVENT_PENDING;
+        d.b.events[e as usize].record_generation = 5;
+        d.push(c, Item { kind: ITEM_MARKER, arg: e as u64 | 5 << 32, ..Item::default() }).unwrap();
+        d.advance(2 * MS, 2 * MS);
+        assert_eq!(d.b.events[e as usize].state, EVENT_PENDING);
+        d.advance(100 * MS, 2 * MS);
+        assert_eq!(d.b.events[e as usize].state, EVENT_DONE);
+        assert_eq!(d.b.events[e as usize].ts, 4 * MS);
+    }
+
+    #[test]
+    fn a_pending_host_function_blocks_only_its_context() {
+        let mut t = TestDevice::new(64 << 20);
+        let mut d = t.dev();
+        let (a, _) = d.create_ctx(1, 0, 0).unwrap();
+        let (b, _) = d.create_ctx(2, 0, 0).unwrap();
+        d.advance(MS, 2 * MS);
+        let h = d.push(a, Item { kind: ITEM_HOSTFN, remaining: HOSTFN_PENDING, ..Item::default() }).unwrap();
+        d.push(a, kernel(MS)).unwrap();
+        d.push(b, kernel(MS)).unwrap();
+        d.advance(5 * MS, 2 * MS);
+        assert_eq!(d.completed(a), 0);
+        assert_eq!(d.completed(b), 1);
+        d.finish_hostfn(a, h);
+        d.advance(5 * MS, 2 * MS);
+        assert_eq!(d.completed(a), 1, "the host function completes when it has returned");
+        d.advance(7 * MS, 2 * MS);
+        assert_eq!(d.completed(a), 2);
+        assert_eq!(d.b.procs[1].device_time_ns, MS);
+    }
+
+    #[test]
+    fn full_queue_is_refused_and_idle_time_is_not_work() {
+        let mut t = TestDevice::new(64 << 20);
+        let mut d = t.dev();
+        let (c, _) = d.create_ctx(0, 0, 0).unwrap();
+        for _ in 0..RING {
+            d.push(c, kernel(1)).unwrap();
+        }
+        assert_eq!(d.push(c, kernel(1)), Err(QueueFull));
+        d.advance(MS, 2 * MS);
+        d.push(c, kernel(1)).unwrap();
+        d.advance(10 * MS, 2 * MS);
+        assert_eq!(d.b.engine.busy_ns, RING as u64 + 1);
+    }
+
+    #[test]
+    fn utilisation_history_measures_windows() {
+        let mut r = UtilRing { next: 0, len: 0, t: [0; UTIL_POINTS], cum: [0; UTIL_POINTS] };
+        // Busy half the time from 1 s to 3 s.
+        let mut cum = 0;
+        for k in 0..=20u64 {
+            let t = 1_000 * MS + k * 100 * MS;
+            record_util(&mut r, t, cum);
+            cum += 50 * MS;
+        }
+        let busy = busy_between(&r, 2_000 * MS, 3_000 * MS);
+        assert_eq!(busy, 500 * MS);
+    }
+}

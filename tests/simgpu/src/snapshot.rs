@@ -1,0 +1,170 @@
+//! A consistent picture of the simulated machine: what `simgpu show` prints and what the tests
+//! take as ground truth.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::clock::{self, MS};
+use crate::engine::busy_between;
+use crate::layout::*;
+use crate::state::State;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Snapshot {
+    pub state: String,
+    pub context_overhead: u64,
+    pub timeslice_ns: u64,
+    pub devices: Vec<DeviceSnap>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct DeviceSnap {
+    pub index: u32,
+    pub uuid: String,
+    pub name: String,
+    pub pci_bus_id: String,
+    pub sm_count: u32,
+    pub total: u64,
+    pub used: u64,
+    pub free: u64,
+    /// Percent of the last second during which the engine ran work.
+    pub utilization: u32,
+    pub busy_ns: u64,
+    pub processes: Vec<ProcSnap>,
+    pub exited: Vec<ExitedSnap>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ProcSnap {
+    /// Host PID when known (always, for processes outside containers).
+    pub pid: i32,
+    /// The PID inside the process's own PID namespace.
+    pub ns_pid: i32,
+    pub comm: String,
+    /// Everything the process holds on the device, context overhead included.
+    pub held: u64,
+    pub peak: u64,
+    /// Engine time the process's work used.
+    pub device_time_ns: u64,
+    pub contexts: u32,
+    pub oom_refusals: u64,
+    /// `held` split by what holds it ("mem", "context", "pool", ...).
+    pub by_kind: BTreeMap<&'static str, u64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ExitedSnap {
+    pub pid: i32,
+    pub ns_pid: i32,
+    pub comm: String,
+    pub peak: u64,
+    pub device_time_ns: u64,
+}
+
+impl State {
+    /// Reclaims dead processes, brings every engine up to now, and reads everything.
+    pub fn snapshot(&self) -> Snapshot {
+        self.sweep();
+        self.resolve_host_pids();
+        let c = self.config();
+        let devices = (0..self.ndev()).map(|d| self.device_snapshot(d)).collect();
+        Snapshot {
+            state: self.path().display().to_string(),
+            context_overhead: c.context_overhead,
+            timeslice_ns: c.timeslice_ns,
+            devices,
+        }
+    }
+
+    pub fn device_snapshot(&self, d: u32) -> DeviceSnap {
+        let c = self.config();
+        let mut g = self.lock_device(d);
+        let now = g.advance_now();
+        let dev = g.dev();
+        let mut by_owner: BTreeMap<u32, BTreeMap<&'static str, u64>> = BTreeMap::new();
+        for (_, r) in dev.allocations() {
+            let kind = AllocKind::from_u32(r.kind).map_or("other", |k| k.name());
+            *by_owner.entry(r.owner).or_default().entry(kind).or_default() += r.ngran as u64 * GRANULE;
+        }
+        let processes = (0..MAX_PROCS as u32)
+            .filter(|&s| {
+                let p = &dev.b.procs[s as usize];
+                p.contexts > 0 || p.held > 0
+            })
+            .map(|s| {
+                let p = &dev.b.procs[s as usize];
+                ProcSnap {
+                    pid: self.reported_pid(s),
+                    ns_pid: self.slot_ns_pid(s),
+                    comm: self.slot_comm(s),
+                    held: p.held,
+                    peak: p.peak,
+                    device_time_ns: p.device_time_ns,
+                    contexts: p.contexts,
+                    oom_refusals: p.oom_refusals,
+                    by_kind: by_owner.remove(&s).unwrap_or_default(),
+                }
+            })
+            .collect();
+        let n = dev.b.exited_next;
+        let exited = (n.saturating_sub(EXITED as u64)..n)
+            .map(|k| {
+                let e = &dev.b.exited[(k % EXITED as u64) as usize];
+                ExitedSnap {
+                    pid: if e.host_pid != 0 { e.host_pid } else { e.ns_pid },
+                    ns_pid: e.ns_pid,
+                    comm: field_str(&e.comm),
+                    peak: e.peak,
+                    device_time_ns: e.device_time_ns,
+                }
+            })
+            .collect();
+        let busy = busy_between(&dev.b.engine.util, now.saturating_sub(1000 * MS), now);
+        DeviceSnap {
+            index: d,
+            uuid: self.uuid_string(d),
+            name: field_str(&c.name),
+            pci_bus_id: self.pci_bus_id(d),
+            sm_count: c.sm_count,
+            total: dev.total(),
+            used: dev.used(),
+            free: dev.free(),
+            utilization: (busy * 100 / (1000 * MS)).min(100) as u32,
+            busy_ns: dev.b.engine.busy_ns,
+            processes,
+            exited,
+        }
+    }
+
+    /// Per-process utilisation of device `d` over `(since, now]` (monotonic ns): (slot, busy ns,
+    /// window ns) for processes that ran work in the window.
+    pub fn process_utilization(&self, d: u32, since: u64) -> Vec<(u32, u64, u64)> {
+        let mut g = self.lock_device(d);
+        let now = g.advance_now();
+        let since = since.max(now.saturating_sub(1000 * MS));
+        let dev = g.dev();
+        (0..MAX_PROCS as u32)
+            .filter_map(|s| {
+                let p = &dev.b.procs[s as usize];
+                if p.contexts == 0 {
+                    return None;
+                }
+                let busy = busy_between(&p.util, since, now);
+                (busy > 0).then_some((s, busy, now - since))
+            })
+            .collect()
+    }
+
+    /// Percent of the last second device `d` was busy.
+    pub fn utilization(&self, d: u32) -> u32 {
+        let mut g = self.lock_device(d);
+        let now = g.advance_now();
+        let busy = busy_between(&g.dev().b.engine.util, now.saturating_sub(1000 * MS), now);
+        (busy * 100 / (1000 * MS)).min(100) as u32
+    }
+
+    pub fn now_wall_us() -> u64 {
+        clock::wall_us()
+    }
+}
