@@ -89,7 +89,8 @@ pub type CUgraphNode = *mut c_void;
 pub type CUgraphExec = *mut c_void;
 pub type CUmemGenericAllocationHandle = u64;
 pub type CUhostFn = Option<unsafe extern "C" fn(user_data: *mut c_void)>;
-pub type CUstreamCallback = Option<unsafe extern "C" fn(stream: CUstream, status: CUresult, user_data: *mut c_void)>;
+pub type CUstreamCallback =
+    Option<unsafe extern "C" fn(stream: CUstream, status: CUresult, user_data: *mut c_void)>;
 
 /// `CU_STREAM_LEGACY` and `CU_STREAM_PER_THREAD`: the special stream handles.
 pub const CU_STREAM_LEGACY: usize = 0x1;
@@ -447,7 +448,10 @@ mod tests {
         assert_eq!(size_of::<nvmlMemory_v2_t>(), 40);
         assert_eq!(offset_of!(nvmlMemory_v2_t, total), 8);
         assert_eq!(offset_of!(nvmlMemory_v2_t, used), 32);
-        assert_eq!(NVML_MEMORY_V2, size_of::<nvmlMemory_v2_t>() as u32 | 2 << 24);
+        assert_eq!(
+            NVML_MEMORY_V2,
+            size_of::<nvmlMemory_v2_t>() as u32 | 2 << 24
+        );
     }
 
     #[test]

@@ -8,7 +8,9 @@ use std::fmt;
 
 /// Why a string is not a size. Its `Display` is one line that names the value and shows what works.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{input:?} is not a size ({reason}); write e.g. 4GiB, 512MiB, 1.5GiB, 4g, 4096m or plain bytes")]
+#[error(
+    "{input:?} is not a size ({reason}); write e.g. 4GiB, 512MiB, 1.5GiB, 4g, 4096m or plain bytes"
+)]
 pub struct SizeError {
     pub input: String,
     pub reason: Reason,
@@ -52,7 +54,10 @@ fn unit_shift(unit: &str) -> Option<u32> {
 
 /// Parses a size in bytes. Zero is a valid size here; callers that need a positive one say so.
 pub fn parse_size(input: &str) -> Result<u64, SizeError> {
-    let fail = |reason| SizeError { input: input.to_string(), reason };
+    let fail = |reason| SizeError {
+        input: input.to_string(),
+        reason,
+    };
     let s = input.trim();
     if s.is_empty() {
         return Err(fail(Reason::Empty));
@@ -61,7 +66,9 @@ pub fn parse_size(input: &str) -> Result<u64, SizeError> {
         return Err(fail(Reason::Negative));
     }
     let s = s.strip_prefix('+').unwrap_or(s);
-    let num_end = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    let num_end = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
     let (number, unit) = s.split_at(num_end);
     let shift = unit_shift(unit.trim()).ok_or_else(|| fail(Reason::UnknownUnit))?;
     let (whole, frac) = match number.split_once('.') {
@@ -144,7 +151,10 @@ mod tests {
         assert_eq!(reason("1.2.3GiB"), Reason::NoNumber);
         assert_eq!(reason("1.5"), Reason::FractionalBytes);
         assert_eq!(reason("20000000PiB"), Reason::TooLarge);
-        assert_eq!(reason("99999999999999999999999999999999999"), Reason::TooLarge);
+        assert_eq!(
+            reason("99999999999999999999999999999999999"),
+            Reason::TooLarge
+        );
         let msg = parse_size("12XB").unwrap_err().to_string();
         assert!(msg.contains("\"12XB\"") && msg.contains("4GiB"), "{msg}");
     }

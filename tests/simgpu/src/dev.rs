@@ -45,7 +45,12 @@ impl Dev<'_> {
     }
 
     /// Takes whole granules for `size` bytes (at least one) and charges them to `owner`.
-    pub fn alloc(&mut self, owner: u32, kind: AllocKind, size: u64) -> Result<AllocId, OutOfMemory> {
+    pub fn alloc(
+        &mut self,
+        owner: u32,
+        kind: AllocKind,
+        size: u64,
+    ) -> Result<AllocId, OutOfMemory> {
         let need = size.max(1).div_ceil(GRANULE);
         let ngran = self.b.info.ngran;
         if need > (ngran - self.b.mem.used_gran) as u64 {
@@ -72,18 +77,33 @@ impl Dev<'_> {
                 }
             }
         }
-        assert_eq!(picked.len(), need as usize, "granule bitmap disagrees with used_gran");
+        assert_eq!(
+            picked.len(),
+            need as usize,
+            "granule bitmap disagrees with used_gran"
+        );
         let head = picked[0];
         // Granules first, the record last: a crash in between leaves granules whose record is
         // invalid, which `repair` frees.
         for (i, &g) in picked.iter().enumerate() {
             let next = picked.get(i + 1).map_or(0, |n| n + 1);
-            self.granules[g as usize] = Granule { head: head + 1, next };
+            self.granules[g as usize] = Granule {
+                head: head + 1,
+                next,
+            };
             self.bitmap[g as usize / 64] |= 1 << (g % 64);
         }
         self.b.mem.next_generation = self.b.mem.next_generation.wrapping_add(1).max(1);
         let generation = self.b.mem.next_generation;
-        self.allocs[head as usize] = AllocRec { valid: 1, kind: kind as u32, owner, generation, size, ngran: need, refs: 0 };
+        self.allocs[head as usize] = AllocRec {
+            valid: 1,
+            kind: kind as u32,
+            owner,
+            generation,
+            size,
+            ngran: need,
+            refs: 0,
+        };
         self.b.mem.used_gran += need;
         self.b.mem.cursor = picked[need as usize - 1] + 1;
         let p = &mut self.b.procs[owner as usize];
@@ -100,7 +120,9 @@ impl Dev<'_> {
 
     /// Releases an allocation; false if `id` is stale.
     pub fn release(&mut self, id: AllocId) -> bool {
-        let Some(rec) = self.record(id) else { return false };
+        let Some(rec) = self.record(id) else {
+            return false;
+        };
         self.allocs[id.head as usize].valid = 0;
         let mut g = id.head;
         let mut n = 0;
@@ -142,14 +164,25 @@ impl Dev<'_> {
             .iter()
             .enumerate()
             .filter(|(_, r)| r.valid == 1)
-            .map(|(i, r)| (AllocId { head: i as u32, generation: r.generation }, *r))
+            .map(|(i, r)| {
+                (
+                    AllocId {
+                        head: i as u32,
+                        generation: r.generation,
+                    },
+                    *r,
+                )
+            })
     }
 
     /// Releases everything `owner` holds on this device (its process is gone) and remembers it
     /// among the exited processes.
     pub fn reclaim_owner(&mut self, owner: u32, who: &ExitedProc) -> Reclaimed {
         let mut out = Reclaimed::default();
-        let ids: Vec<_> = self.allocations().filter(|(_, r)| r.owner == owner).collect();
+        let ids: Vec<_> = self
+            .allocations()
+            .filter(|(_, r)| r.owner == owner)
+            .collect();
         for (id, r) in ids {
             out.allocations += 1;
             out.bytes += r.ngran as u64 * GRANULE;
@@ -228,7 +261,10 @@ impl Dev<'_> {
         for p in self.b.procs.iter_mut() {
             p.held = 0;
         }
-        let held: Vec<_> = self.allocations().map(|(_, r)| (r.owner, r.ngran)).collect();
+        let held: Vec<_> = self
+            .allocations()
+            .map(|(_, r)| (r.owner, r.ngran))
+            .collect();
         for (owner, ngran) in held {
             let p = &mut self.b.procs[owner as usize];
             p.held += ngran as u64 * GRANULE;
@@ -250,10 +286,23 @@ impl Dev<'_> {
     // ---- contexts -------------------------------------------------------------------------
 
     /// Makes a context owned by `owner`, charging `overhead` bytes of hidden device memory.
-    pub fn create_ctx(&mut self, owner: u32, flags: u32, overhead: u64) -> Result<(u32, u32), CtxError> {
-        let c = self.b.ctxs.iter().position(|c| c.state == CTX_FREE).ok_or(CtxError::TooMany)? as u32;
+    pub fn create_ctx(
+        &mut self,
+        owner: u32,
+        flags: u32,
+        overhead: u64,
+    ) -> Result<(u32, u32), CtxError> {
+        let c = self
+            .b
+            .ctxs
+            .iter()
+            .position(|c| c.state == CTX_FREE)
+            .ok_or(CtxError::TooMany)? as u32;
         let oh = if overhead > 0 {
-            Some(self.alloc(owner, AllocKind::Context, overhead).map_err(|_| CtxError::OutOfMemory)?)
+            Some(
+                self.alloc(owner, AllocKind::Context, overhead)
+                    .map_err(|_| CtxError::OutOfMemory)?,
+            )
         } else {
             None
         };
@@ -271,7 +320,10 @@ impl Dev<'_> {
     }
 
     pub fn ctx_valid(&self, c: u32, generation: u32) -> bool {
-        self.b.ctxs.get(c as usize).is_some_and(|x| x.state == CTX_LIVE && x.generation == generation)
+        self.b
+            .ctxs
+            .get(c as usize)
+            .is_some_and(|x| x.state == CTX_LIVE && x.generation == generation)
     }
 
     /// Destroys a context: its queued work is dropped and its overhead released.
@@ -289,7 +341,10 @@ impl Dev<'_> {
         }
         if overhead != NONE {
             let generation = self.allocs[overhead as usize].generation;
-            self.release(AllocId { head: overhead, generation });
+            self.release(AllocId {
+                head: overhead,
+                generation,
+            });
         }
         let p = &mut self.b.procs[owner as usize];
         p.contexts = p.contexts.saturating_sub(1);
@@ -317,7 +372,10 @@ impl Dev<'_> {
     }
 
     pub fn event(&self, i: u32, generation: u32) -> Option<&Event> {
-        self.b.events.get(i as usize).filter(|e| e.state != EVENT_FREE && e.generation == generation)
+        self.b
+            .events
+            .get(i as usize)
+            .filter(|e| e.state != EVENT_FREE && e.generation == generation)
     }
 
     pub fn destroy_event(&mut self, i: u32, generation: u32) -> bool {
@@ -419,7 +477,9 @@ mod tests {
     fn full_device_refuses_and_fragmentation_does_not() {
         let mut t = TestDevice::new(16 * MIB);
         let mut d = t.dev();
-        let ids: Vec<_> = (0..8).map(|_| d.alloc(1, AllocKind::Mem, 2 * MIB).unwrap()).collect();
+        let ids: Vec<_> = (0..8)
+            .map(|_| d.alloc(1, AllocKind::Mem, 2 * MIB).unwrap())
+            .collect();
         assert_eq!(d.alloc(1, AllocKind::Mem, 1), Err(OutOfMemory));
         assert_eq!(d.b.procs[1].oom_refusals, 1);
         // Free every other granule: 8 MiB free in 4 holes; an 8 MiB request still fits.
@@ -439,9 +499,24 @@ mod tests {
         d.create_ctx(1, 0, 4 * MIB).unwrap();
         d.create_event(1).unwrap();
         let other = d.alloc(2, AllocKind::Mem, 2 * MIB).unwrap();
-        let who = ExitedProc { ns_pid: 7, host_pid: 7, peak: 0, device_time_ns: 0, exited_ns: 1, comm: [0; 16] };
+        let who = ExitedProc {
+            ns_pid: 7,
+            host_pid: 7,
+            peak: 0,
+            device_time_ns: 0,
+            exited_ns: 1,
+            comm: [0; 16],
+        };
         let r = d.reclaim_owner(1, &who);
-        assert_eq!(r, Reclaimed { allocations: 2, bytes: 14 * MIB, contexts: 1, events: 1 });
+        assert_eq!(
+            r,
+            Reclaimed {
+                allocations: 2,
+                bytes: 14 * MIB,
+                contexts: 1,
+                events: 1
+            }
+        );
         assert_eq!(d.used(), 2 * MIB);
         assert!(d.record(other).is_some());
         assert_eq!(d.b.exited[0].peak, 14 * MIB);

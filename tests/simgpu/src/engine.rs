@@ -71,7 +71,8 @@ impl Dev<'_> {
     }
 
     fn runnable(&self, c: u32) -> bool {
-        self.head(c).is_some_and(|it| !(it.kind == ITEM_HOSTFN && it.remaining == HOSTFN_PENDING))
+        self.head(c)
+            .is_some_and(|it| !(it.kind == ITEM_HOSTFN && it.remaining == HOSTFN_PENDING))
     }
 
     /// The next runnable context after `after` in round-robin order, `after` itself last.
@@ -200,7 +201,14 @@ impl Dev<'_> {
 }
 
 fn record_util(r: &mut UtilRing, t: u64, cum: u64) {
-    let last = if r.len == 0 { None } else { Some(((r.next as usize + UTIL_POINTS - 1) % UTIL_POINTS, r.t[(r.next as usize + UTIL_POINTS - 1) % UTIL_POINTS])) };
+    let last = if r.len == 0 {
+        None
+    } else {
+        Some((
+            (r.next as usize + UTIL_POINTS - 1) % UTIL_POINTS,
+            r.t[(r.next as usize + UTIL_POINTS - 1) % UTIL_POINTS],
+        ))
+    };
     match last {
         Some((i, lt)) if t / UTIL_BUCKET_NS == lt / UTIL_BUCKET_NS => {
             r.t[i] = t;
@@ -241,11 +249,17 @@ pub fn busy_between(r: &UtilRing, from: u64, to: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dev::testdev::TestDevice;
     use crate::clock::MS;
+    use crate::dev::testdev::TestDevice;
 
     fn kernel(ns: u64) -> Item {
-        Item { kind: ITEM_KERNEL, stream: 0, remaining: ns, arg: 0, total: ns }
+        Item {
+            kind: ITEM_KERNEL,
+            stream: 0,
+            remaining: ns,
+            arg: 0,
+            total: ns,
+        }
     }
 
     #[test]
@@ -298,7 +312,15 @@ mod tests {
         d.push(c, kernel(3 * MS)).unwrap();
         d.b.events[e as usize].state = EVENT_PENDING;
         d.b.events[e as usize].record_generation = 5;
-        d.push(c, Item { kind: ITEM_MARKER, arg: e as u64 | 5 << 32, ..Item::default() }).unwrap();
+        d.push(
+            c,
+            Item {
+                kind: ITEM_MARKER,
+                arg: e as u64 | 5 << 32,
+                ..Item::default()
+            },
+        )
+        .unwrap();
         d.advance(2 * MS, 2 * MS);
         assert_eq!(d.b.events[e as usize].state, EVENT_PENDING);
         d.advance(100 * MS, 2 * MS);
@@ -313,7 +335,16 @@ mod tests {
         let (a, _) = d.create_ctx(1, 0, 0).unwrap();
         let (b, _) = d.create_ctx(2, 0, 0).unwrap();
         d.advance(MS, 2 * MS);
-        let h = d.push(a, Item { kind: ITEM_HOSTFN, remaining: HOSTFN_PENDING, ..Item::default() }).unwrap();
+        let h = d
+            .push(
+                a,
+                Item {
+                    kind: ITEM_HOSTFN,
+                    remaining: HOSTFN_PENDING,
+                    ..Item::default()
+                },
+            )
+            .unwrap();
         d.push(a, kernel(MS)).unwrap();
         d.push(b, kernel(MS)).unwrap();
         d.advance(5 * MS, 2 * MS);
@@ -321,7 +352,11 @@ mod tests {
         assert_eq!(d.completed(b), 1);
         d.finish_hostfn(a, h);
         d.advance(5 * MS, 2 * MS);
-        assert_eq!(d.completed(a), 1, "the host function completes when it has returned");
+        assert_eq!(
+            d.completed(a),
+            1,
+            "the host function completes when it has returned"
+        );
         d.advance(7 * MS, 2 * MS);
         assert_eq!(d.completed(a), 2);
         assert_eq!(d.b.procs[1].device_time_ns, MS);
@@ -344,7 +379,12 @@ mod tests {
 
     #[test]
     fn utilisation_history_measures_windows() {
-        let mut r = UtilRing { next: 0, len: 0, t: [0; UTIL_POINTS], cum: [0; UTIL_POINTS] };
+        let mut r = UtilRing {
+            next: 0,
+            len: 0,
+            t: [0; UTIL_POINTS],
+            cum: [0; UTIL_POINTS],
+        };
         // Busy half the time from 1 s to 3 s.
         let mut cum = 0;
         for k in 0..=20u64 {

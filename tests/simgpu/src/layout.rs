@@ -310,7 +310,12 @@ impl DeviceLayout {
         let allocs = align_up(granules + n * std::mem::size_of::<Granule>() as u64, 64);
         let bitmap = align_up(allocs + n * std::mem::size_of::<AllocRec>() as u64, 64);
         let size = align_up(bitmap + n.div_ceil(64) * 8, 4096);
-        DeviceLayout { granules, allocs, bitmap, size }
+        DeviceLayout {
+            granules,
+            allocs,
+            bitmap,
+            size,
+        }
     }
 }
 

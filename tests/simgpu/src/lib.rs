@@ -28,5 +28,5 @@ pub fn state_from_env() -> Result<State, String> {
     let path = std::env::var_os(STATE_ENV).ok_or_else(|| {
         format!("simgpu: {STATE_ENV} is not set; run the program under `simgpu run -- CMD`, or set {STATE_ENV} to a file made by `simgpu init --state FILE`")
     })?;
-    State::open(std::path::Path::new(&path)).map_err(|e| e.to_string())
+    State::open(std::path::Path::new(&path)).map_err(|e| format!("simgpu: {e}"))
 }

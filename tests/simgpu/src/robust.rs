@@ -31,8 +31,14 @@ impl RobustMutex {
         unsafe {
             let mut attr: libc::pthread_mutexattr_t = std::mem::zeroed();
             check(libc::pthread_mutexattr_init(&mut attr))?;
-            check(libc::pthread_mutexattr_setpshared(&mut attr, libc::PTHREAD_PROCESS_SHARED))?;
-            check(libc::pthread_mutexattr_setrobust(&mut attr, libc::PTHREAD_MUTEX_ROBUST))?;
+            check(libc::pthread_mutexattr_setpshared(
+                &mut attr,
+                libc::PTHREAD_PROCESS_SHARED,
+            ))?;
+            check(libc::pthread_mutexattr_setrobust(
+                &mut attr,
+                libc::PTHREAD_MUTEX_ROBUST,
+            ))?;
             let r = libc::pthread_mutex_init(self.raw.get(), &attr);
             libc::pthread_mutexattr_destroy(&mut attr);
             check(r)
@@ -63,5 +69,9 @@ impl RobustMutex {
 }
 
 fn check(r: i32) -> io::Result<()> {
-    if r == 0 { Ok(()) } else { Err(io::Error::from_raw_os_error(r)) }
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::from_raw_os_error(r))
+    }
 }

@@ -85,7 +85,11 @@ impl State {
         let mut by_owner: BTreeMap<u32, BTreeMap<&'static str, u64>> = BTreeMap::new();
         for (_, r) in dev.allocations() {
             let kind = AllocKind::from_u32(r.kind).map_or("other", |k| k.name());
-            *by_owner.entry(r.owner).or_default().entry(kind).or_default() += r.ngran as u64 * GRANULE;
+            *by_owner
+                .entry(r.owner)
+                .or_default()
+                .entry(kind)
+                .or_default() += r.ngran as u64 * GRANULE;
         }
         let processes = (0..MAX_PROCS as u32)
             .filter(|&s| {
@@ -112,7 +116,11 @@ impl State {
             .map(|k| {
                 let e = &dev.b.exited[(k % EXITED as u64) as usize];
                 ExitedSnap {
-                    pid: if e.host_pid != 0 { e.host_pid } else { e.ns_pid },
+                    pid: if e.host_pid != 0 {
+                        e.host_pid
+                    } else {
+                        e.ns_pid
+                    },
                     ns_pid: e.ns_pid,
                     comm: field_str(&e.comm),
                     peak: e.peak,

@@ -21,19 +21,37 @@ const SCAN_INTERVAL_NS: u64 = 100 * MS;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
-    #[error("simgpu: cannot {what} {path}: {err}")]
-    Io { what: &'static str, path: PathBuf, err: io::Error },
-    #[error("simgpu: {path} is not a simgpu state file (bad magic); make one with `simgpu init --state FILE` or `simgpu run`")]
+    #[error("cannot {what} {path}: {err}")]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        err: io::Error,
+    },
+    #[error(
+        "{path} is not a simgpu state file (bad magic); make one with `simgpu init --state FILE` or `simgpu run`"
+    )]
     NotState { path: PathBuf },
-    #[error("simgpu: {path} has state layout version {found}, this simgpu understands version {expected}; remove the file and start again")]
-    Version { path: PathBuf, found: u32, expected: u32 },
-    #[error("simgpu: {path} is damaged ({why}); remove the file and start again")]
+    #[error(
+        "{path} has state layout version {found}, this simgpu understands version {expected}; remove the file and start again"
+    )]
+    Version {
+        path: PathBuf,
+        found: u32,
+        expected: u32,
+    },
+    #[error("{path} is damaged ({why}); remove the file and start again")]
     Damaged { path: PathBuf, why: String },
-    #[error("simgpu: {path} already describes {have}, not {want}; leave out the device options or use another --state file")]
-    Mismatch { path: PathBuf, have: String, want: String },
-    #[error("simgpu: all {MAX_PROCS} process slots of {path} are in use by live processes")]
+    #[error(
+        "{path} already describes {have}, not {want}; leave out the device options or use another --state file"
+    )]
+    Mismatch {
+        path: PathBuf,
+        have: String,
+        want: String,
+    },
+    #[error("all {MAX_PROCS} process slots of {path} are in use by live processes")]
     TooManyProcesses { path: PathBuf },
-    #[error("simgpu: {0}")]
+    #[error("{0}")]
     Invalid(String),
 }
 
@@ -67,7 +85,10 @@ impl CreateOptions {
     fn validate(&self) -> Result<(), StateError> {
         let bad = |m: String| Err(StateError::Invalid(m));
         if self.devices == 0 || self.devices as usize > MAX_DEVICES {
-            return bad(format!("--devices {} is out of range; use 1 to {MAX_DEVICES}", self.devices));
+            return bad(format!(
+                "--devices {} is out of range; use 1 to {MAX_DEVICES}",
+                self.devices
+            ));
         }
         if self.memory < GRANULE || self.memory > MAX_DEVICE_MEMORY || self.memory % GRANULE != 0 {
             return bad(format!(
@@ -136,7 +157,11 @@ pub fn data_path(state: &Path) -> PathBuf {
 impl State {
     /// Opens `path`, making it first if it does not exist. With `explicit`, an existing file
     /// that describes other devices is refused instead of silently used.
-    pub fn create_or_open(path: &Path, opts: &CreateOptions, explicit: bool) -> Result<State, StateError> {
+    pub fn create_or_open(
+        path: &Path,
+        opts: &CreateOptions,
+        explicit: bool,
+    ) -> Result<State, StateError> {
         opts.validate()?;
         match State::open(path) {
             Ok(s) => {
@@ -148,7 +173,11 @@ impl State {
                     ..opts.clone()
                 };
                 if explicit && have.describe() != opts.describe() {
-                    return Err(StateError::Mismatch { path: path.into(), have: have.describe(), want: opts.describe() });
+                    return Err(StateError::Mismatch {
+                        path: path.into(),
+                        have: have.describe(),
+                        want: opts.describe(),
+                    });
                 }
                 Ok(s)
             }
@@ -161,23 +190,47 @@ impl State {
     }
 
     fn make(path: &Path, opts: &CreateOptions) -> Result<(), StateError> {
-        let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        let tmp = dir.join(format!(".simgpu-new-{}-{}", std::process::id(), clock::now_ns()));
+        let dir = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        let tmp = dir.join(format!(
+            ".simgpu-new-{}-{}",
+            std::process::id(),
+            clock::now_ns()
+        ));
         let ngran = (opts.memory / GRANULE) as u32;
         let dl = DeviceLayout::new(ngran);
         let header_size = align_up(std::mem::size_of::<Header>() as u64, 4096);
         let file_size = header_size + dl.size * opts.devices as u64;
         let result = (|| {
-            let f = OpenOptions::new().read(true).write(true).create_new(true).mode(0o666).open(&tmp).map_err(io_err("create", &tmp))?;
-            f.set_permissions(std::fs::Permissions::from_mode(0o666)).map_err(io_err("chmod", &tmp))?;
+            let f = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .mode(0o666)
+                .open(&tmp)
+                .map_err(io_err("create", &tmp))?;
+            f.set_permissions(std::fs::Permissions::from_mode(0o666))
+                .map_err(io_err("chmod", &tmp))?;
             f.set_len(file_size).map_err(io_err("size", &tmp))?;
             let map = Mapping::new(&f, file_size as usize).map_err(io_err("map", &tmp))?;
             // SAFETY: the file is new, private to us until linked, and `file_size` long.
-            unsafe { init_file(map.base, header_size, &dl, opts) }.map_err(io_err("initialise", &tmp))?;
+            unsafe { init_file(map.base, header_size, &dl, opts) }
+                .map_err(io_err("initialise", &tmp))?;
             let data = data_path(path);
-            let df = OpenOptions::new().read(true).write(true).create(true).truncate(false).mode(0o666).open(&data).map_err(io_err("create", &data))?;
-            df.set_permissions(std::fs::Permissions::from_mode(0o666)).map_err(io_err("chmod", &data))?;
-            df.set_len(opts.memory * opts.devices as u64).map_err(io_err("size", &data))?;
+            let df = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o666)
+                .open(&data)
+                .map_err(io_err("create", &data))?;
+            df.set_permissions(std::fs::Permissions::from_mode(0o666))
+                .map_err(io_err("chmod", &data))?;
+            df.set_len(opts.memory * opts.devices as u64)
+                .map_err(io_err("size", &data))?;
             // Publish atomically; if another process won the race, use its file.
             match std::fs::hard_link(&tmp, path) {
                 Ok(()) => Ok(()),
@@ -190,13 +243,20 @@ impl State {
     }
 
     pub fn open(path: &Path) -> Result<State, StateError> {
-        let file = OpenOptions::new().read(true).write(true).open(path).map_err(io_err("open", path))?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(io_err("open", path))?;
         let len = file.metadata().map_err(io_err("stat", path))?.len();
         if len < std::mem::size_of::<Header>() as u64 {
             let mut magic = [0u8; 8];
             let n = std::io::Read::read(&mut &file, &mut magic).unwrap_or(0);
             return Err(if n == 8 && magic == MAGIC {
-                StateError::Damaged { path: path.into(), why: format!("only {len} bytes long") }
+                StateError::Damaged {
+                    path: path.into(),
+                    why: format!("only {len} bytes long"),
+                }
             } else {
                 StateError::NotState { path: path.into() }
             });
@@ -217,15 +277,31 @@ impl State {
 
     fn validate(&self) -> Result<(), StateError> {
         let h = self.header();
-        let damaged = |why: String| Err(StateError::Damaged { path: self.path.clone(), why });
+        let damaged = |why: String| {
+            Err(StateError::Damaged {
+                path: self.path.clone(),
+                why,
+            })
+        };
         if h.magic != MAGIC {
-            return Err(StateError::NotState { path: self.path.clone() });
+            return Err(StateError::NotState {
+                path: self.path.clone(),
+            });
         }
         if h.version != LAYOUT_VERSION {
-            return Err(StateError::Version { path: self.path.clone(), found: h.version, expected: LAYOUT_VERSION });
+            return Err(StateError::Version {
+                path: self.path.clone(),
+                found: h.version,
+                expected: LAYOUT_VERSION,
+            });
         }
-        if h.header_size as u64 != align_up(std::mem::size_of::<Header>() as u64, 4096) || h.file_size != self.len as u64 {
-            return damaged(format!("header says {} bytes, file has {}", h.file_size, self.len));
+        if h.header_size as u64 != align_up(std::mem::size_of::<Header>() as u64, 4096)
+            || h.file_size != self.len as u64
+        {
+            return damaged(format!(
+                "header says {} bytes, file has {}",
+                h.file_size, self.len
+            ));
         }
         if h.ndev == 0 || h.ndev as usize > MAX_DEVICES {
             return damaged(format!("{} devices", h.ndev));
@@ -238,7 +314,11 @@ impl State {
                 return damaged(format!("device {d} lies outside the file"));
             }
             let i = self.device_info(d);
-            if i.ngran != ngran || i.granules_off != off + dl.granules || i.allocs_off != off + dl.allocs || i.bitmap_off != off + dl.bitmap {
+            if i.ngran != ngran
+                || i.granules_off != off + dl.granules
+                || i.allocs_off != off + dl.allocs
+                || i.bitmap_off != off + dl.bitmap
+            {
                 return damaged(format!("device {d} layout is inconsistent"));
             }
         }
@@ -288,8 +368,17 @@ impl State {
         let block = self.block_ptr(d);
         // SAFETY: the lock lives in the mapping for our lifetime.
         let lock = unsafe { &(*block).lock };
-        let how = lock.lock().unwrap_or_else(|e| panic!("simgpu: cannot lock device {d} of {}: {e}", self.path.display()));
-        let mut g = DevGuard { state: self, block, d };
+        let how = lock.lock().unwrap_or_else(|e| {
+            panic!(
+                "simgpu: cannot lock device {d} of {}: {e}",
+                self.path.display()
+            )
+        });
+        let mut g = DevGuard {
+            state: self,
+            block,
+            d,
+        };
         if how == Locked::OwnerDied {
             g.dev().repair();
             lock.mark_consistent();
@@ -301,7 +390,11 @@ impl State {
         let lock = &self.header().procs_lock;
         // Nothing under this lock can be left half-done: a slot is either LIVE with its fields
         // written or FREE, and `sweep` settles the rest.
-        if lock.lock().unwrap_or_else(|e| panic!("simgpu: cannot lock {}: {e}", self.path.display())) == Locked::OwnerDied {
+        if lock
+            .lock()
+            .unwrap_or_else(|e| panic!("simgpu: cannot lock {}: {e}", self.path.display()))
+            == Locked::OwnerDied
+        {
             lock.mark_consistent();
         }
         ProcsGuard { state: self }
@@ -323,7 +416,11 @@ impl State {
         fl.l_len = 1;
         // SAFETY: fcntl with an OFD lock command and a valid flock pointer.
         let r = unsafe { libc::fcntl(self.file.as_raw_fd(), cmd, &mut fl) };
-        if r < 0 { Err(io::Error::last_os_error()) } else { Ok(fl) }
+        if r < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(fl)
+        }
     }
 
     /// Whether the process in slot `s` is alive: its liveness lock is held (the kernel drops it
@@ -355,12 +452,18 @@ impl State {
             if slot.state.load(Ordering::Acquire) != SLOT_FREE {
                 continue;
             }
-            if self.liveness_lock(s, libc::F_OFD_SETLK, libc::F_WRLCK).is_err() {
+            if self
+                .liveness_lock(s, libc::F_OFD_SETLK, libc::F_WRLCK)
+                .is_err()
+            {
                 continue;
             }
             slot.generation.fetch_add(1, Ordering::Relaxed);
             slot.ns_pid.store(ns_pid, Ordering::Relaxed);
-            slot.host_pid.store(if pidns == INIT_PIDNS_INO { ns_pid } else { 0 }, Ordering::Relaxed);
+            slot.host_pid.store(
+                if pidns == INIT_PIDNS_INO { ns_pid } else { 0 },
+                Ordering::Relaxed,
+            );
             slot.pidns.store(pidns, Ordering::Relaxed);
             slot.started_ns.store(clock::now_ns(), Ordering::Relaxed);
             // SAFETY: `comm` is written only under the process-table lock, which we hold.
@@ -369,7 +472,9 @@ impl State {
             self.my_slot.store(s, Ordering::Relaxed);
             return Ok(s);
         }
-        Err(StateError::TooManyProcesses { path: self.path.clone() })
+        Err(StateError::TooManyProcesses {
+            path: self.path.clone(),
+        })
     }
 
     /// In a forked child: the slot and its liveness lock belong to the parent.
@@ -419,19 +524,32 @@ impl State {
         let wanted: Vec<u32> = (0..MAX_PROCS as u32)
             .filter(|&s| {
                 let slot = &self.header().procs[s as usize];
-                slot.state.load(Ordering::Acquire) == SLOT_LIVE && slot.host_pid.load(Ordering::Relaxed) == 0
+                slot.state.load(Ordering::Acquire) == SLOT_LIVE
+                    && slot.host_pid.load(Ordering::Relaxed) == 0
             })
             .collect();
         if wanted.is_empty() {
             return;
         }
-        let Ok(dir) = std::fs::read_dir("/proc") else { return };
+        let Ok(dir) = std::fs::read_dir("/proc") else {
+            return;
+        };
         for entry in dir.flatten() {
-            let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
-            let Ok(ns) = std::fs::metadata(format!("/proc/{pid}/ns/pid")).map(|m| m.ino()) else { continue };
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<i32>().ok())
+            else {
+                continue;
+            };
+            let Ok(ns) = std::fs::metadata(format!("/proc/{pid}/ns/pid")).map(|m| m.ino()) else {
+                continue;
+            };
             for &s in &wanted {
                 let slot = &self.header().procs[s as usize];
-                if slot.pidns.load(Ordering::Relaxed) == ns && innermost_pid(pid) == Some(slot.ns_pid.load(Ordering::Relaxed)) {
+                if slot.pidns.load(Ordering::Relaxed) == ns
+                    && innermost_pid(pid) == Some(slot.ns_pid.load(Ordering::Relaxed))
+                {
                     slot.host_pid.store(pid, Ordering::Relaxed);
                 }
             }
@@ -453,7 +571,9 @@ impl State {
     }
 
     pub fn slot_ns_pid(&self, s: u32) -> i32 {
-        self.header().procs[s as usize].ns_pid.load(Ordering::Relaxed)
+        self.header().procs[s as usize]
+            .ns_pid
+            .load(Ordering::Relaxed)
     }
 
     // ---- memory contents ------------------------------------------------------------------
@@ -463,9 +583,14 @@ impl State {
         self.data
             .get_or_init(|| {
                 let p = data_path(&self.path);
-                let f = OpenOptions::new().read(true).write(true).open(&p).map_err(|e| format!("cannot open {}: {e}", p.display()))?;
+                let f = OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(&p)
+                    .map_err(|e| format!("cannot open {}: {e}", p.display()))?;
                 let len = f.metadata().map_err(|e| e.to_string())?.len() as usize;
-                let m = Mapping::new(&f, len).map_err(|e| format!("cannot map {}: {e}", p.display()))?;
+                let m = Mapping::new(&f, len)
+                    .map_err(|e| format!("cannot map {}: {e}", p.display()))?;
                 let dm = DataMap { base: m.base, len };
                 std::mem::forget(m);
                 Ok(dm)
@@ -520,9 +645,18 @@ impl DevGuard<'_> {
             let b = &mut *self.block;
             let n = b.info.ngran as usize;
             Dev {
-                granules: std::slice::from_raw_parts_mut(s.base.add(b.info.granules_off as usize) as *mut Granule, n),
-                allocs: std::slice::from_raw_parts_mut(s.base.add(b.info.allocs_off as usize) as *mut AllocRec, n),
-                bitmap: std::slice::from_raw_parts_mut(s.base.add(b.info.bitmap_off as usize) as *mut u64, n.div_ceil(64)),
+                granules: std::slice::from_raw_parts_mut(
+                    s.base.add(b.info.granules_off as usize) as *mut Granule,
+                    n,
+                ),
+                allocs: std::slice::from_raw_parts_mut(
+                    s.base.add(b.info.allocs_off as usize) as *mut AllocRec,
+                    n,
+                ),
+                bitmap: std::slice::from_raw_parts_mut(
+                    s.base.add(b.info.bitmap_off as usize) as *mut u64,
+                    n.div_ceil(64),
+                ),
                 b,
             }
         }
@@ -549,7 +683,13 @@ impl DevGuard<'_> {
         let mut total = Reclaimed::default();
         let owners: Vec<u32> = {
             let d = self.dev();
-            (0..MAX_PROCS as u32).filter(|&s| d.b.procs[s as usize].contexts > 0 || d.b.procs[s as usize].held > 0 || d.b.procs[s as usize].device_time_ns > 0).collect()
+            (0..MAX_PROCS as u32)
+                .filter(|&s| {
+                    d.b.procs[s as usize].contexts > 0
+                        || d.b.procs[s as usize].held > 0
+                        || d.b.procs[s as usize].device_time_ns > 0
+                })
+                .collect()
         };
         for s in owners {
             if !self.state.slot_alive(s) {
@@ -581,12 +721,22 @@ impl Mapping {
     fn new(f: &File, len: usize) -> io::Result<Mapping> {
         // SAFETY: mapping a file we have open read-write; the result is checked.
         let p = unsafe {
-            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED | libc::MAP_NORESERVE, f.as_raw_fd(), 0)
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_NORESERVE,
+                f.as_raw_fd(),
+                0,
+            )
         };
         if p == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        Ok(Mapping { base: p as *mut u8, len })
+        Ok(Mapping {
+            base: p as *mut u8,
+            len,
+        })
     }
 }
 
@@ -599,7 +749,12 @@ impl Drop for Mapping {
 
 /// # Safety
 /// `base` must map a new, zero-filled file of the size computed from `header_size` and `dl`.
-unsafe fn init_file(base: *mut u8, header_size: u64, dl: &DeviceLayout, o: &CreateOptions) -> io::Result<()> {
+unsafe fn init_file(
+    base: *mut u8,
+    header_size: u64,
+    dl: &DeviceLayout,
+    o: &CreateOptions,
+) -> io::Result<()> {
     // SAFETY: per the contract the memory is ours, zeroed (a valid value for every field) and
     // large enough for the header and every device block.
     unsafe {
@@ -657,7 +812,14 @@ unsafe fn init_file(base: *mut u8, header_size: u64, dl: &DeviceLayout, o: &Crea
 
 pub fn format_uuid(u: &[u8; 16]) -> String {
     let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
-    format!("GPU-{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
 }
 
 fn random_u64() -> u64 {
@@ -671,11 +833,15 @@ fn random_u64() -> u64 {
 }
 
 fn own_pidns() -> u64 {
-    std::fs::metadata("/proc/self/ns/pid").map(|m| m.ino()).unwrap_or(0)
+    std::fs::metadata("/proc/self/ns/pid")
+        .map(|m| m.ino())
+        .unwrap_or(0)
 }
 
 fn own_comm() -> String {
-    std::fs::read_to_string("/proc/self/comm").map(|s| s.trim().to_string()).unwrap_or_default()
+    std::fs::read_to_string("/proc/self/comm")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
 }
 
 /// The PID of host process `pid` inside its own (innermost) PID namespace.

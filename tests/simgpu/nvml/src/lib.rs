@@ -1,1 +1,471 @@
+//! simgpu's `libnvidia-ml.so.1`: NVML over the simulated device model. Like real NVML it sees
+//! every device (CUDA_VISIBLE_DEVICES does not apply), reports memory and per-process usage as
+//! the device holds it (context overhead included), and utilisation from engine busy time.
+//! Processes are reported by host PID where known (see docs/simgpu.md).
+#![allow(non_snake_case, clippy::missing_safety_doc)]
 
+use std::ffi::{CStr, c_char, c_uint};
+use std::sync::Mutex;
+use std::sync::OnceLock;
+
+use cuda_abi::*;
+use simgpu::State;
+use simgpu::layout::field_str;
+
+/// The state stays open for the life of the process once NVML was initialised; `init_count`
+/// counts nvmlInit calls not yet matched by nvmlShutdown.
+static STATE: OnceLock<Result<State, String>> = OnceLock::new();
+static INIT_COUNT: Mutex<u32> = Mutex::new(0);
+
+const OK: nvmlReturn_t = nvmlReturn_t::NVML_SUCCESS;
+const BAD_ARG: nvmlReturn_t = nvmlReturn_t::NVML_ERROR_INVALID_ARGUMENT;
+
+fn state() -> Result<&'static State, nvmlReturn_t> {
+    if *INIT_COUNT.lock().unwrap_or_else(|e| e.into_inner()) == 0 {
+        return Err(nvmlReturn_t::NVML_ERROR_UNINITIALIZED);
+    }
+    STATE
+        .get()
+        .and_then(|r| r.as_ref().ok())
+        .ok_or(nvmlReturn_t::NVML_ERROR_UNINITIALIZED)
+}
+
+fn status(r: Result<(), nvmlReturn_t>) -> nvmlReturn_t {
+    r.err().unwrap_or(OK)
+}
+
+fn init() -> nvmlReturn_t {
+    let r = STATE.get_or_init(simgpu::state_from_env);
+    match r {
+        Ok(_) => {
+            *INIT_COUNT.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+            OK
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            nvmlReturn_t::NVML_ERROR_DRIVER_NOT_LOADED
+        }
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlInit_v2() -> nvmlReturn_t {
+    init()
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlInit() -> nvmlReturn_t {
+    init()
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlInitWithFlags(_flags: c_uint) -> nvmlReturn_t {
+    init()
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlShutdown() -> nvmlReturn_t {
+    let mut n = INIT_COUNT.lock().unwrap_or_else(|e| e.into_inner());
+    if *n == 0 {
+        return nvmlReturn_t::NVML_ERROR_UNINITIALIZED;
+    }
+    *n -= 1;
+    OK
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlErrorString(r: nvmlReturn_t) -> *const c_char {
+    let s: &'static CStr = match r.0 {
+        0 => c"Success",
+        1 => c"Uninitialized",
+        2 => c"Invalid Argument",
+        3 => c"Not Supported",
+        6 => c"Not Found",
+        7 => c"Insufficient Size",
+        9 => c"Driver Not Loaded",
+        13 => c"Function Not Found",
+        25 => c"Argument Version Mismatch",
+        _ => c"Unknown Error",
+    };
+    s.as_ptr()
+}
+
+// Device handles are index + 1 (never NULL).
+fn dev_of(h: nvmlDevice_t) -> Result<(&'static State, u32), nvmlReturn_t> {
+    let s = state()?;
+    let i = (h as usize).checked_sub(1).ok_or(BAD_ARG)? as u32;
+    if i >= s.ndev() {
+        return Err(BAD_ARG);
+    }
+    Ok((s, i))
+}
+
+fn handle(i: u32) -> nvmlDevice_t {
+    (i as usize + 1) as nvmlDevice_t
+}
+
+/// # Safety
+/// `p` must be NULL or valid for a write of `T`.
+unsafe fn put<T>(p: *mut T, v: T) -> Result<(), nvmlReturn_t> {
+    if p.is_null() {
+        return Err(BAD_ARG);
+    }
+    // SAFETY: non-NULL and valid per the contract.
+    unsafe { p.write(v) };
+    Ok(())
+}
+
+fn put_str(dst: *mut c_char, len: c_uint, s: &str) -> Result<(), nvmlReturn_t> {
+    if dst.is_null() {
+        return Err(BAD_ARG);
+    }
+    if s.len() + 1 > len as usize {
+        return Err(nvmlReturn_t::NVML_ERROR_INSUFFICIENT_SIZE);
+    }
+    // SAFETY: the caller gave `len` bytes at `dst`; we write s.len() + 1 <= len.
+    unsafe {
+        std::ptr::copy_nonoverlapping(s.as_ptr(), dst as *mut u8, s.len());
+        *dst.add(s.len()) = 0;
+    }
+    Ok(())
+}
+
+fn count(out: *mut c_uint) -> nvmlReturn_t {
+    // SAFETY: out-pointer from the caller.
+    status(state().and_then(|s| unsafe { put(out, s.ndev()) }))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetCount_v2(out: *mut c_uint) -> nvmlReturn_t {
+    count(out)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetCount(out: *mut c_uint) -> nvmlReturn_t {
+    count(out)
+}
+
+fn by_index(i: c_uint, out: *mut nvmlDevice_t) -> nvmlReturn_t {
+    status(state().and_then(|s| {
+        if i >= s.ndev() {
+            return Err(BAD_ARG);
+        }
+        // SAFETY: out-pointer from the caller.
+        unsafe { put(out, handle(i)) }
+    }))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
+    i: c_uint,
+    out: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
+    by_index(i, out)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex(
+    i: c_uint,
+    out: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
+    by_index(i, out)
+}
+
+fn find(
+    key: *const c_char,
+    f: impl Fn(&State, u32) -> String,
+    out: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
+    status(state().and_then(|s| {
+        if key.is_null() {
+            return Err(BAD_ARG);
+        }
+        // SAFETY: the caller passes a NUL-terminated string.
+        let want = unsafe { CStr::from_ptr(key) }
+            .to_string_lossy()
+            .to_ascii_lowercase();
+        let i = (0..s.ndev())
+            .find(|&i| f(s, i).to_ascii_lowercase() == want)
+            .ok_or(nvmlReturn_t::NVML_ERROR_NOT_FOUND)?;
+        // SAFETY: out-pointer from the caller.
+        unsafe { put(out, handle(i)) }
+    }))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
+    uuid: *const c_char,
+    out: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
+    find(uuid, |s, i| s.uuid_string(i), out)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByPciBusId_v2(
+    bus: *const c_char,
+    out: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
+    find(bus, |s, i| s.pci_bus_id(i), out)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetIndex(dev: nvmlDevice_t, out: *mut c_uint) -> nvmlReturn_t {
+    // SAFETY: out-pointer from the caller.
+    status(dev_of(dev).and_then(|(_, i)| unsafe { put(out, i) }))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetUUID(
+    dev: nvmlDevice_t,
+    out: *mut c_char,
+    len: c_uint,
+) -> nvmlReturn_t {
+    status(dev_of(dev).and_then(|(s, i)| put_str(out, len, &s.uuid_string(i))))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetName(
+    dev: nvmlDevice_t,
+    out: *mut c_char,
+    len: c_uint,
+) -> nvmlReturn_t {
+    status(dev_of(dev).and_then(|(s, _)| put_str(out, len, &field_str(&s.config().name))))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
+    dev: nvmlDevice_t,
+    out: *mut nvmlPciInfo_t,
+) -> nvmlReturn_t {
+    status(dev_of(dev).and_then(|(s, i)| {
+        let id = s.pci_bus_id(i);
+        let mut info = nvmlPciInfo_t {
+            busIdLegacy: [0; 16],
+            domain: 0,
+            bus: s.device_info(i).pci_bus,
+            device: 0,
+            pciDeviceId: 0x2330_10de,
+            pciSubSystemId: 0x16c1_10de,
+            busId: [0; 32],
+        };
+        info.busId[..id.len()].copy_from_slice(id.as_bytes());
+        let legacy = &id[4..];
+        info.busIdLegacy[..legacy.len()].copy_from_slice(legacy.as_bytes());
+        // SAFETY: out-pointer from the caller.
+        unsafe { put(out, info) }
+    }))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlSystemGetDriverVersion(out: *mut c_char, len: c_uint) -> nvmlReturn_t {
+    status(state().and_then(|s| put_str(out, len, &field_str(&s.config().nvml_driver_version))))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion(out: *mut i32) -> nvmlReturn_t {
+    // SAFETY: out-pointer from the caller.
+    status(state().and_then(|s| unsafe { put(out, s.config().driver_version) }))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion_v2(out: *mut i32) -> nvmlReturn_t {
+    // SAFETY: forwarding the caller's out-pointer.
+    unsafe { nvmlSystemGetCudaDriverVersion(out) }
+}
+
+/// (total, used) of device `i`, after reclaiming what dead processes held.
+fn memory(s: &State, i: u32) -> (u64, u64) {
+    let mut g = s.lock_device(i);
+    g.reclaim_dead();
+    let d = g.dev();
+    (d.total(), d.used())
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
+    dev: nvmlDevice_t,
+    out: *mut nvmlMemory_t,
+) -> nvmlReturn_t {
+    status(dev_of(dev).and_then(|(s, i)| {
+        let (total, used) = memory(s, i);
+        // SAFETY: out-pointer from the caller.
+        unsafe {
+            put(
+                out,
+                nvmlMemory_t {
+                    total,
+                    free: total - used,
+                    used,
+                },
+            )
+        }
+    }))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
+    dev: nvmlDevice_t,
+    out: *mut nvmlMemory_v2_t,
+) -> nvmlReturn_t {
+    status(dev_of(dev).and_then(|(s, i)| {
+        if out.is_null() {
+            return Err(BAD_ARG);
+        }
+        // SAFETY: checked non-NULL; the caller passes an nvmlMemory_v2_t with its version set.
+        if unsafe { (*out).version } != NVML_MEMORY_V2 {
+            return Err(nvmlReturn_t::NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+        }
+        let (total, used) = memory(s, i);
+        // SAFETY: checked non-NULL.
+        unsafe {
+            out.write(nvmlMemory_v2_t {
+                version: NVML_MEMORY_V2,
+                total,
+                reserved: 0,
+                free: total - used,
+                used,
+            })
+        };
+        Ok(())
+    }))
+}
+
+/// Compute processes of device `i`: (PID, bytes held).
+fn processes(s: &State, i: u32) -> Vec<(u32, u64)> {
+    s.sweep();
+    s.resolve_host_pids();
+    s.device_snapshot(i)
+        .processes
+        .iter()
+        .filter(|p| p.contexts > 0)
+        .map(|p| (p.pid as u32, p.held))
+        .collect()
+}
+
+/// NVML's list protocol: report the count, and fill `infos` if it has room.
+fn list<T>(
+    dev: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut T,
+    make: impl Fn(u32, u64) -> T,
+) -> nvmlReturn_t {
+    status(dev_of(dev).and_then(|(s, i)| {
+        if count.is_null() {
+            return Err(BAD_ARG);
+        }
+        let procs = processes(s, i);
+        // SAFETY: checked non-NULL; the caller's capacity.
+        let room = unsafe { *count } as usize;
+        // SAFETY: checked non-NULL.
+        unsafe { count.write(procs.len() as c_uint) };
+        if procs.len() > room {
+            return Err(nvmlReturn_t::NVML_ERROR_INSUFFICIENT_SIZE);
+        }
+        if !procs.is_empty() && infos.is_null() {
+            return Err(BAD_ARG);
+        }
+        for (k, (pid, held)) in procs.into_iter().enumerate() {
+            // SAFETY: k < room, the capacity the caller gave for `infos`.
+            unsafe { infos.add(k).write(make(pid, held)) };
+        }
+        Ok(())
+    }))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses(
+    dev: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_v1_t,
+) -> nvmlReturn_t {
+    list(dev, count, infos, |pid, used| nvmlProcessInfo_v1_t {
+        pid,
+        usedGpuMemory: used,
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v2(
+    dev: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_v2_t,
+) -> nvmlReturn_t {
+    list(dev, count, infos, |pid, used| nvmlProcessInfo_v2_t {
+        pid,
+        usedGpuMemory: used,
+        gpuInstanceId: NVML_NO_INSTANCE,
+        computeInstanceId: NVML_NO_INSTANCE,
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
+    dev: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_v2_t,
+) -> nvmlReturn_t {
+    list(dev, count, infos, |pid, used| nvmlProcessInfo_v2_t {
+        pid,
+        usedGpuMemory: used,
+        gpuInstanceId: NVML_NO_INSTANCE,
+        computeInstanceId: NVML_NO_INSTANCE,
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
+    dev: nvmlDevice_t,
+    out: *mut nvmlUtilization_t,
+) -> nvmlReturn_t {
+    status(dev_of(dev).and_then(|(s, i)| {
+        let gpu = s.utilization(i);
+        // SAFETY: out-pointer from the caller.
+        unsafe { put(out, nvmlUtilization_t { gpu, memory: 0 }) }
+    }))
+}
+
+/// Per-process SM utilisation since `last_seen` (wall-clock microseconds; 0: the last second).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
+    dev: nvmlDevice_t,
+    out: *mut nvmlProcessUtilizationSample_t,
+    count: *mut c_uint,
+    last_seen: u64,
+) -> nvmlReturn_t {
+    status(dev_of(dev).and_then(|(s, i)| {
+        if count.is_null() {
+            return Err(BAD_ARG);
+        }
+        let now_mono = simgpu::clock::now_ns();
+        let now_wall = simgpu::clock::wall_us();
+        let since = if last_seen == 0 {
+            0
+        } else {
+            now_mono.saturating_sub(now_wall.saturating_sub(last_seen).saturating_mul(1000))
+        };
+        let samples: Vec<_> = s
+            .process_utilization(i, since)
+            .into_iter()
+            .map(|(slot, busy, window)| nvmlProcessUtilizationSample_t {
+                pid: s.reported_pid(slot) as u32,
+                timeStamp: now_wall,
+                smUtil: (busy * 100 / window.max(1)).min(100) as u32,
+                memUtil: 0,
+                encUtil: 0,
+                decUtil: 0,
+            })
+            .collect();
+        // SAFETY: checked non-NULL.
+        let room = unsafe { *count } as usize;
+        // SAFETY: checked non-NULL.
+        unsafe { count.write(samples.len() as c_uint) };
+        if out.is_null() || samples.len() > room {
+            return Err(nvmlReturn_t::NVML_ERROR_INSUFFICIENT_SIZE);
+        }
+        for (k, v) in samples.into_iter().enumerate() {
+            // SAFETY: k < room.
+            unsafe { out.add(k).write(v) };
+        }
+        Ok(())
+    }))
+}

@@ -1,0 +1,454 @@
+//! The process-local half of the simulated driver: initialisation, the objects this process made
+//! (contexts, streams, events, modules, pools, ...), the current-context stack of each thread,
+//! the device virtual address space, and waiting for queued work in real time.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use cuda_abi::CUresult;
+use parking_lot::Mutex;
+use simgpu::clock::{self, US};
+use simgpu::layout::GRANULE;
+use simgpu::{AllocId, State};
+
+use crate::handles::*;
+
+pub type Res<T = ()> = Result<T, CUresult>;
+
+pub const E_INVALID_VALUE: CUresult = CUresult::CUDA_ERROR_INVALID_VALUE;
+pub const E_OOM: CUresult = CUresult::CUDA_ERROR_OUT_OF_MEMORY;
+pub const E_INVALID_CONTEXT: CUresult = CUresult::CUDA_ERROR_INVALID_CONTEXT;
+pub const E_INVALID_HANDLE: CUresult = CUresult::CUDA_ERROR_INVALID_HANDLE;
+pub const E_INVALID_DEVICE: CUresult = CUresult::CUDA_ERROR_INVALID_DEVICE;
+
+/// Turns a `Res` into the status the API returns.
+pub fn status(r: Res) -> CUresult {
+    match r {
+        Ok(()) => CUresult::CUDA_SUCCESS,
+        Err(e) => e,
+    }
+}
+
+/// Writes through an out-pointer, refusing NULL.
+///
+/// # Safety
+/// `p` must be NULL or valid for a write of `T`.
+pub unsafe fn put<T>(p: *mut T, v: T) -> Res {
+    if p.is_null() {
+        return Err(E_INVALID_VALUE);
+    }
+    // SAFETY: non-NULL and valid per the contract.
+    unsafe { p.write(v) };
+    Ok(())
+}
+
+pub struct CtxLocal {
+    /// Physical device index in the state file.
+    pub dev: u32,
+    /// CUDA ordinal as this process sees it.
+    pub ordinal: i32,
+    pub shared: u32,
+    pub shared_gen: u32,
+    pub primary: bool,
+    pub flags: u32,
+    /// Last item queued on the legacy default stream or any blocking stream.
+    pub last_blocking: u64,
+    pub legacy_last: u64,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum MapKind {
+    /// cuMemAlloc / cuMemAllocPitch / cuMemAllocManaged: owns its allocation.
+    Owned,
+    /// A chunk of an async memory pool.
+    PoolChunk,
+    /// A VMM handle mapped with cuMemMap.
+    Vmm,
+    /// Memory of another process opened with cuIpcOpenMemHandle.
+    Ipc,
+    /// Graph-allocated memory, backed at the graph's first launch.
+    Graph,
+}
+
+/// A range of this process's device address space.
+#[derive(Clone, Copy, Debug)]
+pub struct Mapping {
+    pub len: u64,
+    pub dev: u32,
+    pub ctx: u64,
+    /// The allocation behind it (None: graph memory not backed yet).
+    pub id: Option<AllocId>,
+    /// Offset of the range's start inside the allocation.
+    pub offset: u64,
+    pub kind: MapKind,
+    /// The bytes the caller asked for (Owned mappings).
+    pub size: u64,
+    pub host_mapped: bool,
+    /// The VMM handle (Vmm mappings) or graph exec (Graph mappings), else 0.
+    pub handle: u64,
+}
+
+pub struct Inner {
+    pub ctxs: Registry<CtxLocal>,
+    pub primary: Vec<(u64, u32, u32)>, // per ordinal: (ctx handle or 0, refcount, flags)
+    pub streams: Registry<crate::stream::Stream>,
+    pub events: Registry<crate::stream::EventObj>,
+    pub modules: Registry<crate::module::Module>,
+    pub funcs: Registry<crate::module::Func>,
+    pub arrays: Registry<crate::memory::ArrayObj>,
+    pub mipmaps: Registry<crate::memory::ArrayObj>,
+    pub pools: Registry<crate::pool::Pool>,
+    pub default_pool: Vec<u64>,
+    pub current_pool: Vec<u64>,
+    pub vmm: Registry<crate::vmm::VmmHandle>,
+    pub graphs: Registry<crate::graph::Graph>,
+    pub execs: Registry<crate::graph::Exec>,
+    pub maps: BTreeMap<u64, Mapping>,
+    /// cuMemAddressReserve ranges: start -> length.
+    pub reserved: BTreeMap<u64, u64>,
+    /// Page-locked host memory: address -> (length, made by us (true) or registered (false)).
+    pub host: HashMap<u64, (usize, bool)>,
+    pub va: VaSpace,
+    pub va32: VaSpace,
+    /// Streams capturing in global mode (unsafe calls are refused meanwhile).
+    pub global_captures: u32,
+}
+
+pub struct Driver {
+    pub state: State,
+    /// CUDA ordinal -> physical device.
+    pub visible: Vec<u32>,
+    pub inner: Mutex<Inner>,
+    pub hostfn: OnceLock<std::sync::mpsc::Sender<crate::stream::HostCall>>,
+}
+
+static DRIVER: OnceLock<Result<Driver, CUresult>> = OnceLock::new();
+static FORKED: AtomicBool = AtomicBool::new(false);
+
+thread_local! {
+    static CTX_STACK: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
+    /// Per-thread default streams: ctx handle -> last sequence number queued on it.
+    pub static PER_THREAD: RefCell<HashMap<u64, u64>> = RefCell::new(HashMap::new());
+}
+
+extern "C" fn after_fork_in_child() {
+    // A child cannot use the CUDA state of its parent (as with the real driver); its liveness
+    // slot belongs to the parent.
+    if let Some(Ok(d)) = DRIVER.get() {
+        d.state.forget_registration();
+        FORKED.store(true, Ordering::Relaxed);
+    }
+}
+
+/// cuInit: opens the state, registers the process, applies CUDA_VISIBLE_DEVICES.
+pub fn init() -> CUresult {
+    if FORKED.load(Ordering::Relaxed) {
+        return CUresult::CUDA_ERROR_NOT_INITIALIZED;
+    }
+    let r = DRIVER.get_or_init(|| {
+        let state = simgpu::state_from_env().map_err(|e| {
+            eprintln!("{e}");
+            CUresult::CUDA_ERROR_NO_DEVICE
+        })?;
+        state.register().map_err(|e| {
+            eprintln!("{e}");
+            CUresult::CUDA_ERROR_UNKNOWN
+        })?;
+        let visible = visible_devices(
+            &state,
+            std::env::var("CUDA_VISIBLE_DEVICES").ok().as_deref(),
+        );
+        // SAFETY: registering a plain extern "C" function with no preconditions.
+        unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
+        let n = visible.len();
+        Ok(Driver {
+            state,
+            visible,
+            inner: Mutex::new(Inner {
+                ctxs: Registry::new(TAG_CTX),
+                primary: vec![(0, 0, 0); n],
+                streams: Registry::new(TAG_STREAM),
+                events: Registry::new(TAG_EVENT),
+                modules: Registry::new(TAG_MODULE),
+                funcs: Registry::new(TAG_FUNC),
+                arrays: Registry::new(TAG_ARRAY),
+                mipmaps: Registry::new(TAG_MIPMAP),
+                pools: Registry::new(TAG_POOL),
+                default_pool: vec![0; n],
+                current_pool: vec![0; n],
+                vmm: Registry::new(TAG_VMM),
+                graphs: Registry::new(TAG_GRAPH),
+                execs: Registry::new(TAG_EXEC),
+                maps: BTreeMap::new(),
+                reserved: BTreeMap::new(),
+                host: HashMap::new(),
+                va: VaSpace::new(false),
+                va32: VaSpace::new(true),
+                global_captures: 0,
+            }),
+            hostfn: OnceLock::new(),
+        })
+    });
+    match r {
+        Ok(d) if d.visible.is_empty() => CUresult::CUDA_ERROR_NO_DEVICE,
+        Ok(_) => CUresult::CUDA_SUCCESS,
+        Err(e) => *e,
+    }
+}
+
+/// The initialised driver, or CUDA_ERROR_NOT_INITIALIZED.
+pub fn drv() -> Res<&'static Driver> {
+    if FORKED.load(Ordering::Relaxed) {
+        return Err(CUresult::CUDA_ERROR_NOT_INITIALIZED);
+    }
+    match DRIVER.get() {
+        Some(Ok(d)) if !d.visible.is_empty() => Ok(d),
+        Some(Ok(_)) => Err(CUresult::CUDA_ERROR_NO_DEVICE),
+        _ => Err(CUresult::CUDA_ERROR_NOT_INITIALIZED),
+    }
+}
+
+/// CUDA_VISIBLE_DEVICES as the real driver reads it: indices or UUIDs (`GPU-` prefixes),
+/// comma-separated; the list stops at the first entry that names no (new) device.
+pub fn visible_devices(state: &State, spec: Option<&str>) -> Vec<u32> {
+    let all: Vec<u32> = (0..state.ndev()).collect();
+    let Some(spec) = spec else { return all };
+    let mut out = Vec::new();
+    for entry in spec.split(',').map(str::trim) {
+        let found = if let Ok(i) = entry.parse::<u32>() {
+            all.iter().copied().find(|&d| d == i)
+        } else if entry.len() > 4 && entry.to_ascii_uppercase().starts_with("GPU-") {
+            let want = entry.to_ascii_lowercase();
+            let hits: Vec<u32> = all
+                .iter()
+                .copied()
+                .filter(|&d| state.uuid_string(d).to_ascii_lowercase().starts_with(&want))
+                .collect();
+            (hits.len() == 1).then(|| hits[0])
+        } else {
+            None
+        };
+        match found {
+            Some(d) if !out.contains(&d) => out.push(d),
+            _ => break,
+        }
+    }
+    out
+}
+
+impl Driver {
+    pub fn physical(&self, ordinal: i32) -> Res<u32> {
+        usize::try_from(ordinal)
+            .ok()
+            .and_then(|o| self.visible.get(o).copied())
+            .ok_or(E_INVALID_DEVICE)
+    }
+
+    pub fn overhead(&self) -> u64 {
+        self.state.config().context_overhead
+    }
+}
+
+// ---- the current context ----------------------------------------------------------------
+
+pub fn current_ctx() -> Option<u64> {
+    CTX_STACK.with(|s| s.borrow().last().copied())
+}
+
+pub fn set_current(h: Option<u64>) {
+    CTX_STACK.with(|s| {
+        let mut s = s.borrow_mut();
+        match (h, s.is_empty()) {
+            (Some(h), true) => s.push(h),
+            (Some(h), false) => *s.last_mut().unwrap() = h,
+            (None, _) => {
+                s.pop();
+            }
+        }
+    })
+}
+
+pub fn push_current(h: u64) {
+    CTX_STACK.with(|s| s.borrow_mut().push(h))
+}
+
+pub fn pop_current() -> Option<u64> {
+    CTX_STACK.with(|s| s.borrow_mut().pop())
+}
+
+/// Drops a destroyed context from this thread's stack.
+pub fn forget_current(h: u64) {
+    CTX_STACK.with(|s| s.borrow_mut().retain(|&c| c != h))
+}
+
+impl Inner {
+    /// The current context of this thread, checked to be alive.
+    pub fn cur(&self) -> Res<(u64, &CtxLocal)> {
+        let h = current_ctx().ok_or(E_INVALID_CONTEXT)?;
+        self.ctxs.get(h).map(|c| (h, c)).ok_or(E_INVALID_CONTEXT)
+    }
+
+    pub fn ctx(&self, h: u64) -> Res<&CtxLocal> {
+        self.ctxs.get(h).ok_or(E_INVALID_CONTEXT)
+    }
+
+    /// The mapping containing `va`, with its start.
+    pub fn find(&self, va: u64) -> Option<(u64, Mapping)> {
+        self.maps
+            .range(..=va)
+            .next_back()
+            .filter(|(s, m)| va < *s + m.len)
+            .map(|(s, m)| (*s, *m))
+    }
+
+    pub fn refuse_if_capturing(&mut self) -> Res {
+        if self.global_captures > 0 {
+            for h in self.streams.handles() {
+                if let Some(s) = self.streams.get_mut(h) {
+                    if let Some(c) = s.capture.as_mut() {
+                        if c.mode == cuda_abi::CU_STREAM_CAPTURE_MODE_GLOBAL {
+                            c.invalidated = true;
+                        }
+                    }
+                }
+            }
+            return Err(CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+        }
+        Ok(())
+    }
+}
+
+// ---- device virtual address space -------------------------------------------------------
+
+/// A reserved (PROT_NONE) range of this process's address space from which device pointers are
+/// handed out, so they never collide with host memory and managed memory can be mapped there.
+pub struct VaSpace {
+    low: bool,
+    base: u64,
+    len: u64,
+    free: BTreeMap<u64, u64>,
+}
+
+const VA_SIZE: u64 = 1 << 44; // 16 TiB
+const VA32_SIZE: u64 = 1 << 30; // for the 32-bit (v1) API
+
+impl VaSpace {
+    const fn new(low: bool) -> VaSpace {
+        VaSpace {
+            low,
+            base: 0,
+            len: 0,
+            free: BTreeMap::new(),
+        }
+    }
+
+    fn reserve(&mut self) -> Res {
+        if self.len != 0 {
+            return Ok(());
+        }
+        let (len, extra) = if self.low {
+            (VA32_SIZE, libc::MAP_32BIT)
+        } else {
+            (VA_SIZE, 0)
+        };
+        // SAFETY: an anonymous PROT_NONE reservation; nothing is overwritten (no MAP_FIXED).
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len as usize,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | extra,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(E_OOM);
+        }
+        let base = (p as u64).next_multiple_of(GRANULE);
+        self.base = base;
+        self.len = len - (base - p as u64);
+        self.free.insert(base, self.len);
+        Ok(())
+    }
+
+    /// Takes `len` bytes (rounded to 2 MiB) aligned to `align`.
+    pub fn take(&mut self, len: u64, align: u64) -> Res<u64> {
+        self.reserve()?;
+        let len = len.max(1).next_multiple_of(GRANULE);
+        let align = align.max(GRANULE).next_power_of_two();
+        let hit = self.free.iter().find_map(|(&s, &l)| {
+            let a = s.next_multiple_of(align);
+            (a + len <= s + l).then_some((s, l, a))
+        });
+        let (s, l, a) = hit.ok_or(E_OOM)?;
+        self.free.remove(&s);
+        if a > s {
+            self.free.insert(s, a - s);
+        }
+        if a + len < s + l {
+            self.free.insert(a + len, s + l - a - len);
+        }
+        Ok(a)
+    }
+
+    /// Takes exactly `[addr, addr+len)` if it is free (cuMemAddressReserve with a fixed address).
+    pub fn take_at(&mut self, addr: u64, len: u64) -> Option<u64> {
+        self.reserve().ok()?;
+        let len = len.next_multiple_of(GRANULE);
+        let (&s, &l) = self.free.range(..=addr).next_back()?;
+        if addr + len > s + l {
+            return None;
+        }
+        self.free.remove(&s);
+        if addr > s {
+            self.free.insert(s, addr - s);
+        }
+        if addr + len < s + l {
+            self.free.insert(addr + len, s + l - addr - len);
+        }
+        Some(addr)
+    }
+
+    pub fn give(&mut self, addr: u64, len: u64) {
+        let mut start = addr;
+        let mut len = len.max(1).next_multiple_of(GRANULE);
+        if let Some((&s, &l)) = self.free.range(..addr).next_back() {
+            if s + l == addr {
+                self.free.remove(&s);
+                start = s;
+                len += l;
+            }
+        }
+        if let Some(&l) = self.free.get(&(start + len)) {
+            self.free.remove(&(start + len));
+            len += l;
+        }
+        self.free.insert(start, len);
+    }
+
+    pub fn contains(&self, addr: u64) -> bool {
+        self.len != 0 && addr >= self.base && addr < self.base + self.len
+    }
+}
+
+// ---- waiting for work -------------------------------------------------------------------
+
+/// Blocks until item `seq` of shared context `ctx` on device `dev` has finished (or the context
+/// is gone), sleeping (never spinning) for at least the engine time still needed.
+pub fn wait_seq(d: &Driver, dev: u32, ctx: u32, ctx_gen: u32, seq: u64) {
+    loop {
+        let wait = {
+            let mut g = d.state.lock_device(dev);
+            g.advance_now();
+            let dv = g.dev();
+            if !dv.ctx_valid(ctx, ctx_gen) || dv.completed(ctx) >= seq {
+                return;
+            }
+            dv.min_wait(ctx, seq)
+        };
+        clock::sleep_ns(wait.clamp(20 * US, 10_000 * US));
+    }
+}

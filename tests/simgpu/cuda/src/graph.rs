@@ -1,0 +1,365 @@
+//! Stream capture and CUDA graphs. Captured kernels become kernel nodes; cuMemAllocAsync on a
+//! capturing stream becomes a memory-allocation node (its address is fixed at capture, its
+//! device memory is taken at the first launch of an instantiated graph, or by cuGraphUpload, and
+//! kept until the instantiated graph is destroyed). A graph launch occupies the engine for the
+//! sum of its kernels, as one item of work.
+
+use cuda_abi::*;
+use simgpu::layout::{ITEM_KERNEL, Item};
+use simgpu::{AllocId, AllocKind};
+
+use crate::driver::*;
+use crate::handles::{from_ptr, to_ptr};
+use crate::memory::{give, take};
+use crate::stream::{StreamRef, push, resolve};
+
+#[derive(Clone, Debug)]
+pub enum Node {
+    Kernel { ns: u64 },
+    MemAlloc { va: u64, size: u64, dev: u32 },
+    MemFree,
+}
+
+pub struct Capture {
+    pub mode: u32,
+    pub invalidated: bool,
+    pub nodes: Vec<Node>,
+}
+
+pub struct Graph {
+    pub nodes: Vec<Node>,
+}
+
+pub struct Exec {
+    pub ctx: u64,
+    pub kernel_ns: u64,
+    /// Graph-allocated memory: (address, size, device).
+    pub allocs: Vec<(u64, u64, u32)>,
+    pub backing: Vec<(u32, AllocId)>,
+}
+
+/// Records a kernel launch on a capturing stream; false if the stream is not capturing.
+pub fn capture_kernel(inner: &mut Inner, sref: StreamRef, ns: u64) -> bool {
+    let StreamRef::Real(h, _) = sref else {
+        return false;
+    };
+    match inner.streams.get_mut(h).and_then(|s| s.capture.as_mut()) {
+        Some(c) => {
+            c.nodes.push(Node::Kernel { ns });
+            true
+        }
+        None => false,
+    }
+}
+
+pub fn capture_alloc(_d: &Driver, inner: &mut Inner, stream: u64, size: u64) -> Res<u64> {
+    if size == 0 {
+        return Err(E_INVALID_VALUE);
+    }
+    let ctx = inner.streams.get(stream).ok_or(E_INVALID_HANDLE)?.ctx;
+    let dev = inner.ctx(ctx)?.dev;
+    let va = inner.va.take(size, 0)?;
+    inner.maps.insert(
+        va,
+        Mapping {
+            len: size.next_multiple_of(simgpu::GRANULE),
+            dev,
+            ctx,
+            id: None,
+            offset: 0,
+            kind: MapKind::Graph,
+            size,
+            host_mapped: false,
+            handle: 0,
+        },
+    );
+    let c = inner
+        .streams
+        .get_mut(stream)
+        .and_then(|s| s.capture.as_mut())
+        .ok_or(E_INVALID_HANDLE)?;
+    c.nodes.push(Node::MemAlloc { va, size, dev });
+    Ok(va)
+}
+
+pub fn capture_free(inner: &mut Inner, stream: u64, _va: u64) -> Res {
+    let c = inner
+        .streams
+        .get_mut(stream)
+        .and_then(|s| s.capture.as_mut())
+        .ok_or(E_INVALID_HANDLE)?;
+    c.nodes.push(Node::MemFree);
+    Ok(())
+}
+
+fn begin(s: CUstream, mode: u32, ptsz: bool) -> Res {
+    let d = drv()?;
+    let mut inner = d.inner.lock();
+    let StreamRef::Real(h, _) = resolve(&inner, s, ptsz)? else {
+        return Err(CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED); // the default streams cannot be captured
+    };
+    if mode > CU_STREAM_CAPTURE_MODE_RELAXED {
+        return Err(E_INVALID_VALUE);
+    }
+    let st = inner.streams.get_mut(h).ok_or(E_INVALID_HANDLE)?;
+    if st.capture.is_some() {
+        return Err(E_INVALID_VALUE);
+    }
+    st.capture = Some(Capture {
+        mode,
+        invalidated: false,
+        nodes: Vec::new(),
+    });
+    if mode == CU_STREAM_CAPTURE_MODE_GLOBAL {
+        inner.global_captures += 1;
+    }
+    Ok(())
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamBeginCapture(s: CUstream) -> CUresult {
+    status(begin(s, CU_STREAM_CAPTURE_MODE_GLOBAL, false))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamBeginCapture_ptsz(s: CUstream) -> CUresult {
+    status(begin(s, CU_STREAM_CAPTURE_MODE_GLOBAL, true))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamBeginCapture_v2(s: CUstream, mode: u32) -> CUresult {
+    status(begin(s, mode, false))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamBeginCapture_v2_ptsz(s: CUstream, mode: u32) -> CUresult {
+    status(begin(s, mode, true))
+}
+
+fn end(s: CUstream, out: *mut CUgraph, ptsz: bool) -> Res {
+    let d = drv()?;
+    if out.is_null() {
+        return Err(E_INVALID_VALUE);
+    }
+    let mut inner = d.inner.lock();
+    let StreamRef::Real(h, _) = resolve(&inner, s, ptsz)? else {
+        return Err(CUresult::CUDA_ERROR_ILLEGAL_ADDRESS);
+    };
+    let cap = inner
+        .streams
+        .get_mut(h)
+        .ok_or(E_INVALID_HANDLE)?
+        .capture
+        .take()
+        .ok_or(E_INVALID_VALUE)?;
+    if cap.mode == CU_STREAM_CAPTURE_MODE_GLOBAL {
+        inner.global_captures -= 1;
+    }
+    if cap.invalidated {
+        // SAFETY: checked non-NULL.
+        unsafe { out.write(std::ptr::null_mut()) };
+        return Err(CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    }
+    let g = inner.graphs.insert(Graph { nodes: cap.nodes });
+    // SAFETY: checked non-NULL.
+    unsafe { out.write(to_ptr(g)) };
+    Ok(())
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamEndCapture(s: CUstream, g: *mut CUgraph) -> CUresult {
+    status(end(s, g, false))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamEndCapture_ptsz(s: CUstream, g: *mut CUgraph) -> CUresult {
+    status(end(s, g, true))
+}
+
+fn is_capturing(s: CUstream, out: *mut u32, ptsz: bool) -> Res {
+    let d = drv()?;
+    let inner = d.inner.lock();
+    let st = match resolve(&inner, s, ptsz)? {
+        StreamRef::Real(h, _) => match inner.streams.get(h).and_then(|s| s.capture.as_ref()) {
+            Some(c) if c.invalidated => CU_STREAM_CAPTURE_STATUS_INVALIDATED,
+            Some(_) => CU_STREAM_CAPTURE_STATUS_ACTIVE,
+            None => CU_STREAM_CAPTURE_STATUS_NONE,
+        },
+        _ => CU_STREAM_CAPTURE_STATUS_NONE,
+    };
+    // SAFETY: out-pointer from the caller.
+    unsafe { put(out, st) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamIsCapturing(s: CUstream, st: *mut u32) -> CUresult {
+    status(is_capturing(s, st, false))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamIsCapturing_ptsz(s: CUstream, st: *mut u32) -> CUresult {
+    status(is_capturing(s, st, true))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphInstantiateWithFlags(
+    out: *mut CUgraphExec,
+    graph: CUgraph,
+    _flags: u64,
+) -> CUresult {
+    status(drv().and_then(|d| {
+        if out.is_null() {
+            return Err(E_INVALID_VALUE);
+        }
+        let mut inner = d.inner.lock();
+        let ctx = inner.cur()?.0;
+        let g = inner.graphs.get(from_ptr(graph)).ok_or(E_INVALID_HANDLE)?;
+        let kernel_ns = g
+            .nodes
+            .iter()
+            .map(|n| if let Node::Kernel { ns } = n { *ns } else { 0 })
+            .fold(0u64, u64::saturating_add);
+        let allocs = g
+            .nodes
+            .iter()
+            .filter_map(|n| {
+                if let Node::MemAlloc { va, size, dev } = n {
+                    Some((*va, *size, *dev))
+                } else {
+                    None
+                }
+            })
+            .collect();
+        let h = inner.execs.insert(Exec {
+            ctx,
+            kernel_ns,
+            allocs,
+            backing: Vec::new(),
+        });
+        // SAFETY: checked non-NULL.
+        unsafe { out.write(to_ptr(h)) };
+        Ok(())
+    }))
+}
+
+/// Takes device memory for the graph's allocation nodes (once per instantiated graph).
+fn back(d: &Driver, inner: &mut Inner, eh: u64) -> Res {
+    let e = inner.execs.get(eh).ok_or(E_INVALID_HANDLE)?;
+    if !e.backing.is_empty() || e.allocs.is_empty() {
+        return Ok(());
+    }
+    let allocs = e.allocs.clone();
+    let mut backing = Vec::new();
+    for (_, size, dev) in &allocs {
+        match take(d, *dev, AllocKind::Graph, *size) {
+            Ok(id) => backing.push((*dev, id)),
+            Err(err) => {
+                for (dev, id) in backing {
+                    give(d, dev, id);
+                }
+                return Err(err);
+            }
+        }
+    }
+    for ((va, _, _), (_, id)) in allocs.iter().zip(&backing) {
+        if let Some(m) = inner.maps.get_mut(va) {
+            m.id = Some(*id);
+            m.handle = eh;
+        }
+    }
+    inner.execs.get_mut(eh).ok_or(E_INVALID_HANDLE)?.backing = backing;
+    Ok(())
+}
+
+fn launch(exec: CUgraphExec, s: CUstream, ptsz: bool) -> Res {
+    let d = drv()?;
+    let mut inner = d.inner.lock();
+    let sref = resolve(&inner, s, ptsz)?;
+    let eh = from_ptr(exec);
+    back(d, &mut inner, eh)?;
+    let ns = inner.execs.get(eh).ok_or(E_INVALID_HANDLE)?.kernel_ns;
+    if capture_kernel(&mut inner, sref, ns) {
+        return Ok(());
+    }
+    push(
+        d,
+        &mut inner,
+        sref,
+        Item {
+            kind: ITEM_KERNEL,
+            remaining: ns,
+            total: ns,
+            ..Item::default()
+        },
+    )
+    .map(|_| ())
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphLaunch(exec: CUgraphExec, s: CUstream) -> CUresult {
+    status(launch(exec, s, false))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphLaunch_ptsz(exec: CUgraphExec, s: CUstream) -> CUresult {
+    status(launch(exec, s, true))
+}
+
+fn upload(exec: CUgraphExec, s: CUstream, ptsz: bool) -> Res {
+    let d = drv()?;
+    let mut inner = d.inner.lock();
+    resolve(&inner, s, ptsz)?;
+    back(d, &mut inner, from_ptr(exec))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphUpload(exec: CUgraphExec, s: CUstream) -> CUresult {
+    status(upload(exec, s, false))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphUpload_ptsz(exec: CUgraphExec, s: CUstream) -> CUresult {
+    status(upload(exec, s, true))
+}
+
+fn destroy_exec(d: &Driver, inner: &mut Inner, eh: u64) -> Res {
+    let e = inner.execs.remove(eh).ok_or(E_INVALID_HANDLE)?;
+    for (dev, id) in e.backing {
+        give(d, dev, id);
+    }
+    for (va, _, _) in e.allocs {
+        if let Some(m) = inner.maps.remove(&va) {
+            inner.va.give(va, m.len);
+        }
+    }
+    Ok(())
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphExecDestroy(exec: CUgraphExec) -> CUresult {
+    status(drv().and_then(|d| destroy_exec(d, &mut d.inner.lock(), from_ptr(exec))))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphDestroy(graph: CUgraph) -> CUresult {
+    status(drv().and_then(|d| {
+        d.inner
+            .lock()
+            .graphs
+            .remove(from_ptr(graph))
+            .map(|_| ())
+            .ok_or(E_INVALID_HANDLE)
+    }))
+}
+
+pub fn release_ctx(d: &Driver, inner: &mut Inner, ctx: u64) {
+    let execs: Vec<u64> = inner
+        .execs
+        .iter()
+        .filter(|(_, e)| e.ctx == ctx)
+        .map(|(h, _)| h)
+        .collect();
+    for h in execs {
+        let _ = destroy_exec(d, inner, h);
+    }
+}

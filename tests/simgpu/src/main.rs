@@ -1,0 +1,278 @@
+//! `simgpu`: make simulated-GPU state files, run programs against them, show the ground truth.
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::sync::atomic::{AtomicI32, Ordering};
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Parser, Subcommand};
+use simgpu::{CreateOptions, STATE_ENV, State};
+
+#[derive(Parser)]
+#[command(
+    name = "simgpu",
+    about = "A simulated GPU driver for tests (libcuda.so.1 + libnvidia-ml.so.1 over a shared device model). Not a GPU."
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run CMD with the simulated libcuda.so.1 and libnvidia-ml.so.1 first in LD_LIBRARY_PATH.
+    Run {
+        #[command(flatten)]
+        device: DeviceArgs,
+        /// Share this state file (made if missing); default: a fresh temporary state.
+        #[arg(long)]
+        state: Option<PathBuf>,
+        #[arg(required = true, last = true)]
+        cmd: Vec<String>,
+    },
+    /// Make a state file (or check that an existing one matches the options).
+    Init {
+        #[command(flatten)]
+        device: DeviceArgs,
+        #[arg(long)]
+        state: PathBuf,
+    },
+    /// Print the ground truth: devices, memory, and per-process holdings and device time.
+    Show {
+        #[arg(long)]
+        state: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Copy the simulated libraries into DIR (e.g. to mount into a container) and print DIR.
+    LibDir {
+        #[arg(long)]
+        out: PathBuf,
+    },
+}
+
+#[derive(Args)]
+struct DeviceArgs {
+    /// Number of devices [default: 1]
+    #[arg(long)]
+    devices: Option<u32>,
+    /// Memory per device, e.g. 16GiB [default: 16GiB]
+    #[arg(long, value_parser = size)]
+    memory: Option<u64>,
+    /// Hidden device memory each context takes, e.g. 300MiB [default: 300MiB]
+    #[arg(long, value_parser = size)]
+    context_overhead: Option<u64>,
+    /// Engine time slice between contexts, in microseconds [default: 2000]
+    #[arg(long)]
+    timeslice_us: Option<u64>,
+    /// Streaming multiprocessors per device [default: 132]
+    #[arg(long)]
+    sm_count: Option<u32>,
+}
+
+fn size(s: &str) -> Result<u64, String> {
+    cuslice_policy::parse_size(s).map_err(|e| e.to_string())
+}
+
+impl DeviceArgs {
+    fn explicit(&self) -> bool {
+        self.devices.is_some() || self.memory.is_some() || self.context_overhead.is_some()
+    }
+
+    fn options(&self) -> CreateOptions {
+        let d = CreateOptions::default();
+        CreateOptions {
+            devices: self.devices.unwrap_or(d.devices),
+            memory: self.memory.unwrap_or(d.memory),
+            context_overhead: self.context_overhead.unwrap_or(d.context_overhead),
+            timeslice_ns: self.timeslice_us.map_or(d.timeslice_ns, |us| us * 1000),
+            sm_count: self.sm_count.unwrap_or(d.sm_count),
+            ..d
+        }
+    }
+}
+
+/// Where the simulated libraries were built: next to this executable.
+fn built_libraries() -> Result<[(PathBuf, &'static [&'static str]); 2]> {
+    let exe = std::env::current_exe().context("cannot find the simgpu executable")?;
+    let dir = exe.parent().context("simgpu executable has no folder")?;
+    let cuda = dir.join("libsimgpu_cuda.so");
+    let nvml = dir.join("libsimgpu_nvml.so");
+    for p in [&cuda, &nvml] {
+        if !p.exists() {
+            bail!(
+                "{} is missing; build the simulated driver with `cargo build --release --workspace`",
+                p.display()
+            );
+        }
+    }
+    Ok([
+        (cuda, &["libcuda.so.1", "libcuda.so"]),
+        (nvml, &["libnvidia-ml.so.1", "libnvidia-ml.so"]),
+    ])
+}
+
+fn make_lib_dir(dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    for (src, names) in built_libraries()? {
+        for name in names {
+            let dst = dir.join(name);
+            let tmp = dir.join(format!(".{name}.{}", std::process::id()));
+            std::fs::copy(&src, &tmp)
+                .with_context(|| format!("cannot copy {} to {}", src.display(), tmp.display()))?;
+            std::fs::rename(&tmp, &dst)
+                .with_context(|| format!("cannot write {}", dst.display()))?;
+        }
+    }
+    Ok(())
+}
+
+static CHILD: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn forward(sig: i32) {
+    let pid = CHILD.load(Ordering::Relaxed);
+    if pid > 0 {
+        // SAFETY: kill is async-signal-safe.
+        unsafe { libc::kill(pid, sig) };
+    }
+}
+
+fn run(device: &DeviceArgs, state: Option<PathBuf>, cmd: &[String]) -> Result<u8> {
+    let work = std::env::temp_dir().join(format!(
+        "simgpu-{}-{}",
+        std::process::id(),
+        simgpu::clock::now_ns()
+    ));
+    std::fs::create_dir_all(&work).with_context(|| format!("cannot create {}", work.display()))?;
+    let result = (|| {
+        let lib = work.join("lib");
+        make_lib_dir(&lib)?;
+        let (path, explicit) = match &state {
+            Some(p) => (p.clone(), device.explicit()),
+            None => (work.join("state"), false),
+        };
+        let st = State::create_or_open(&path, &device.options(), explicit)?;
+        drop(st);
+        let ld = match std::env::var_os("LD_LIBRARY_PATH") {
+            Some(old) if !old.is_empty() => {
+                let mut v = lib.clone().into_os_string();
+                v.push(":");
+                v.push(old);
+                v
+            }
+            _ => lib.clone().into_os_string(),
+        };
+        let mut c = Command::new(&cmd[0]);
+        c.args(&cmd[1..])
+            .env("LD_LIBRARY_PATH", ld)
+            .env(STATE_ENV, &path);
+        // SAFETY: prctl in the child before exec: the program dies with simgpu.
+        unsafe {
+            c.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let mut child = c
+            .spawn()
+            .with_context(|| format!("cannot run {}", cmd[0]))?;
+        CHILD.store(child.id() as i32, Ordering::Relaxed);
+        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
+            // SAFETY: installing an async-signal-safe handler.
+            unsafe { libc::signal(sig, forward as *const () as libc::sighandler_t) };
+        }
+        let status = child.wait().context("cannot wait for the program")?;
+        use std::os::unix::process::ExitStatusExt;
+        Ok(match (status.code(), status.signal()) {
+            (Some(c), _) => c as u8,
+            (None, Some(s)) => 128 + s as u8,
+            _ => 1,
+        })
+    })();
+    let _ = std::fs::remove_dir_all(&work);
+    result
+}
+
+fn show(state: &Path, json: bool) -> Result<()> {
+    let s = State::open(state)?;
+    let snap = s.snapshot();
+    if json {
+        println!("{}", serde_json::to_string_pretty(&snap)?);
+        return Ok(());
+    }
+    use cuslice_policy::format_size as fs;
+    println!(
+        "simgpu state {} (simulated; context overhead {}, time slice {} us)",
+        snap.state,
+        fs(snap.context_overhead),
+        snap.timeslice_ns / 1000
+    );
+    for d in &snap.devices {
+        println!(
+            "device {}  {}  {}  {}",
+            d.index, d.uuid, d.name, d.pci_bus_id
+        );
+        println!(
+            "  memory  {} used of {}  ({} free)   engine busy {}% over the last second",
+            fs(d.used),
+            fs(d.total),
+            fs(d.free),
+            d.utilization
+        );
+        if d.processes.is_empty() {
+            println!("  no processes");
+        }
+        for p in &d.processes {
+            let kinds: Vec<String> = p
+                .by_kind
+                .iter()
+                .map(|(k, v)| format!("{k} {}", fs(*v)))
+                .collect();
+            println!(
+                "  pid {:>7} {:<16} held {:>10}  peak {:>10}  device time {:>8.3} s  refusals {}  [{}]",
+                p.pid,
+                p.comm,
+                fs(p.held),
+                fs(p.peak),
+                p.device_time_ns as f64 / 1e9,
+                p.oom_refusals,
+                kinds.join(", ")
+            );
+        }
+        for p in &d.exited {
+            println!(
+                "  exited pid {:>7} {:<16} peak {:>10}  device time {:>8.3} s",
+                p.pid,
+                p.comm,
+                fs(p.peak),
+                p.device_time_ns as f64 / 1e9
+            );
+        }
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let r = match cli.cmd {
+        Cmd::Run { device, state, cmd } => run(&device, state, &cmd),
+        Cmd::Init { device, state } => {
+            State::create_or_open(&state, &device.options(), device.explicit())
+                .map(|_| 0)
+                .map_err(Into::into)
+        }
+        Cmd::Show { state, json } => show(&state, json).map(|_| 0),
+        Cmd::LibDir { out } => make_lib_dir(&out).map(|_| {
+            println!("{}", out.display());
+            0
+        }),
+    };
+    match r {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("simgpu: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
