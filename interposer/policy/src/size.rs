@@ -86,7 +86,7 @@ pub fn parse_size(input: &str) -> Result<u64, SizeError> {
     let mantissa: u128 = digits.parse().map_err(|_| fail(Reason::NoNumber))?;
     let scale = 10u128.pow(frac.len() as u32);
     let scaled = mantissa << shift;
-    if scaled % scale != 0 {
+    if !scaled.is_multiple_of(scale) {
         return Err(fail(Reason::FractionalBytes));
     }
     u64::try_from(scaled / scale).map_err(|_| fail(Reason::TooLarge))
@@ -100,9 +100,9 @@ pub fn format_size(bytes: u64) -> String {
         let unit = 1u64 << shift;
         if bytes >= unit {
             let hundredths = (bytes as u128 * 100) / unit as u128;
-            return if hundredths % 100 == 0 {
+            return if hundredths.is_multiple_of(100) {
                 format!("{} {name}", hundredths / 100)
-            } else if hundredths % 10 == 0 {
+            } else if hundredths.is_multiple_of(10) {
                 format!("{}.{} {name}", hundredths / 100, (hundredths % 100) / 10)
             } else {
                 format!("{}.{:02} {name}", hundredths / 100, hundredths % 100)

@@ -1,0 +1,346 @@
+//! The command line shared by both binaries, and the run from arguments to exit code.
+//!
+//! Exit codes: 0 the scenario ran as designed, 1 an unexpected driver error (an `error` event is
+//! printed first) or a failed check, 2 bad usage.
+
+use std::process::ExitCode;
+
+use clap::error::ErrorKind;
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
+use serde_json::json;
+
+use crate::driver::{Driver, LoadError, Resolution, ResolveOptions, Route, resolve};
+use crate::out::{cu_error, emit};
+use crate::requests::{RUNTIME_12_9, RUNTIME_13_0};
+use crate::scenarios::{self, Failure, FillArgs, HoldArgs, LaunchArgs, MemcpyArgs, Session};
+
+/// `--route`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum RouteArg {
+    /// dlsym(handle, "<versioned name>") for each function
+    Dlsym,
+    /// cuGetProcAddress (v1) by base name
+    #[value(name = "proc-v1")]
+    ProcV1,
+    /// cuGetProcAddress_v2 by base name
+    #[value(name = "proc-v2")]
+    ProcV2,
+    /// replay libcudart 12.9's cuGetProcAddress_v2 requests
+    #[value(name = "cudart-12.9")]
+    Cudart129,
+    /// replay libcudart 13.0's cuGetProcAddress_v2 requests
+    #[value(name = "cudart-13.0")]
+    Cudart130,
+    /// the symbols the binary is linked against (cuda-workload-linked only)
+    Direct,
+}
+
+impl RouteArg {
+    fn route(self) -> Route {
+        match self {
+            RouteArg::Dlsym => Route::Dlsym,
+            RouteArg::ProcV1 => Route::ProcV1,
+            RouteArg::ProcV2 => Route::ProcV2,
+            RouteArg::Cudart129 => Route::Cudart(RUNTIME_12_9),
+            RouteArg::Cudart130 => Route::Cudart(RUNTIME_13_0),
+            RouteArg::Direct => Route::Direct,
+        }
+    }
+}
+
+/// Drives a CUDA driver the ways real software does, runs one scenario and prints JSON lines.
+#[derive(Debug, Parser)]
+#[command(version)]
+pub struct Cli {
+    /// How driver entry points are obtained [default: dlsym; direct for cuda-workload-linked]
+    #[arg(long, value_enum, global = true)]
+    pub route: Option<RouteArg>,
+    /// cudaVersion passed to cuGetProcAddress by the proc-v1/proc-v2 routes
+    #[arg(long, global = true, default_value_t = 12090)]
+    pub cuda_version: i32,
+    /// Ask for per-thread-default-stream variants (flags 2; _ptsz/_ptds names with dlsym)
+    #[arg(long, global = true)]
+    pub ptds: bool,
+    /// CUDA device ordinal
+    #[arg(long, global = true, default_value_t = 0)]
+    pub device: i32,
+    #[command(subcommand)]
+    pub scenario: Scenario,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Scenario {
+    /// Everything the driver and NVML report
+    Info,
+    /// Allocate chunks of one family until the driver refuses, then free them
+    Fill(FillArgs),
+    /// Hold one allocation for a while (by default until stdin reaches EOF)
+    Hold(HoldArgs),
+    /// Launch the simulator's "spin" kernel for a while
+    Launch(LaunchArgs),
+    /// Copy host -> device -> host and device -> device, and compare
+    Memcpy(MemcpyArgs),
+    /// Only resolve the entry points and report how (no cuInit)
+    Resolve,
+}
+
+impl Scenario {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Scenario::Info => "info",
+            Scenario::Fill(_) => "fill",
+            Scenario::Hold(_) => "hold",
+            Scenario::Launch(_) => "launch",
+            Scenario::Memcpy(_) => "memcpy",
+            Scenario::Resolve => "resolve",
+        }
+    }
+}
+
+/// What distinguishes the two binaries.
+pub struct Binary {
+    pub name: &'static str,
+    pub default_route: RouteArg,
+    /// The linked symbols (`cuda-workload-linked` only).
+    pub direct: Option<fn() -> Driver>,
+}
+
+fn usage(bin: &Binary, message: &str) -> ! {
+    Cli::command()
+        .name(bin.name)
+        .bin_name(bin.name)
+        .error(ErrorKind::ArgumentConflict, message)
+        .exit()
+}
+
+/// Parses the command line, resolves the driver and runs the scenario.
+pub fn main_with(bin: Binary) -> ExitCode {
+    let matches = Cli::command()
+        .name(bin.name)
+        .bin_name(bin.name)
+        .get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let route_arg = cli.route.unwrap_or(bin.default_route);
+    match (route_arg == RouteArg::Direct, bin.direct.is_some()) {
+        (true, false) => usage(&bin, "--route direct needs the cuda-workload-linked binary"),
+        (false, true) => usage(&bin, "cuda-workload-linked only has --route direct"),
+        _ => {}
+    }
+    if route_arg == RouteArg::Direct && cli.ptds {
+        usage(
+            &bin,
+            "--ptds has no effect with --route direct (it links the default-stream symbols)",
+        );
+    }
+    if matches!(&cli.scenario, Scenario::Launch(a) if a.secs == 0.0 && a.count.is_none()) {
+        usage(&bin, "launch --secs 0 needs --count");
+    }
+    ExitCode::from(run(&cli, route_arg.route(), bin.direct))
+}
+
+fn run(cli: &Cli, route: Route, direct: Option<fn() -> Driver>) -> u8 {
+    let opts = ResolveOptions {
+        route,
+        cuda_version: cli.cuda_version,
+        ptds: cli.ptds,
+    };
+    let (driver, resolution) = match resolve(opts, direct) {
+        Ok(r) => r,
+        Err(e) => {
+            load_error(&e);
+            return 1;
+        }
+    };
+    if let Scenario::Resolve = cli.scenario {
+        resolved(&opts, &driver, &resolution);
+        return 0;
+    }
+    let missing = driver.missing();
+    if !missing.is_empty() {
+        eprintln!(
+            "cuda-workload: route {} found no entry point for {}",
+            route.name(),
+            missing.join(", ")
+        );
+    }
+    match scenario(cli, route, &driver) {
+        Ok(()) => 0,
+        Err(Failure::Cu(e)) => {
+            cu_error(&e);
+            1
+        }
+        Err(Failure::Check) => 1,
+    }
+}
+
+fn scenario(cli: &Cli, route: Route, driver: &Driver) -> Result<(), Failure> {
+    let session = Session::open(driver, cli.device)?;
+    session.start(route.name(), cli.scenario.name())?;
+    match &cli.scenario {
+        Scenario::Info => scenarios::info(&session)?,
+        Scenario::Fill(a) => scenarios::fill(&session, a)?,
+        Scenario::Hold(a) => scenarios::hold(&session, a)?,
+        Scenario::Launch(a) => scenarios::launch(&session, a)?,
+        Scenario::Memcpy(a) => scenarios::memcpy(&session, a)?,
+        Scenario::Resolve => {}
+    }
+    session.close()?;
+    Ok(())
+}
+
+fn load_error(e: &LoadError) {
+    eprintln!("cuda-workload: {e}");
+    match e {
+        LoadError::Library { library, message } => {
+            emit(
+                "error",
+                json!({"call": "dlopen", "library": library, "message": message}),
+            );
+        }
+        LoadError::Entry { library, symbol } => {
+            emit(
+                "error",
+                json!({"call": symbol, "code": -1, "missing": true, "library": library}),
+            );
+        }
+        LoadError::Other(message) => emit("error", json!({"message": message})),
+    }
+}
+
+fn resolved(opts: &ResolveOptions, driver: &Driver, r: &Resolution) {
+    let cuda_version = match opts.route {
+        Route::ProcV1 | Route::ProcV2 => Some(opts.cuda_version),
+        Route::Cudart(rt) => Some(rt.cuda_version),
+        Route::Dlsym | Route::Direct => None,
+    };
+    emit(
+        "resolved",
+        json!({
+            "route": opts.route.name(),
+            "cuda_version": cuda_version,
+            "ptds": opts.ptds,
+            "requests": r.requests,
+            "found": r.found,
+            "not_found": r.not_found,
+            "version_not_sufficient": r.version_not_sufficient,
+            "extra": r.extra,
+            "older_abi": r.older_abi,
+            "missing": driver.missing(),
+            "switched_gpa": r.switched_gpa,
+            "kept_gpa_v1": r.kept_gpa_v1,
+        }),
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("cuda-workload").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn options_go_before_or_after_the_scenario() {
+        let cli = parse(&[
+            "--route",
+            "cudart-13.0",
+            "fill",
+            "--family",
+            "array3d",
+            "--chunk",
+            "1.5GiB",
+            "--ptds",
+        ])
+        .unwrap();
+        assert_eq!(cli.route, Some(RouteArg::Cudart130));
+        assert!(cli.ptds);
+        let Scenario::Fill(f) = cli.scenario else {
+            panic!()
+        };
+        assert_eq!(f.chunk, 3 << 29);
+        assert_eq!(f.family, scenarios::Family::Array3d);
+        assert_eq!(f.hold, 0.0);
+        let cli = parse(&[
+            "hold",
+            "--bytes",
+            "4g",
+            "--route",
+            "proc-v1",
+            "--cuda-version",
+            "11040",
+        ])
+        .unwrap();
+        assert_eq!(cli.route, Some(RouteArg::ProcV1));
+        assert_eq!(cli.cuda_version, 11040);
+        let Scenario::Hold(h) = cli.scenario else {
+            panic!()
+        };
+        assert_eq!(
+            (h.bytes, h.secs, h.family),
+            (4 << 30, None, scenarios::Family::Mem)
+        );
+    }
+
+    #[test]
+    fn bad_usage_is_an_error() {
+        assert!(parse(&["fill", "--family", "mem", "--chunk", "lots"]).is_err());
+        assert!(parse(&["fill", "--family", "heap", "--chunk", "1g"]).is_err());
+        assert!(
+            parse(&[
+                "launch",
+                "--ns-per-block",
+                "10",
+                "--blocks",
+                "0",
+                "--secs",
+                "1"
+            ])
+            .is_err()
+        );
+        assert!(
+            parse(&[
+                "launch",
+                "--ns-per-block",
+                "10",
+                "--blocks",
+                "1",
+                "--secs",
+                "-1"
+            ])
+            .is_err()
+        );
+        assert!(parse(&["--route", "nope", "resolve"]).is_err());
+        assert!(parse(&[]).is_err());
+        let e = parse(&["memcpy"]).unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+    }
+
+    #[test]
+    fn launch_defaults() {
+        let cli = parse(&[
+            "launch",
+            "--ns-per-block",
+            "1000",
+            "--blocks",
+            "8",
+            "--secs",
+            "0",
+            "--count",
+            "5",
+        ])
+        .unwrap();
+        let Scenario::Launch(l) = cli.scenario else {
+            panic!()
+        };
+        assert_eq!(
+            (l.via, l.streams, l.depth, l.count),
+            (scenarios::Via::Kernel, 1, 4, Some(5))
+        );
+    }
+
+    #[test]
+    fn command_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+}

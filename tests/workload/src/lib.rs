@@ -1,0 +1,17 @@
+//! `cuda-workload`: drives a CUDA driver (`libcuda.so.1`, and `libnvidia-ml.so.1` for NVML) the
+//! ways real software does, runs one scenario and prints the results as JSON lines.
+//!
+//! - [`driver`]: the `Driver` struct of typed entry points and the routes that fill it.
+//! - [`requests`]: the recorded libcudart `cuGetProcAddress_v2` request lists.
+//! - [`nvml`]: what NVML reports.
+//! - [`scenarios`]: info, fill, hold, launch, memcpy.
+//! - [`cli`]: the command line shared by `cuda-workload` and `cuda-workload-linked`.
+
+mod functions;
+
+pub mod cli;
+pub mod driver;
+pub mod nvml;
+pub mod out;
+pub mod requests;
+pub mod scenarios;

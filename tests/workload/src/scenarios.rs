@@ -1,0 +1,1050 @@
+//! The scenarios: each drives the driver one way real software does and reports JSON lines.
+
+use std::collections::VecDeque;
+use std::ffi::{c_char, c_void};
+use std::ptr::null_mut;
+use std::time::{Duration, Instant};
+
+use clap::{Args, ValueEnum};
+use cuda_abi::*;
+use serde_json::{Map, Value, json};
+
+use crate::driver::{CuError, Driver};
+use crate::out::emit;
+
+/// Why a scenario did not run as designed.
+#[derive(Debug)]
+pub enum Failure {
+    /// An unexpected driver error: reported as an `error` event.
+    Cu(CuError),
+    /// A check failed; its event already says so.
+    Check,
+}
+
+impl From<CuError> for Failure {
+    fn from(e: CuError) -> Failure {
+        Failure::Cu(e)
+    }
+}
+
+/// An allocation API family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Family {
+    /// cuMemAlloc_v2
+    Mem,
+    /// cuMemAllocPitch_v2 (rows of 1 MiB - 1000 bytes, chunk / 1 MiB rows)
+    Pitch,
+    /// cuMemAllocManaged (CU_MEM_ATTACH_GLOBAL)
+    Managed,
+    /// cuArrayCreate_v2 (FLOAT, 4096 wide, chunk / 16 KiB high)
+    Array,
+    /// cuArray3DCreate_v2 (FLOAT, 1024 x 1024, chunk / 4 MiB deep)
+    Array3d,
+    /// cuMipmappedArrayCreate (2D FLOAT, power-of-two side, 4 levels)
+    Mipmap,
+    /// cuMemAllocAsync on a created stream
+    Async,
+    /// cuMemAllocFromPoolAsync from the default pool, release threshold UINT64_MAX
+    Pool,
+    /// cuMemAddressReserve + cuMemCreate + cuMemMap + cuMemSetAccess
+    Vmm,
+}
+
+impl Family {
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::Mem => "mem",
+            Family::Pitch => "pitch",
+            Family::Managed => "managed",
+            Family::Array => "array",
+            Family::Array3d => "array3d",
+            Family::Mipmap => "mipmap",
+            Family::Async => "async",
+            Family::Pool => "pool",
+            Family::Vmm => "vmm",
+        }
+    }
+}
+
+/// How kernels are launched.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Via {
+    /// cuLaunchKernel
+    Kernel,
+    /// cuLaunchKernelEx
+    Ex,
+    /// cuLaunchCooperativeKernel
+    Coop,
+    /// one captured launch, replayed with cuGraphLaunch
+    Graph,
+}
+
+impl Via {
+    pub fn name(self) -> &'static str {
+        match self {
+            Via::Kernel => "kernel",
+            Via::Ex => "ex",
+            Via::Coop => "coop",
+            Via::Graph => "graph",
+        }
+    }
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    cuslice_policy::parse_size(s).map_err(|e| e.to_string())
+}
+
+fn parse_secs(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        _ => Err(format!("{s:?} is not a number of seconds >= 0")),
+    }
+}
+
+#[derive(Clone, Debug, Args)]
+pub struct FillArgs {
+    /// Allocation family
+    #[arg(long, value_enum)]
+    pub family: Family,
+    /// Bytes per allocation (4GiB, 512MiB, 1.5GiB, 4g, 4096m or plain bytes)
+    #[arg(long, value_parser = parse_size)]
+    pub chunk: u64,
+    /// Seconds to hold everything after the refusal before freeing
+    #[arg(long, value_parser = parse_secs, default_value = "0")]
+    pub hold: f64,
+    /// Stop after this many successful allocations
+    #[arg(long)]
+    pub max_count: Option<u64>,
+}
+
+#[derive(Clone, Debug, Args)]
+pub struct HoldArgs {
+    /// Bytes to allocate
+    #[arg(long, value_parser = parse_size)]
+    pub bytes: u64,
+    /// Allocation family
+    #[arg(long, value_enum, default_value = "mem")]
+    pub family: Family,
+    /// Seconds to hold; without it, hold until stdin reaches EOF
+    #[arg(long, value_parser = parse_secs)]
+    pub secs: Option<f64>,
+}
+
+#[derive(Clone, Debug, Args)]
+pub struct LaunchArgs {
+    /// Engine nanoseconds each block of the "spin" kernel takes
+    #[arg(long)]
+    pub ns_per_block: u64,
+    /// Grid size (blocks in x)
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub blocks: u32,
+    /// Seconds of wall time to keep launching; 0 = exactly --count launches
+    #[arg(long, value_parser = parse_secs)]
+    pub secs: f64,
+    /// Launches to make when --secs is 0
+    #[arg(long)]
+    pub count: Option<u64>,
+    /// Launch API
+    #[arg(long, value_enum, default_value = "kernel")]
+    pub via: Via,
+    /// Streams to launch on, round-robin
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub streams: u32,
+    /// Launches in flight per stream at most
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
+    pub depth: u32,
+}
+
+#[derive(Clone, Debug, Args)]
+pub struct MemcpyArgs {
+    /// Bytes to copy each way
+    #[arg(long, value_parser = parse_size)]
+    pub bytes: u64,
+}
+
+/// A device with its primary context current on this thread.
+pub struct Session<'a> {
+    pub d: &'a Driver,
+    pub ordinal: i32,
+    pub dev: CUdevice,
+}
+
+impl<'a> Session<'a> {
+    /// cuInit, cuDeviceGet, cuDevicePrimaryCtxRetain, cuCtxSetCurrent.
+    pub fn open(d: &'a Driver, ordinal: i32) -> Result<Session<'a>, CuError> {
+        let mut dev: CUdevice = 0;
+        let mut ctx: CUcontext = null_mut();
+        // SAFETY: plain flags argument.
+        unsafe { d.cuInit(0) }?;
+        // SAFETY: out-pointer to a local.
+        unsafe { d.cuDeviceGet(&mut dev, ordinal) }?;
+        // SAFETY: out-pointer to a local; `dev` came from cuDeviceGet.
+        unsafe { d.cuDevicePrimaryCtxRetain(&mut ctx, dev) }?;
+        // SAFETY: `ctx` is the retained primary context.
+        unsafe { d.cuCtxSetCurrent(ctx) }?;
+        Ok(Session { d, ordinal, dev })
+    }
+
+    /// Releases the primary context retained by `open`.
+    pub fn close(self) -> Result<(), CuError> {
+        // SAFETY: `dev` is valid and its primary context was retained once by `open`.
+        unsafe { self.d.cuDevicePrimaryCtxRelease_v2(self.dev) }
+    }
+
+    /// The `start` event.
+    pub fn start(&self, route: &str, scenario: &str) -> Result<(), CuError> {
+        let total = total_mem(self.d, self.dev)?;
+        let (free, reported_total) = mem_get_info(self.d)?;
+        emit(
+            "start",
+            json!({"route": route, "scenario": scenario, "device": self.ordinal,
+                   "total": total, "free": free, "reported_total": reported_total}),
+        );
+        Ok(())
+    }
+}
+
+/// cuMemGetInfo_v2: (free, total).
+fn mem_get_info(d: &Driver) -> Result<(u64, u64), CuError> {
+    let (mut free, mut total) = (0usize, 0usize);
+    // SAFETY: out-pointers to locals.
+    unsafe { d.cuMemGetInfo_v2(&mut free, &mut total) }?;
+    Ok((free as u64, total as u64))
+}
+
+/// cuDeviceTotalMem_v2.
+fn total_mem(d: &Driver, dev: CUdevice) -> Result<u64, CuError> {
+    let mut total = 0usize;
+    // SAFETY: out-pointer to a local.
+    unsafe { d.cuDeviceTotalMem_v2(&mut total, dev) }?;
+    Ok(total as u64)
+}
+
+fn attribute(d: &Driver, attr: i32, dev: CUdevice) -> Result<i32, CuError> {
+    let mut v = 0;
+    // SAFETY: out-pointer to a local.
+    unsafe { d.cuDeviceGetAttribute(&mut v, attr, dev) }?;
+    Ok(v)
+}
+
+fn sync(d: &Driver, stream: CUstream) -> Result<(), CuError> {
+    // SAFETY: `stream` is a live stream this process created.
+    unsafe { d.cuStreamSynchronize(stream) }
+}
+
+/// "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as nvidia-smi prints it.
+pub fn format_uuid(u: &CUuuid) -> String {
+    let hex: String = u.bytes.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// info
+// ---------------------------------------------------------------------------------------------
+
+pub fn info(s: &Session) -> Result<(), Failure> {
+    let d = s.d;
+    let mut version = 0;
+    // SAFETY: out-pointer to a local.
+    unsafe { d.cuDriverGetVersion(&mut version) }?;
+    let mut count = 0;
+    // SAFETY: out-pointer to a local.
+    unsafe { d.cuDeviceGetCount(&mut count) }?;
+    let mut devices = Vec::new();
+    for ordinal in 0..count {
+        let mut dev: CUdevice = 0;
+        // SAFETY: out-pointer to a local.
+        unsafe { d.cuDeviceGet(&mut dev, ordinal) }?;
+        let mut name = [0u8; 256];
+        // SAFETY: the buffer holds the length passed.
+        unsafe { d.cuDeviceGetName(name.as_mut_ptr().cast::<c_char>(), name.len() as i32, dev) }?;
+        let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+        let mut uuid = CUuuid::default();
+        // SAFETY: out-pointer to a local CUuuid.
+        unsafe { d.cuDeviceGetUuid_v2(&mut uuid, dev) }?;
+        let major = attribute(d, attr::COMPUTE_CAPABILITY_MAJOR, dev)?;
+        let minor = attribute(d, attr::COMPUTE_CAPABILITY_MINOR, dev)?;
+        devices.push(json!({
+            "ordinal": ordinal,
+            "name": String::from_utf8_lossy(&name[..end]),
+            "uuid": format_uuid(&uuid),
+            "total": total_mem(d, dev)?,
+            "multiprocessor_count": attribute(d, attr::MULTIPROCESSOR_COUNT, dev)?,
+            "compute_capability": [major, minor],
+        }));
+    }
+    let (free, total) = mem_get_info(d)?;
+    emit(
+        "info",
+        json!({
+            "driver_version": version,
+            "device_count": count,
+            "devices": devices,
+            "current_device": s.ordinal,
+            "mem_get_info": {"free": free, "total": total},
+            "nvml": crate::nvml::report(),
+        }),
+    );
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// allocation families (fill, hold)
+// ---------------------------------------------------------------------------------------------
+
+/// `cuMemAllocPitch_v2` row width: deliberately not a multiple of any pitch alignment.
+const PITCH_WIDTH: usize = (1 << 20) - 1000;
+const MIB: u64 = 1 << 20;
+
+/// One live allocation.
+#[derive(Clone, Copy, Debug)]
+enum Block {
+    Device(CUdeviceptr),
+    Array(CUarray),
+    Mipmap(CUmipmappedArray),
+    Vmm {
+        ptr: CUdeviceptr,
+        size: usize,
+        handle: CUmemGenericAllocationHandle,
+    },
+}
+
+/// A call that failed: `Ok(Err(e))` is the driver refusing (the design of `fill`), `Err(e)` an
+/// unexpected failure (including an entry point the route did not find).
+type Attempt<T> = Result<Result<T, CuError>, CuError>;
+
+fn soft(r: Result<(), CuError>) -> Attempt<()> {
+    match r {
+        Ok(()) => Ok(Ok(())),
+        Err(e) => refused(e),
+    }
+}
+
+/// A failed allocation call as an `Attempt`: a refusal, unless the entry point is missing.
+fn refused<T>(e: CuError) -> Attempt<T> {
+    if e.missing { Err(e) } else { Ok(Err(e)) }
+}
+
+/// Undoes the first `done` steps (reserve, create, map) of a VMM allocation that failed later;
+/// failures here only go to stderr.
+fn undo_vmm(
+    d: &Driver,
+    done: u8,
+    ptr: CUdeviceptr,
+    size: usize,
+    handle: CUmemGenericAllocationHandle,
+) {
+    let report = |r: Result<(), CuError>| {
+        if let Err(e) = r {
+            eprintln!("cuda-workload: cleanup: {e}");
+        }
+    };
+    if done >= 3 {
+        // SAFETY: `ptr`/`size` was mapped by the failed allocation.
+        report(unsafe { d.cuMemUnmap(ptr, size) });
+    }
+    if done >= 2 {
+        // SAFETY: `handle` was created by the failed allocation and is released once.
+        report(unsafe { d.cuMemRelease(handle) });
+    }
+    if done >= 1 {
+        // SAFETY: `ptr`/`size` was reserved by the failed allocation and is freed once.
+        report(unsafe { d.cuMemAddressFree(ptr, size) });
+    }
+}
+
+fn round_up(v: u64, to: u64) -> u64 {
+    if to == 0 { v } else { v.div_ceil(to) * to }
+}
+
+/// Side of the mipmap's level 0: sqrt(chunk / 4) rounded down to a power of two (at least 1).
+fn mipmap_side(chunk: u64) -> u64 {
+    let side = ((chunk / 4) as f64).sqrt() as u64;
+    if side == 0 {
+        1
+    } else {
+        1 << (63 - side.leading_zeros())
+    }
+}
+
+const MIPMAP_LEVELS: u32 = 4;
+
+struct Allocator<'a> {
+    d: &'a Driver,
+    family: Family,
+    stream: CUstream,
+    pool: CUmemoryPool,
+    granularity: u64,
+    prop: CUmemAllocationProp,
+    access: CUmemAccessDesc,
+    /// The pitch the last cuMemAllocPitch_v2 returned.
+    pitch: Option<u64>,
+}
+
+impl<'a> Allocator<'a> {
+    /// Sets up what the family needs: a stream (async, pool), the default pool with an
+    /// unbounded release threshold (pool), the allocation granularity (vmm).
+    fn new(d: &'a Driver, family: Family, dev: CUdevice) -> Result<Allocator<'a>, CuError> {
+        let location = CUmemLocation {
+            type_: CU_MEM_LOCATION_TYPE_DEVICE,
+            id: dev,
+        };
+        let mut a = Allocator {
+            d,
+            family,
+            stream: null_mut(),
+            pool: null_mut(),
+            granularity: 0,
+            prop: CUmemAllocationProp {
+                type_: CU_MEM_ALLOCATION_TYPE_PINNED,
+                requestedHandleTypes: CU_MEM_HANDLE_TYPE_NONE,
+                location,
+                win32HandleMetaData: null_mut(),
+                compressionType: 0,
+                gpuDirectRDMACapable: 0,
+                usage: 0,
+                reserved: [0; 4],
+            },
+            access: CUmemAccessDesc {
+                location,
+                flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+            },
+            pitch: None,
+        };
+        if matches!(family, Family::Async | Family::Pool) {
+            // SAFETY: out-pointer to a field.
+            unsafe { d.cuStreamCreate(&mut a.stream, CU_STREAM_DEFAULT) }?;
+        }
+        if family == Family::Pool {
+            // SAFETY: out-pointer to a field.
+            unsafe { d.cuDeviceGetDefaultMemPool(&mut a.pool, dev) }?;
+            let mut threshold: u64 = u64::MAX;
+            // SAFETY: RELEASE_THRESHOLD takes a pointer to a cuuint64_t.
+            unsafe {
+                d.cuMemPoolSetAttribute(
+                    a.pool,
+                    CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                    (&raw mut threshold).cast(),
+                )
+            }?;
+        }
+        if family == Family::Vmm {
+            let mut g = 0usize;
+            // SAFETY: out-pointer to a local, `prop` fully initialised.
+            unsafe {
+                d.cuMemGetAllocationGranularity(&mut g, &a.prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM)
+            }?;
+            a.granularity = g as u64;
+        }
+        Ok(a)
+    }
+
+    /// Bytes one chunk's request describes (pitch: once a pitch is known).
+    fn chunk_bytes(&self, chunk: u64) -> Value {
+        match self.family {
+            Family::Mem | Family::Managed | Family::Async | Family::Pool => json!(chunk),
+            Family::Pitch => self.pitch.map_or(Value::Null, |p| json!(p * (chunk / MIB))),
+            Family::Array => json!(16384 * (chunk / 16384).max(1)),
+            Family::Array3d => json!(4 * MIB * (chunk / (4 * MIB)).max(1)),
+            Family::Mipmap => {
+                let side = mipmap_side(chunk);
+                json!(
+                    (0..MIPMAP_LEVELS)
+                        .map(|l| (side >> l).max(1).pow(2) * 4)
+                        .sum::<u64>()
+                )
+            }
+            Family::Vmm => json!(round_up(chunk, self.granularity)),
+        }
+    }
+
+    /// Family-specific facts for the report lines.
+    fn details(&self, out: &mut Map<String, Value>) -> Result<(), CuError> {
+        match self.family {
+            Family::Pitch => {
+                out.insert("pitch".into(), json!(self.pitch));
+            }
+            Family::Vmm => {
+                out.insert("granularity".into(), json!(self.granularity));
+            }
+            Family::Pool => {
+                out.insert(
+                    "pool_reserved".into(),
+                    json!(self.pool_attribute(CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?),
+                );
+                out.insert(
+                    "pool_used".into(),
+                    json!(self.pool_attribute(CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?),
+                );
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn pool_attribute(&self, attr: u32) -> Result<u64, CuError> {
+        let mut v: u64 = 0;
+        // SAFETY: the *_MEM_* attributes write a cuuint64_t; `pool` is the device's default pool.
+        unsafe {
+            self.d
+                .cuMemPoolGetAttribute(self.pool, attr, (&raw mut v).cast())
+        }?;
+        Ok(v)
+    }
+
+    fn alloc(&mut self, chunk: u64) -> Attempt<Block> {
+        let d = self.d;
+        let size = chunk as usize;
+        let mut ptr: CUdeviceptr = 0;
+        let block = match self.family {
+            Family::Mem => {
+                // SAFETY: out-pointer to a local.
+                soft(unsafe { d.cuMemAlloc_v2(&mut ptr, size) })?.map(|()| Block::Device(ptr))
+            }
+            Family::Pitch => {
+                let mut pitch = 0usize;
+                let height = (chunk / MIB) as usize;
+                // SAFETY: out-pointers to locals.
+                let r = soft(unsafe {
+                    d.cuMemAllocPitch_v2(&mut ptr, &mut pitch, PITCH_WIDTH, height, 4)
+                })?;
+                if r.is_ok() {
+                    self.pitch = Some(pitch as u64);
+                }
+                r.map(|()| Block::Device(ptr))
+            }
+            Family::Managed => {
+                // SAFETY: out-pointer to a local.
+                soft(unsafe { d.cuMemAllocManaged(&mut ptr, size, CU_MEM_ATTACH_GLOBAL) })?
+                    .map(|()| Block::Device(ptr))
+            }
+            Family::Array => {
+                let desc = CUDA_ARRAY_DESCRIPTOR {
+                    Width: 4096,
+                    Height: (chunk / 16384) as usize,
+                    Format: array_format::FLOAT,
+                    NumChannels: 1,
+                };
+                let mut array: CUarray = null_mut();
+                // SAFETY: out-pointer to a local; `desc` outlives the call.
+                soft(unsafe { d.cuArrayCreate_v2(&mut array, &desc) })?
+                    .map(|()| Block::Array(array))
+            }
+            Family::Array3d => {
+                let desc = CUDA_ARRAY3D_DESCRIPTOR {
+                    Width: 1024,
+                    Height: 1024,
+                    Depth: (chunk / (4 * MIB)) as usize,
+                    Format: array_format::FLOAT,
+                    NumChannels: 1,
+                    Flags: 0,
+                };
+                let mut array: CUarray = null_mut();
+                // SAFETY: out-pointer to a local; `desc` outlives the call.
+                soft(unsafe { d.cuArray3DCreate_v2(&mut array, &desc) })?
+                    .map(|()| Block::Array(array))
+            }
+            Family::Mipmap => {
+                let side = mipmap_side(chunk) as usize;
+                let desc = CUDA_ARRAY3D_DESCRIPTOR {
+                    Width: side,
+                    Height: side,
+                    Depth: 0,
+                    Format: array_format::FLOAT,
+                    NumChannels: 1,
+                    Flags: 0,
+                };
+                let mut array: CUmipmappedArray = null_mut();
+                // SAFETY: out-pointer to a local; `desc` outlives the call.
+                soft(unsafe { d.cuMipmappedArrayCreate(&mut array, &desc, MIPMAP_LEVELS) })?
+                    .map(|()| Block::Mipmap(array))
+            }
+            Family::Async => {
+                // SAFETY: out-pointer to a local; `stream` is live.
+                let r = soft(unsafe { d.cuMemAllocAsync(&mut ptr, size, self.stream) })?;
+                if r.is_ok() {
+                    sync(d, self.stream)?;
+                }
+                r.map(|()| Block::Device(ptr))
+            }
+            Family::Pool => {
+                // SAFETY: out-pointer to a local; `pool` and `stream` are live.
+                let r = soft(unsafe {
+                    d.cuMemAllocFromPoolAsync(&mut ptr, size, self.pool, self.stream)
+                })?;
+                if r.is_ok() {
+                    sync(d, self.stream)?;
+                }
+                r.map(|()| Block::Device(ptr))
+            }
+            Family::Vmm => return self.alloc_vmm(chunk),
+        };
+        Ok(block)
+    }
+
+    fn alloc_vmm(&self, chunk: u64) -> Attempt<Block> {
+        let d = self.d;
+        let size = round_up(chunk, self.granularity) as usize;
+        let mut ptr: CUdeviceptr = 0;
+        let mut handle: CUmemGenericAllocationHandle = 0;
+        // SAFETY: out-pointer to a local; no fixed address, default alignment.
+        if let Err(e) = unsafe { d.cuMemAddressReserve(&mut ptr, size, 0, 0, 0) } {
+            return refused(e);
+        }
+        // SAFETY: out-pointer to a local, `prop` fully initialised.
+        if let Err(e) = unsafe { d.cuMemCreate(&mut handle, size, &self.prop, 0) } {
+            undo_vmm(d, 1, ptr, size, handle);
+            return refused(e);
+        }
+        // SAFETY: maps the whole handle at offset 0 onto the whole reserved range.
+        if let Err(e) = unsafe { d.cuMemMap(ptr, size, 0, handle, 0) } {
+            undo_vmm(d, 2, ptr, size, handle);
+            return refused(e);
+        }
+        // SAFETY: one access descriptor for the mapped range.
+        if let Err(e) = unsafe { d.cuMemSetAccess(ptr, size, &self.access, 1) } {
+            undo_vmm(d, 3, ptr, size, handle);
+            return refused(e);
+        }
+        Ok(Ok(Block::Vmm { ptr, size, handle }))
+    }
+
+    fn free(&self, block: Block) -> Result<(), CuError> {
+        let d = self.d;
+        match (self.family, block) {
+            (Family::Async | Family::Pool, Block::Device(ptr)) => {
+                // SAFETY: `ptr` came from cuMemAlloc(FromPool)Async and is freed once.
+                unsafe { d.cuMemFreeAsync(ptr, self.stream) }?;
+                sync(d, self.stream)
+            }
+            // SAFETY: `ptr` came from cuMemAlloc_v2/Pitch_v2/Managed and is freed once.
+            (_, Block::Device(ptr)) => unsafe { d.cuMemFree_v2(ptr) },
+            // SAFETY: `array` came from cuArray(3D)Create_v2 and is destroyed once.
+            (_, Block::Array(array)) => unsafe { d.cuArrayDestroy(array) },
+            // SAFETY: `array` came from cuMipmappedArrayCreate and is destroyed once.
+            (_, Block::Mipmap(array)) => unsafe { d.cuMipmappedArrayDestroy(array) },
+            (_, Block::Vmm { ptr, size, handle }) => {
+                // SAFETY: the range and handle were mapped by alloc_vmm and are released once.
+                unsafe { d.cuMemUnmap(ptr, size) }?;
+                // SAFETY: as above.
+                unsafe { d.cuMemRelease(handle) }?;
+                // SAFETY: as above.
+                unsafe { d.cuMemAddressFree(ptr, size) }
+            }
+        }
+    }
+
+    /// Destroys the stream, if the family made one.
+    fn close(self) -> Result<(), CuError> {
+        if self.stream.is_null() {
+            return Ok(());
+        }
+        // SAFETY: the stream was created by `new` and is idle.
+        unsafe { self.d.cuStreamDestroy_v2(self.stream) }
+    }
+}
+
+fn sleep_secs(secs: f64) {
+    if secs > 0.0 {
+        std::thread::sleep(Duration::from_secs_f64(secs));
+    }
+}
+
+pub fn fill(s: &Session, a: &FillArgs) -> Result<(), Failure> {
+    let d = s.d;
+    let mut al = Allocator::new(d, a.family, s.dev)?;
+    let mut blocks = Vec::new();
+    let refusal = loop {
+        if a.max_count.is_some_and(|max| blocks.len() as u64 >= max) {
+            break None;
+        }
+        match al.alloc(a.chunk)? {
+            Ok(block) => blocks.push(block),
+            Err(e) => break Some(e),
+        }
+    };
+    let count = blocks.len() as u64;
+    let allocated = count.saturating_mul(a.chunk);
+    let (free, total) = mem_get_info(d)?;
+    let mut f = Map::new();
+    f.insert("code".into(), json!(refusal.map_or(0, |e| e.code.0)));
+    f.insert(
+        "name".into(),
+        json!(refusal.map_or(Some("CUDA_SUCCESS"), |e| e.name())),
+    );
+    f.insert("call".into(), json!(refusal.map(|e| e.call)));
+    f.insert("max_count_reached".into(), json!(refusal.is_none()));
+    f.insert("family".into(), json!(a.family.name()));
+    f.insert("chunk".into(), json!(a.chunk));
+    f.insert("chunk_bytes".into(), al.chunk_bytes(a.chunk));
+    f.insert("count".into(), json!(count));
+    f.insert("allocated".into(), json!(allocated));
+    f.insert("free".into(), json!(free));
+    f.insert("total".into(), json!(total));
+    al.details(&mut f)?;
+    emit("refused", Value::Object(f));
+    if a.hold > 0.0 {
+        emit(
+            "holding",
+            json!({"family": a.family.name(), "count": count, "allocated": allocated,
+                   "free": free, "total": total, "secs": a.hold}),
+        );
+        sleep_secs(a.hold);
+    }
+    for block in blocks.into_iter().rev() {
+        al.free(block)?;
+    }
+    let mut f = Map::new();
+    al.details(&mut f)?;
+    al.close()?;
+    let (free, total) = mem_get_info(d)?;
+    f.insert("family".into(), json!(a.family.name()));
+    f.insert("count".into(), json!(count));
+    f.insert("free".into(), json!(free));
+    f.insert("total".into(), json!(total));
+    emit("freed", Value::Object(f));
+    Ok(())
+}
+
+pub fn hold(s: &Session, a: &HoldArgs) -> Result<(), Failure> {
+    let d = s.d;
+    let mut al = Allocator::new(d, a.family, s.dev)?;
+    let block = al.alloc(a.bytes)??;
+    let (free, total) = mem_get_info(d)?;
+    let mut f = Map::new();
+    f.insert("family".into(), json!(a.family.name()));
+    f.insert("bytes".into(), json!(a.bytes));
+    f.insert("chunk_bytes".into(), al.chunk_bytes(a.bytes));
+    f.insert("free".into(), json!(free));
+    f.insert("total".into(), json!(total));
+    f.insert("secs".into(), json!(a.secs));
+    al.details(&mut f)?;
+    emit("holding", Value::Object(f));
+    match a.secs {
+        Some(secs) => sleep_secs(secs),
+        None => {
+            // Held until whoever started us closes our stdin.
+            let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
+        }
+    }
+    al.free(block)?;
+    al.close()?;
+    let (free, total) = mem_get_info(d)?;
+    emit(
+        "freed",
+        json!({"family": a.family.name(), "bytes": a.bytes, "free": free, "total": total}),
+    );
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// launch
+// ---------------------------------------------------------------------------------------------
+
+const BLOCK_DIM: u32 = 128;
+
+/// The simulator's text module: `kernel NAME NS_PER_BLOCK`, NUL-terminated.
+pub fn spin_module(ns_per_block: u64) -> Vec<u8> {
+    format!("kernel spin {ns_per_block}\n\0").into_bytes()
+}
+
+fn create_event(d: &Driver, flags: u32) -> Result<CUevent, CuError> {
+    let mut ev: CUevent = null_mut();
+    // SAFETY: out-pointer to a local.
+    unsafe { d.cuEventCreate(&mut ev, flags) }?;
+    Ok(ev)
+}
+
+/// Launches `f` once on `stream` the way `via` says (`exec`: the instantiated graph).
+fn launch_once(
+    d: &Driver,
+    via: Via,
+    f: CUfunction,
+    exec: CUgraphExec,
+    stream: CUstream,
+    blocks: u32,
+) -> Result<(), CuError> {
+    let null: *mut *mut c_void = null_mut();
+    match via {
+        // SAFETY: `f` is a live function without parameters; `stream` is live.
+        Via::Kernel => unsafe {
+            d.cuLaunchKernel(f, blocks, 1, 1, BLOCK_DIM, 1, 1, 0, stream, null, null)
+        },
+        Via::Ex => {
+            let config = CUlaunchConfig {
+                gridDimX: blocks,
+                gridDimY: 1,
+                gridDimZ: 1,
+                blockDimX: BLOCK_DIM,
+                blockDimY: 1,
+                blockDimZ: 1,
+                sharedMemBytes: 0,
+                hStream: stream,
+                attrs: null_mut(),
+                numAttrs: 0,
+            };
+            // SAFETY: `config` outlives the call and has no attributes; `f` takes no parameters.
+            unsafe { d.cuLaunchKernelEx(&config, f, null, null) }
+        }
+        // SAFETY: as for cuLaunchKernel.
+        Via::Coop => unsafe {
+            d.cuLaunchCooperativeKernel(f, blocks, 1, 1, BLOCK_DIM, 1, 1, 0, stream, null)
+        },
+        // SAFETY: `exec` was instantiated from the captured graph; `stream` is live.
+        Via::Graph => unsafe { d.cuGraphLaunch(exec, stream) },
+    }
+}
+
+/// Captures one cuLaunchKernel on `stream` into a graph and instantiates it.
+fn capture(
+    d: &Driver,
+    f: CUfunction,
+    stream: CUstream,
+    blocks: u32,
+) -> Result<(CUgraph, CUgraphExec), CuError> {
+    // SAFETY: `stream` is a live, non-legacy stream.
+    unsafe { d.cuStreamBeginCapture_v2(stream, CU_STREAM_CAPTURE_MODE_GLOBAL) }?;
+    let launched = launch_once(d, Via::Kernel, f, null_mut(), stream, blocks);
+    let mut graph: CUgraph = null_mut();
+    // SAFETY: ends the capture begun above (also after a failed launch); out-pointer to a local.
+    let ended = unsafe { d.cuStreamEndCapture(stream, &mut graph) };
+    launched?;
+    ended?;
+    let mut exec: CUgraphExec = null_mut();
+    // SAFETY: `graph` is the captured graph; out-pointer to a local.
+    unsafe { d.cuGraphInstantiateWithFlags(&mut exec, graph, 0) }?;
+    Ok((graph, exec))
+}
+
+pub fn launch(s: &Session, a: &LaunchArgs) -> Result<(), Failure> {
+    let d = s.d;
+    let image = spin_module(a.ns_per_block);
+    let mut module: CUmodule = null_mut();
+    // SAFETY: `image` is a NUL-terminated module image that outlives the call.
+    unsafe { d.cuModuleLoadData(&mut module, image.as_ptr().cast()) }?;
+    let mut func: CUfunction = null_mut();
+    // SAFETY: `module` is loaded; the name is NUL-terminated.
+    unsafe { d.cuModuleGetFunction(&mut func, module, c"spin".as_ptr()) }?;
+    let mut streams = Vec::with_capacity(a.streams as usize);
+    for _ in 0..a.streams {
+        let mut stream: CUstream = null_mut();
+        // SAFETY: out-pointer to a local.
+        unsafe { d.cuStreamCreate(&mut stream, CU_STREAM_DEFAULT) }?;
+        streams.push(stream);
+    }
+    let graph = if a.via == Via::Graph {
+        Some(capture(d, func, streams[0], a.blocks)?)
+    } else {
+        None
+    };
+    let exec = graph.map_or(null_mut(), |(_, exec)| exec);
+    let start = create_event(d, CU_EVENT_DEFAULT)?;
+    let end = create_event(d, CU_EVENT_DEFAULT)?;
+
+    // SAFETY: live event and stream.
+    unsafe { d.cuEventRecord(start, streams[0]) }?;
+    let t0 = Instant::now();
+    let deadline = Duration::from_secs_f64(a.secs);
+    let count = a.count.unwrap_or(0);
+    let mut in_flight: Vec<VecDeque<CUevent>> = vec![VecDeque::new(); streams.len()];
+    // Completed tracking events, reused; they block rather than spin in cuEventSynchronize.
+    let mut spare: Vec<CUevent> = Vec::new();
+    let mut launches: u64 = 0;
+    loop {
+        let done = if a.secs > 0.0 {
+            t0.elapsed() >= deadline
+        } else {
+            launches >= count
+        };
+        if done {
+            break;
+        }
+        let i = (launches % streams.len() as u64) as usize;
+        let oldest = if in_flight[i].len() >= a.depth as usize {
+            in_flight[i].pop_front()
+        } else {
+            None
+        };
+        if let Some(oldest) = oldest {
+            // SAFETY: a recorded event of ours.
+            unsafe { d.cuEventSynchronize(oldest) }?;
+            spare.push(oldest);
+        }
+        launch_once(d, a.via, func, exec, streams[i], a.blocks)?;
+        let ev = match spare.pop() {
+            Some(ev) => ev,
+            None => create_event(d, CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING)?,
+        };
+        // SAFETY: live event and stream.
+        unsafe { d.cuEventRecord(ev, streams[i]) }?;
+        in_flight[i].push_back(ev);
+        launches += 1;
+    }
+    for &stream in &streams {
+        sync(d, stream)?;
+    }
+    // SAFETY: live event and stream.
+    unsafe { d.cuEventRecord(end, streams[0]) }?;
+    // SAFETY: recorded just above.
+    unsafe { d.cuEventSynchronize(end) }?;
+    let wall_ns = t0.elapsed().as_nanos() as u64;
+    let mut ms: f32 = 0.0;
+    // SAFETY: both events recorded and complete; out-pointer to a local.
+    unsafe { d.cuEventElapsedTime(&mut ms, start, end) }?;
+
+    for ev in in_flight
+        .into_iter()
+        .flatten()
+        .chain(spare)
+        .chain([start, end])
+    {
+        // SAFETY: each event is ours, complete, and destroyed once.
+        unsafe { d.cuEventDestroy_v2(ev) }?;
+    }
+    if let Some((graph, exec)) = graph {
+        // SAFETY: idle graph exec and graph, destroyed once.
+        unsafe { d.cuGraphExecDestroy(exec) }?;
+        // SAFETY: as above.
+        unsafe { d.cuGraphDestroy(graph) }?;
+    }
+    for stream in streams {
+        // SAFETY: idle stream of ours, destroyed once.
+        unsafe { d.cuStreamDestroy_v2(stream) }?;
+    }
+    // SAFETY: nothing of the module is in use any more.
+    unsafe { d.cuModuleUnload(module) }?;
+
+    let engine_ns_requested =
+        u128::from(launches) * u128::from(a.ns_per_block) * u128::from(a.blocks);
+    emit(
+        "launched",
+        json!({
+            "via": a.via.name(),
+            "launches": launches,
+            "blocks": a.blocks,
+            "ns_per_block": a.ns_per_block,
+            "streams": a.streams,
+            "depth": a.depth,
+            "wall_ns": wall_ns,
+            "engine_ns_requested": u64::try_from(engine_ns_requested).unwrap_or(u64::MAX),
+            "elapsed_ns": (f64::from(ms) * 1e6).round() as u64,
+        }),
+    );
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// memcpy
+// ---------------------------------------------------------------------------------------------
+
+/// A reproducible pseudo-random byte pattern (xorshift64*).
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        out.extend_from_slice(&x.wrapping_mul(0x2545_f491_4f6c_dd1d).to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+pub fn memcpy(s: &Session, a: &MemcpyArgs) -> Result<(), Failure> {
+    let d = s.d;
+    let n = a.bytes as usize;
+    let first = pattern(n, 0x9e37_79b9_7f4a_7c15);
+    let second: Vec<u8> = first.iter().map(|b| !b).collect();
+    let mut back = vec![0u8; n];
+    let (mut x, mut y): (CUdeviceptr, CUdeviceptr) = (0, 0);
+    // SAFETY: out-pointer to a local.
+    unsafe { d.cuMemAlloc_v2(&mut x, n) }?;
+    // SAFETY: out-pointer to a local.
+    unsafe { d.cuMemAlloc_v2(&mut y, n) }?;
+    // x <- first; read x back.
+    // SAFETY: `first` holds n bytes, `x` n device bytes.
+    unsafe { d.cuMemcpyHtoD_v2(x, first.as_ptr().cast(), n) }?;
+    // SAFETY: `back` holds n bytes.
+    unsafe { d.cuMemcpyDtoH_v2(back.as_mut_ptr().cast(), x, n) }?;
+    let host_round_trip = back == first;
+    // y <- x; overwrite x; x <- y; read x back: must be `first` again.
+    // SAFETY: both allocations hold n bytes.
+    unsafe { d.cuMemcpyDtoD_v2(y, x, n) }?;
+    // SAFETY: `second` holds n bytes.
+    unsafe { d.cuMemcpyHtoD_v2(x, second.as_ptr().cast(), n) }?;
+    // SAFETY: `back` holds n bytes.
+    unsafe { d.cuMemcpyDtoH_v2(back.as_mut_ptr().cast(), x, n) }?;
+    let overwritten = back == second;
+    // SAFETY: both allocations hold n bytes.
+    unsafe { d.cuMemcpyDtoD_v2(x, y, n) }?;
+    // SAFETY: `back` holds n bytes.
+    unsafe { d.cuMemcpyDtoH_v2(back.as_mut_ptr().cast(), x, n) }?;
+    let device_round_trip = back == first;
+    // SAFETY: allocated above, freed once.
+    unsafe { d.cuMemFree_v2(x) }?;
+    // SAFETY: allocated above, freed once.
+    unsafe { d.cuMemFree_v2(y) }?;
+    let ok = host_round_trip && overwritten && device_round_trip;
+    emit(
+        "memcpy",
+        json!({"bytes": a.bytes, "ok": ok, "htod_dtoh": host_round_trip,
+               "overwrite": overwritten, "dtod": device_round_trip}),
+    );
+    if ok { Ok(()) } else { Err(Failure::Check) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uuid_format() {
+        let u = CUuuid {
+            bytes: [
+                0x12, 0x34, 0x56, 0x78, 0x9a, 0xbc, 0xde, 0xf0, 1, 2, 3, 4, 5, 6, 7, 8,
+            ],
+        };
+        assert_eq!(format_uuid(&u), "GPU-12345678-9abc-def0-0102-030405060708");
+    }
+
+    #[test]
+    fn mipmap_side_is_a_power_of_two_within_the_chunk() {
+        assert_eq!(mipmap_side(64 << 20), 4096);
+        assert_eq!(mipmap_side(100 << 20), 4096);
+        assert_eq!(mipmap_side(0), 1);
+        for chunk in [1u64, 4, 1000, 1 << 20, 3 << 30] {
+            let side = mipmap_side(chunk);
+            assert!(side.is_power_of_two());
+            assert!(side * side * 4 <= chunk.max(4), "{chunk}");
+        }
+    }
+
+    #[test]
+    fn pattern_is_reproducible_and_not_trivial() {
+        let p = pattern(1001, 7);
+        assert_eq!(p.len(), 1001);
+        assert_eq!(p, pattern(1001, 7));
+        assert_ne!(p, pattern(1001, 8));
+        assert!(p.iter().filter(|&&b| b == p[0]).count() < 100);
+    }
+
+    #[test]
+    fn spin_module_text() {
+        assert_eq!(spin_module(5000), b"kernel spin 5000\n\0");
+    }
+
+    #[test]
+    fn rounding() {
+        assert_eq!(round_up(1, 2 << 20), 2 << 20);
+        assert_eq!(round_up(4 << 20, 2 << 20), 4 << 20);
+        assert_eq!(round_up(5, 0), 5);
+    }
+}
