@@ -108,11 +108,12 @@ impl Dev<'_> {
 
     fn fire_marker(&mut self, arg: u64, t: u64) {
         let (i, record_generation) = ((arg & 0xffff_ffff) as usize, (arg >> 32) as u32);
-        if let Some(e) = self.b.events.get_mut(i) {
-            if e.state == EVENT_PENDING && e.record_generation == record_generation {
-                e.ts = t;
-                e.state = EVENT_DONE;
-            }
+        if let Some(e) = self.b.events.get_mut(i)
+            && e.state == EVENT_PENDING
+            && e.record_generation == record_generation
+        {
+            e.ts = t;
+            e.state = EVENT_DONE;
         }
     }
 

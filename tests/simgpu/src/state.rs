@@ -90,7 +90,10 @@ impl CreateOptions {
                 self.devices
             ));
         }
-        if self.memory < GRANULE || self.memory > MAX_DEVICE_MEMORY || self.memory % GRANULE != 0 {
+        if self.memory < GRANULE
+            || self.memory > MAX_DEVICE_MEMORY
+            || !self.memory.is_multiple_of(GRANULE)
+        {
             return bad(format!(
                 "--memory {} must be a multiple of 2 MiB between 2 MiB and 1 TiB, e.g. 16GiB",
                 self.memory
@@ -310,7 +313,7 @@ impl State {
             let off = h.dev_offset[d as usize];
             let ngran = (h.config.memory / GRANULE) as u32;
             let dl = DeviceLayout::new(ngran);
-            if off % 4096 != 0 || off + dl.size > self.len as u64 {
+            if !off.is_multiple_of(4096) || off + dl.size > self.len as u64 {
                 return damaged(format!("device {d} lies outside the file"));
             }
             let i = self.device_info(d);

@@ -7,56 +7,137 @@ const MS: u64 = 1_000_000;
 
 fn exited_time(sim: &Sim, pid: u64) -> u64 {
     let dev = sim.device(0);
-    let e = dev["exited"].as_array().unwrap().iter().find(|e| u(&e["pid"]) == pid).unwrap_or_else(|| panic!("{pid} not among exited: {dev}"));
+    let e = dev["exited"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| u(&e["pid"]) == pid)
+        .unwrap_or_else(|| panic!("{pid} not among exited: {dev}"));
     u(&e["device_time_ns"])
 }
 
 #[test]
 fn two_processes_launching_1ms_kernels_get_half_the_device_each() {
     let sim = Sim::new(&[]);
-    let args = ["launch", "--ns-per-block", "1000", "--blocks", "1000", "--secs", "3"];
-    let a = sim.command(&workload(), &args).stdout(std::process::Stdio::piped()).spawn().unwrap();
-    let b = sim.command(&workload(), &args).stdout(std::process::Stdio::piped()).spawn().unwrap();
+    let args = [
+        "launch",
+        "--ns-per-block",
+        "1000",
+        "--blocks",
+        "1000",
+        "--secs",
+        "3",
+    ];
+    let a = sim
+        .command(&workload(), &args)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let b = sim
+        .command(&workload(), &args)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
     let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
     assert!(a.status.success() && b.status.success());
-    let la = event(&parse_lines(&String::from_utf8_lossy(&a.stdout)), "launched").clone();
-    let lb = event(&parse_lines(&String::from_utf8_lossy(&b.stdout)), "launched").clone();
-    let (ta, tb) = (exited_time(&sim, u(&la["pid"])), exited_time(&sim, u(&lb["pid"])));
+    let la = event(
+        &parse_lines(&String::from_utf8_lossy(&a.stdout)),
+        "launched",
+    )
+    .clone();
+    let lb = event(
+        &parse_lines(&String::from_utf8_lossy(&b.stdout)),
+        "launched",
+    )
+    .clone();
+    let (ta, tb) = (
+        exited_time(&sim, u(&la["pid"])),
+        exited_time(&sim, u(&lb["pid"])),
+    );
     // Ground truth from the simulator: engine time each process's kernels used.
-    assert_eq!(ta, u(&la["engine_ns_requested"]), "every launched kernel ran to completion");
+    assert_eq!(
+        ta,
+        u(&la["engine_ns_requested"]),
+        "every launched kernel ran to completion"
+    );
     let share = ta as f64 / (ta + tb) as f64;
-    assert!((0.45..=0.55).contains(&share), "A got {:.1}% of the engine time", share * 100.0);
+    assert!(
+        (0.45..=0.55).contains(&share),
+        "A got {:.1}% of the engine time",
+        share * 100.0
+    );
     // Both were busy the whole time, so the engine was busy nearly all of it.
     let wall = u(&la["wall_ns"]).max(u(&lb["wall_ns"]));
-    assert!((ta + tb) as f64 >= 0.9 * wall as f64, "engine busy {} of {wall} ns", ta + tb);
+    assert!(
+        (ta + tb) as f64 >= 0.9 * wall as f64,
+        "engine busy {} of {wall} ns",
+        ta + tb
+    );
 }
 
 #[test]
 fn a_process_alone_gets_the_whole_engine_and_events_time_it() {
     let sim = Sim::new(&[]);
-    let (lines, code) = sim.workload(&["launch", "--ns-per-block", "5000", "--blocks", "1000", "--secs", "0", "--count", "20"]);
+    let (lines, code) = sim.workload(&[
+        "launch",
+        "--ns-per-block",
+        "5000",
+        "--blocks",
+        "1000",
+        "--secs",
+        "0",
+        "--count",
+        "20",
+    ]);
     assert_eq!(code, 0);
     let l = event(&lines, "launched");
     assert_eq!(u(&l["engine_ns_requested"]), 100 * MS);
     let elapsed = u(&l["elapsed_ns"]);
     // Events measure device time between them: 100 ms of kernels (plus at most some scheduling).
-    assert!((100 * MS..130 * MS).contains(&elapsed), "cuEventElapsedTime says {elapsed} ns");
-    assert!(u(&l["wall_ns"]) >= 100 * MS, "synchronisation waits in real time");
+    assert!(
+        (100 * MS..130 * MS).contains(&elapsed),
+        "cuEventElapsedTime says {elapsed} ns"
+    );
+    assert!(
+        u(&l["wall_ns"]) >= 100 * MS,
+        "synchronisation waits in real time"
+    );
     assert_eq!(exited_time(&sim, u(&l["pid"])), 100 * MS);
 }
 
 #[test]
 fn a_process_s_kernels_are_delayed_by_another_s_work() {
     let sim = Sim::new(&[]);
-    let count = ["launch", "--ns-per-block", "10000", "--blocks", "1000", "--secs", "0", "--count", "10"];
+    let count = [
+        "launch",
+        "--ns-per-block",
+        "10000",
+        "--blocks",
+        "1000",
+        "--secs",
+        "0",
+        "--count",
+        "10",
+    ];
     let (alone, _) = sim.workload(&count);
     let alone = u(&event(&alone, "launched")["elapsed_ns"]);
-    let mut busy = sim.spawn(&["launch", "--ns-per-block", "1000", "--blocks", "1000", "--secs", "3"]);
+    let mut busy = sim.spawn(&[
+        "launch",
+        "--ns-per-block",
+        "1000",
+        "--blocks",
+        "1000",
+        "--secs",
+        "3",
+    ]);
     busy.wait_for("start", std::time::Duration::from_secs(30));
     std::thread::sleep(std::time::Duration::from_millis(200));
     let (shared, _) = sim.workload(&count);
     let shared = u(&event(&shared, "launched")["elapsed_ns"]);
-    assert!(shared as f64 > 1.7 * alone as f64, "100 ms of kernels took {alone} ns alone and {shared} ns beside a busy process");
+    assert!(
+        shared as f64 > 1.7 * alone as f64,
+        "100 ms of kernels took {alone} ns alone and {shared} ns beside a busy process"
+    );
     drop(busy);
 }
 
@@ -65,7 +146,19 @@ fn every_launch_route_uses_engine_time() {
     let sim = Sim::new(&[]);
     for via in ["kernel", "ex", "coop", "graph"] {
         for ptds in [false, true] {
-            let mut args = vec!["launch", "--via", via, "--ns-per-block", "1000", "--blocks", "1000", "--secs", "0", "--count", "25"];
+            let mut args = vec![
+                "launch",
+                "--via",
+                via,
+                "--ns-per-block",
+                "1000",
+                "--blocks",
+                "1000",
+                "--secs",
+                "0",
+                "--count",
+                "25",
+            ];
             if ptds {
                 args.insert(0, "--ptds");
                 args.insert(0, "proc-v2");
@@ -74,7 +167,11 @@ fn every_launch_route_uses_engine_time() {
             let (lines, code) = sim.workload(&args);
             assert_eq!(code, 0, "{via} ptds={ptds}");
             let l = event(&lines, "launched");
-            assert_eq!(exited_time(&sim, u(&l["pid"])), 25 * MS, "{via} ptds={ptds}: 25 kernels of 1 ms");
+            assert_eq!(
+                exited_time(&sim, u(&l["pid"])),
+                25 * MS,
+                "{via} ptds={ptds}: 25 kernels of 1 ms"
+            );
         }
     }
 }
@@ -82,9 +179,24 @@ fn every_launch_route_uses_engine_time() {
 #[test]
 fn several_streams_share_one_context_queue() {
     let sim = Sim::new(&[]);
-    let (lines, code) = sim.workload(&["launch", "--streams", "4", "--ns-per-block", "1000", "--blocks", "500", "--secs", "0", "--count", "40"]);
+    let (lines, code) = sim.workload(&[
+        "launch",
+        "--streams",
+        "4",
+        "--ns-per-block",
+        "1000",
+        "--blocks",
+        "500",
+        "--secs",
+        "0",
+        "--count",
+        "40",
+    ]);
     assert_eq!(code, 0);
     let l = event(&lines, "launched");
     assert_eq!(exited_time(&sim, u(&l["pid"])), 20 * MS);
-    assert!(u(&l["elapsed_ns"]) >= 20 * MS, "one engine runs them one after another");
+    assert!(
+        u(&l["elapsed_ns"]) >= 20 * MS,
+        "one engine runs them one after another"
+    );
 }

@@ -306,12 +306,11 @@ impl Inner {
     pub fn refuse_if_capturing(&mut self) -> Res {
         if self.global_captures > 0 {
             for h in self.streams.handles() {
-                if let Some(s) = self.streams.get_mut(h) {
-                    if let Some(c) = s.capture.as_mut() {
-                        if c.mode == cuda_abi::CU_STREAM_CAPTURE_MODE_GLOBAL {
-                            c.invalidated = true;
-                        }
-                    }
+                if let Some(s) = self.streams.get_mut(h)
+                    && let Some(c) = s.capture.as_mut()
+                    && c.mode == cuda_abi::CU_STREAM_CAPTURE_MODE_GLOBAL
+                {
+                    c.invalidated = true;
                 }
             }
             return Err(CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
@@ -415,12 +414,12 @@ impl VaSpace {
     pub fn give(&mut self, addr: u64, len: u64) {
         let mut start = addr;
         let mut len = len.max(1).next_multiple_of(GRANULE);
-        if let Some((&s, &l)) = self.free.range(..addr).next_back() {
-            if s + l == addr {
-                self.free.remove(&s);
-                start = s;
-                len += l;
-            }
+        if let Some((&s, &l)) = self.free.range(..addr).next_back()
+            && s + l == addr
+        {
+            self.free.remove(&s);
+            start = s;
+            len += l;
         }
         if let Some(&l) = self.free.get(&(start + len)) {
             self.free.remove(&(start + len));

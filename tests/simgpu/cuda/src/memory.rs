@@ -510,15 +510,13 @@ pub fn copy(dst: u64, src: u64, len: u64) -> Res {
         // SAFETY: host ranges are the caller's buffers of `len` bytes (the API contract);
         // device ranges were bounds-checked against their allocation. `copy` tolerates overlap.
         unsafe { std::ptr::copy(sp, dp, n as usize) };
-        // SAFETY: advancing within the same ranges.
         dcur = if dn > n {
-            Some((unsafe { dp.add(n as usize) }, dn - n))
+            Some((dp.wrapping_add(n as usize), dn - n))
         } else {
             dv.next()
         };
-        // SAFETY: as above.
         scur = if sn > n {
-            Some((unsafe { sp.add(n as usize) }, sn - n))
+            Some((sp.wrapping_add(n as usize), sn - n))
         } else {
             sv.next()
         };

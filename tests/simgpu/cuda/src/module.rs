@@ -255,10 +255,10 @@ pub fn release_ctx(d: &Driver, inner: &mut Inner, ctx: u64) {
         .map(|(h, _)| h)
         .collect();
     for h in mods {
-        if let Some(m) = inner.modules.remove(h) {
-            if let Some((dev, id)) = m.code {
-                give(d, dev, id);
-            }
+        if let Some(m) = inner.modules.remove(h)
+            && let Some((dev, id)) = m.code
+        {
+            give(d, dev, id);
         }
         let funcs: Vec<u64> = inner
             .funcs

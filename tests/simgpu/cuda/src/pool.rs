@@ -92,12 +92,12 @@ impl Pool {
         };
         let mut off = va - c.va;
         let mut len = size;
-        if let Some((&po, &pl)) = c.free.range(..off).next_back() {
-            if po + pl == off {
-                c.free.remove(&po);
-                off = po;
-                len += pl;
-            }
+        if let Some((&po, &pl)) = c.free.range(..off).next_back()
+            && po + pl == off
+        {
+            c.free.remove(&po);
+            off = po;
+            len += pl;
         }
         if let Some(&nl) = c.free.get(&(off + len)) {
             c.free.remove(&(off + len));
@@ -226,10 +226,10 @@ pub fn alloc_from(d: &Driver, inner: &mut Inner, ph: u64, size: u64) -> Res<u64>
 /// Returns a pool block; false if `va` is no pool block of this process.
 pub fn free_block(_d: &Driver, inner: &mut Inner, va: u64) -> bool {
     for h in inner.pools.handles() {
-        if let Some(p) = inner.pools.get_mut(h) {
-            if p.uncarve(va) {
-                return true;
-            }
+        if let Some(p) = inner.pools.get_mut(h)
+            && p.uncarve(va)
+        {
+            return true;
         }
     }
     false
@@ -249,13 +249,13 @@ fn alloc_async(
     let mut inner = d.inner.lock();
     let sref = resolve(&inner, stream, ptsz)?;
     let ordinal = inner.ctx(sref.ctx())?.ordinal;
-    if let StreamRef::Real(sh, _) = sref {
-        if inner.streams.get(sh).is_some_and(|s| s.capture.is_some()) {
-            let va = crate::graph::capture_alloc(d, &mut inner, sh, size as u64)?;
-            // SAFETY: checked non-NULL.
-            unsafe { dptr.write(va) };
-            return Ok(());
-        }
+    if let StreamRef::Real(sh, _) = sref
+        && inner.streams.get(sh).is_some_and(|s| s.capture.is_some())
+    {
+        let va = crate::graph::capture_alloc(d, &mut inner, sh, size as u64)?;
+        // SAFETY: checked non-NULL.
+        unsafe { dptr.write(va) };
+        return Ok(());
     }
     let ph = match pool {
         Some(p) => from_ptr(p),
@@ -309,10 +309,10 @@ fn free_async(va: CUdeviceptr, stream: CUstream, ptsz: bool) -> Res {
     let d = drv()?;
     let mut inner = d.inner.lock();
     let sref = resolve(&inner, stream, ptsz)?;
-    if let StreamRef::Real(sh, _) = sref {
-        if inner.streams.get(sh).is_some_and(|s| s.capture.is_some()) {
-            return crate::graph::capture_free(&mut inner, sh, va);
-        }
+    if let StreamRef::Real(sh, _) = sref
+        && inner.streams.get(sh).is_some_and(|s| s.capture.is_some())
+    {
+        return crate::graph::capture_free(&mut inner, sh, va);
     }
     if free_block(d, &mut inner, va) {
         return Ok(());

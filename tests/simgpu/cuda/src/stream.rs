@@ -111,10 +111,8 @@ pub fn push(d: &Driver, inner: &mut Inner, sref: StreamRef, item: Item) -> Res<u
             true
         }
     };
-    if blocking {
-        if let Some(c) = inner.ctxs.get_mut(sref.ctx()) {
-            c.last_blocking = seq;
-        }
+    if blocking && let Some(c) = inner.ctxs.get_mut(sref.ctx()) {
+        c.last_blocking = seq;
     }
     Ok(seq)
 }
@@ -555,12 +553,11 @@ pub fn release_ctx(d: &Driver, inner: &mut Inner, ctx: u64) {
         .map(|(h, _)| h)
         .collect();
     for h in streams {
-        if let Some(s) = inner.streams.remove(h) {
-            if s.capture
+        if let Some(s) = inner.streams.remove(h)
+            && s.capture
                 .is_some_and(|c| c.mode == CU_STREAM_CAPTURE_MODE_GLOBAL)
-            {
-                inner.global_captures -= 1;
-            }
+        {
+            inner.global_captures -= 1;
         }
     }
     let events: Vec<u64> = inner

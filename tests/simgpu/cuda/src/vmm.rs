@@ -24,12 +24,11 @@ pub struct VmmHandle {
 
 fn finish_if_unused(d: &Driver, inner: &mut Inner, h: u64) {
     let done = inner.vmm.get(h).is_some_and(|v| v.released && v.maps == 0);
-    if done {
-        if let Some(v) = inner.vmm.remove(h) {
-            if let (Some((dev, id)), false) = (v.backing, v.imported) {
-                give(d, dev, id);
-            }
-        }
+    if done
+        && let Some(v) = inner.vmm.remove(h)
+        && let (Some((dev, id)), false) = (v.backing, v.imported)
+    {
+        give(d, dev, id);
     }
 }
 
@@ -66,7 +65,7 @@ pub unsafe extern "C" fn cuMemCreate(
             || prop.is_null()
             || flags != 0
             || size == 0
-            || size as u64 % GRANULE != 0
+            || !(size as u64).is_multiple_of(GRANULE)
         {
             return Err(E_INVALID_VALUE);
         }
@@ -123,7 +122,7 @@ pub unsafe extern "C" fn cuMemAddressReserve(
     _flags: u64,
 ) -> CUresult {
     status(drv().and_then(|d| {
-        if ptr.is_null() || size == 0 || size as u64 % GRANULE != 0 {
+        if ptr.is_null() || size == 0 || !(size as u64).is_multiple_of(GRANULE) {
             return Err(E_INVALID_VALUE);
         }
         let mut inner = d.inner.lock();

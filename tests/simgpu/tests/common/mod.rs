@@ -17,8 +17,17 @@ pub const GIB: u64 = 1 << 30;
 pub fn bin_dir() -> PathBuf {
     let simgpu = PathBuf::from(env!("CARGO_BIN_EXE_simgpu"));
     let dir = simgpu.parent().unwrap().to_path_buf();
-    for f in ["libsimgpu_cuda.so", "libsimgpu_nvml.so", "cuda-workload", "cuda-workload-linked"] {
-        assert!(dir.join(f).exists(), "{} is missing: run `cargo build --release --workspace` before the tests (tests/run does)", dir.join(f).display());
+    for f in [
+        "libsimgpu_cuda.so",
+        "libsimgpu_nvml.so",
+        "cuda-workload",
+        "cuda-workload-linked",
+    ] {
+        assert!(
+            dir.join(f).exists(),
+            "{} is missing: run `cargo build --release --workspace` before the tests (tests/run does)",
+            dir.join(f).display()
+        );
     }
     dir
 }
@@ -32,7 +41,9 @@ pub fn workload() -> PathBuf {
 }
 
 pub fn data_file(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../data").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../data")
+        .join(name)
 }
 
 /// A simulated machine in a temporary folder.
@@ -45,15 +56,30 @@ impl Sim {
     pub fn new(args: &[&str]) -> Sim {
         let dir = tempfile::tempdir().unwrap();
         let state = dir.path().join("state");
-        let out = Command::new(simgpu()).arg("init").arg("--state").arg(&state).args(args).output().unwrap();
-        assert!(out.status.success(), "simgpu init failed: {}", String::from_utf8_lossy(&out.stderr));
+        let out = Command::new(simgpu())
+            .arg("init")
+            .arg("--state")
+            .arg(&state)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "simgpu init failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         Sim { dir, state }
     }
 
     /// A command that runs `program args` under `simgpu run --state`.
     pub fn command(&self, program: &Path, args: &[&str]) -> Command {
         let mut c = Command::new(simgpu());
-        c.arg("run").arg("--state").arg(&self.state).arg("--").arg(program).args(args);
+        c.arg("run")
+            .arg("--state")
+            .arg(&self.state)
+            .arg("--")
+            .arg(program)
+            .args(args);
         c
     }
 
@@ -62,21 +88,39 @@ impl Sim {
         let out = self.command(&workload(), args).output().unwrap();
         let lines = parse_lines(&String::from_utf8_lossy(&out.stdout));
         if !out.status.success() {
-            eprintln!("workload {args:?} exited {:?}; stderr: {}", out.status, String::from_utf8_lossy(&out.stderr));
+            eprintln!(
+                "workload {args:?} exited {:?}; stderr: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
         (lines, out.status.code().unwrap_or(-1))
     }
 
     /// Starts the workload in the background with piped stdout/stdin.
     pub fn spawn(&self, args: &[&str]) -> Running {
-        let mut child = self.command(&workload(), args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().unwrap();
+        let mut child = self
+            .command(&workload(), args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
         let out = BufReader::new(child.stdout.take().unwrap());
         Running { child, out }
     }
 
     pub fn show(&self) -> Value {
-        let out = Command::new(simgpu()).args(["show", "--json", "--state"]).arg(&self.state).output().unwrap();
-        assert!(out.status.success(), "simgpu show failed: {}", String::from_utf8_lossy(&out.stderr));
+        let out = Command::new(simgpu())
+            .args(["show", "--json", "--state"])
+            .arg(&self.state)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "simgpu show failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         serde_json::from_slice(&out.stdout).unwrap()
     }
 
@@ -99,10 +143,10 @@ impl Running {
             line.clear();
             let n = self.out.read_line(&mut line).unwrap();
             assert!(n > 0, "workload ended before printing {event:?}");
-            if let Ok(v) = serde_json::from_str::<Value>(&line) {
-                if v["event"] == event {
-                    return v;
-                }
+            if let Ok(v) = serde_json::from_str::<Value>(&line)
+                && v["event"] == event
+            {
+                return v;
             }
             assert!(start.elapsed() < timeout, "no {event:?} within {timeout:?}");
         }
@@ -123,11 +167,16 @@ impl Drop for Running {
 }
 
 pub fn parse_lines(s: &str) -> Vec<Value> {
-    s.lines().filter_map(|l| serde_json::from_str(l).ok()).collect()
+    s.lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
 }
 
 pub fn event<'a>(lines: &'a [Value], name: &str) -> &'a Value {
-    lines.iter().find(|v| v["event"] == name).unwrap_or_else(|| panic!("no {name:?} event in {lines:?}"))
+    lines
+        .iter()
+        .find(|v| v["event"] == name)
+        .unwrap_or_else(|| panic!("no {name:?} event in {lines:?}"))
 }
 
 pub fn u(v: &Value) -> u64 {
