@@ -18,6 +18,7 @@ fn exited_time(sim: &Sim, pid: u64) -> u64 {
 
 #[test]
 fn two_processes_launching_1ms_kernels_get_half_the_device_each() {
+    let _turn = serial();
     let sim = Sim::new(&[]);
     let args = [
         "launch",
@@ -77,6 +78,7 @@ fn two_processes_launching_1ms_kernels_get_half_the_device_each() {
 
 #[test]
 fn a_process_alone_gets_the_whole_engine_and_events_time_it() {
+    let _turn = serial();
     let sim = Sim::new(&[]);
     let (lines, code) = sim.workload(&[
         "launch",
@@ -107,6 +109,7 @@ fn a_process_alone_gets_the_whole_engine_and_events_time_it() {
 
 #[test]
 fn a_process_s_kernels_are_delayed_by_another_s_work() {
+    let _turn = serial();
     let sim = Sim::new(&[]);
     let count = [
         "launch",
@@ -143,6 +146,7 @@ fn a_process_s_kernels_are_delayed_by_another_s_work() {
 
 #[test]
 fn every_launch_route_uses_engine_time() {
+    let _turn = serial();
     let sim = Sim::new(&[]);
     for via in ["kernel", "ex", "coop", "graph"] {
         for ptds in [false, true] {
@@ -178,6 +182,7 @@ fn every_launch_route_uses_engine_time() {
 
 #[test]
 fn several_streams_share_one_context_queue() {
+    let _turn = serial();
     let sim = Sim::new(&[]);
     let (lines, code) = sim.workload(&[
         "launch",

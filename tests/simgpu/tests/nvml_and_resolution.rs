@@ -52,6 +52,7 @@ fn nvml_memory_and_processes_match_the_model() {
 
 #[test]
 fn nvml_utilisation_follows_the_engine() {
+    let _turn = serial();
     let sim = Sim::new(&[]);
     let mut busy = sim.spawn(&[
         "launch",

@@ -331,7 +331,8 @@ pub struct VaSpace {
 }
 
 const VA_SIZE: u64 = 1 << 44; // 16 TiB
-const VA32_SIZE: u64 = 1 << 30; // for the 32-bit (v1) API
+/// For the 32-bit (v1) API; MAP_32BIT has a 1 GiB window on x86-64, shared with the program.
+const VA32_SIZE: u64 = 256 << 20;
 
 impl VaSpace {
     const fn new(low: bool) -> VaSpace {

@@ -421,16 +421,16 @@ pub unsafe extern "C" fn cuMemHostRegister(
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemHostUnregister(p: *mut c_void) -> CUresult {
-    status(
-        drv().and_then(|d| match d.inner.lock().host.remove(&(p as u64)) {
-            Some((_, false)) => Ok(()),
-            Some(v) => {
-                d.inner.lock().host.insert(p as u64, v);
-                Err(CUresult(713)) // CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED
+    status(drv().and_then(|d| {
+        let mut inner = d.inner.lock();
+        match inner.host.get(&(p as u64)) {
+            Some((_, false)) => {
+                inner.host.remove(&(p as u64));
+                Ok(())
             }
-            None => Err(CUresult(713)),
-        }),
-    )
+            _ => Err(CUresult(713)), // CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED
+        }
+    }))
 }
 
 // ---- copies -----------------------------------------------------------------------------

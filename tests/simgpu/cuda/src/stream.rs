@@ -152,7 +152,10 @@ fn stream_sync(s: CUstream, ptsz: bool) -> Res {
 
 fn stream_query(s: CUstream, ptsz: bool) -> Res {
     let d = drv()?;
-    let (dev, ctx, _, seq) = sync_target(&d.inner.lock(), resolve(&d.inner.lock(), s, ptsz)?)?;
+    let (dev, ctx, _, seq) = {
+        let inner = d.inner.lock();
+        sync_target(&inner, resolve(&inner, s, ptsz)?)?
+    };
     let mut g = d.state.lock_device(dev);
     g.advance_now();
     if g.dev().completed(ctx) >= seq {

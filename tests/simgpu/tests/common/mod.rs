@@ -11,6 +11,12 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 pub const MIB: u64 = 1 << 20;
+
+/// Tests that measure shares of time take turns, so a loaded machine does not skew them.
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
 pub const GIB: u64 = 1 << 30;
 
 /// target/release, where the simulated libraries and the workload are built.

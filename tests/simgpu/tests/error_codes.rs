@@ -1,0 +1,255 @@
+//! Status codes of the simulated driver, called directly through dlopen/dlsym.
+
+use std::ffi::{CString, c_char, c_int, c_uint, c_void};
+
+type Fn0 = unsafe extern "C" fn() -> i32;
+
+struct Lib(*mut c_void);
+
+impl Lib {
+    fn open(path: &std::path::Path) -> Lib {
+        let p = CString::new(path.to_str().unwrap()).unwrap();
+        // SAFETY: loading the simulated driver built by this workspace.
+        let h = unsafe { libc::dlopen(p.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+        assert!(!h.is_null(), "cannot load {}", path.display());
+        Lib(h)
+    }
+
+    fn sym(&self, name: &str) -> *mut c_void {
+        let n = CString::new(name).unwrap();
+        // SAFETY: looking up a symbol in a library we loaded.
+        let p = unsafe { libc::dlsym(self.0, n.as_ptr()) };
+        assert!(!p.is_null(), "{name} is not exported");
+        p
+    }
+
+    /// # Safety
+    /// `F` must be the C signature of `name`.
+    unsafe fn f<F: Copy>(&self, name: &str) -> F {
+        let p = self.sym(name);
+        // SAFETY: per the contract, F is a function pointer type matching the symbol.
+        unsafe { std::mem::transmute_copy(&p) }
+    }
+}
+
+#[test]
+fn the_driver_answers_with_the_real_status_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let simgpu = env!("CARGO_BIN_EXE_simgpu");
+    let ok = std::process::Command::new(simgpu)
+        .args(["init", "--memory", "1GiB", "--state"])
+        .arg(&state)
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    // SAFETY: this test binary has one test, so nothing reads the environment concurrently.
+    unsafe { std::env::set_var("SIMGPU_STATE", &state) };
+    let lib = Lib::open(
+        &std::path::Path::new(simgpu)
+            .parent()
+            .unwrap()
+            .join("libsimgpu_cuda.so"),
+    );
+
+    // SAFETY: every signature below is the one cuda.h declares for that entry point.
+    unsafe {
+        let init: unsafe extern "C" fn(c_uint) -> i32 = lib.f("cuInit");
+        let alloc: unsafe extern "C" fn(*mut u64, usize) -> i32 = lib.f("cuMemAlloc_v2");
+        let alloc_v1: unsafe extern "C" fn(*mut u32, c_uint) -> i32 = lib.f("cuMemAlloc");
+        let free: unsafe extern "C" fn(u64) -> i32 = lib.f("cuMemFree_v2");
+        let free_v1: unsafe extern "C" fn(u32) -> i32 = lib.f("cuMemFree");
+        let device_get: unsafe extern "C" fn(*mut c_int, c_int) -> i32 = lib.f("cuDeviceGet");
+        let retain: unsafe extern "C" fn(*mut *mut c_void, c_int) -> i32 =
+            lib.f("cuDevicePrimaryCtxRetain");
+        let set_current: unsafe extern "C" fn(*mut c_void) -> i32 = lib.f("cuCtxSetCurrent");
+        let sync: Fn0 = lib.f("cuCtxSynchronize");
+        let gpa: unsafe extern "C" fn(
+            *const c_char,
+            *mut *mut c_void,
+            c_int,
+            u64,
+            *mut c_int,
+        ) -> i32 = lib.f("cuGetProcAddress_v2");
+        let export_table: unsafe extern "C" fn(*mut *const c_void, *const c_void) -> i32 =
+            lib.f("cuGetExportTable");
+        let event_create: unsafe extern "C" fn(*mut *mut c_void, c_uint) -> i32 =
+            lib.f("cuEventCreate");
+        let elapsed: unsafe extern "C" fn(*mut f32, *mut c_void, *mut c_void) -> i32 =
+            lib.f("cuEventElapsedTime");
+        let load: unsafe extern "C" fn(*mut *mut c_void, *const c_void) -> i32 =
+            lib.f("cuModuleLoadData");
+        let get_fn: unsafe extern "C" fn(*mut *mut c_void, *mut c_void, *const c_char) -> i32 =
+            lib.f("cuModuleGetFunction");
+        type Launch = unsafe extern "C" fn(
+            *mut c_void,
+            c_uint,
+            c_uint,
+            c_uint,
+            c_uint,
+            c_uint,
+            c_uint,
+            c_uint,
+            *mut c_void,
+            *mut *mut c_void,
+            *mut *mut c_void,
+        ) -> i32;
+        let launch: Launch = lib.f("cuLaunchKernel");
+        let query: unsafe extern "C" fn(*mut c_void) -> i32 = lib.f("cuStreamQuery");
+
+        let mut p = 0u64;
+        assert_eq!(
+            alloc(&mut p, 8),
+            3,
+            "CUDA_ERROR_NOT_INITIALIZED before cuInit"
+        );
+        assert_eq!(init(1), 1, "cuInit takes flags 0 only");
+        assert_eq!(init(0), 0);
+        assert_eq!(
+            alloc(&mut p, 8),
+            201,
+            "CUDA_ERROR_INVALID_CONTEXT without a context"
+        );
+        let mut dev = 0;
+        assert_eq!(device_get(&mut dev, 1), 101, "CUDA_ERROR_INVALID_DEVICE");
+        assert_eq!(device_get(&mut dev, 0), 0);
+        let mut ctx = std::ptr::null_mut();
+        assert_eq!(retain(&mut ctx, 0), 0);
+        assert_eq!(set_current(ctx), 0);
+        assert_eq!(alloc(&mut p, 0), 1, "CUDA_ERROR_INVALID_VALUE for 0 bytes");
+        assert_eq!(
+            alloc(std::ptr::null_mut(), 8),
+            1,
+            "CUDA_ERROR_INVALID_VALUE for a NULL out-pointer"
+        );
+        assert_eq!(alloc(&mut p, 2 << 30), 2, "CUDA_ERROR_OUT_OF_MEMORY");
+        assert_eq!(free(0xdead_0000), 1, "freeing what was never allocated");
+        assert_eq!(alloc(&mut p, 8), 0);
+        assert_eq!(free(p), 0);
+        assert_eq!(free(p), 1, "double free");
+
+        // The CUDA 2.x ABI really is 32-bit.
+        let mut p32 = 0u32;
+        assert_eq!(alloc_v1(&mut p32, 4096), 0);
+        assert!(p32 != 0);
+        assert_eq!(free_v1(p32), 0);
+
+        // cuGetProcAddress: by version and flags, exactly the exported variant.
+        let ask = |name: &str, version: c_int, flags: u64| {
+            let n = CString::new(name).unwrap();
+            let (mut pfn, mut st) = (std::ptr::null_mut(), -1);
+            let r = gpa(n.as_ptr(), &mut pfn, version, flags, &mut st);
+            (r, pfn, st)
+        };
+        assert_eq!(ask("cuMemAlloc", 3020, 0), (0, lib.sym("cuMemAlloc_v2"), 0));
+        assert_eq!(ask("cuMemAlloc", 2000, 0), (0, lib.sym("cuMemAlloc"), 0));
+        assert_eq!(
+            ask("cuLaunchKernel", 12000, 2),
+            (0, lib.sym("cuLaunchKernel_ptsz"), 0)
+        );
+        assert_eq!(
+            ask("cuLaunchKernel", 12000, 0),
+            (0, lib.sym("cuLaunchKernel"), 0)
+        );
+        assert_eq!(
+            ask("cuCtxCreate", 12050, 0),
+            (0, lib.sym("cuCtxCreate_v4"), 0)
+        );
+        assert_eq!(
+            ask("cuGetProcAddress", 12000, 0),
+            (0, lib.sym("cuGetProcAddress_v2"), 0)
+        );
+        assert_eq!(
+            ask("cuMemAllocAsync", 11010, 0),
+            (500, std::ptr::null_mut(), 2),
+            "version not sufficient"
+        );
+        assert_eq!(
+            ask("cuNoSuchFunction", 13000, 0),
+            (500, std::ptr::null_mut(), 1),
+            "symbol not found"
+        );
+        let mut table = std::ptr::null();
+        assert_eq!(export_table(&mut table, std::ptr::null()), 801);
+
+        // Events and streams.
+        let (mut e1, mut e2) = (std::ptr::null_mut(), std::ptr::null_mut());
+        assert_eq!(event_create(&mut e1, 0), 0);
+        assert_eq!(event_create(&mut e2, 0), 0);
+        let mut ms = 0f32;
+        assert_eq!(
+            elapsed(&mut ms, e1, e2),
+            400,
+            "never-recorded events: CUDA_ERROR_INVALID_HANDLE"
+        );
+        let image = CString::new("kernel slow 50000000\n").unwrap();
+        let mut module = std::ptr::null_mut();
+        assert_eq!(load(&mut module, image.as_ptr() as *const c_void), 0);
+        let mut f = std::ptr::null_mut();
+        let name = CString::new("nope").unwrap();
+        assert_eq!(
+            get_fn(&mut f, module, name.as_ptr()),
+            500,
+            "CUDA_ERROR_NOT_FOUND for an unknown kernel"
+        );
+        let name = CString::new("slow").unwrap();
+        assert_eq!(get_fn(&mut f, module, name.as_ptr()), 0);
+        assert_eq!(
+            launch(
+                f,
+                0,
+                1,
+                1,
+                1,
+                1,
+                1,
+                0,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut()
+            ),
+            1,
+            "empty grid"
+        );
+        assert_eq!(
+            launch(
+                f,
+                1,
+                1,
+                1,
+                2048,
+                1,
+                1,
+                0,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut()
+            ),
+            1,
+            "too many threads"
+        );
+        assert_eq!(
+            launch(
+                f,
+                1,
+                1,
+                1,
+                128,
+                1,
+                1,
+                0,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut()
+            ),
+            0
+        );
+        assert_eq!(
+            query(std::ptr::null_mut()),
+            600,
+            "CUDA_ERROR_NOT_READY while a 50 ms kernel runs"
+        );
+        assert_eq!(sync(), 0);
+        assert_eq!(query(std::ptr::null_mut()), 0);
+    }
+}
