@@ -2,55 +2,13 @@
 
 use std::ffi::{CString, c_char, c_int, c_uint, c_void};
 
-type Fn0 = unsafe extern "C" fn() -> i32;
-
-struct Lib(*mut c_void);
-
-impl Lib {
-    fn open(path: &std::path::Path) -> Lib {
-        let p = CString::new(path.to_str().unwrap()).unwrap();
-        // SAFETY: loading the simulated driver built by this workspace.
-        let h = unsafe { libc::dlopen(p.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
-        assert!(!h.is_null(), "cannot load {}", path.display());
-        Lib(h)
-    }
-
-    fn sym(&self, name: &str) -> *mut c_void {
-        let n = CString::new(name).unwrap();
-        // SAFETY: looking up a symbol in a library we loaded.
-        let p = unsafe { libc::dlsym(self.0, n.as_ptr()) };
-        assert!(!p.is_null(), "{name} is not exported");
-        p
-    }
-
-    /// # Safety
-    /// `F` must be the C signature of `name`.
-    unsafe fn f<F: Copy>(&self, name: &str) -> F {
-        let p = self.sym(name);
-        // SAFETY: per the contract, F is a function pointer type matching the symbol.
-        unsafe { std::mem::transmute_copy(&p) }
-    }
-}
+#[path = "common/direct.rs"]
+mod direct;
+use direct::*;
 
 #[test]
 fn the_driver_answers_with_the_real_status_codes() {
-    let dir = tempfile::tempdir().unwrap();
-    let state = dir.path().join("state");
-    let simgpu = env!("CARGO_BIN_EXE_simgpu");
-    let ok = std::process::Command::new(simgpu)
-        .args(["init", "--memory", "1GiB", "--state"])
-        .arg(&state)
-        .status()
-        .unwrap();
-    assert!(ok.success());
-    // SAFETY: this test binary has one test, so nothing reads the environment concurrently.
-    unsafe { std::env::set_var("SIMGPU_STATE", &state) };
-    let lib = Lib::open(
-        &std::path::Path::new(simgpu)
-            .parent()
-            .unwrap()
-            .join("libsimgpu_cuda.so"),
-    );
+    let (_dir, lib) = setup(&["--memory", "1GiB"]);
 
     // SAFETY: every signature below is the one cuda.h declares for that entry point.
     unsafe {

@@ -201,6 +201,48 @@ pub unsafe extern "C" fn cuStreamIsCapturing_ptsz(s: CUstream, st: *mut u32) -> 
     status(is_capturing(s, st, true))
 }
 
+/// The CUDA 10/11 ABI: an error node and a log buffer instead of flags.
+fn instantiate_with_log(
+    out: *mut CUgraphExec,
+    graph: CUgraph,
+    error_node: *mut CUgraphNode,
+    log: *mut std::ffi::c_char,
+    log_size: usize,
+) -> CUresult {
+    // SAFETY: optional out-pointers from the caller; the log buffer has `log_size` bytes.
+    unsafe {
+        if !error_node.is_null() {
+            error_node.write(std::ptr::null_mut());
+        }
+        if !log.is_null() && log_size > 0 {
+            log.write(0);
+        }
+        cuGraphInstantiateWithFlags(out, graph, 0)
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphInstantiate(
+    out: *mut CUgraphExec,
+    graph: CUgraph,
+    error_node: *mut CUgraphNode,
+    log: *mut std::ffi::c_char,
+    log_size: usize,
+) -> CUresult {
+    instantiate_with_log(out, graph, error_node, log, log_size)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphInstantiate_v2(
+    out: *mut CUgraphExec,
+    graph: CUgraph,
+    error_node: *mut CUgraphNode,
+    log: *mut std::ffi::c_char,
+    log_size: usize,
+) -> CUresult {
+    instantiate_with_log(out, graph, error_node, log, log_size)
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuGraphInstantiateWithFlags(
     out: *mut CUgraphExec,

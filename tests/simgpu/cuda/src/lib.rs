@@ -355,6 +355,8 @@ export_table![
     cuStreamEndCapture_ptsz,
     cuStreamIsCapturing,
     cuStreamIsCapturing_ptsz,
+    cuGraphInstantiate,
+    cuGraphInstantiate_v2,
     cuGraphInstantiateWithFlags,
     cuGraphLaunch,
     cuGraphLaunch_ptsz,

@@ -232,6 +232,10 @@ pub static VARIANTS: &[Variant] = &[
     v("cuStreamEndCapture", 10000, PerThread, "cuStreamEndCapture_ptsz"),
     v("cuStreamIsCapturing", 10000, Legacy, "cuStreamIsCapturing"),
     v("cuStreamIsCapturing", 10000, PerThread, "cuStreamIsCapturing_ptsz"),
+    // The CUDA 10/11 ABI (error node and log buffer); cuda.h 12+ maps the name to
+    // cuGraphInstantiateWithFlags, a base of its own.
+    v("cuGraphInstantiate", 10000, Legacy, "cuGraphInstantiate"),
+    v("cuGraphInstantiate", 11000, Legacy, "cuGraphInstantiate_v2"),
     v("cuGraphInstantiateWithFlags", 11040, Legacy, "cuGraphInstantiateWithFlags"),
     v("cuGraphLaunch", 10000, Legacy, "cuGraphLaunch"),
     v("cuGraphLaunch", 10000, PerThread, "cuGraphLaunch_ptsz"),
@@ -413,7 +417,18 @@ mod tests {
                 2,
                 Lookup::Found("cuMemAllocAsync_ptsz"),
             ),
-            ("cuGraphInstantiate", 12000, 0, Lookup::NotFound),
+            (
+                "cuGraphInstantiate",
+                11000,
+                0,
+                Lookup::Found("cuGraphInstantiate_v2"),
+            ),
+            (
+                "cuGraphInstantiate",
+                10000,
+                0,
+                Lookup::Found("cuGraphInstantiate"),
+            ),
             (
                 "cuGraphInstantiateWithFlags",
                 11040,
