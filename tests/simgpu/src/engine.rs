@@ -77,11 +77,25 @@ impl Dev<'_> {
 
     /// The next runnable context after `after` in round-robin order, `after` itself last.
     fn next_runnable(&self, after: u32) -> Option<u32> {
-        let start = if after == NONE { 0 } else { after as usize + 1 };
-        (0..MAX_CTXS)
-            .map(|i| ((start + i) % MAX_CTXS) as u32)
-            .filter(|&c| self.b.engine.active[c as usize / 64] & (1 << (c % 64)) != 0)
-            .find(|&c| self.runnable(c))
+        let start = if after == NONE { 0 } else { after + 1 };
+        // Active contexts in ascending order: the first runnable one at or after `start`, else
+        // (wrapping around) the lowest runnable one.
+        let mut wrapped = None;
+        for (w, &bits) in self.b.engine.active.iter().enumerate() {
+            let mut bits = bits;
+            while bits != 0 {
+                let c = w as u32 * 64 + bits.trailing_zeros();
+                bits &= bits - 1;
+                if !self.runnable(c) {
+                    continue;
+                }
+                if c >= start {
+                    return Some(c);
+                }
+                wrapped.get_or_insert(c);
+            }
+        }
+        wrapped
     }
 
     fn others_runnable(&self, c: u32) -> bool {
@@ -376,6 +390,24 @@ mod tests {
         d.push(c, kernel(1)).unwrap();
         d.advance(10 * MS, 2 * MS);
         assert_eq!(d.b.engine.busy_ns, RING as u64 + 1);
+    }
+
+    #[test]
+    fn round_robin_visits_every_busy_context_in_turn() {
+        let mut t = TestDevice::new(64 << 20);
+        let mut d = t.dev();
+        let ctxs: Vec<u32> = (0..3).map(|o| d.create_ctx(o, 0, 0).unwrap().0).collect();
+        d.advance(MS, MS);
+        for &c in &ctxs {
+            for _ in 0..10 {
+                d.push(c, kernel(MS)).unwrap();
+            }
+        }
+        // 1 ms slices: after 3 ms each context has had exactly one slice, after 9 ms three.
+        d.advance(4 * MS, MS);
+        assert!((0..3).all(|o| d.b.procs[o].device_time_ns == MS));
+        d.advance(10 * MS, MS);
+        assert!((0..3).all(|o| d.b.procs[o].device_time_ns == 3 * MS));
     }
 
     #[test]

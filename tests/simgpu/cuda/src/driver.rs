@@ -14,6 +14,7 @@ use simgpu::layout::GRANULE;
 use simgpu::{AllocId, State};
 
 use crate::handles::*;
+use crate::ranges::FreeRanges;
 
 pub type Res<T = ()> = Result<T, CUresult>;
 
@@ -327,7 +328,7 @@ pub struct VaSpace {
     low: bool,
     base: u64,
     len: u64,
-    free: BTreeMap<u64, u64>,
+    free: FreeRanges,
 }
 
 const VA_SIZE: u64 = 1 << 44; // 16 TiB
@@ -335,12 +336,12 @@ const VA_SIZE: u64 = 1 << 44; // 16 TiB
 const VA32_SIZE: u64 = 256 << 20;
 
 impl VaSpace {
-    const fn new(low: bool) -> VaSpace {
+    fn new(low: bool) -> VaSpace {
         VaSpace {
             low,
             base: 0,
             len: 0,
-            free: BTreeMap::new(),
+            free: FreeRanges::default(),
         }
     }
 
@@ -367,66 +368,31 @@ impl VaSpace {
         if p == libc::MAP_FAILED {
             return Err(E_OOM);
         }
-        let base = (p as u64).next_multiple_of(GRANULE);
-        self.base = base;
-        self.len = len - (base - p as u64);
-        self.free.insert(base, self.len);
+        self.base = (p as u64).next_multiple_of(GRANULE);
+        self.len = len - (self.base - p as u64);
+        self.free = FreeRanges::new(self.base, self.len);
         Ok(())
     }
 
-    /// Takes `len` bytes (rounded to 2 MiB) aligned to `align`.
+    /// Takes `len` bytes (rounded to 2 MiB) aligned to `align` (at least 2 MiB).
     pub fn take(&mut self, len: u64, align: u64) -> Res<u64> {
         self.reserve()?;
-        let len = len.max(1).next_multiple_of(GRANULE);
         let align = align.max(GRANULE).next_power_of_two();
-        let hit = self.free.iter().find_map(|(&s, &l)| {
-            let a = s.next_multiple_of(align);
-            (a + len <= s + l).then_some((s, l, a))
-        });
-        let (s, l, a) = hit.ok_or(E_OOM)?;
-        self.free.remove(&s);
-        if a > s {
-            self.free.insert(s, a - s);
-        }
-        if a + len < s + l {
-            self.free.insert(a + len, s + l - a - len);
-        }
-        Ok(a)
+        self.free
+            .take(len.max(1).next_multiple_of(GRANULE), align)
+            .ok_or(E_OOM)
     }
 
     /// Takes exactly `[addr, addr+len)` if it is free (cuMemAddressReserve with a fixed address).
     pub fn take_at(&mut self, addr: u64, len: u64) -> Option<u64> {
         self.reserve().ok()?;
-        let len = len.next_multiple_of(GRANULE);
-        let (&s, &l) = self.free.range(..=addr).next_back()?;
-        if addr + len > s + l {
-            return None;
-        }
-        self.free.remove(&s);
-        if addr > s {
-            self.free.insert(s, addr - s);
-        }
-        if addr + len < s + l {
-            self.free.insert(addr + len, s + l - addr - len);
-        }
-        Some(addr)
+        self.free
+            .take_at(addr, len.next_multiple_of(GRANULE))
+            .then_some(addr)
     }
 
     pub fn give(&mut self, addr: u64, len: u64) {
-        let mut start = addr;
-        let mut len = len.max(1).next_multiple_of(GRANULE);
-        if let Some((&s, &l)) = self.free.range(..addr).next_back()
-            && s + l == addr
-        {
-            self.free.remove(&s);
-            start = s;
-            len += l;
-        }
-        if let Some(&l) = self.free.get(&(start + len)) {
-            self.free.remove(&(start + len));
-            len += l;
-        }
-        self.free.insert(start, len);
+        self.free.give(addr, len.max(1).next_multiple_of(GRANULE));
     }
 
     pub fn contains(&self, addr: u64) -> bool {

@@ -5,13 +5,12 @@
 //! sum of its kernels, as one item of work.
 
 use cuda_abi::*;
-use simgpu::layout::{ITEM_KERNEL, Item};
 use simgpu::{AllocId, AllocKind};
 
 use crate::driver::*;
 use crate::handles::{from_ptr, to_ptr};
 use crate::memory::{give, take};
-use crate::stream::{StreamRef, push, resolve};
+use crate::stream::{StreamRef, resolve};
 
 #[derive(Clone, Debug)]
 pub enum Node {
@@ -320,21 +319,7 @@ fn launch(exec: CUgraphExec, s: CUstream, ptsz: bool) -> Res {
     let eh = from_ptr(exec);
     back(d, &mut inner, eh)?;
     let ns = inner.execs.get(eh).ok_or(E_INVALID_HANDLE)?.kernel_ns;
-    if capture_kernel(&mut inner, sref, ns) {
-        return Ok(());
-    }
-    push(
-        d,
-        &mut inner,
-        sref,
-        Item {
-            kind: ITEM_KERNEL,
-            remaining: ns,
-            total: ns,
-            ..Item::default()
-        },
-    )
-    .map(|_| ())
+    crate::stream::queue_kernel(d, &mut inner, sref, ns)
 }
 
 #[unsafe(no_mangle)]

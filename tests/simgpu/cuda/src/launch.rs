@@ -4,11 +4,10 @@
 use std::ffi::{c_uint, c_void};
 
 use cuda_abi::{CUfunction, CUlaunchConfig, CUresult, CUstream};
-use simgpu::layout::{ITEM_KERNEL, Item};
 
 use crate::driver::*;
 use crate::handles::from_ptr;
-use crate::stream::{push, resolve};
+use crate::stream::resolve;
 
 #[allow(clippy::too_many_arguments)]
 fn launch(f: CUfunction, grid: [c_uint; 3], block: [c_uint; 3], s: CUstream, ptsz: bool) -> Res {
@@ -28,21 +27,7 @@ fn launch(f: CUfunction, grid: [c_uint; 3], block: [c_uint; 3], s: CUstream, pts
         .ns_per_block;
     let blocks = grid.iter().map(|&g| g as u64).product::<u64>();
     let ns = per_block.saturating_mul(blocks);
-    if crate::graph::capture_kernel(&mut inner, sref, ns) {
-        return Ok(());
-    }
-    push(
-        d,
-        &mut inner,
-        sref,
-        Item {
-            kind: ITEM_KERNEL,
-            remaining: ns,
-            total: ns,
-            ..Item::default()
-        },
-    )
-    .map(|_| ())
+    crate::stream::queue_kernel(d, &mut inner, sref, ns)
 }
 
 macro_rules! launch_kernel {

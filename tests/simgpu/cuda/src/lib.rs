@@ -22,6 +22,7 @@ mod launch;
 mod memory;
 mod module;
 mod pool;
+mod ranges;
 mod stream;
 mod symbols;
 mod vmm;

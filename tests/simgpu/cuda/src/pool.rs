@@ -14,6 +14,7 @@ use simgpu::{AllocId, AllocKind};
 use crate::driver::*;
 use crate::handles::{from_ptr, to_ptr};
 use crate::memory::{give, take};
+use crate::ranges::FreeRanges;
 use crate::stream::{StreamRef, resolve};
 
 const BLOCK_ALIGN: u64 = 512;
@@ -22,8 +23,8 @@ pub struct Chunk {
     pub va: u64,
     pub len: u64,
     pub id: AllocId,
-    /// Free ranges inside the chunk: offset -> length.
-    pub free: BTreeMap<u64, u64>,
+    /// Free ranges inside the chunk, by offset.
+    pub free: FreeRanges,
 }
 
 pub struct Pool {
@@ -61,50 +62,29 @@ impl Pool {
     }
 
     fn carve(&mut self, size: u64) -> Option<u64> {
-        for c in &mut self.chunks {
-            let hit = c
-                .free
-                .iter()
-                .find(|(_, l)| **l >= size)
-                .map(|(o, l)| (*o, *l));
-            if let Some((off, l)) = hit {
-                c.free.remove(&off);
-                if l > size {
-                    c.free.insert(off + size, l - size);
-                }
-                self.blocks.insert(c.va + off, size);
-                return Some(c.va + off);
-            }
-        }
-        None
+        let (va, _) = self
+            .chunks
+            .iter_mut()
+            .find_map(|c| c.free.take(size, 1).map(|off| (c.va + off, ())))?;
+        self.blocks.insert(va, size);
+        Some(va)
     }
 
     fn uncarve(&mut self, va: u64) -> bool {
         let Some(size) = self.blocks.remove(&va) else {
             return false;
         };
-        let Some(c) = self
+        match self
             .chunks
             .iter_mut()
             .find(|c| va >= c.va && va < c.va + c.len)
-        else {
-            return false;
-        };
-        let mut off = va - c.va;
-        let mut len = size;
-        if let Some((&po, &pl)) = c.free.range(..off).next_back()
-            && po + pl == off
         {
-            c.free.remove(&po);
-            off = po;
-            len += pl;
+            Some(c) => {
+                c.free.give(va - c.va, size);
+                true
+            }
+            None => false,
         }
-        if let Some(&nl) = c.free.get(&(off + len)) {
-            c.free.remove(&(off + len));
-            len += nl;
-        }
-        c.free.insert(off, len);
-        true
     }
 }
 
@@ -137,7 +117,7 @@ fn trim(
     let mut i = 0;
     while i < pool.chunks.len() && pool.reserved() > keep {
         let c = &pool.chunks[i];
-        let whole = c.free.len() == 1 && c.free.get(&0) == Some(&c.len);
+        let whole = c.free.is_whole(0, c.len);
         if whole {
             let c = pool.chunks.remove(i);
             give(d, pool.dev, c.id);
@@ -215,7 +195,7 @@ pub fn alloc_from(d: &Driver, inner: &mut Inner, ph: u64, size: u64) -> Res<u64>
         va,
         len: chunk_len,
         id,
-        free: BTreeMap::from([(0, chunk_len)]),
+        free: FreeRanges::new(0, chunk_len),
     });
     pool.reserved_high = pool.reserved_high.max(pool.reserved());
     let va = pool.carve(size).ok_or(E_OOM)?;

@@ -117,6 +117,26 @@ pub fn push(d: &Driver, inner: &mut Inner, sref: StreamRef, item: Item) -> Res<u
     Ok(seq)
 }
 
+/// Queues `ns` of kernel work on the stream, or records it as a kernel node if the stream is
+/// capturing.
+pub fn queue_kernel(d: &Driver, inner: &mut Inner, sref: StreamRef, ns: u64) -> Res {
+    if crate::graph::capture_kernel(inner, sref, ns) {
+        return Ok(());
+    }
+    push(
+        d,
+        inner,
+        sref,
+        Item {
+            kind: simgpu::layout::ITEM_KERNEL,
+            remaining: ns,
+            total: ns,
+            ..Item::default()
+        },
+    )
+    .map(|_| ())
+}
+
 /// (device, shared ctx, generation, sequence number) a synchronisation of `sref` waits for.
 pub fn sync_target(inner: &Inner, sref: StreamRef) -> Res<(u32, u32, u32, u64)> {
     let c = inner.ctx(sref.ctx())?;
