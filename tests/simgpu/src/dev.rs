@@ -5,6 +5,9 @@ use crate::layout::*;
 
 /// A locked device: its block and its granule arrays.
 pub struct Dev<'a> {
+    /// Device memory in bytes, and in granules.
+    pub total: u64,
+    pub ngran: u32,
     pub b: &'a mut DeviceBlock,
     pub granules: &'a mut [Granule],
     pub allocs: &'a mut [AllocRec],
@@ -33,7 +36,7 @@ pub struct Reclaimed {
 
 impl Dev<'_> {
     pub fn total(&self) -> u64 {
-        self.b.info.total
+        self.total
     }
 
     pub fn used(&self) -> u64 {
@@ -52,7 +55,7 @@ impl Dev<'_> {
         size: u64,
     ) -> Result<AllocId, OutOfMemory> {
         let need = size.max(1).div_ceil(GRANULE);
-        let ngran = self.b.info.ngran;
+        let ngran = self.ngran;
         if need > (ngran - self.b.mem.used_gran) as u64 {
             self.b.procs[owner as usize].oom_refusals += 1;
             return Err(OutOfMemory);
@@ -217,7 +220,7 @@ impl Dev<'_> {
     /// Rebuilds everything derivable after a process died holding the device lock: the bitmap,
     /// the used count, per-process holdings, half-made allocations and the engine's bookkeeping.
     pub fn repair(&mut self) {
-        let n = self.b.info.ngran as usize;
+        let n = self.ngran as usize;
         let mut keep = vec![false; n];
         for head in 0..n {
             let r = self.allocs[head];
@@ -402,6 +405,8 @@ pub(crate) mod testdev {
     use std::alloc::{Layout, alloc_zeroed, dealloc};
 
     pub struct TestDevice {
+        total: u64,
+        ngran: u32,
         block: *mut DeviceBlock,
         granules: Vec<Granule>,
         allocs: Vec<AllocRec>,
@@ -417,13 +422,13 @@ pub(crate) mod testdev {
             assert!(!block.is_null());
             // SAFETY: block was just allocated and zeroed, and is exclusively ours.
             let b = unsafe { &mut *block };
-            b.info.total = total;
-            b.info.ngran = ngran;
             b.engine.current = NONE;
             for c in b.ctxs.iter_mut() {
                 c.overhead = NONE;
             }
             TestDevice {
+                total,
+                ngran,
                 block,
                 granules: vec![Granule::default(); ngran as usize],
                 allocs: vec![AllocRec::default(); ngran as usize],
@@ -433,6 +438,8 @@ pub(crate) mod testdev {
 
         pub fn dev(&mut self) -> Dev<'_> {
             Dev {
+                total: self.total,
+                ngran: self.ngran,
                 // SAFETY: block is owned by self and borrowed mutably through &mut self.
                 b: unsafe { &mut *self.block },
                 granules: &mut self.granules,

@@ -59,7 +59,8 @@ pub struct Header {
     pub ndev: u32,
     pub _pad: u32,
     pub config: SimConfig,
-    pub dev_offset: [u64; MAX_DEVICES],
+    /// What each device is; fixed when the file is made, read without locks.
+    pub devices: [DeviceInfo; MAX_DEVICES],
     pub procs_lock: RobustMutex,
     pub procs: [ProcSlot; MAX_PROCS],
 }
@@ -187,6 +188,7 @@ pub struct ExitedProc {
 }
 
 #[repr(C)]
+#[derive(Clone, Copy)]
 pub struct DeviceInfo {
     pub index: u32,
     pub pci_bus: u32,
@@ -194,8 +196,9 @@ pub struct DeviceInfo {
     pub total: u64,
     pub ngran: u32,
     pub _pad: u32,
-    /// Offsets, from the start of the file, of this device's granule arrays and of its
-    /// region in the memory-contents file.
+    /// Offsets, from the start of the file, of this device's block and granule arrays, and of
+    /// its region in the memory-contents file.
+    pub block_off: u64,
     pub granules_off: u64,
     pub allocs_off: u64,
     pub bitmap_off: u64,
@@ -213,7 +216,6 @@ pub struct MemState {
 #[repr(C)]
 pub struct DeviceBlock {
     pub lock: RobustMutex,
-    pub info: DeviceInfo,
     pub mem: MemState,
     pub engine: EngineState,
     pub exited_next: u64,

@@ -310,7 +310,7 @@ impl State {
             return damaged(format!("{} devices", h.ndev));
         }
         for d in 0..h.ndev {
-            let off = h.dev_offset[d as usize];
+            let off = h.devices[d as usize].block_off;
             let ngran = (h.config.memory / GRANULE) as u32;
             let dl = DeviceLayout::new(ngran);
             if !off.is_multiple_of(4096) || off + dl.size > self.len as u64 {
@@ -349,13 +349,12 @@ impl State {
     fn block_ptr(&self, d: u32) -> *mut DeviceBlock {
         assert!(d < self.ndev(), "device {d} out of range");
         // SAFETY: validated in `open`: the block lies inside the mapping.
-        unsafe { self.base.add(self.header().dev_offset[d as usize] as usize) as *mut DeviceBlock }
+        unsafe { self.base.add(self.device_info(d).block_off as usize) as *mut DeviceBlock }
     }
 
     /// The fixed description of device `d` (never changes after the file is made).
     pub fn device_info(&self, d: u32) -> &DeviceInfo {
-        // SAFETY: `info` is written only by `init_file`; reading it needs no lock.
-        unsafe { &(*self.block_ptr(d)).info }
+        &self.header().devices[d as usize]
     }
 
     pub fn uuid_string(&self, d: u32) -> String {
@@ -642,25 +641,28 @@ impl DevGuard<'_> {
 
     pub fn dev(&mut self) -> Dev<'_> {
         let s = self.state;
+        let info = *s.device_info(self.d);
+        let n = info.ngran as usize;
         // SAFETY: we hold the device lock, so nothing else reads or writes this device's block or
-        // arrays; `validate` checked that they lie inside the mapping.
+        // granule arrays (the immutable DeviceInfo lives in the header); `validate` checked that
+        // they lie inside the mapping.
         unsafe {
-            let b = &mut *self.block;
-            let n = b.info.ngran as usize;
             Dev {
+                total: info.total,
+                ngran: info.ngran,
                 granules: std::slice::from_raw_parts_mut(
-                    s.base.add(b.info.granules_off as usize) as *mut Granule,
+                    s.base.add(info.granules_off as usize) as *mut Granule,
                     n,
                 ),
                 allocs: std::slice::from_raw_parts_mut(
-                    s.base.add(b.info.allocs_off as usize) as *mut AllocRec,
+                    s.base.add(info.allocs_off as usize) as *mut AllocRec,
                     n,
                 ),
                 bitmap: std::slice::from_raw_parts_mut(
-                    s.base.add(b.info.bitmap_off as usize) as *mut u64,
+                    s.base.add(info.bitmap_off as usize) as *mut u64,
                     n.div_ceil(64),
                 ),
-                b,
+                b: &mut *self.block,
             }
         }
     }
@@ -781,7 +783,6 @@ unsafe fn init_file(
         h.procs_lock.init()?;
         for d in 0..o.devices {
             let off = header_size + dl.size * d as u64;
-            h.dev_offset[d as usize] = off;
             let b = &mut *(base.add(off as usize) as *mut DeviceBlock);
             b.lock.init()?;
             let mut uuid = [0u8; 16];
@@ -789,13 +790,14 @@ unsafe fn init_file(
             uuid[8..].copy_from_slice(&random_u64().to_le_bytes());
             uuid[6] = (uuid[6] & 0x0f) | 0x40; // an RFC 4122 version-4 UUID, like real GPUs'
             uuid[8] = (uuid[8] & 0x3f) | 0x80;
-            b.info = DeviceInfo {
+            h.devices[d as usize] = DeviceInfo {
                 index: d,
                 pci_bus: 0x18 + d * 0x10,
                 uuid,
                 total: o.memory,
                 ngran: (o.memory / GRANULE) as u32,
                 _pad: 0,
+                block_off: off,
                 granules_off: off + dl.granules,
                 allocs_off: off + dl.allocs,
                 bitmap_off: off + dl.bitmap,
