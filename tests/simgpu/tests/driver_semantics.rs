@@ -22,13 +22,18 @@ fn contexts_host_functions_managed_memory_graphs_and_vmm_behave_like_the_driver(
     let (_dir, lib) = setup(&["--memory", "1GiB", "--context-overhead", "100MiB"]);
     // SAFETY: every signature below is the one cuda.h declares for that entry point.
     unsafe {
-        let init: unsafe extern "C" fn(c_uint) -> i32 = lib.f("cuInit");
+        let Core {
+            init,
+            retain,
+            set_current,
+            load,
+            get_fn,
+            launch,
+            ..
+        } = Core::new(&lib);
         let ctx_create: unsafe extern "C" fn(*mut *mut c_void, *mut c_void, c_uint, c_int) -> i32 =
             lib.f("cuCtxCreate_v4");
         let ctx_destroy: unsafe extern "C" fn(*mut c_void) -> i32 = lib.f("cuCtxDestroy_v2");
-        let set_current: unsafe extern "C" fn(*mut c_void) -> i32 = lib.f("cuCtxSetCurrent");
-        let retain: unsafe extern "C" fn(*mut *mut c_void, c_int) -> i32 =
-            lib.f("cuDevicePrimaryCtxRetain");
         let mem_info: unsafe extern "C" fn(*mut usize, *mut usize) -> i32 =
             lib.f("cuMemGetInfo_v2");
         let alloc: unsafe extern "C" fn(*mut u64, usize) -> i32 = lib.f("cuMemAlloc_v2");
@@ -37,24 +42,6 @@ fn contexts_host_functions_managed_memory_graphs_and_vmm_behave_like_the_driver(
         let free: unsafe extern "C" fn(u64) -> i32 = lib.f("cuMemFree_v2");
         let dtoh: unsafe extern "C" fn(*mut c_void, u64, usize) -> i32 = lib.f("cuMemcpyDtoH_v2");
         let memset32: unsafe extern "C" fn(u64, c_uint, usize) -> i32 = lib.f("cuMemsetD32_v2");
-        let load: unsafe extern "C" fn(*mut *mut c_void, *const c_void) -> i32 =
-            lib.f("cuModuleLoadData");
-        let get_fn: unsafe extern "C" fn(*mut *mut c_void, *mut c_void, *const i8) -> i32 =
-            lib.f("cuModuleGetFunction");
-        type Launch = unsafe extern "C" fn(
-            *mut c_void,
-            c_uint,
-            c_uint,
-            c_uint,
-            c_uint,
-            c_uint,
-            c_uint,
-            c_uint,
-            *mut c_void,
-            *mut *mut c_void,
-            *mut *mut c_void,
-        ) -> i32;
-        let launch: Launch = lib.f("cuLaunchKernel");
         let host: unsafe extern "C" fn(
             *mut c_void,
             unsafe extern "C" fn(*mut c_void),

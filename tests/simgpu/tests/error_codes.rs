@@ -12,16 +12,20 @@ fn the_driver_answers_with_the_real_status_codes() {
 
     // SAFETY: every signature below is the one cuda.h declares for that entry point.
     unsafe {
-        let init: unsafe extern "C" fn(c_uint) -> i32 = lib.f("cuInit");
+        let Core {
+            init,
+            retain,
+            set_current,
+            load,
+            get_fn,
+            launch,
+            sync,
+        } = Core::new(&lib);
         let alloc: unsafe extern "C" fn(*mut u64, usize) -> i32 = lib.f("cuMemAlloc_v2");
         let alloc_v1: unsafe extern "C" fn(*mut u32, c_uint) -> i32 = lib.f("cuMemAlloc");
         let free: unsafe extern "C" fn(u64) -> i32 = lib.f("cuMemFree_v2");
         let free_v1: unsafe extern "C" fn(u32) -> i32 = lib.f("cuMemFree");
         let device_get: unsafe extern "C" fn(*mut c_int, c_int) -> i32 = lib.f("cuDeviceGet");
-        let retain: unsafe extern "C" fn(*mut *mut c_void, c_int) -> i32 =
-            lib.f("cuDevicePrimaryCtxRetain");
-        let set_current: unsafe extern "C" fn(*mut c_void) -> i32 = lib.f("cuCtxSetCurrent");
-        let sync: Fn0 = lib.f("cuCtxSynchronize");
         let gpa: unsafe extern "C" fn(
             *const c_char,
             *mut *mut c_void,
@@ -35,24 +39,6 @@ fn the_driver_answers_with_the_real_status_codes() {
             lib.f("cuEventCreate");
         let elapsed: unsafe extern "C" fn(*mut f32, *mut c_void, *mut c_void) -> i32 =
             lib.f("cuEventElapsedTime");
-        let load: unsafe extern "C" fn(*mut *mut c_void, *const c_void) -> i32 =
-            lib.f("cuModuleLoadData");
-        let get_fn: unsafe extern "C" fn(*mut *mut c_void, *mut c_void, *const c_char) -> i32 =
-            lib.f("cuModuleGetFunction");
-        type Launch = unsafe extern "C" fn(
-            *mut c_void,
-            c_uint,
-            c_uint,
-            c_uint,
-            c_uint,
-            c_uint,
-            c_uint,
-            c_uint,
-            *mut c_void,
-            *mut *mut c_void,
-            *mut *mut c_void,
-        ) -> i32;
-        let launch: Launch = lib.f("cuLaunchKernel");
         let query: unsafe extern "C" fn(*mut c_void) -> i32 = lib.f("cuStreamQuery");
 
         let mut p = 0u64;

@@ -1,6 +1,6 @@
 //! NVML entry points called directly: the list protocol, struct versions, process utilisation.
 
-use std::ffi::{CString, c_char, c_int, c_uint, c_void};
+use std::ffi::{CString, c_char, c_uint, c_void};
 
 #[path = "common/direct.rs"]
 mod direct;
@@ -21,29 +21,15 @@ fn nvml_lists_versions_and_process_utilisation() {
     );
     // SAFETY: every signature below is the one cuda.h / nvml.h declares for that entry point.
     unsafe {
-        let init: unsafe extern "C" fn(c_uint) -> i32 = cuda.f("cuInit");
-        let retain: unsafe extern "C" fn(*mut *mut c_void, c_int) -> i32 =
-            cuda.f("cuDevicePrimaryCtxRetain");
-        let set_current: unsafe extern "C" fn(*mut c_void) -> i32 = cuda.f("cuCtxSetCurrent");
-        let load: unsafe extern "C" fn(*mut *mut c_void, *const c_void) -> i32 =
-            cuda.f("cuModuleLoadData");
-        let get_fn: unsafe extern "C" fn(*mut *mut c_void, *mut c_void, *const c_char) -> i32 =
-            cuda.f("cuModuleGetFunction");
-        type Launch = unsafe extern "C" fn(
-            *mut c_void,
-            c_uint,
-            c_uint,
-            c_uint,
-            c_uint,
-            c_uint,
-            c_uint,
-            c_uint,
-            *mut c_void,
-            *mut *mut c_void,
-            *mut *mut c_void,
-        ) -> i32;
-        let launch: Launch = cuda.f("cuLaunchKernel");
-        let sync: Fn0 = cuda.f("cuCtxSynchronize");
+        let Core {
+            init,
+            retain,
+            set_current,
+            load,
+            get_fn,
+            launch,
+            sync,
+        } = Core::new(&cuda);
 
         let nvml_init: Fn0 = nvml.f("nvmlInit_v2");
         let by_index: unsafe extern "C" fn(c_uint, *mut *mut c_void) -> u32 =

@@ -496,10 +496,10 @@ pub fn copy(dst: u64, src: u64, len: u64) -> Res {
     let flatten = |s: Side| -> Vec<(*mut u8, u64)> {
         match s {
             Side::Host(p) => vec![(p, len)],
-            // SAFETY: segments lie inside the contents file, which is mapped whole.
+            // Segments lie inside the contents file, which is mapped whole.
             Side::Device(segs) => segs
                 .into_iter()
-                .map(|(off, n)| (unsafe { data.base.add(off as usize) }, n))
+                .map(|(off, n)| (data.base.wrapping_add(off as usize), n))
                 .collect(),
         }
     };

@@ -1,7 +1,7 @@
 //! Calling the simulated libcuda.so.1 directly (dlopen + dlsym), for tests of single entry points.
 #![allow(dead_code)]
 
-use std::ffi::{CString, c_void};
+use std::ffi::{CString, c_char, c_int, c_uint, c_void};
 
 pub type Fn0 = unsafe extern "C" fn() -> i32;
 
@@ -56,4 +56,46 @@ pub fn setup(args: &[&str]) -> (tempfile::TempDir, Lib) {
             .join("libsimgpu_cuda.so"),
     );
     (dir, lib)
+}
+
+pub type Launch = unsafe extern "C" fn(
+    *mut c_void,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    *mut c_void,
+    *mut *mut c_void,
+    *mut *mut c_void,
+) -> i32;
+
+/// The entry points most direct tests use, typed as cuda.h declares them.
+pub struct Core {
+    pub init: unsafe extern "C" fn(c_uint) -> i32,
+    pub retain: unsafe extern "C" fn(*mut *mut c_void, c_int) -> i32,
+    pub set_current: unsafe extern "C" fn(*mut c_void) -> i32,
+    pub load: unsafe extern "C" fn(*mut *mut c_void, *const c_void) -> i32,
+    pub get_fn: unsafe extern "C" fn(*mut *mut c_void, *mut c_void, *const c_char) -> i32,
+    pub launch: Launch,
+    pub sync: Fn0,
+}
+
+impl Core {
+    pub fn new(lib: &Lib) -> Core {
+        // SAFETY: each type is the signature cuda.h declares for the symbol.
+        unsafe {
+            Core {
+                init: lib.f("cuInit"),
+                retain: lib.f("cuDevicePrimaryCtxRetain"),
+                set_current: lib.f("cuCtxSetCurrent"),
+                load: lib.f("cuModuleLoadData"),
+                get_fn: lib.f("cuModuleGetFunction"),
+                launch: lib.f("cuLaunchKernel"),
+                sync: lib.f("cuCtxSynchronize"),
+            }
+        }
+    }
 }
