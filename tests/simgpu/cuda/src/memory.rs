@@ -205,11 +205,13 @@ pub unsafe extern "C" fn cuMemFree(dptr: CUdeviceptr_v1) -> CUresult {
     status(free_owned(dptr as u64))
 }
 
-fn pitch_for(width: u64, elem: u32) -> Res<u64> {
-    if width == 0 || ![4, 8, 16].contains(&elem) {
+/// cuMemAllocPitch: rows padded to 512 bytes; returns (address, pitch).
+fn alloc_pitch(width: u64, height: u64, elem: u32, low32: bool) -> Res<(u64, u64)> {
+    if width == 0 || height == 0 || ![4, 8, 16].contains(&elem) {
         return Err(E_INVALID_VALUE);
     }
-    Ok(width.next_multiple_of(512))
+    let pitch = width.next_multiple_of(512);
+    Ok((alloc_owned(pitch * height, AllocKind::Pitch, low32)?, pitch))
 }
 
 #[unsafe(no_mangle)]
@@ -220,21 +222,21 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
     height: usize,
     elem: c_uint,
 ) -> CUresult {
-    status((|| {
-        if dptr.is_null() || pitch.is_null() || height == 0 {
-            return Err(E_INVALID_VALUE);
-        }
-        let p = pitch_for(width as u64, elem)?;
-        let va = alloc_owned(p * height as u64, AllocKind::Pitch, false)?;
-        // SAFETY: both checked non-NULL.
-        unsafe {
-            dptr.write(va);
-            pitch.write(p as usize);
-        }
-        Ok(())
-    })())
+    if dptr.is_null() || pitch.is_null() {
+        return E_INVALID_VALUE;
+    }
+    status(
+        alloc_pitch(width as u64, height as u64, elem, false).map(|(va, p)| {
+            // SAFETY: both checked non-NULL.
+            unsafe {
+                dptr.write(va);
+                pitch.write(p as usize);
+            }
+        }),
+    )
 }
 
+/// CUDA 2.x ABI: 32-bit sizes and pointer.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemAllocPitch(
     dptr: *mut CUdeviceptr_v1,
@@ -243,19 +245,18 @@ pub unsafe extern "C" fn cuMemAllocPitch(
     height: c_uint,
     elem: c_uint,
 ) -> CUresult {
-    status((|| {
-        if dptr.is_null() || pitch.is_null() || height == 0 {
-            return Err(E_INVALID_VALUE);
-        }
-        let p = pitch_for(width as u64, elem)?;
-        let va = alloc_owned(p * height as u64, AllocKind::Pitch, true)?;
-        // SAFETY: both checked non-NULL.
-        unsafe {
-            dptr.write(va as u32);
-            pitch.write(p as u32);
-        }
-        Ok(())
-    })())
+    if dptr.is_null() || pitch.is_null() {
+        return E_INVALID_VALUE;
+    }
+    status(
+        alloc_pitch(width as u64, height as u64, elem, true).map(|(va, p)| {
+            // SAFETY: both checked non-NULL.
+            unsafe {
+                dptr.write(va as u32);
+                pitch.write(p as u32);
+            }
+        }),
+    )
 }
 
 /// Managed memory is modelled as resident on the device from allocation (it counts in full) and

@@ -189,16 +189,21 @@ fn get_function(module: u64, name: *const c_char) -> Res<u64> {
     }))
 }
 
+/// cuModuleGetFunction / cuLibraryGetKernel: the handle goes to `out`.
+fn function_into(out: *mut *mut c_void, module: u64, name: *const c_char) -> CUresult {
+    status(get_function(module, name).and_then(|f| {
+        // SAFETY: out-pointer from the caller.
+        unsafe { put(out, to_ptr(f)) }
+    }))
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuModuleGetFunction(
     out: *mut CUfunction,
     m: CUmodule,
     name: *const c_char,
 ) -> CUresult {
-    status(get_function(from_ptr(m), name).and_then(|f| {
-        // SAFETY: out-pointer from the caller.
-        unsafe { put(out, to_ptr(f)) }
-    }))
+    function_into(out, from_ptr(m), name)
 }
 
 // CUDA 12 libraries: context-independent modules. A CUkernel is usable as a CUfunction.
@@ -228,10 +233,7 @@ pub unsafe extern "C" fn cuLibraryGetKernel(
     lib: CUlibrary,
     name: *const c_char,
 ) -> CUresult {
-    status(get_function(from_ptr(lib), name).and_then(|f| {
-        // SAFETY: out-pointer from the caller.
-        unsafe { put(out, to_ptr(f)) }
-    }))
+    function_into(out, from_ptr(lib), name)
 }
 
 #[unsafe(no_mangle)]

@@ -398,18 +398,15 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v2(
     })
 }
 
+/// Same struct as `_v2` (`nvmlProcessInfo_t` is `nvmlProcessInfo_v2_t`).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
     dev: nvmlDevice_t,
     count: *mut c_uint,
     infos: *mut nvmlProcessInfo_v2_t,
 ) -> nvmlReturn_t {
-    list(dev, count, infos, |pid, used| nvmlProcessInfo_v2_t {
-        pid,
-        usedGpuMemory: used,
-        gpuInstanceId: NVML_NO_INSTANCE,
-        computeInstanceId: NVML_NO_INSTANCE,
-    })
+    // SAFETY: forwarding the caller's arguments to the identical `_v2` call.
+    unsafe { nvmlDeviceGetComputeRunningProcesses_v2(dev, count, infos) }
 }
 
 #[unsafe(no_mangle)]
