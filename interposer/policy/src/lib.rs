@@ -1,6 +1,12 @@
-//! cuslice policy that needs no FFI: parsing and formatting of sizes (and, as they arrive, limits,
-//! ledgers and token buckets). Everything here is ordinary Rust with ordinary unit tests.
+//! cuslice policy that needs no FFI: parsing and formatting of sizes, the interposer's
+//! configuration (limits, aliases, precedence), what memory queries report under a cap (and, as
+//! they arrive, ledgers and token buckets). Everything here is ordinary Rust with ordinary unit
+//! tests.
 
+pub mod config;
+pub mod meminfo;
 pub mod size;
 
+pub use config::{Config, ConfigError, Limits, LogLevel};
+pub use meminfo::virtual_mem_info;
 pub use size::{SizeError, format_size, parse_size};

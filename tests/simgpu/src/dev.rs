@@ -43,6 +43,10 @@ impl Dev<'_> {
         self.b.mem.used_gran as u64 * GRANULE
     }
 
+    pub fn peak_used(&self) -> u64 {
+        self.b.mem.peak_gran as u64 * GRANULE
+    }
+
     pub fn free(&self) -> u64 {
         self.total().saturating_sub(self.used())
     }
@@ -108,6 +112,7 @@ impl Dev<'_> {
             refs: 0,
         };
         self.b.mem.used_gran += need;
+        self.b.mem.peak_gran = self.b.mem.peak_gran.max(self.b.mem.used_gran);
         self.b.mem.cursor = picked[need as usize - 1] + 1;
         let p = &mut self.b.procs[owner as usize];
         p.held += need as u64 * GRANULE;

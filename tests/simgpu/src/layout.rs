@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64};
 use crate::robust::RobustMutex;
 
 pub const MAGIC: [u8; 8] = *b"SIMGPU\0\0";
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
 
 /// Allocation granularity: every allocation takes whole 2 MiB granules.
 pub const GRANULE: u64 = 2 << 20;
@@ -210,7 +210,8 @@ pub struct MemState {
     pub used_gran: u32,
     pub cursor: u32,
     pub next_generation: u32,
-    pub _pad: u32,
+    /// The most granules ever in use at once on the device (all processes together).
+    pub peak_gran: u32,
 }
 
 #[repr(C)]

@@ -11,7 +11,8 @@ pub mod clock;
 pub mod dev;
 pub mod engine;
 pub mod layout;
-pub mod robust;
+/// The robust mutex lives in `cuslice-shm`, shared with cuslice's ledger.
+pub use cuslice_shm::robust;
 pub mod snapshot;
 pub mod state;
 

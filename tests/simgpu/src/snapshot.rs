@@ -28,6 +28,8 @@ pub struct DeviceSnap {
     pub total: u64,
     pub used: u64,
     pub free: u64,
+    /// The most memory ever in use at once on the device, by all processes together.
+    pub peak_used: u64,
     /// Percent of the last second during which the engine ran work.
     pub utilization: u32,
     pub busy_ns: u64,
@@ -138,6 +140,7 @@ impl State {
             total: dev.total(),
             used: dev.used(),
             free: dev.free(),
+            peak_used: dev.peak_used(),
             utilization: (busy * 100 / (1000 * MS)).min(100) as u32,
             busy_ns: dev.b.engine.busy_ns,
             processes,

@@ -13,6 +13,7 @@ use crate::clock::{self, MS};
 use crate::dev::{Dev, Reclaimed};
 use crate::layout::*;
 use crate::robust::Locked;
+use cuslice_shm::liveness;
 
 /// Inode number of the initial PID namespace (`PROC_PID_INIT_INO` in the kernel).
 const INIT_PIDNS_INO: u64 = 0xEFFF_FFFC;
@@ -409,22 +410,6 @@ impl State {
         (s != NONE).then_some(s)
     }
 
-    fn liveness_lock(&self, s: u32, cmd: i32, kind: i32) -> io::Result<libc::flock> {
-        // SAFETY: flock is plain data; zero is a valid start.
-        let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-        fl.l_type = kind as i16;
-        fl.l_whence = libc::SEEK_SET as i16;
-        fl.l_start = LIVENESS_LOCK_BASE + s as i64;
-        fl.l_len = 1;
-        // SAFETY: fcntl with an OFD lock command and a valid flock pointer.
-        let r = unsafe { libc::fcntl(self.file.as_raw_fd(), cmd, &mut fl) };
-        if r < 0 {
-            Err(io::Error::last_os_error())
-        } else {
-            Ok(fl)
-        }
-    }
-
     /// Whether the process in slot `s` is alive: its liveness lock is held (the kernel drops it
     /// when the process dies, however it dies).
     pub fn slot_alive(&self, s: u32) -> bool {
@@ -435,10 +420,7 @@ impl State {
         if self.my_slot() == Some(s) {
             return true; // our own lock does not conflict with our own query
         }
-        match self.liveness_lock(s, libc::F_OFD_GETLK, libc::F_WRLCK) {
-            Ok(fl) => fl.l_type != libc::F_UNLCK as i16,
-            Err(_) => true, // cannot tell: never reclaim what may be alive
-        }
+        liveness::held_by_other(self.file.as_raw_fd(), LIVENESS_LOCK_BASE + s as i64)
     }
 
     /// Registers this process (once); returns its slot.
@@ -454,10 +436,7 @@ impl State {
             if slot.state.load(Ordering::Acquire) != SLOT_FREE {
                 continue;
             }
-            if self
-                .liveness_lock(s, libc::F_OFD_SETLK, libc::F_WRLCK)
-                .is_err()
-            {
+            if liveness::hold(self.file.as_raw_fd(), LIVENESS_LOCK_BASE + s as i64).is_err() {
                 continue;
             }
             slot.generation.fetch_add(1, Ordering::Relaxed);

@@ -1,0 +1,413 @@
+//! Memory no allocation call reveals: what creating a context takes (its local memory, its
+//! stacks, the driver's bookkeeping) and what loading a module or library takes (code, constant
+//! and global data). cuslice measures it where it appears:
+//!
+//! - a context: the drop in the device's used memory (NVML) across its creation, less whatever
+//!   this process charged meanwhile. The figure is kept in the ledger per device; the next
+//!   context reserves that much before it is created and settles to its own measurement after.
+//! - a module or library: the drop in the device's free memory (cuMemGetInfo) across the load,
+//!   less this process's own charges meanwhile, charged after the load; if it does not fit, the
+//!   module is unloaded again and the load refused.
+//!
+//! Other processes allocating at the same moment can only make a measurement larger (the safe
+//! direction); one freeing at that moment can make it smaller. Destroying a context (or the last
+//! release or a reset of a primary context) gives back everything made in it.
+
+#![allow(non_snake_case)]
+
+use std::ffi::{c_char, c_int, c_uint, c_void};
+use std::sync::atomic::Ordering;
+
+use cuda_abi::*;
+
+use crate::hooks::real;
+use crate::slice::{self, Charge, OWN_CHARGED, Slice};
+
+fn own_charged() -> u64 {
+    OWN_CHARGED.load(Ordering::Relaxed)
+}
+
+/// Creates a context on device `cudev` with `make`, charging its hidden memory.
+fn create(cudev: CUdevice, out: *mut CUcontext, make: impl FnOnce() -> CUresult) -> CUresult {
+    let s = match slice::active() {
+        Err(e) => return e,
+        Ok(None) => return make(),
+        Ok(Some(s)) => s,
+    };
+    let Some(dev) = s.dev_by_cudev(cudev) else {
+        return make();
+    };
+    let Some(d) = s.devs().get(dev) else {
+        return make();
+    };
+    let (index, uuid) = (d.index, d.uuid);
+    let estimate = s.ledger.context_overhead(index);
+    if let Err(e) = s.reserve(dev, estimate) {
+        return e;
+    }
+    let before = crate::nvml::device_used(&uuid);
+    let own0 = own_charged();
+    let r = make();
+    if !r.is_ok() {
+        s.release(dev, estimate);
+        return r;
+    }
+    let after = crate::nvml::device_used(&uuid);
+    let own1 = own_charged();
+    let measured = match (before, after) {
+        (Some(b), Some(a)) => a.saturating_sub(b).saturating_sub(own1.saturating_sub(own0)),
+        _ => estimate,
+    };
+    if measured > 0 {
+        s.ledger.set_context_overhead(index, measured);
+    }
+    // SAFETY: written by the driver on success.
+    let ctx = unsafe { *out } as usize;
+    if let Err(e) = s.settle(dev, estimate, measured) {
+        if let Some(f) = real::cuCtxDestroy_v2() {
+            // SAFETY: destroys the context just made, which the caller has not seen.
+            unsafe { f(ctx as CUcontext) };
+        }
+        return e;
+    }
+    crate::log::debug!("context on device {dev}: {measured} bytes of overhead");
+    slice::local(|l| l.contexts.insert(ctx, Charge { dev, bytes: measured, ctx }));
+    r
+}
+
+/// # Safety
+/// The CUDA driver API contract of cuCtxCreate (the pre-3.2 ABI).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxCreate(ctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CUresult {
+    let Some(f) = real::cuCtxCreate() else {
+        return CUresult::CUDA_ERROR_NOT_INITIALIZED;
+    };
+    // SAFETY: forwarded unchanged.
+    create(dev, ctx, || unsafe { f(ctx, flags, dev) })
+}
+
+/// # Safety
+/// The CUDA driver API contract of cuCtxCreate_v2.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxCreate_v2(ctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CUresult {
+    let Some(f) = real::cuCtxCreate_v2() else {
+        return CUresult::CUDA_ERROR_NOT_INITIALIZED;
+    };
+    // SAFETY: forwarded unchanged.
+    create(dev, ctx, || unsafe { f(ctx, flags, dev) })
+}
+
+/// # Safety
+/// The CUDA driver API contract of cuCtxCreate_v3.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxCreate_v3(
+    ctx: *mut CUcontext,
+    params: *mut c_void,
+    n: c_int,
+    flags: c_uint,
+    dev: CUdevice,
+) -> CUresult {
+    let Some(f) = real::cuCtxCreate_v3() else {
+        return CUresult::CUDA_ERROR_NOT_INITIALIZED;
+    };
+    // SAFETY: forwarded unchanged.
+    create(dev, ctx, || unsafe { f(ctx, params, n, flags, dev) })
+}
+
+/// # Safety
+/// The CUDA driver API contract of cuCtxCreate_v4.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxCreate_v4(
+    ctx: *mut CUcontext,
+    params: *mut c_void,
+    flags: c_uint,
+    dev: CUdevice,
+) -> CUresult {
+    let Some(f) = real::cuCtxCreate_v4() else {
+        return CUresult::CUDA_ERROR_NOT_INITIALIZED;
+    };
+    // SAFETY: forwarded unchanged.
+    create(dev, ctx, || unsafe { f(ctx, params, flags, dev) })
+}
+
+fn destroyed(ctx: CUcontext, r: CUresult) -> CUresult {
+    if r.is_ok()
+        && let Ok(Some(s)) = slice::active()
+    {
+        slice::context_gone(s, ctx as usize);
+    }
+    r
+}
+
+/// # Safety
+/// The CUDA driver API contract of cuCtxDestroy.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxDestroy(ctx: CUcontext) -> CUresult {
+    let Some(f) = real::cuCtxDestroy() else {
+        return CUresult::CUDA_ERROR_NOT_INITIALIZED;
+    };
+    // SAFETY: forwarded unchanged.
+    destroyed(ctx, unsafe { f(ctx) })
+}
+
+/// # Safety
+/// The CUDA driver API contract of cuCtxDestroy_v2.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult {
+    let Some(f) = real::cuCtxDestroy_v2() else {
+        return CUresult::CUDA_ERROR_NOT_INITIALIZED;
+    };
+    // SAFETY: forwarded unchanged.
+    destroyed(ctx, unsafe { f(ctx) })
+}
+
+/// # Safety
+/// The CUDA driver API contract of cuDevicePrimaryCtxRetain.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(ctx: *mut CUcontext, dev: CUdevice) -> CUresult {
+    let Some(f) = real::cuDevicePrimaryCtxRetain() else {
+        return CUresult::CUDA_ERROR_NOT_INITIALIZED;
+    };
+    // SAFETY: forwarded unchanged.
+    let call = || unsafe { f(ctx, dev) };
+    let Ok(Some(s)) = slice::active() else {
+        return call();
+    };
+    let Some(o) = s.dev_by_cudev(dev) else {
+        return call();
+    };
+    let live = slice::local(|l| l.primary.get(&o).is_some_and(|p| p.1 > 0));
+    let r = if live { call() } else { create(dev, ctx, call) };
+    if r.is_ok() {
+        // SAFETY: written by the driver on success.
+        let c = unsafe { *ctx } as usize;
+        slice::local(|l| {
+            let e = l.primary.entry(o).or_insert((c, 0));
+            e.0 = c;
+            e.1 += 1;
+        });
+    }
+    r
+}
+
+fn primary_released(s: &Slice, dev: CUdevice, reset: bool) {
+    let Some(o) = s.dev_by_cudev(dev) else { return };
+    let gone = slice::local(|l| match l.primary.get_mut(&o) {
+        Some(p) if reset || p.1 <= 1 => l.primary.remove(&o).map(|p| p.0),
+        Some(p) => {
+            p.1 -= 1;
+            None
+        }
+        None => None,
+    });
+    if let Some(ctx) = gone {
+        slice::context_gone(s, ctx);
+    }
+}
+
+macro_rules! primary_wrappers {
+    ($($name:ident reset=$reset:expr;)*) => {$(
+        /// # Safety
+        /// The CUDA driver API contract of the function of the same name.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(dev: CUdevice) -> CUresult {
+            let Some(f) = real::$name() else {
+                return CUresult::CUDA_ERROR_NOT_INITIALIZED;
+            };
+            // SAFETY: forwarded unchanged.
+            let r = unsafe { f(dev) };
+            if r.is_ok()
+                && let Ok(Some(s)) = slice::active()
+            {
+                primary_released(s, dev, $reset);
+            }
+            r
+        }
+    )*};
+}
+
+primary_wrappers! {
+    cuDevicePrimaryCtxRelease reset=false;
+    cuDevicePrimaryCtxRelease_v2 reset=false;
+    cuDevicePrimaryCtxReset reset=true;
+    cuDevicePrimaryCtxReset_v2 reset=true;
+}
+
+// ---- modules and libraries -------------------------------------------------------------------
+
+fn free_now() -> Option<u64> {
+    let f = real::cuMemGetInfo_v2()?;
+    let (mut free, mut total) = (0usize, 0usize);
+    // SAFETY: valid out-pointers.
+    (unsafe { f(&mut free, &mut total) }).is_ok().then_some(free as u64)
+}
+
+/// Loads with `load` (which writes the handle to `out`), charging what the load took.
+/// `per_context`: a module lives in the current context; a library in none.
+fn load(out: *mut *mut c_void, per_context: bool, load: impl FnOnce() -> CUresult, unload: impl FnOnce(*mut c_void)) -> CUresult {
+    let s = match slice::active() {
+        Err(e) => return e,
+        Ok(None) => return load(),
+        Ok(Some(s)) => s,
+    };
+    let Some((ctx, dev)) = slice::current(s) else {
+        return load();
+    };
+    let (free0, own0) = (free_now(), own_charged());
+    let r = load();
+    if !r.is_ok() {
+        return r;
+    }
+    let (free1, own1) = (free_now(), own_charged());
+    let took = match (free0, free1) {
+        (Some(a), Some(b)) => a.saturating_sub(b).saturating_sub(own1.saturating_sub(own0)),
+        _ => 0,
+    };
+    // SAFETY: written by the driver on success.
+    let h = unsafe { *out };
+    if let Err(e) = s.reserve(dev, took) {
+        unload(h);
+        return e;
+    }
+    let ctx = if per_context { ctx } else { 0 };
+    slice::local(|l| l.modules.insert(h as usize, Charge { dev, bytes: took, ctx }));
+    r
+}
+
+fn unload_module(m: *mut c_void) {
+    if let Some(f) = real::cuModuleUnload() {
+        // SAFETY: unloads the module just loaded.
+        unsafe { f(m) };
+    }
+}
+
+fn unload_library(l: *mut c_void) {
+    if let Some(f) = real::cuLibraryUnload() {
+        // SAFETY: unloads the library just loaded.
+        unsafe { f(l) };
+    }
+}
+
+fn unloaded(h: *mut c_void, r: CUresult) -> CUresult {
+    if r.is_ok()
+        && let Ok(Some(s)) = slice::active()
+        && let Some(c) = slice::local(|l| l.modules.remove(&(h as usize)))
+    {
+        s.release(c.dev, c.bytes);
+    }
+    r
+}
+
+/// # Safety
+/// The CUDA driver API contract of cuModuleLoad.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuModuleLoad(m: *mut CUmodule, path: *const c_char) -> CUresult {
+    let Some(f) = real::cuModuleLoad() else {
+        return CUresult::CUDA_ERROR_NOT_INITIALIZED;
+    };
+    // SAFETY: forwarded unchanged.
+    load(m, true, || unsafe { f(m, path) }, unload_module)
+}
+
+/// # Safety
+/// The CUDA driver API contract of cuModuleLoadData.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuModuleLoadData(m: *mut CUmodule, image: *const c_void) -> CUresult {
+    let Some(f) = real::cuModuleLoadData() else {
+        return CUresult::CUDA_ERROR_NOT_INITIALIZED;
+    };
+    // SAFETY: forwarded unchanged.
+    load(m, true, || unsafe { f(m, image) }, unload_module)
+}
+
+/// # Safety
+/// The CUDA driver API contract of cuModuleLoadDataEx.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuModuleLoadDataEx(
+    m: *mut CUmodule,
+    image: *const c_void,
+    n: c_uint,
+    opts: *mut c_int,
+    vals: *mut *mut c_void,
+) -> CUresult {
+    let Some(f) = real::cuModuleLoadDataEx() else {
+        return CUresult::CUDA_ERROR_NOT_INITIALIZED;
+    };
+    // SAFETY: forwarded unchanged.
+    load(m, true, || unsafe { f(m, image, n, opts, vals) }, unload_module)
+}
+
+/// # Safety
+/// The CUDA driver API contract of cuModuleLoadFatBinary.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuModuleLoadFatBinary(m: *mut CUmodule, image: *const c_void) -> CUresult {
+    let Some(f) = real::cuModuleLoadFatBinary() else {
+        return CUresult::CUDA_ERROR_NOT_INITIALIZED;
+    };
+    // SAFETY: forwarded unchanged.
+    load(m, true, || unsafe { f(m, image) }, unload_module)
+}
+
+/// # Safety
+/// The CUDA driver API contract of cuModuleUnload.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuModuleUnload(m: CUmodule) -> CUresult {
+    let Some(f) = real::cuModuleUnload() else {
+        return CUresult::CUDA_ERROR_NOT_INITIALIZED;
+    };
+    // SAFETY: forwarded unchanged.
+    unloaded(m, unsafe { f(m) })
+}
+
+/// # Safety
+/// The CUDA driver API contract of cuLibraryLoadData.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLibraryLoadData(
+    lib: *mut CUlibrary,
+    code: *const c_void,
+    jit_opts: *mut c_int,
+    jit_vals: *mut *mut c_void,
+    n_jit: c_uint,
+    lib_opts: *mut c_int,
+    lib_vals: *mut *mut c_void,
+    n_lib: c_uint,
+) -> CUresult {
+    let Some(f) = real::cuLibraryLoadData() else {
+        return CUresult::CUDA_ERROR_NOT_INITIALIZED;
+    };
+    // SAFETY: forwarded unchanged.
+    let call = || unsafe { f(lib, code, jit_opts, jit_vals, n_jit, lib_opts, lib_vals, n_lib) };
+    load(lib, false, call, unload_library)
+}
+
+/// # Safety
+/// The CUDA driver API contract of cuLibraryLoadFromFile.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLibraryLoadFromFile(
+    lib: *mut CUlibrary,
+    path: *const c_char,
+    jit_opts: *mut c_int,
+    jit_vals: *mut *mut c_void,
+    n_jit: c_uint,
+    lib_opts: *mut c_int,
+    lib_vals: *mut *mut c_void,
+    n_lib: c_uint,
+) -> CUresult {
+    let Some(f) = real::cuLibraryLoadFromFile() else {
+        return CUresult::CUDA_ERROR_NOT_INITIALIZED;
+    };
+    // SAFETY: forwarded unchanged.
+    let call = || unsafe { f(lib, path, jit_opts, jit_vals, n_jit, lib_opts, lib_vals, n_lib) };
+    load(lib, false, call, unload_library)
+}
+
+/// # Safety
+/// The CUDA driver API contract of cuLibraryUnload.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLibraryUnload(lib: CUlibrary) -> CUresult {
+    let Some(f) = real::cuLibraryUnload() else {
+        return CUresult::CUDA_ERROR_NOT_INITIALIZED;
+    };
+    // SAFETY: forwarded unchanged.
+    unloaded(lib, unsafe { f(lib) })
+}

@@ -1,0 +1,549 @@
+//! The slice's ledger: what every process of the slice holds on each device, shared through a
+//! mapped file (`$CUSLICE_STATE_DIR/ledger`, or the directory the hook mounts), or through an
+//! anonymous mapping when a process is a slice of its own.
+//!
+//! Layout: a versioned header, a table of devices (by UUID: the cap, the total held, the peak,
+//! refusals, the last measured context overhead) and a table of process slots (pid and what the
+//! process holds on each device). The per-process charges are the truth; a device's `used` is
+//! their sum, kept up to date under the device's robust mutex, so "check and reserve" is one
+//! step for every process of the slice.
+//!
+//! SIGKILL at any instruction: a process that dies holding a device lock leaves the lock to the
+//! next locker flagged EOWNERDEAD, which recomputes `used` from the charges; a dead process's
+//! liveness lock (an OFD lock on one byte of the file) is dropped by the kernel, and its charges
+//! are reclaimed by the next sweep, which runs before any refusal and on every memory read.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
+
+use cuslice_shm::{Locked, RobustMutex, liveness};
+
+pub const MAGIC: [u8; 8] = *b"CUSLICE\x00";
+pub const VERSION: u32 = 1;
+pub const MAX_DEVICES: usize = 64;
+pub const MAX_PROCS: usize = 1024;
+/// Liveness locks sit far past the end of the file (OFD locks need no backing bytes).
+const LIVENESS_BASE: i64 = 1 << 40;
+pub const FILE_NAME: &str = "ledger";
+
+const FREE: u32 = 0;
+const LIVE: u32 = 1;
+const LIMIT_UNSET: u64 = u64::MAX;
+
+#[repr(C)]
+pub struct Header {
+    magic: [u8; 8],
+    version: u32,
+    header_size: u32,
+    file_size: u64,
+    max_devices: u32,
+    max_procs: u32,
+    table_lock: RobustMutex,
+    devices: [DeviceRec; MAX_DEVICES],
+    procs: [ProcRec; MAX_PROCS],
+}
+
+#[repr(C)]
+pub struct DeviceRec {
+    lock: RobustMutex,
+    state: AtomicU32,
+    _pad: u32,
+    /// The device's UUID, as two words (written once, under the table lock, before `state`).
+    uuid: [AtomicU64; 2],
+    /// The cap in bytes; LIMIT_UNSET when no process of the slice has set one.
+    limit: AtomicU64,
+    used: AtomicU64,
+    peak: AtomicU64,
+    refusals: AtomicU64,
+    context_overhead: AtomicU64,
+}
+
+fn uuid_words(u: &[u8; 16]) -> (u64, u64) {
+    let (a, b) = u.split_at(8);
+    let w = |x: &[u8]| x.iter().fold(0u64, |acc, b| acc << 8 | *b as u64);
+    (w(a), w(b))
+}
+
+impl DeviceRec {
+    fn has_uuid(&self, u: &[u8; 16]) -> bool {
+        let (a, b) = uuid_words(u);
+        self.uuid[0].load(Ordering::Relaxed) == a && self.uuid[1].load(Ordering::Relaxed) == b
+    }
+}
+
+#[repr(C)]
+pub struct ProcRec {
+    state: AtomicU32,
+    generation: AtomicU32,
+    pid: AtomicI32,
+    _pad: u32,
+    charged: [AtomicU64; MAX_DEVICES],
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LedgerError {
+    #[error("cannot use {path}: {err}")]
+    Io { path: PathBuf, err: io::Error },
+    #[error(
+        "{path} is not a cuslice ledger (it does not start with cuslice's magic bytes); move it away or point CUSLICE_STATE_DIR at another directory"
+    )]
+    Foreign { path: PathBuf },
+    #[error(
+        "{path} is a cuslice ledger of version {found}, this library reads version {VERSION}; stop the processes using it and remove it, or use another CUSLICE_STATE_DIR"
+    )]
+    Version { path: PathBuf, found: u32 },
+    #[error(
+        "{path} is damaged (size {found} bytes, its header says {expected}); stop the processes using it and remove it"
+    )]
+    Damaged { path: PathBuf, found: u64, expected: u64 },
+    #[error("{path}: all {MAX_PROCS} process slots are in use")]
+    Full { path: PathBuf },
+    #[error("{path}: all {MAX_DEVICES} device slots are in use")]
+    DevicesFull { path: PathBuf },
+    #[error(
+        "the memory cap {asked} for device {uuid} differs from the cap {recorded} the slice in {path} already has; processes of one slice must agree (or leave it unset to inherit)"
+    )]
+    CapConflict { path: PathBuf, uuid: String, asked: String, recorded: String },
+}
+
+/// A refusal: the request would take the slice past its cap.
+#[derive(Debug, Clone, Copy)]
+pub struct OverCap {
+    pub used: u64,
+    pub limit: u64,
+}
+
+pub struct Ledger {
+    map: *mut Header,
+    len: usize,
+    /// The backing file; None for a private (anonymous) ledger.
+    file: Option<File>,
+    path: PathBuf,
+    /// This process's slot once registered (u32::MAX before).
+    me: AtomicU32,
+}
+
+// SAFETY: the mapping is shared memory accessed only through atomics and under robust mutexes.
+unsafe impl Send for Ledger {}
+// SAFETY: as above.
+unsafe impl Sync for Ledger {}
+
+fn size() -> usize {
+    std::mem::size_of::<Header>()
+}
+
+impl Ledger {
+    /// A ledger only this process uses (no CUSLICE_STATE_DIR): same code, anonymous memory.
+    pub fn private() -> Result<Ledger, LedgerError> {
+        let path = PathBuf::from("(private)");
+        // SAFETY: a fresh anonymous shared mapping of the header's size.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                size(),
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(LedgerError::Io { path, err: io::Error::last_os_error() });
+        }
+        let l = Ledger { map: p.cast(), len: size(), file: None, path, me: AtomicU32::new(u32::MAX) };
+        // SAFETY: the mapping is new and ours alone.
+        unsafe { l.format() }.map_err(|err| LedgerError::Io { path: l.path.clone(), err })?;
+        Ok(l)
+    }
+
+    /// Opens `dir/ledger`, creating the directory and the file if needed. Racing creators agree:
+    /// the file is formatted under a temporary name and linked into place atomically.
+    pub fn open_dir(dir: &Path) -> Result<Ledger, LedgerError> {
+        let path = dir.join(FILE_NAME);
+        let io = |err| LedgerError::Io { path: path.clone(), err };
+        std::fs::create_dir_all(dir).map_err(|err| LedgerError::Io { path: dir.to_path_buf(), err })?;
+        loop {
+            match OpenOptions::new().read(true).write(true).open(&path) {
+                Ok(f) => return Ledger::attach(f, path),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io(e)),
+            }
+            let tmp = dir.join(format!(".{FILE_NAME}.{}.tmp", std::process::id()));
+            let f = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&tmp)
+                .map_err(io)?;
+            let made = (|| {
+                f.set_len(size() as u64)?;
+                let l = Ledger::map_file(&f, &tmp)?;
+                // SAFETY: the file is new, under a name no other process opens.
+                unsafe { l.format() }?;
+                std::fs::hard_link(&tmp, &path)
+            })();
+            let _ = std::fs::remove_file(&tmp);
+            match made {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(io(e)),
+            }
+        }
+    }
+
+    fn map_file(f: &File, path: &Path) -> io::Result<Ledger> {
+        // SAFETY: maps the whole (already sized) file shared; checked for failure.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                size(),
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                f.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Ledger {
+            map: p.cast(),
+            len: size(),
+            file: Some(f.try_clone()?),
+            path: path.to_path_buf(),
+            me: AtomicU32::new(u32::MAX),
+        })
+    }
+
+    fn attach(mut f: File, path: PathBuf) -> Result<Ledger, LedgerError> {
+        let io = |err| LedgerError::Io { path: path.clone(), err };
+        let found = f.metadata().map_err(io)?.len();
+        let mut head = [0u8; 24];
+        let n = f.read(&mut head).map_err(io)?;
+        if n < 8 || head[..8] != MAGIC {
+            return Err(LedgerError::Foreign { path });
+        }
+        let version = u32::from_ne_bytes([head[8], head[9], head[10], head[11]]);
+        if n < 24 || version != VERSION {
+            return Err(LedgerError::Version { path, found: version });
+        }
+        let header_size = u32::from_ne_bytes([head[12], head[13], head[14], head[15]]);
+        let expected = u64::from_ne_bytes([
+            head[16], head[17], head[18], head[19], head[20], head[21], head[22], head[23],
+        ]);
+        if found != expected || expected != size() as u64 || header_size as usize != size() {
+            return Err(LedgerError::Damaged { path, found, expected });
+        }
+        Ledger::map_file(&f, &path).map_err(io)
+    }
+
+    /// # Safety
+    /// The mapping must be new and unused by anyone else.
+    unsafe fn format(&self) -> io::Result<()> {
+        let h = self.map;
+        // SAFETY: per the contract the memory is ours; fields are written before anyone reads.
+        unsafe {
+            (*h).version = VERSION;
+            (*h).header_size = size() as u32;
+            (*h).file_size = size() as u64;
+            (*h).max_devices = MAX_DEVICES as u32;
+            (*h).max_procs = MAX_PROCS as u32;
+            (*h).table_lock.init()?;
+            for d in (*h).devices.iter() {
+                d.lock.init()?;
+                d.limit.store(LIMIT_UNSET, Ordering::Relaxed);
+            }
+            // The magic last: a file is recognised only when it is complete.
+            (*h).magic = MAGIC;
+        }
+        Ok(())
+    }
+
+    fn header(&self) -> &Header {
+        // SAFETY: the mapping lives as long as `self` and was validated or formatted.
+        unsafe { &*self.map }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn dev(&self, d: u32) -> Option<&DeviceRec> {
+        self.header().devices.get(d as usize)
+    }
+
+    fn lock_table(&self) -> TableGuard<'_> {
+        let lock = &self.header().table_lock;
+        // Nothing under the table lock is left half-done in a way a reader could trip on: slots
+        // and devices turn LIVE/used only after their fields are written.
+        if let Ok(Locked::OwnerDied) = lock.lock() {
+            lock.mark_consistent();
+        }
+        TableGuard { lock }
+    }
+
+    fn lock_dev<'a>(&'a self, rec: &'a DeviceRec, d: usize) -> DevGuard<'a> {
+        if let Ok(Locked::OwnerDied) = rec.lock.lock() {
+            // The dead owner may have updated a charge and not `used` (or the other way round):
+            // the charges are the truth.
+            let sum = self
+                .header()
+                .procs
+                .iter()
+                .filter(|p| p.state.load(Ordering::Acquire) == LIVE)
+                .filter_map(|p| p.charged.get(d))
+                .map(|c| c.load(Ordering::Relaxed))
+                .fold(0u64, u64::saturating_add);
+            rec.used.store(sum, Ordering::Relaxed);
+            rec.lock.mark_consistent();
+        }
+        DevGuard { rec }
+    }
+
+    fn alive(&self, s: usize) -> bool {
+        if s as u32 == self.me.load(Ordering::Relaxed) {
+            // Our own lock never conflicts with our own query.
+            return true;
+        }
+        match &self.file {
+            // Private ledgers have one process: this one.
+            None => true,
+            Some(f) => liveness::held_by_other(f.as_raw_fd(), LIVENESS_BASE + s as i64),
+        }
+    }
+
+    /// Takes a process slot for this process.
+    pub fn register(&self) -> Result<u32, LedgerError> {
+        let _g = self.lock_table();
+        self.sweep_locked(None);
+        for (s, p) in self.header().procs.iter().enumerate() {
+            if p.state.load(Ordering::Acquire) != FREE {
+                continue;
+            }
+            if let Some(f) = &self.file
+                && liveness::hold(f.as_raw_fd(), LIVENESS_BASE + s as i64).is_err()
+            {
+                continue;
+            }
+            p.generation.fetch_add(1, Ordering::Relaxed);
+            p.pid.store(std::process::id() as i32, Ordering::Relaxed);
+            for c in p.charged.iter() {
+                c.store(0, Ordering::Relaxed);
+            }
+            p.state.store(LIVE, Ordering::Release);
+            self.me.store(s as u32, Ordering::Relaxed);
+            return Ok(s as u32);
+        }
+        Err(LedgerError::Full { path: self.path.clone() })
+    }
+
+    /// Reclaims what dead processes hold; returns the bytes given back.
+    pub fn sweep(&self, me: u32) -> u64 {
+        let _g = self.lock_table();
+        self.sweep_locked(Some(me))
+    }
+
+    fn sweep_locked(&self, me: Option<u32>) -> u64 {
+        if self.file.is_none() {
+            return 0;
+        }
+        let mut freed = 0;
+        for (s, p) in self.header().procs.iter().enumerate() {
+            if p.state.load(Ordering::Acquire) != LIVE || Some(s as u32) == me || self.alive(s) {
+                continue;
+            }
+            for (d, rec) in self.header().devices.iter().enumerate() {
+                let Some(c) = p.charged.get(d) else { continue };
+                if c.load(Ordering::Relaxed) == 0 {
+                    continue;
+                }
+                let _g = self.lock_dev(rec, d);
+                let n = c.swap(0, Ordering::Relaxed);
+                rec.used.store(rec.used.load(Ordering::Relaxed).saturating_sub(n), Ordering::Relaxed);
+                freed += n;
+            }
+            p.state.store(FREE, Ordering::Release);
+        }
+        freed
+    }
+
+    /// The device record for `uuid`, made if new. `cap` is this process's configured cap (None:
+    /// inherit whatever the slice has). Returns the index and the slice's cap for the device.
+    pub fn device(&self, uuid: [u8; 16], cap: Option<u64>) -> Result<(u32, Option<u64>), LedgerError> {
+        let _g = self.lock_table();
+        let devices = &self.header().devices;
+        let found = devices
+            .iter()
+            .position(|d| d.state.load(Ordering::Acquire) == LIVE && d.has_uuid(&uuid));
+        let i = match found {
+            Some(i) => i,
+            None => {
+                let i = devices
+                    .iter()
+                    .position(|d| d.state.load(Ordering::Acquire) == FREE)
+                    .ok_or_else(|| LedgerError::DevicesFull { path: self.path.clone() })?;
+                let (a, b) = uuid_words(&uuid);
+                devices[i].uuid[0].store(a, Ordering::Relaxed);
+                devices[i].uuid[1].store(b, Ordering::Relaxed);
+                i
+            }
+        };
+        let rec = &devices[i];
+        let recorded = rec.limit.load(Ordering::Relaxed);
+        let effective = match (cap, recorded) {
+            (None, LIMIT_UNSET) => None,
+            (None, r) => Some(r),
+            (Some(c), LIMIT_UNSET) => {
+                rec.limit.store(c, Ordering::Relaxed);
+                Some(c)
+            }
+            (Some(c), r) if c == r => Some(c),
+            (Some(c), r) => {
+                return Err(LedgerError::CapConflict {
+                    path: self.path.clone(),
+                    uuid: crate::slice::uuid_string(&uuid),
+                    asked: cuslice_policy::format_size(c),
+                    recorded: cuslice_policy::format_size(r),
+                });
+            }
+        };
+        rec.state.store(LIVE, Ordering::Release);
+        Ok((i as u32, effective))
+    }
+
+    /// Checks and reserves `bytes` for process `me` on device `d` in one step.
+    pub fn reserve(&self, me: u32, d: u32, bytes: u64) -> Result<(), OverCap> {
+        let (Some(rec), Some(p)) = (self.dev(d), self.header().procs.get(me as usize)) else {
+            return Err(OverCap { used: 0, limit: 0 });
+        };
+        let Some(charge) = p.charged.get(d as usize) else {
+            return Err(OverCap { used: 0, limit: 0 });
+        };
+        let _g = self.lock_dev(rec, d as usize);
+        let used = rec.used.load(Ordering::Relaxed);
+        let limit = rec.limit.load(Ordering::Relaxed);
+        let after = used.saturating_add(bytes);
+        if after > limit {
+            return Err(OverCap { used, limit });
+        }
+        charge.store(charge.load(Ordering::Relaxed) + bytes, Ordering::Relaxed);
+        rec.used.store(after, Ordering::Relaxed);
+        if after > rec.peak.load(Ordering::Relaxed) {
+            rec.peak.store(after, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Gives back `bytes` process `me` held on device `d`.
+    pub fn release(&self, me: u32, d: u32, bytes: u64) {
+        let (Some(rec), Some(p)) = (self.dev(d), self.header().procs.get(me as usize)) else {
+            return;
+        };
+        let Some(charge) = p.charged.get(d as usize) else { return };
+        let _g = self.lock_dev(rec, d as usize);
+        let n = bytes.min(charge.load(Ordering::Relaxed));
+        charge.store(charge.load(Ordering::Relaxed) - n, Ordering::Relaxed);
+        rec.used.store(rec.used.load(Ordering::Relaxed).saturating_sub(n), Ordering::Relaxed);
+    }
+
+    pub fn note_refusal(&self, d: u32) {
+        if let Some(rec) = self.dev(d) {
+            rec.refusals.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// What the whole slice holds on device `d`.
+    pub fn used(&self, d: u32) -> u64 {
+        self.dev(d).map_or(0, |r| r.used.load(Ordering::Relaxed))
+    }
+
+    /// The slice's cap on device `d`, if any.
+    pub fn limit(&self, d: u32) -> Option<u64> {
+        self.dev(d)
+            .map(|r| r.limit.load(Ordering::Relaxed))
+            .filter(|l| *l != LIMIT_UNSET)
+    }
+
+    /// What process slot `s` holds on device `d`.
+    pub fn charged(&self, s: u32, d: u32) -> u64 {
+        self.header()
+            .procs
+            .get(s as usize)
+            .and_then(|p| p.charged.get(d as usize))
+            .map_or(0, |c| c.load(Ordering::Relaxed))
+    }
+
+    /// The device index for `uuid`, if some process of the slice registered it.
+    pub fn find(&self, uuid: &[u8; 16]) -> Option<u32> {
+        self.header()
+            .devices
+            .iter()
+            .position(|d| d.state.load(Ordering::Acquire) == LIVE && d.has_uuid(uuid))
+            .map(|i| i as u32)
+    }
+
+    /// The last context overhead measured on device `d` by any process of the slice.
+    pub fn context_overhead(&self, d: u32) -> u64 {
+        self.dev(d).map_or(0, |r| r.context_overhead.load(Ordering::Relaxed))
+    }
+
+    pub fn set_context_overhead(&self, d: u32, bytes: u64) {
+        if let Some(r) = self.dev(d) {
+            r.context_overhead.store(bytes, Ordering::Relaxed);
+        }
+    }
+
+    /// Process ids of the slice's live processes.
+    pub fn pids(&self) -> Vec<i32> {
+        self.header()
+            .procs
+            .iter()
+            .enumerate()
+            .filter(|(s, p)| p.state.load(Ordering::Acquire) == LIVE && self.alive(*s))
+            .map(|(_, p)| p.pid.load(Ordering::Relaxed))
+            .collect()
+    }
+
+    /// In a forked child: the descriptor (and with it the parent's liveness lock) must go; the
+    /// child registers afresh through a new `Ledger`.
+    pub fn forget_in_child(&mut self) {
+        if let Some(f) = self.file.take() {
+            // SAFETY: closing our own descriptor; async-signal-safe, allowed after fork.
+            unsafe { libc::close(std::os::fd::IntoRawFd::into_raw_fd(f)) };
+        }
+    }
+}
+
+impl Drop for Ledger {
+    fn drop(&mut self) {
+        // SAFETY: unmapping our own mapping; nothing borrowed from it outlives `self`.
+        unsafe { libc::munmap(self.map.cast(), self.len) };
+    }
+}
+
+struct TableGuard<'a> {
+    lock: &'a RobustMutex,
+}
+
+impl Drop for TableGuard<'_> {
+    fn drop(&mut self) {
+        self.lock.unlock();
+    }
+}
+
+struct DevGuard<'a> {
+    rec: &'a DeviceRec,
+}
+
+impl Drop for DevGuard<'_> {
+    fn drop(&mut self) {
+        self.rec.lock.unlock();
+    }
+}
+

@@ -1,0 +1,209 @@
+//! cuMemAlloc, cuMemAllocPitch and cuMemAllocManaged (both ABIs of each) and cuMemFree.
+//!
+//! Every allocation is reserved in the ledger before the driver is asked, at the size the driver
+//! really takes: the request rounded up to the device's allocation granularity; for pitched
+//! memory the pitch the driver chose times the height (reserved first at a 512-byte-aligned
+//! estimate, then settled to the real figure). Managed memory is charged in full to the current
+//! device when allocated: it can live there whole, and charging it only when it migrates would
+//! let a slice exceed its cap behind the cap's back.
+
+#![allow(non_snake_case)]
+
+use std::ffi::c_uint;
+
+use cuda_abi::*;
+
+use crate::hooks::real;
+use crate::slice::{self, Charge, Slice};
+
+/// The allocation path shared by every family charged by pointer: reserve `estimate`, let the
+/// driver allocate, settle the reservation to `actual(ptr)` (undoing the allocation with `undo`
+/// if the difference does not fit), and record the charge against the pointer.
+pub fn charged_alloc(
+    estimate: u64,
+    alloc: impl FnOnce() -> CUresult,
+    result: impl FnOnce() -> (u64, Option<u64>),
+    undo: impl FnOnce(u64),
+) -> CUresult {
+    let s = match slice::active() {
+        Err(e) => return e,
+        Ok(None) => return alloc(),
+        Ok(Some(s)) => s,
+    };
+    let Some((ctx, dev)) = slice::current(s) else {
+        return alloc();
+    };
+    let reserved = s.rounded(dev, estimate);
+    if let Err(e) = s.reserve(dev, reserved) {
+        return e;
+    }
+    let r = alloc();
+    if !r.is_ok() {
+        s.release(dev, reserved);
+        return r;
+    }
+    let (ptr, actual) = result();
+    let bytes = actual.map_or(reserved, |a| s.rounded(dev, a));
+    if let Err(e) = s.settle(dev, reserved, bytes) {
+        undo(ptr);
+        return e;
+    }
+    slice::local(|l| l.allocs.insert(ptr, Charge { dev, bytes, ctx }));
+    r
+}
+
+/// The free path shared by every family charged by pointer.
+pub fn charged_free(ptr: u64, free: impl FnOnce() -> CUresult) -> CUresult {
+    let r = free();
+    if r.is_ok()
+        && let Ok(Some(s)) = slice::active()
+    {
+        release_ptr(s, ptr);
+    }
+    r
+}
+
+fn release_ptr(s: &Slice, ptr: u64) {
+    if let Some(c) = slice::local(|l| l.allocs.remove(&ptr)) {
+        s.release(c.dev, c.bytes);
+    }
+}
+
+fn free_v2(ptr: CUdeviceptr) {
+    if let Some(f) = real::cuMemFree_v2() {
+        // SAFETY: frees the allocation just made, which nobody else has seen.
+        unsafe { f(ptr) };
+    }
+}
+
+/// # Safety
+/// The CUDA driver API contract of cuMemAlloc_v2.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize) -> CUresult {
+    let Some(f) = real::cuMemAlloc_v2() else {
+        return CUresult::CUDA_ERROR_NOT_INITIALIZED;
+    };
+    charged_alloc(
+        size as u64,
+        // SAFETY: forwarded unchanged.
+        || unsafe { f(dptr, size) },
+        // SAFETY: the driver wrote *dptr on success.
+        || (unsafe { *dptr }, None),
+        free_v2,
+    )
+}
+
+/// # Safety
+/// The CUDA driver API contract of cuMemAlloc (the 32-bit pointer ABI).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAlloc(dptr: *mut CUdeviceptr_v1, size: c_uint) -> CUresult {
+    let Some(f) = real::cuMemAlloc() else {
+        return CUresult::CUDA_ERROR_NOT_INITIALIZED;
+    };
+    charged_alloc(
+        size as u64,
+        // SAFETY: forwarded unchanged.
+        || unsafe { f(dptr, size) },
+        // SAFETY: the driver wrote *dptr on success.
+        || (unsafe { *dptr } as u64, None),
+        free_v1,
+    )
+}
+
+fn free_v1(ptr: u64) {
+    if let Some(f) = real::cuMemFree() {
+        // SAFETY: frees the allocation just made.
+        unsafe { f(ptr as CUdeviceptr_v1) };
+    }
+}
+
+/// Rows of a pitched allocation are padded at least this much by every driver we know of; the
+/// real pitch replaces the estimate as soon as the driver has chosen it.
+const PITCH_ESTIMATE_ALIGN: u64 = 512;
+
+/// # Safety
+/// The CUDA driver API contract of cuMemAllocPitch_v2.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocPitch_v2(
+    dptr: *mut CUdeviceptr,
+    pitch: *mut usize,
+    width: usize,
+    height: usize,
+    elem: c_uint,
+) -> CUresult {
+    let Some(f) = real::cuMemAllocPitch_v2() else {
+        return CUresult::CUDA_ERROR_NOT_INITIALIZED;
+    };
+    let estimate = (width as u64).next_multiple_of(PITCH_ESTIMATE_ALIGN).saturating_mul(height as u64);
+    charged_alloc(
+        estimate,
+        // SAFETY: forwarded unchanged.
+        || unsafe { f(dptr, pitch, width, height, elem) },
+        // SAFETY: the driver wrote both on success.
+        || unsafe { (*dptr, Some((*pitch as u64).saturating_mul(height as u64))) },
+        free_v2,
+    )
+}
+
+/// # Safety
+/// The CUDA driver API contract of cuMemAllocPitch (the 32-bit ABI).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocPitch(
+    dptr: *mut CUdeviceptr_v1,
+    pitch: *mut c_uint,
+    width: c_uint,
+    height: c_uint,
+    elem: c_uint,
+) -> CUresult {
+    let Some(f) = real::cuMemAllocPitch() else {
+        return CUresult::CUDA_ERROR_NOT_INITIALIZED;
+    };
+    let estimate = (width as u64).next_multiple_of(PITCH_ESTIMATE_ALIGN) * height as u64;
+    charged_alloc(
+        estimate,
+        // SAFETY: forwarded unchanged.
+        || unsafe { f(dptr, pitch, width, height, elem) },
+        // SAFETY: the driver wrote both on success.
+        || unsafe { (*dptr as u64, Some(*pitch as u64 * height as u64)) },
+        free_v1,
+    )
+}
+
+/// # Safety
+/// The CUDA driver API contract of cuMemAllocManaged.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocManaged(dptr: *mut CUdeviceptr, size: usize, flags: c_uint) -> CUresult {
+    let Some(f) = real::cuMemAllocManaged() else {
+        return CUresult::CUDA_ERROR_NOT_INITIALIZED;
+    };
+    charged_alloc(
+        size as u64,
+        // SAFETY: forwarded unchanged.
+        || unsafe { f(dptr, size, flags) },
+        // SAFETY: the driver wrote *dptr on success.
+        || (unsafe { *dptr }, None),
+        free_v2,
+    )
+}
+
+/// # Safety
+/// The CUDA driver API contract of cuMemFree_v2.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemFree_v2(ptr: CUdeviceptr) -> CUresult {
+    let Some(f) = real::cuMemFree_v2() else {
+        return CUresult::CUDA_ERROR_NOT_INITIALIZED;
+    };
+    // SAFETY: forwarded unchanged.
+    charged_free(ptr, || unsafe { f(ptr) })
+}
+
+/// # Safety
+/// The CUDA driver API contract of cuMemFree (the 32-bit ABI).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemFree(ptr: CUdeviceptr_v1) -> CUresult {
+    let Some(f) = real::cuMemFree() else {
+        return CUresult::CUDA_ERROR_NOT_INITIALIZED;
+    };
+    // SAFETY: forwarded unchanged.
+    charged_free(ptr as u64, || unsafe { f(ptr) })
+}

@@ -1,0 +1,282 @@
+//! NVML as applications read it (nvidia-smi, pynvml, PyTorch): for a device the slice caps,
+//! memory info (v1 and `_v2`) reports total = min(cap, physical), used = what the slice holds and
+//! free = the rest; the per-process lists show the slice's own processes only. Devices without a
+//! cap report NVML's figures untouched. NVML wrappers work without cuInit (nvidia-smi never calls
+//! it): the device is found in the ledger by UUID, or registered with the cap configured for the
+//! CUDA ordinal it has in this process (CUDA_VISIBLE_DEVICES order, else NVML's).
+//!
+//! cuslice also uses NVML itself, to measure what creating a context takes.
+
+#![allow(non_snake_case)]
+
+use std::ffi::{CStr, c_char, c_uint, c_void};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use cuda_abi::*;
+
+use crate::hooks::{self, Lib, real};
+use crate::slice::{self, Slice, State};
+
+type Nvdev = *mut c_void;
+
+fn init() -> bool {
+    static DONE: AtomicBool = AtomicBool::new(false);
+    if DONE.load(Ordering::Acquire) {
+        return true;
+    }
+    if !hooks::ensure(Lib::Nvml) {
+        return false;
+    }
+    let Some(f) = real::nvmlInit_v2() else { return false };
+    // SAFETY: nvmlInit_v2 takes no arguments; NVML counts initialisations.
+    let ok = unsafe { f() } == nvmlReturn_t::NVML_SUCCESS;
+    DONE.store(ok, Ordering::Release);
+    ok
+}
+
+fn handle_by_uuid(uuid: &[u8; 16]) -> Option<Nvdev> {
+    let f = real::nvmlDeviceGetHandleByUUID()?;
+    let s = std::ffi::CString::new(slice::uuid_string(uuid)).ok()?;
+    let mut h: Nvdev = std::ptr::null_mut();
+    // SAFETY: NUL-terminated UUID string and a valid out-pointer.
+    (unsafe { f(s.as_ptr(), &mut h) } == nvmlReturn_t::NVML_SUCCESS).then_some(h)
+}
+
+/// The device's used memory as NVML reports it (all processes), for measuring hidden memory.
+pub fn device_used(uuid: &[u8; 16]) -> Option<u64> {
+    if !init() {
+        return None;
+    }
+    let h = handle_by_uuid(uuid)?;
+    let f = real::nvmlDeviceGetMemoryInfo()?;
+    let mut m = nvmlMemory_t { total: 0, free: 0, used: 0 };
+    // SAFETY: a device handle from NVML and a writable struct of the v1 layout.
+    (unsafe { f(h, &mut m) } == nvmlReturn_t::NVML_SUCCESS).then_some(m.used)
+}
+
+fn parse_uuid(s: &str) -> Option<[u8; 16]> {
+    let hex: Vec<u8> = s.strip_prefix("GPU-")?.bytes().filter(|b| *b != b'-').collect();
+    if hex.len() != 32 {
+        return None;
+    }
+    let mut out = [0u8; 16];
+    for (i, o) in out.iter_mut().enumerate() {
+        let pair = std::str::from_utf8(hex.get(2 * i..2 * i + 2)?).ok()?;
+        *o = u8::from_str_radix(pair, 16).ok()?;
+    }
+    Some(out)
+}
+
+fn uuid_of(dev: Nvdev) -> Option<[u8; 16]> {
+    let f = real::nvmlDeviceGetUUID()?;
+    let mut buf = [0 as c_char; 96];
+    // SAFETY: a writable buffer of the stated length.
+    if unsafe { f(dev, buf.as_mut_ptr(), buf.len() as c_uint) } != nvmlReturn_t::NVML_SUCCESS {
+        return None;
+    }
+    // SAFETY: NVML NUL-terminates within the buffer on success.
+    let s = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_str().ok()?;
+    parse_uuid(s)
+}
+
+/// UUIDs of the devices in NVML's order.
+fn nvml_uuids() -> Vec<[u8; 16]> {
+    let (Some(count), Some(by_index)) = (real::nvmlDeviceGetCount_v2(), real::nvmlDeviceGetHandleByIndex_v2()) else {
+        return Vec::new();
+    };
+    let mut n: c_uint = 0;
+    // SAFETY: valid out-pointer.
+    if unsafe { count(&mut n) } != nvmlReturn_t::NVML_SUCCESS {
+        return Vec::new();
+    }
+    (0..n)
+        .filter_map(|i| {
+            let mut h: Nvdev = std::ptr::null_mut();
+            // SAFETY: valid out-pointer; i below the count.
+            (unsafe { by_index(i, &mut h) } == nvmlReturn_t::NVML_SUCCESS).then_some(h)
+        })
+        .filter_map(uuid_of)
+        .collect()
+}
+
+/// The CUDA ordinal `uuid` has in this process, without asking CUDA: its place in
+/// CUDA_VISIBLE_DEVICES (UUIDs, UUID prefixes or NVML indices), or its NVML index.
+fn ordinal_of(uuid: &[u8; 16]) -> Option<u32> {
+    let all = nvml_uuids();
+    let visible: Vec<[u8; 16]> = match std::env::var("CUDA_VISIBLE_DEVICES") {
+        Ok(v) => v
+            .split(',')
+            .map(str::trim)
+            .map_while(|e| {
+                if let Ok(i) = e.parse::<usize>() {
+                    all.get(i).copied()
+                } else {
+                    all.iter().copied().find(|u| slice::uuid_string(u).starts_with(e) && e.starts_with("GPU-"))
+                }
+            })
+            .collect(),
+        Err(_) => all,
+    };
+    visible.iter().position(|u| u == uuid).map(|i| i as u32)
+}
+
+/// (cap, what the slice holds) for an NVML device the slice caps.
+fn capped(dev: Nvdev) -> Option<(u64, u64)> {
+    if !slice::prepare() {
+        return None;
+    }
+    let State::On(s) = slice::state() else { return None };
+    let uuid = uuid_of(dev)?;
+    let index = match s.ledger.find(&uuid) {
+        Some(i) => i,
+        None => register(s, uuid)?,
+    };
+    s.ledger.sweep(s.slot);
+    Some((s.ledger.limit(index)?, s.ledger.used(index)))
+}
+
+fn register(s: &Slice, uuid: [u8; 16]) -> Option<u32> {
+    let cap = ordinal_of(&uuid).and_then(|o| s.config.limits(o).memory);
+    match s.ledger.device(uuid, cap) {
+        Ok((i, _)) => Some(i),
+        Err(e) => {
+            crate::log::error!("{e}");
+            None
+        }
+    }
+}
+
+/// # Safety
+/// The NVML API contract of nvmlDeviceGetMemoryInfo.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(dev: Nvdev, mem: *mut nvmlMemory_t) -> nvmlReturn_t {
+    let Some(f) = real::nvmlDeviceGetMemoryInfo() else {
+        return nvmlReturn_t::NVML_ERROR_UNINITIALIZED;
+    };
+    // SAFETY: forwarded unchanged.
+    let r = unsafe { f(dev, mem) };
+    if r == nvmlReturn_t::NVML_SUCCESS
+        && let Some(m) = unsafe { mem.as_mut() }
+        && let Some((cap, used)) = capped(dev)
+    {
+        m.total = cap.min(m.total);
+        m.used = used.min(m.total);
+        m.free = m.total - m.used;
+    }
+    r
+}
+
+/// # Safety
+/// The NVML API contract of nvmlDeviceGetMemoryInfo_v2.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(dev: Nvdev, mem: *mut nvmlMemory_v2_t) -> nvmlReturn_t {
+    let Some(f) = real::nvmlDeviceGetMemoryInfo_v2() else {
+        return nvmlReturn_t::NVML_ERROR_UNINITIALIZED;
+    };
+    // SAFETY: forwarded unchanged (NVML checks the version field).
+    let r = unsafe { f(dev, mem) };
+    if r == nvmlReturn_t::NVML_SUCCESS
+        && let Some(m) = unsafe { mem.as_mut() }
+        && let Some((cap, used)) = capped(dev)
+    {
+        // The driver's reservation lies outside any slice: a slice sees its cap as all there is.
+        m.total = cap.min(m.total);
+        m.reserved = 0;
+        m.used = used.min(m.total);
+        m.free = m.total - m.used;
+    }
+    r
+}
+
+/// The per-process list protocol: `count` holds the caller's capacity on entry and the number of
+/// entries on return; too small a capacity gives INSUFFICIENT_SIZE with the number needed.
+fn filtered<T: Copy>(
+    dev: Nvdev,
+    count: *mut c_uint,
+    infos: *mut T,
+    pid_of: impl Fn(&T) -> u32,
+    list: impl Fn(*mut c_uint, *mut T) -> nvmlReturn_t,
+) -> nvmlReturn_t {
+    let capped = !count.is_null() && capped(dev).is_some();
+    let Some(State::On(s)) = capped.then(slice::state) else {
+        return list(count, infos);
+    };
+    let mut all: Vec<T> = Vec::new();
+    loop {
+        let mut n = all.capacity().max(16) as c_uint;
+        all.reserve(n as usize);
+        let r = list(&mut n, all.as_mut_ptr());
+        if r == nvmlReturn_t::NVML_ERROR_INSUFFICIENT_SIZE {
+            all.reserve(n as usize + 16);
+            continue;
+        }
+        if r != nvmlReturn_t::NVML_SUCCESS {
+            return r;
+        }
+        // SAFETY: NVML initialised `n` entries, within the capacity it was given.
+        unsafe { all.set_len((n as usize).min(all.capacity())) };
+        break;
+    }
+    let pids = s.ledger.pids();
+    let mine: Vec<T> = all.into_iter().filter(|p| pids.contains(&(pid_of(p) as i32))).collect();
+    // SAFETY: non-NULL (checked above); the caller's capacity.
+    let room = unsafe { *count } as usize;
+    // SAFETY: as above.
+    unsafe { *count = mine.len() as c_uint };
+    if mine.len() > room {
+        return nvmlReturn_t::NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    if !mine.is_empty() {
+        if infos.is_null() {
+            return nvmlReturn_t::NVML_ERROR_INVALID_ARGUMENT;
+        }
+        // SAFETY: the caller's buffer holds `room` >= mine.len() entries.
+        unsafe { std::ptr::copy_nonoverlapping(mine.as_ptr(), infos, mine.len()) };
+    }
+    nvmlReturn_t::NVML_SUCCESS
+}
+
+/// # Safety
+/// The NVML API contract of nvmlDeviceGetComputeRunningProcesses.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses(
+    dev: Nvdev,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_v1_t,
+) -> nvmlReturn_t {
+    let Some(f) = real::nvmlDeviceGetComputeRunningProcesses() else {
+        return nvmlReturn_t::NVML_ERROR_UNINITIALIZED;
+    };
+    // SAFETY: forwarded with our own buffers or the caller's unchanged.
+    filtered(dev, count, infos, |p| p.pid, |c, i| unsafe { f(dev, c, i) })
+}
+
+/// # Safety
+/// The NVML API contract of nvmlDeviceGetComputeRunningProcesses_v2.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v2(
+    dev: Nvdev,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_v2_t,
+) -> nvmlReturn_t {
+    let Some(f) = real::nvmlDeviceGetComputeRunningProcesses_v2() else {
+        return nvmlReturn_t::NVML_ERROR_UNINITIALIZED;
+    };
+    // SAFETY: forwarded with our own buffers or the caller's unchanged.
+    filtered(dev, count, infos, |p| p.pid, |c, i| unsafe { f(dev, c, i) })
+}
+
+/// # Safety
+/// The NVML API contract of nvmlDeviceGetComputeRunningProcesses_v3.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
+    dev: Nvdev,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_v2_t,
+) -> nvmlReturn_t {
+    let Some(f) = real::nvmlDeviceGetComputeRunningProcesses_v3() else {
+        return nvmlReturn_t::NVML_ERROR_UNINITIALIZED;
+    };
+    // SAFETY: forwarded with our own buffers or the caller's unchanged.
+    filtered(dev, count, infos, |p| p.pid, |c, i| unsafe { f(dev, c, i) })
+}

@@ -1,0 +1,516 @@
+//! This process's membership of a slice: the configuration (read once), the ledger, the devices
+//! as this process sees them (ordinal -> UUID, cap, allocation granularity), and the process-local
+//! table of what it holds (which allocation was charged how much, to which device and context).
+//!
+//! Nothing here runs until CUDA or NVML is used: a process that never touches them (a shell, `ls`,
+//! with the library in /etc/ld.so.preload) pays for the `dlsym` check and nothing else.
+
+use std::cell::Cell;
+use std::ffi::{c_int, c_uint};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicPtr, AtomicU8, AtomicU64, Ordering};
+
+use cuda_abi::*;
+use cuslice_policy::config::Config;
+use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
+
+use crate::hooks::real;
+use crate::ledger::Ledger;
+use crate::log::{error, info, warning};
+
+/// Where the OCI hook mounts a container's slice (its `config` and `ledger`). When the config
+/// file exists it is the only source of limits: the container's environment cannot lift them.
+pub const HOOK_SLICE_DIR: &str = "/run/cuslice/slice";
+pub const HOOK_CONFIG: &str = "/run/cuslice/slice/config";
+
+const UNINIT: u8 = 0;
+/// No cuslice setting at all: every call goes straight to the driver.
+const OFF: u8 = 1;
+const ON: u8 = 2;
+/// A bad setting: CUDA initialisation is refused, and so is every counted call.
+const REFUSED: u8 = 3;
+
+static MODE: AtomicU8 = AtomicU8::new(UNINIT);
+static SLICE: AtomicPtr<Slice> = AtomicPtr::new(std::ptr::null_mut());
+static INIT: Mutex<()> = Mutex::new(());
+
+pub struct Dev {
+    pub cudev: CUdevice,
+    /// The device's record in the ledger.
+    pub index: u32,
+    pub uuid: [u8; 16],
+    pub physical: u64,
+    /// The driver's allocation granularity: what a small allocation really takes.
+    pub granularity: u64,
+}
+
+pub struct Slice {
+    pub config: Config,
+    pub ledger: Ledger,
+    pub slot: u32,
+    /// Set at cuInit (an NVML-only process such as nvidia-smi never sets it).
+    pub devs: OnceLock<Vec<Dev>>,
+}
+
+pub enum State {
+    /// cuInit has not run (or the process never uses CUDA): the driver answers for itself.
+    Uninit,
+    Off,
+    On(&'static Slice),
+    Refused,
+}
+
+pub fn state() -> State {
+    match MODE.load(Ordering::Acquire) {
+        OFF => State::Off,
+        REFUSED => State::Refused,
+        ON => {
+            let p = SLICE.load(Ordering::Acquire);
+            // SAFETY: published once with Release after full construction, never freed (a forked
+            // child leaks it and resets MODE first).
+            match unsafe { p.as_ref() } {
+                Some(s) => State::On(s),
+                None => State::Uninit,
+            }
+        }
+        _ => State::Uninit,
+    }
+}
+
+/// The slice when cuInit has attached the devices.
+pub fn active() -> Result<Option<&'static Slice>, CUresult> {
+    match state() {
+        State::On(s) if s.devs.get().is_some() => Ok(Some(s)),
+        State::Refused => Err(CUresult::CUDA_ERROR_NOT_PERMITTED),
+        _ => Ok(None),
+    }
+}
+
+fn refuse(msg: std::fmt::Arguments<'_>) {
+    error!("{msg}; CUDA initialisation refused");
+    MODE.store(REFUSED, Ordering::Release);
+}
+
+fn read_config() -> Result<(Config, Option<PathBuf>), String> {
+    let env = std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)));
+    match std::fs::read_to_string(HOOK_CONFIG) {
+        Ok(text) => Config::from_hook_file(&text, env)
+            .map(|c| (c, Some(PathBuf::from(HOOK_SLICE_DIR))))
+            .map_err(|e| format!("{HOOK_CONFIG}: {e}")),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Config::from_vars(env)
+            .map(|c| {
+                let dir = c.state_dir.clone();
+                (c, dir)
+            })
+            .map_err(|e| e.to_string()),
+        Err(e) => Err(format!("cannot read {HOOK_CONFIG}: {e}")),
+    }
+}
+
+/// Reads the configuration and joins the slice (once). Returns false if CUDA must be refused.
+pub fn prepare() -> bool {
+    if MODE.load(Ordering::Acquire) != UNINIT {
+        return MODE.load(Ordering::Acquire) != REFUSED;
+    }
+    let _g = INIT.lock();
+    if MODE.load(Ordering::Acquire) != UNINIT {
+        return MODE.load(Ordering::Acquire) != REFUSED;
+    }
+    register_fork_handlers();
+    let (config, dir) = match read_config() {
+        Ok(c) => c,
+        Err(e) => {
+            refuse(format_args!("{e}"));
+            return false;
+        }
+    };
+    crate::log::set_level(config.log);
+    for n in &config.notices {
+        error!("{n}");
+    }
+    if dir.is_none() && !config.any_limit() {
+        MODE.store(OFF, Ordering::Release);
+        return true;
+    }
+    let ledger = match dir.as_deref().map(absolute) {
+        Some(d) => Ledger::open_dir(&d),
+        None => Ledger::private(),
+    };
+    let ledger = match ledger {
+        Ok(l) => l,
+        Err(e) => {
+            refuse(format_args!("{e}"));
+            return false;
+        }
+    };
+    let slot = match ledger.register() {
+        Ok(s) => s,
+        Err(e) => {
+            refuse(format_args!("{e}"));
+            return false;
+        }
+    };
+    info!("joined slice {} as slot {slot}", ledger.path().display());
+    let slice = Box::new(Slice { config, ledger, slot, devs: OnceLock::new() });
+    SLICE.store(Box::into_raw(slice), Ordering::Release);
+    MODE.store(ON, Ordering::Release);
+    true
+}
+
+fn absolute(p: &Path) -> PathBuf {
+    std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())
+}
+
+pub fn uuid_string(u: &[u8; 16]) -> String {
+    let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
+    format!("GPU-{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
+}
+
+fn device_uuid(d: CUdevice) -> Option<[u8; 16]> {
+    let mut u = CUuuid { bytes: [0; 16] };
+    let f = real::cuDeviceGetUuid_v2().or(real::cuDeviceGetUuid())?;
+    // SAFETY: a writable CUuuid and a device handle from cuDeviceGet.
+    (unsafe { f(&mut u, d) }).is_ok().then_some(u.bytes)
+}
+
+fn granularity(ordinal: c_int) -> u64 {
+    const DEFAULT: u64 = 2 << 20;
+    let Some(f) = real::cuMemGetAllocationGranularity() else {
+        return DEFAULT;
+    };
+    let prop = CUmemAllocationProp {
+        type_: CU_MEM_ALLOCATION_TYPE_PINNED,
+        requestedHandleTypes: CU_MEM_HANDLE_TYPE_NONE,
+        location: CUmemLocation { type_: CU_MEM_LOCATION_TYPE_DEVICE, id: ordinal },
+        win32HandleMetaData: std::ptr::null_mut(),
+        compressionType: 0,
+        gpuDirectRDMACapable: 0,
+        usage: 0,
+        reserved: [0; 4],
+    };
+    let mut g = 0usize;
+    // SAFETY: valid out-pointer and property struct.
+    let r = unsafe { f(&mut g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) };
+    if r.is_ok() && g > 0 { g as u64 } else { DEFAULT }
+}
+
+/// After the real cuInit succeeded: learns the devices and registers them (with this process's
+/// caps) in the ledger. False if CUDA must be refused.
+pub fn attach_devices() -> bool {
+    let State::On(s) = state() else {
+        return MODE.load(Ordering::Acquire) != REFUSED;
+    };
+    if s.devs.get().is_some() {
+        return true;
+    }
+    let _g = INIT.lock();
+    if s.devs.get().is_some() {
+        return true;
+    }
+    let (Some(get_count), Some(get), Some(total)) =
+        (real::cuDeviceGetCount(), real::cuDeviceGet(), real::cuDeviceTotalMem_v2())
+    else {
+        refuse(format_args!("the CUDA driver lacks cuDeviceGetCount/cuDeviceGet/cuDeviceTotalMem_v2"));
+        return false;
+    };
+    let mut n: c_int = 0;
+    // SAFETY: valid out-pointer.
+    if !unsafe { get_count(&mut n) }.is_ok() {
+        n = 0;
+    }
+    let mut devs = Vec::new();
+    for i in 0..n {
+        let mut d: CUdevice = 0;
+        let mut bytes = 0usize;
+        // SAFETY: valid out-pointers; `i` is below the device count.
+        if !unsafe { get(&mut d, i) }.is_ok() || !unsafe { total(&mut bytes, d) }.is_ok() {
+            refuse(format_args!("cannot query CUDA device {i}"));
+            return false;
+        }
+        let Some(uuid) = device_uuid(d) else {
+            refuse(format_args!("cannot read the UUID of CUDA device {i}"));
+            return false;
+        };
+        let cap = s.config.limits(i as u32).memory;
+        let index = match s.ledger.device(uuid, cap) {
+            Ok((index, effective)) => {
+                if let Some(c) = effective {
+                    info!(
+                        "device {i} ({}): cap {} of {}",
+                        uuid_string(&uuid),
+                        cuslice_policy::format_size(c),
+                        cuslice_policy::format_size(bytes as u64)
+                    );
+                }
+                index
+            }
+            Err(e) => {
+                refuse(format_args!("{e}"));
+                return false;
+            }
+        };
+        devs.push(Dev { cudev: d, index, uuid, physical: bytes as u64, granularity: granularity(i) });
+    }
+    for o in s.config.mentioned_ordinals() {
+        if o >= n as u32 {
+            warning!("a limit names device {o}, but this process sees {n} CUDA device(s); it applies to none");
+        }
+    }
+    let _ = s.devs.set(devs);
+    true
+}
+
+impl Slice {
+    pub fn devs(&self) -> &[Dev] {
+        self.devs.get().map_or(&[], |v| v.as_slice())
+    }
+
+    pub fn dev_by_cudev(&self, d: CUdevice) -> Option<usize> {
+        self.devs().iter().position(|x| x.cudev == d)
+    }
+
+    /// What this slice reports for device `ordinal`: (cap, slice holds), after reclaiming what
+    /// dead processes held.
+    pub fn cap_and_used(&self, ordinal: usize) -> Option<(Option<u64>, u64)> {
+        let d = self.devs().get(ordinal)?;
+        self.ledger.sweep(self.slot);
+        Some((self.ledger.limit(d.index), self.ledger.used(d.index)))
+    }
+
+    /// Checks and reserves `bytes` on device `ordinal` for this process: the one step every
+    /// allocation goes through. Before refusing, reclaims dead processes' holdings and this
+    /// process's idle pool memory, then tries once more.
+    pub fn reserve(&self, ordinal: usize, bytes: u64) -> Result<(), CUresult> {
+        let Some(d) = self.devs().get(ordinal) else {
+            return Ok(());
+        };
+        if bytes == 0 || self.ledger.reserve(self.slot, d.index, bytes).is_ok() {
+            OWN_CHARGED.fetch_add(bytes, Ordering::Relaxed);
+            return Ok(());
+        }
+        self.ledger.sweep(self.slot);
+        crate::pool::give_back_idle(self, ordinal);
+        match self.ledger.reserve(self.slot, d.index, bytes) {
+            Ok(()) => {
+                OWN_CHARGED.fetch_add(bytes, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(over) => {
+                self.ledger.note_refusal(d.index);
+                info!(
+                    "refused {} on device {ordinal}: the slice holds {} of its {} cap",
+                    cuslice_policy::format_size(bytes),
+                    cuslice_policy::format_size(over.used),
+                    cuslice_policy::format_size(over.limit)
+                );
+                Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY)
+            }
+        }
+    }
+
+    pub fn release(&self, ordinal: usize, bytes: u64) {
+        if let Some(d) = self.devs().get(ordinal)
+            && bytes > 0
+        {
+            self.ledger.release(self.slot, d.index, bytes);
+            OWN_CHARGED.fetch_sub(bytes.min(OWN_CHARGED.load(Ordering::Relaxed)), Ordering::Relaxed);
+        }
+    }
+
+    /// Moves a reservation of `reserved` to `actual` bytes. If more is needed and it does not
+    /// fit, the reservation is given back and the caller must undo the operation.
+    pub fn settle(&self, ordinal: usize, reserved: u64, actual: u64) -> Result<(), CUresult> {
+        if actual > reserved {
+            self.reserve(ordinal, actual - reserved).inspect_err(|_| self.release(ordinal, reserved))
+        } else {
+            self.release(ordinal, reserved - actual);
+            Ok(())
+        }
+    }
+
+    /// Rounds a request up to what the driver really takes for it.
+    pub fn rounded(&self, ordinal: usize, bytes: u64) -> u64 {
+        let g = self.devs().get(ordinal).map_or(1, |d| d.granularity.max(1));
+        bytes.div_ceil(g).saturating_mul(g)
+    }
+}
+
+/// Everything this process has charged (all devices), for telling its own allocations apart from
+/// hidden memory when measuring a drop in free memory.
+pub static OWN_CHARGED: AtomicU64 = AtomicU64::new(0);
+
+// ---- the current context ---------------------------------------------------------------------
+
+static CTX_GENERATION: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    static CURRENT: Cell<(usize, usize, u64)> = const { Cell::new((0, 0, u64::MAX)) };
+}
+
+/// Contexts were destroyed: cached context -> device answers may be stale.
+pub fn contexts_changed() {
+    CTX_GENERATION.fetch_add(1, Ordering::Relaxed);
+}
+
+/// The current context and the ordinal of its device, or None without a current context (the
+/// real call will then report the error itself).
+pub fn current(s: &Slice) -> Option<(usize, usize)> {
+    let get = real::cuCtxGetCurrent()?;
+    let mut ctx: CUcontext = std::ptr::null_mut();
+    // SAFETY: valid out-pointer.
+    if !unsafe { get(&mut ctx) }.is_ok() || ctx.is_null() {
+        return None;
+    }
+    let gen_now = CTX_GENERATION.load(Ordering::Relaxed);
+    let (c, o, g) = CURRENT.with(|c| c.get());
+    if c == ctx as usize && g == gen_now {
+        return Some((c, o));
+    }
+    let mut d: CUdevice = 0;
+    // SAFETY: valid out-pointer; a context is current.
+    if !unsafe { real::cuCtxGetDevice()?(&mut d) }.is_ok() {
+        return None;
+    }
+    let o = s.dev_by_cudev(d)?;
+    CURRENT.with(|c| c.set((ctx as usize, o, gen_now)));
+    Some((ctx as usize, o))
+}
+
+// ---- the process-local table -----------------------------------------------------------------
+
+/// One charge: `bytes` on device `dev`, made under context `ctx` (0: not tied to a context).
+#[derive(Clone, Copy, Debug)]
+pub struct Charge {
+    pub dev: usize,
+    pub bytes: u64,
+    pub ctx: usize,
+}
+
+#[derive(Debug)]
+pub struct VmmHandle {
+    pub charge: Charge,
+    /// References: cuMemCreate's plus one per cuMemRetainAllocationHandle, minus releases.
+    pub refs: u32,
+    /// Live mappings of the handle; its memory is freed when both counts reach zero.
+    pub maps: u32,
+}
+
+#[derive(Debug)]
+pub struct PoolRec {
+    pub dev: usize,
+    /// The pool's reserved memory as last charged.
+    pub charged: u64,
+}
+
+#[derive(Default)]
+pub struct Local {
+    pub allocs: FxHashMap<u64, Charge>,
+    pub arrays: FxHashMap<usize, Charge>,
+    pub vmm: FxHashMap<u64, VmmHandle>,
+    /// Mapped VA ranges: start -> (length, handle).
+    pub mappings: std::collections::BTreeMap<u64, (u64, u64)>,
+    pub pools: FxHashMap<usize, PoolRec>,
+    /// Contexts this process made: context -> charge for its hidden memory.
+    pub contexts: FxHashMap<usize, Charge>,
+    /// Primary contexts: device ordinal -> (context, retain count).
+    pub primary: FxHashMap<usize, (usize, u32)>,
+    /// Modules and libraries: handle -> charge for the memory their loading took.
+    pub modules: FxHashMap<usize, Charge>,
+}
+
+pub static LOCAL: Mutex<Option<Local>> = Mutex::new(None);
+
+/// Runs `f` on the process-local table.
+pub fn local<R>(f: impl FnOnce(&mut Local) -> R) -> R {
+    let mut g = LOCAL.lock();
+    f(g.get_or_insert_with(Local::default))
+}
+
+/// A context went away (destroyed, or a primary context's last release or a reset): the driver
+/// freed everything made in it.
+pub fn context_gone(s: &Slice, ctx: usize) {
+    let freed: Vec<Charge> = local(|l| {
+        let mut out = Vec::new();
+        l.allocs.retain(|_, c| c.ctx != ctx || { out.push(*c); false });
+        l.arrays.retain(|_, c| c.ctx != ctx || { out.push(*c); false });
+        l.modules.retain(|_, c| c.ctx != ctx || { out.push(*c); false });
+        if let Some(c) = l.contexts.remove(&ctx) {
+            out.push(c);
+        }
+        out
+    });
+    for c in freed {
+        s.release(c.dev, c.bytes);
+    }
+    contexts_changed();
+}
+
+// ---- cuInit ----------------------------------------------------------------------------------
+
+/// # Safety
+/// The CUDA driver API contract of cuInit.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuInit(flags: c_uint) -> CUresult {
+    let Some(f) = real::cuInit() else {
+        return CUresult::CUDA_ERROR_NOT_INITIALIZED;
+    };
+    if !prepare() {
+        return CUresult::CUDA_ERROR_NOT_PERMITTED;
+    }
+    // SAFETY: forwarded unchanged.
+    let r = unsafe { f(flags) };
+    if r.is_ok() && !attach_devices() {
+        return CUresult::CUDA_ERROR_NOT_PERMITTED;
+    }
+    r
+}
+
+// ---- fork ------------------------------------------------------------------------------------
+
+extern "C" fn before_fork() {
+    std::mem::forget(INIT.lock());
+    std::mem::forget(LOCAL.lock());
+}
+
+extern "C" fn parent_after_fork() {
+    // SAFETY: both locked by before_fork in this thread, with their guards forgotten.
+    unsafe {
+        LOCAL.force_unlock();
+        INIT.force_unlock();
+    }
+}
+
+/// The child has no CUDA state of its own and must not pass for its parent in the ledger: it
+/// starts over (a fresh registration at its own cuInit), and drops the parent's liveness lock.
+extern "C" fn child_after_fork() {
+    // SAFETY: as in parent_after_fork; the child has one thread.
+    unsafe {
+        LOCAL.force_unlock();
+        INIT.force_unlock();
+    }
+    *LOCAL.lock() = None;
+    let p = SLICE.swap(std::ptr::null_mut(), Ordering::AcqRel);
+    // SAFETY: the old slice is leaked on purpose (the parent's memory image); only its file
+    // descriptor is closed, and nothing else in the child refers to it any more.
+    if let Some(s) = unsafe { p.as_mut() } {
+        s.ledger.forget_in_child();
+    }
+    if MODE.load(Ordering::Relaxed) == ON {
+        MODE.store(UNINIT, Ordering::Release);
+    }
+    OWN_CHARGED.store(0, Ordering::Relaxed);
+    contexts_changed();
+}
+
+fn register_fork_handlers() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: registers three extern "C" fns that live as long as the library.
+        unsafe {
+            libc::pthread_atfork(Some(before_fork), Some(parent_after_fork), Some(child_after_fork))
+        };
+    });
+}

@@ -1,0 +1,178 @@
+//! Virtual memory management. Physical memory exists from cuMemCreate to the moment its handle
+//! is both released (every cuMemRelease matching cuMemCreate and each cuMemRetainAllocationHandle)
+//! and unmapped everywhere; that is when the charge goes. Only device-located handles are
+//! charged (NCCL creates host-located ones). cuMemMap and cuMemAddressReserve are never charged:
+//! a handle may be mapped many times, and a reservation is address space only. Handles imported
+//! from another process (cuMemImportFromShareableHandle) are unknown here and so never charged
+//! twice: the exporter's slice pays for them.
+
+#![allow(non_snake_case)]
+
+use std::ffi::c_void;
+
+use cuda_abi::*;
+
+use crate::hooks::real;
+use crate::slice::{self, Charge, Slice, VmmHandle};
+
+/// # Safety
+/// The CUDA driver API contract of cuMemCreate.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemCreate(
+    handle: *mut CUmemGenericAllocationHandle,
+    size: usize,
+    prop: *const CUmemAllocationProp,
+    flags: u64,
+) -> CUresult {
+    let Some(f) = real::cuMemCreate() else {
+        return CUresult::CUDA_ERROR_NOT_INITIALIZED;
+    };
+    // SAFETY: forwarded unchanged.
+    let call = || unsafe { f(handle, size, prop, flags) };
+    let s = match slice::active() {
+        Err(e) => return e,
+        Ok(None) => return call(),
+        Ok(Some(s)) => s,
+    };
+    // SAFETY: the caller's property struct, if non-NULL.
+    let Some(loc) = (unsafe { prop.as_ref() }).map(|p| p.location) else {
+        return call();
+    };
+    if loc.type_ != CU_MEM_LOCATION_TYPE_DEVICE {
+        return call();
+    }
+    let Some(dev) = s.dev_by_cudev(loc.id) else {
+        return call();
+    };
+    let bytes = s.rounded(dev, size as u64);
+    if let Err(e) = s.reserve(dev, bytes) {
+        return e;
+    }
+    let r = call();
+    if !r.is_ok() {
+        s.release(dev, bytes);
+        return r;
+    }
+    // SAFETY: written by the driver on success.
+    let h = unsafe { *handle };
+    slice::local(|l| {
+        l.vmm.insert(h, VmmHandle { charge: Charge { dev, bytes, ctx: 0 }, refs: 1, maps: 0 })
+    });
+    r
+}
+
+/// Drops the handle's charge if nothing keeps its memory any more.
+fn settle_handle(s: &Slice, h: u64) {
+    let gone = slice::local(|l| match l.vmm.get(&h) {
+        Some(v) if v.refs == 0 && v.maps == 0 => l.vmm.remove(&h).map(|v| v.charge),
+        _ => None,
+    });
+    if let Some(c) = gone {
+        s.release(c.dev, c.bytes);
+    }
+}
+
+/// # Safety
+/// The CUDA driver API contract of cuMemRelease.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemRelease(h: CUmemGenericAllocationHandle) -> CUresult {
+    let Some(f) = real::cuMemRelease() else {
+        return CUresult::CUDA_ERROR_NOT_INITIALIZED;
+    };
+    // SAFETY: forwarded unchanged.
+    let r = unsafe { f(h) };
+    if r.is_ok()
+        && let Ok(Some(s)) = slice::active()
+    {
+        slice::local(|l| {
+            if let Some(v) = l.vmm.get_mut(&h) {
+                v.refs = v.refs.saturating_sub(1);
+            }
+        });
+        settle_handle(s, h);
+    }
+    r
+}
+
+/// # Safety
+/// The CUDA driver API contract of cuMemRetainAllocationHandle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemRetainAllocationHandle(
+    handle: *mut CUmemGenericAllocationHandle,
+    addr: *mut c_void,
+) -> CUresult {
+    let Some(f) = real::cuMemRetainAllocationHandle() else {
+        return CUresult::CUDA_ERROR_NOT_INITIALIZED;
+    };
+    // SAFETY: forwarded unchanged.
+    let r = unsafe { f(handle, addr) };
+    if r.is_ok() && !handle.is_null() {
+        // SAFETY: written by the driver on success.
+        let h = unsafe { *handle };
+        slice::local(|l| {
+            if let Some(v) = l.vmm.get_mut(&h) {
+                v.refs += 1;
+            }
+        });
+    }
+    r
+}
+
+/// # Safety
+/// The CUDA driver API contract of cuMemMap.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemMap(
+    ptr: CUdeviceptr,
+    size: usize,
+    offset: usize,
+    h: CUmemGenericAllocationHandle,
+    flags: u64,
+) -> CUresult {
+    let Some(f) = real::cuMemMap() else {
+        return CUresult::CUDA_ERROR_NOT_INITIALIZED;
+    };
+    // SAFETY: forwarded unchanged.
+    let r = unsafe { f(ptr, size, offset, h, flags) };
+    if r.is_ok() && matches!(slice::active(), Ok(Some(_))) {
+        slice::local(|l| {
+            if let Some(v) = l.vmm.get_mut(&h) {
+                v.maps += 1;
+                l.mappings.insert(ptr, (size as u64, h));
+            }
+        });
+    }
+    r
+}
+
+/// # Safety
+/// The CUDA driver API contract of cuMemUnmap.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
+    let Some(f) = real::cuMemUnmap() else {
+        return CUresult::CUDA_ERROR_NOT_INITIALIZED;
+    };
+    // SAFETY: forwarded unchanged.
+    let r = unsafe { f(ptr, size) };
+    if r.is_ok()
+        && let Ok(Some(s)) = slice::active()
+    {
+        let end = ptr.saturating_add(size as u64);
+        let handles: Vec<u64> = slice::local(|l| {
+            let starts: Vec<u64> = l.mappings.range(ptr..end).map(|(k, _)| *k).collect();
+            let mut hs = Vec::new();
+            for k in starts {
+                if let Some((_, h)) = l.mappings.remove(&k) {
+                    if let Some(v) = l.vmm.get_mut(&h) {
+                        v.maps = v.maps.saturating_sub(1);
+                    }
+                    hs.push(h);
+                }
+            }
+            hs
+        });
+        for h in handles {
+            settle_handle(s, h);
+        }
+    }
+    r
+}
