@@ -1,0 +1,78 @@
+//! Helpers for the interposer's tests: processes run against simgpu with libcuslice.so preloaded.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+pub use cuslice_test_harness::*;
+use serde_json::Value;
+
+/// A slice: a CUSLICE_STATE_DIR in a temporary folder, with the environment its processes get.
+pub struct Slice {
+    pub dir: tempfile::TempDir,
+    pub env: Vec<(String, String)>,
+}
+
+impl Slice {
+    pub fn new(env: &[(&str, &str)]) -> Slice {
+        let dir = tempfile::tempdir().unwrap();
+        let mut all: Vec<(String, String)> =
+            env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        all.push(("CUSLICE_STATE_DIR".into(), dir.path().display().to_string()));
+        Slice { dir, env: all }
+    }
+
+    pub fn ledger(&self) -> PathBuf {
+        self.dir.path().join("ledger")
+    }
+
+    /// `program args` under simgpu with the library preloaded and the slice's environment.
+    pub fn command(&self, sim: &Sim, program: &Path, args: &[&str]) -> Command {
+        let mut c = sim.command(program, args);
+        c.env("LD_PRELOAD", libcuslice());
+        for (k, v) in &self.env {
+            c.env(k, v);
+        }
+        c
+    }
+
+    /// Runs the workload to completion: (JSON lines, exit code, stderr).
+    pub fn run(&self, sim: &Sim, args: &[&str]) -> (Vec<Value>, i32, String) {
+        let out = self.command(sim, &workload(), args).output().unwrap();
+        split(out)
+    }
+
+    pub fn spawn(&self, sim: &Sim, args: &[&str]) -> Running {
+        let mut child = self
+            .command(sim, &workload(), args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let out = std::io::BufReader::new(child.stdout.take().unwrap());
+        Running { child, out }
+    }
+}
+
+pub fn split(out: Output) -> (Vec<Value>, i32, String) {
+    (
+        parse_lines(&String::from_utf8_lossy(&out.stdout)),
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The workload linked against libcuda.so.1 (route "direct").
+pub fn linked() -> PathBuf {
+    bin_dir().join("cuda-workload-linked")
+}
+
+/// The simulator's device-wide peak memory in use (all processes together).
+pub fn peak_used(sim: &Sim, dev: usize) -> u64 {
+    u(&sim.device(dev)["peak_used"])
+}
+
+pub fn used(sim: &Sim, dev: usize) -> u64 {
+    u(&sim.device(dev)["used"])
+}
