@@ -1,0 +1,31 @@
+/* Prints, for each name, where dlsym(handle-of-libcuda, name) lands: "cuslice", "driver",
+ * "null", or "other". Also the result of a plain getpid() (wrapped by next_wrapper.so when that is
+ * preloaded too) and of dlsym(RTLD_DEFAULT, "cuMemAlloc_v2"). */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+static const char *where(void *p) {
+    Dl_info info;
+    if (!p) return "null";
+    if (!dladdr(p, &info) || !info.dli_fname) return "other";
+    if (strstr(info.dli_fname, "libcuslice")) return "cuslice";
+    if (strstr(info.dli_fname, "libcuda")) return "driver";
+    return "other";
+}
+
+int main(int argc, char **argv) {
+    void *h = dlopen("libcuda.so.1", RTLD_NOW);
+    if (!h) { printf("dlopen failed: %s\n", dlerror()); return 1; }
+    for (int i = 1; i < argc; i++) {
+        dlerror();
+        void *p = dlsym(h, argv[i]);
+        const char *err = dlerror();
+        printf("%s %s%s\n", argv[i], where(p), (!p && err) ? " dlerror" : "");
+    }
+    printf("getpid %s\n", getpid() > 0 ? "ok" : "broken");
+    printf("RTLD_DEFAULT:cuMemAlloc_v2 %s\n", where(dlsym(RTLD_DEFAULT, "cuMemAlloc_v2")));
+    return 0;
+}
