@@ -37,7 +37,10 @@ const ROW_ALIGN: u64 = 512;
 
 fn estimate(w: u64, h: u64, d: u64, format: u32, channels: u32) -> u64 {
     let per = array_format::bytes_per_channel(format).unwrap_or(4);
-    let row = w.saturating_mul(per).saturating_mul(channels as u64).next_multiple_of(ROW_ALIGN);
+    let row = w
+        .saturating_mul(per)
+        .saturating_mul(channels as u64)
+        .next_multiple_of(ROW_ALIGN);
     row.saturating_mul(h.max(1)).saturating_mul(d.max(1))
 }
 
@@ -60,12 +63,18 @@ enum Kind {
 
 /// What the driver says the array needs on the current device, if it says.
 fn requirement(kind: &Kind, handle: *mut c_void, cudev: CUdevice) -> Option<u64> {
-    let mut req = CUDA_ARRAY_MEMORY_REQUIREMENTS { size: 0, alignment: 0, reserved: [0; 4] };
+    let mut req = CUDA_ARRAY_MEMORY_REQUIREMENTS {
+        size: 0,
+        alignment: 0,
+        reserved: [0; 4],
+    };
     // SAFETY: a writable requirements struct and a handle the driver just returned.
     let r = unsafe {
         match kind {
             Kind::Array => real::cuArrayGetMemoryRequirements()?(&mut req, handle, cudev),
-            Kind::Mipmapped => real::cuMipmappedArrayGetMemoryRequirements()?(&mut req, handle, cudev),
+            Kind::Mipmapped => {
+                real::cuMipmappedArrayGetMemoryRequirements()?(&mut req, handle, cudev)
+            }
         }
     };
     (r.is_ok() && req.size > 0).then_some(req.size as u64)
@@ -82,7 +91,12 @@ fn destroy(kind: &Kind, handle: *mut c_void) {
 }
 
 /// Reserve `est`, create, settle to the driver's figure; `out` receives the handle.
-fn create(kind: Kind, est: u64, out: *mut *mut c_void, make: impl FnOnce() -> CUresult) -> CUresult {
+fn create(
+    kind: Kind,
+    est: u64,
+    out: *mut *mut c_void,
+    make: impl FnOnce() -> CUresult,
+) -> CUresult {
     let s = match slice::active() {
         Err(e) => return e,
         Ok(None) => return make(),
@@ -125,13 +139,17 @@ fn destroyed(handle: *mut c_void, r: CUresult) -> CUresult {
 /// # Safety
 /// The CUDA driver API contract of cuArrayCreate_v2.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuArrayCreate_v2(out: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) -> CUresult {
+pub unsafe extern "C" fn cuArrayCreate_v2(
+    out: *mut CUarray,
+    desc: *const CUDA_ARRAY_DESCRIPTOR,
+) -> CUresult {
     let Some(f) = real::cuArrayCreate_v2() else {
         return CUresult::CUDA_ERROR_NOT_INITIALIZED;
     };
     // SAFETY: the caller's descriptor, if non-NULL (NULL is the driver's error to report).
-    let est = unsafe { desc.as_ref() }
-        .map_or(0, |d| estimate(d.Width as u64, d.Height as u64, 1, d.Format, d.NumChannels));
+    let est = unsafe { desc.as_ref() }.map_or(0, |d| {
+        estimate(d.Width as u64, d.Height as u64, 1, d.Format, d.NumChannels)
+    });
     // SAFETY: forwarded unchanged.
     create(Kind::Array, est, out, || unsafe { f(out, desc) })
 }
@@ -144,8 +162,9 @@ pub unsafe extern "C" fn cuArrayCreate(out: *mut CUarray, desc: *const c_void) -
         return CUresult::CUDA_ERROR_NOT_INITIALIZED;
     };
     // SAFETY: the caller's v1 descriptor, if non-NULL.
-    let est = unsafe { desc.cast::<ArrayDescV1>().as_ref() }
-        .map_or(0, |d| estimate(d.width as u64, d.height as u64, 1, d.format, d.channels));
+    let est = unsafe { desc.cast::<ArrayDescV1>().as_ref() }.map_or(0, |d| {
+        estimate(d.width as u64, d.height as u64, 1, d.format, d.channels)
+    });
     // SAFETY: forwarded unchanged.
     create(Kind::Array, est, out, || unsafe { f(out, desc) })
 }
@@ -153,13 +172,22 @@ pub unsafe extern "C" fn cuArrayCreate(out: *mut CUarray, desc: *const c_void) -
 /// # Safety
 /// The CUDA driver API contract of cuArray3DCreate_v2.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuArray3DCreate_v2(out: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR) -> CUresult {
+pub unsafe extern "C" fn cuArray3DCreate_v2(
+    out: *mut CUarray,
+    desc: *const CUDA_ARRAY3D_DESCRIPTOR,
+) -> CUresult {
     let Some(f) = real::cuArray3DCreate_v2() else {
         return CUresult::CUDA_ERROR_NOT_INITIALIZED;
     };
     // SAFETY: the caller's descriptor, if non-NULL.
     let est = unsafe { desc.as_ref() }.map_or(0, |d| {
-        estimate(d.Width as u64, d.Height as u64, d.Depth as u64, d.Format, d.NumChannels)
+        estimate(
+            d.Width as u64,
+            d.Height as u64,
+            d.Depth as u64,
+            d.Format,
+            d.NumChannels,
+        )
     });
     // SAFETY: forwarded unchanged.
     create(Kind::Array, est, out, || unsafe { f(out, desc) })
@@ -175,7 +203,13 @@ pub unsafe extern "C" fn cuArray3DCreate(out: *mut CUarray, desc: *const c_void)
     // SAFETY: the caller's v1 descriptor, if non-NULL.
     let est = unsafe { desc.cast::<Array3dDescV1>().as_ref() }.map_or(0, |d| {
         let _ = d.flags;
-        estimate(d.width as u64, d.height as u64, d.depth as u64, d.format, d.channels)
+        estimate(
+            d.width as u64,
+            d.height as u64,
+            d.depth as u64,
+            d.format,
+            d.channels,
+        )
     });
     // SAFETY: forwarded unchanged.
     create(Kind::Array, est, out, || unsafe { f(out, desc) })
@@ -195,7 +229,9 @@ pub unsafe extern "C" fn cuMipmappedArrayCreate(
     // SAFETY: the caller's descriptor, if non-NULL.
     let est = unsafe { desc.as_ref() }.map_or(0, |d| mip_estimate(d, levels));
     // SAFETY: forwarded unchanged.
-    create(Kind::Mipmapped, est, out, || unsafe { f(out, desc, levels) })
+    create(Kind::Mipmapped, est, out, || unsafe {
+        f(out, desc, levels)
+    })
 }
 
 /// # Safety

@@ -55,7 +55,9 @@ fn create(cudev: CUdevice, out: *mut CUcontext, make: impl FnOnce() -> CUresult)
     let after = crate::nvml::device_used(&uuid);
     let own1 = own_charged();
     let measured = match (before, after) {
-        (Some(b), Some(a)) => a.saturating_sub(b).saturating_sub(own1.saturating_sub(own0)),
+        (Some(b), Some(a)) => a
+            .saturating_sub(b)
+            .saturating_sub(own1.saturating_sub(own0)),
         _ => estimate,
     };
     if measured > 0 {
@@ -71,14 +73,27 @@ fn create(cudev: CUdevice, out: *mut CUcontext, make: impl FnOnce() -> CUresult)
         return e;
     }
     crate::log::debug!("context on device {dev}: {measured} bytes of overhead");
-    slice::local(|l| l.contexts.insert(ctx, Charge { dev, bytes: measured, ctx }));
+    slice::local(|l| {
+        l.contexts.insert(
+            ctx,
+            Charge {
+                dev,
+                bytes: measured,
+                ctx,
+            },
+        )
+    });
     r
 }
 
 /// # Safety
 /// The CUDA driver API contract of cuCtxCreate (the pre-3.2 ABI).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuCtxCreate(ctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CUresult {
+pub unsafe extern "C" fn cuCtxCreate(
+    ctx: *mut CUcontext,
+    flags: c_uint,
+    dev: CUdevice,
+) -> CUresult {
     let Some(f) = real::cuCtxCreate() else {
         return CUresult::CUDA_ERROR_NOT_INITIALIZED;
     };
@@ -89,7 +104,11 @@ pub unsafe extern "C" fn cuCtxCreate(ctx: *mut CUcontext, flags: c_uint, dev: CU
 /// # Safety
 /// The CUDA driver API contract of cuCtxCreate_v2.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuCtxCreate_v2(ctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CUresult {
+pub unsafe extern "C" fn cuCtxCreate_v2(
+    ctx: *mut CUcontext,
+    flags: c_uint,
+    dev: CUdevice,
+) -> CUresult {
     let Some(f) = real::cuCtxCreate_v2() else {
         return CUresult::CUDA_ERROR_NOT_INITIALIZED;
     };
@@ -239,12 +258,19 @@ fn free_now() -> Option<u64> {
     let f = real::cuMemGetInfo_v2()?;
     let (mut free, mut total) = (0usize, 0usize);
     // SAFETY: valid out-pointers.
-    (unsafe { f(&mut free, &mut total) }).is_ok().then_some(free as u64)
+    (unsafe { f(&mut free, &mut total) })
+        .is_ok()
+        .then_some(free as u64)
 }
 
 /// Loads with `load` (which writes the handle to `out`), charging what the load took.
 /// `per_context`: a module lives in the current context; a library in none.
-fn load(out: *mut *mut c_void, per_context: bool, load: impl FnOnce() -> CUresult, unload: impl FnOnce(*mut c_void)) -> CUresult {
+fn load(
+    out: *mut *mut c_void,
+    per_context: bool,
+    load: impl FnOnce() -> CUresult,
+    unload: impl FnOnce(*mut c_void),
+) -> CUresult {
     let s = match slice::active() {
         Err(e) => return e,
         Ok(None) => return load(),
@@ -260,7 +286,9 @@ fn load(out: *mut *mut c_void, per_context: bool, load: impl FnOnce() -> CUresul
     }
     let (free1, own1) = (free_now(), own_charged());
     let took = match (free0, free1) {
-        (Some(a), Some(b)) => a.saturating_sub(b).saturating_sub(own1.saturating_sub(own0)),
+        (Some(a), Some(b)) => a
+            .saturating_sub(b)
+            .saturating_sub(own1.saturating_sub(own0)),
         _ => 0,
     };
     // SAFETY: written by the driver on success.
@@ -270,7 +298,16 @@ fn load(out: *mut *mut c_void, per_context: bool, load: impl FnOnce() -> CUresul
         return e;
     }
     let ctx = if per_context { ctx } else { 0 };
-    slice::local(|l| l.modules.insert(h as usize, Charge { dev, bytes: took, ctx }));
+    slice::local(|l| {
+        l.modules.insert(
+            h as usize,
+            Charge {
+                dev,
+                bytes: took,
+                ctx,
+            },
+        )
+    });
     r
 }
 
@@ -334,7 +371,12 @@ pub unsafe extern "C" fn cuModuleLoadDataEx(
         return CUresult::CUDA_ERROR_NOT_INITIALIZED;
     };
     // SAFETY: forwarded unchanged.
-    load(m, true, || unsafe { f(m, image, n, opts, vals) }, unload_module)
+    load(
+        m,
+        true,
+        || unsafe { f(m, image, n, opts, vals) },
+        unload_module,
+    )
 }
 
 /// # Safety
@@ -376,7 +418,11 @@ pub unsafe extern "C" fn cuLibraryLoadData(
         return CUresult::CUDA_ERROR_NOT_INITIALIZED;
     };
     // SAFETY: forwarded unchanged.
-    let call = || unsafe { f(lib, code, jit_opts, jit_vals, n_jit, lib_opts, lib_vals, n_lib) };
+    let call = || unsafe {
+        f(
+            lib, code, jit_opts, jit_vals, n_jit, lib_opts, lib_vals, n_lib,
+        )
+    };
     load(lib, false, call, unload_library)
 }
 
@@ -397,7 +443,11 @@ pub unsafe extern "C" fn cuLibraryLoadFromFile(
         return CUresult::CUDA_ERROR_NOT_INITIALIZED;
     };
     // SAFETY: forwarded unchanged.
-    let call = || unsafe { f(lib, path, jit_opts, jit_vals, n_jit, lib_opts, lib_vals, n_lib) };
+    let call = || unsafe {
+        f(
+            lib, path, jit_opts, jit_vals, n_jit, lib_opts, lib_vals, n_lib,
+        )
+    };
     load(lib, false, call, unload_library)
 }
 

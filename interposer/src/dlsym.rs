@@ -27,6 +27,9 @@ unsafe extern "C" {
 }
 
 /// The exported `dlsym`: a jump into the trampoline, so the caller's frame is untouched.
+///
+/// # Safety
+/// glibc's dlsym contract: a valid handle and a NUL-terminated name.
 #[cfg(target_arch = "x86_64")]
 #[unsafe(naked)]
 #[unsafe(no_mangle)]
@@ -34,6 +37,10 @@ pub unsafe extern "C" fn dlsym(_handle: *mut c_void, _name: *const c_char) -> *m
     core::arch::naked_asm!("jmp {t}", t = sym cuslice_dlsym_trampoline)
 }
 
+/// As on x86_64.
+///
+/// # Safety
+/// glibc's dlsym contract: a valid handle and a NUL-terminated name.
 #[cfg(target_arch = "aarch64")]
 #[unsafe(naked)]
 #[unsafe(no_mangle)]
@@ -80,7 +87,10 @@ pub fn real_dlsym() -> Option<DlsymFn> {
 /// # Safety
 /// Called only by the trampoline with the caller's `dlsym` arguments.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuslice_dlsym_route(handle: *mut c_void, name: *const c_char) -> *mut c_void {
+pub unsafe extern "C" fn cuslice_dlsym_route(
+    handle: *mut c_void,
+    name: *const c_char,
+) -> *mut c_void {
     let Some(real) = real_dlsym() else {
         return std::ptr::null_mut();
     };

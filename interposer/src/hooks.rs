@@ -258,7 +258,8 @@ fn get(s: Sym) -> *mut () {
 
 /// The real function's address for table entry `i` (after `ensure`).
 pub fn real_at(i: usize) -> *mut () {
-    REAL.get(i).map_or(std::ptr::null_mut(), |p| p.load(Ordering::Acquire))
+    REAL.get(i)
+        .map_or(std::ptr::null_mut(), |p| p.load(Ordering::Acquire))
 }
 
 /// cuslice's wrapper for the exact real function `p`, if cuslice wraps it.

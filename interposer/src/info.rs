@@ -68,7 +68,9 @@ pub unsafe extern "C" fn cuMemGetInfo(free: *mut c_uint, total: *mut c_uint) -> 
     };
     let (Some(v1), false, false) = (real::cuMemGetInfo(), free.is_null(), total.is_null()) else {
         // SAFETY: forwarded unchanged (the driver reports the NULL pointers).
-        return unsafe { real::cuMemGetInfo().map_or(CUresult::CUDA_ERROR_NOT_INITIALIZED, |g| g(free, total)) };
+        return unsafe {
+            real::cuMemGetInfo().map_or(CUresult::CUDA_ERROR_NOT_INITIALIZED, |g| g(free, total))
+        };
     };
     // The full-width figures, so the cap applies before the clamp to 32 bits.
     let (mut fr, mut t) = (0usize, 0usize);
@@ -117,10 +119,13 @@ pub unsafe extern "C" fn cuDeviceTotalMem(bytes: *mut c_uint, dev: CUdevice) -> 
         let wide = real::cuDeviceTotalMem_v2()
             // SAFETY: valid out-pointer.
             .filter(|f| unsafe { f(&mut full, dev) }.is_ok())
-            .map_or(u64::from(
-                // SAFETY: non-NULL and written by the driver.
-                unsafe { *bytes },
-            ), |_| full as u64);
+            .map_or(
+                u64::from(
+                    // SAFETY: non-NULL and written by the driver.
+                    unsafe { *bytes },
+                ),
+                |_| full as u64,
+            );
         // SAFETY: non-NULL.
         unsafe { *bytes = virtual_total(wide, dev).min(u32::MAX as u64) as c_uint };
     }

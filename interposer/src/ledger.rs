@@ -99,7 +99,11 @@ pub enum LedgerError {
     #[error(
         "{path} is damaged (size {found} bytes, its header says {expected}); stop the processes using it and remove it"
     )]
-    Damaged { path: PathBuf, found: u64, expected: u64 },
+    Damaged {
+        path: PathBuf,
+        found: u64,
+        expected: u64,
+    },
     #[error("{path}: all {MAX_PROCS} process slots are in use")]
     Full { path: PathBuf },
     #[error("{path}: all {MAX_DEVICES} device slots are in use")]
@@ -107,7 +111,12 @@ pub enum LedgerError {
     #[error(
         "the memory cap {asked} for device {uuid} differs from the cap {recorded} the slice in {path} already has; processes of one slice must agree (or leave it unset to inherit)"
     )]
-    CapConflict { path: PathBuf, uuid: String, asked: String, recorded: String },
+    CapConflict {
+        path: PathBuf,
+        uuid: String,
+        asked: String,
+        recorded: String,
+    },
 }
 
 /// A refusal: the request would take the slice past its cap.
@@ -152,11 +161,23 @@ impl Ledger {
             )
         };
         if p == libc::MAP_FAILED {
-            return Err(LedgerError::Io { path, err: io::Error::last_os_error() });
+            return Err(LedgerError::Io {
+                path,
+                err: io::Error::last_os_error(),
+            });
         }
-        let l = Ledger { map: p.cast(), len: size(), file: None, path, me: AtomicU32::new(u32::MAX) };
+        let l = Ledger {
+            map: p.cast(),
+            len: size(),
+            file: None,
+            path,
+            me: AtomicU32::new(u32::MAX),
+        };
         // SAFETY: the mapping is new and ours alone.
-        unsafe { l.format() }.map_err(|err| LedgerError::Io { path: l.path.clone(), err })?;
+        unsafe { l.format() }.map_err(|err| LedgerError::Io {
+            path: l.path.clone(),
+            err,
+        })?;
         Ok(l)
     }
 
@@ -164,8 +185,14 @@ impl Ledger {
     /// the file is formatted under a temporary name and linked into place atomically.
     pub fn open_dir(dir: &Path) -> Result<Ledger, LedgerError> {
         let path = dir.join(FILE_NAME);
-        let io = |err| LedgerError::Io { path: path.clone(), err };
-        std::fs::create_dir_all(dir).map_err(|err| LedgerError::Io { path: dir.to_path_buf(), err })?;
+        let io = |err| LedgerError::Io {
+            path: path.clone(),
+            err,
+        };
+        std::fs::create_dir_all(dir).map_err(|err| LedgerError::Io {
+            path: dir.to_path_buf(),
+            err,
+        })?;
         loop {
             match OpenOptions::new().read(true).write(true).open(&path) {
                 Ok(f) => return Ledger::attach(f, path),
@@ -222,7 +249,10 @@ impl Ledger {
     }
 
     fn attach(mut f: File, path: PathBuf) -> Result<Ledger, LedgerError> {
-        let io = |err| LedgerError::Io { path: path.clone(), err };
+        let io = |err| LedgerError::Io {
+            path: path.clone(),
+            err,
+        };
         let found = f.metadata().map_err(io)?.len();
         let mut head = [0u8; 24];
         let n = f.read(&mut head).map_err(io)?;
@@ -231,14 +261,21 @@ impl Ledger {
         }
         let version = u32::from_ne_bytes([head[8], head[9], head[10], head[11]]);
         if n < 24 || version != VERSION {
-            return Err(LedgerError::Version { path, found: version });
+            return Err(LedgerError::Version {
+                path,
+                found: version,
+            });
         }
         let header_size = u32::from_ne_bytes([head[12], head[13], head[14], head[15]]);
         let expected = u64::from_ne_bytes([
             head[16], head[17], head[18], head[19], head[20], head[21], head[22], head[23],
         ]);
         if found != expected || expected != size() as u64 || header_size as usize != size() {
-            return Err(LedgerError::Damaged { path, found, expected });
+            return Err(LedgerError::Damaged {
+                path,
+                found,
+                expected,
+            });
         }
         Ledger::map_file(&f, &path).map_err(io)
     }
@@ -340,7 +377,9 @@ impl Ledger {
             self.me.store(s as u32, Ordering::Relaxed);
             return Ok(s as u32);
         }
-        Err(LedgerError::Full { path: self.path.clone() })
+        Err(LedgerError::Full {
+            path: self.path.clone(),
+        })
     }
 
     /// Reclaims what dead processes hold; returns the bytes given back.
@@ -365,7 +404,10 @@ impl Ledger {
                 }
                 let _g = self.lock_dev(rec, d);
                 let n = c.swap(0, Ordering::Relaxed);
-                rec.used.store(rec.used.load(Ordering::Relaxed).saturating_sub(n), Ordering::Relaxed);
+                rec.used.store(
+                    rec.used.load(Ordering::Relaxed).saturating_sub(n),
+                    Ordering::Relaxed,
+                );
                 freed += n;
             }
             p.state.store(FREE, Ordering::Release);
@@ -375,7 +417,11 @@ impl Ledger {
 
     /// The device record for `uuid`, made if new. `cap` is this process's configured cap (None:
     /// inherit whatever the slice has). Returns the index and the slice's cap for the device.
-    pub fn device(&self, uuid: [u8; 16], cap: Option<u64>) -> Result<(u32, Option<u64>), LedgerError> {
+    pub fn device(
+        &self,
+        uuid: [u8; 16],
+        cap: Option<u64>,
+    ) -> Result<(u32, Option<u64>), LedgerError> {
         let _g = self.lock_table();
         let devices = &self.header().devices;
         let found = devices
@@ -387,7 +433,9 @@ impl Ledger {
                 let i = devices
                     .iter()
                     .position(|d| d.state.load(Ordering::Acquire) == FREE)
-                    .ok_or_else(|| LedgerError::DevicesFull { path: self.path.clone() })?;
+                    .ok_or_else(|| LedgerError::DevicesFull {
+                        path: self.path.clone(),
+                    })?;
                 let (a, b) = uuid_words(&uuid);
                 devices[i].uuid[0].store(a, Ordering::Relaxed);
                 devices[i].uuid[1].store(b, Ordering::Relaxed);
@@ -445,11 +493,16 @@ impl Ledger {
         let (Some(rec), Some(p)) = (self.dev(d), self.header().procs.get(me as usize)) else {
             return;
         };
-        let Some(charge) = p.charged.get(d as usize) else { return };
+        let Some(charge) = p.charged.get(d as usize) else {
+            return;
+        };
         let _g = self.lock_dev(rec, d as usize);
         let n = bytes.min(charge.load(Ordering::Relaxed));
         charge.store(charge.load(Ordering::Relaxed) - n, Ordering::Relaxed);
-        rec.used.store(rec.used.load(Ordering::Relaxed).saturating_sub(n), Ordering::Relaxed);
+        rec.used.store(
+            rec.used.load(Ordering::Relaxed).saturating_sub(n),
+            Ordering::Relaxed,
+        );
     }
 
     pub fn note_refusal(&self, d: u32) {
@@ -490,7 +543,8 @@ impl Ledger {
 
     /// The last context overhead measured on device `d` by any process of the slice.
     pub fn context_overhead(&self, d: u32) -> u64 {
-        self.dev(d).map_or(0, |r| r.context_overhead.load(Ordering::Relaxed))
+        self.dev(d)
+            .map_or(0, |r| r.context_overhead.load(Ordering::Relaxed))
     }
 
     pub fn set_context_overhead(&self, d: u32, bytes: u64) {
@@ -546,4 +600,3 @@ impl Drop for DevGuard<'_> {
         self.rec.lock.unlock();
     }
 }
-

@@ -13,7 +13,10 @@
 //! `unwrap`/`expect`/`panic!` (denied below), and the release profile aborts rather than
 //! unwinding into C should anything panic all the same.
 
-#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
 
 mod log;
 

@@ -35,7 +35,10 @@ impl Write for Line {
     fn write_str(&mut self, s: &str) -> fmt::Result {
         let room = self.buf.len() - 1 - self.len;
         let n = s.len().min(room);
-        if let (Some(dst), Some(src)) = (self.buf.get_mut(self.len..self.len + n), s.as_bytes().get(..n)) {
+        if let (Some(dst), Some(src)) = (
+            self.buf.get_mut(self.len..self.len + n),
+            s.as_bytes().get(..n),
+        ) {
             dst.copy_from_slice(src);
             self.len += n;
         }
@@ -48,7 +51,10 @@ pub fn emit(level: LogLevel, args: fmt::Arguments<'_>) {
     if !enabled(level) {
         return;
     }
-    let mut line = Line { buf: [0; 512], len: 0 };
+    let mut line = Line {
+        buf: [0; 512],
+        len: 0,
+    };
     let _ = line.write_str("cuslice: ");
     let _ = line.write_fmt(args);
     if let Some(b) = line.buf.get_mut(line.len) {

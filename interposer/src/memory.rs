@@ -134,7 +134,9 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
     let Some(f) = real::cuMemAllocPitch_v2() else {
         return CUresult::CUDA_ERROR_NOT_INITIALIZED;
     };
-    let estimate = (width as u64).next_multiple_of(PITCH_ESTIMATE_ALIGN).saturating_mul(height as u64);
+    let estimate = (width as u64)
+        .next_multiple_of(PITCH_ESTIMATE_ALIGN)
+        .saturating_mul(height as u64);
     charged_alloc(
         estimate,
         // SAFETY: forwarded unchanged.
@@ -172,7 +174,11 @@ pub unsafe extern "C" fn cuMemAllocPitch(
 /// # Safety
 /// The CUDA driver API contract of cuMemAllocManaged.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAllocManaged(dptr: *mut CUdeviceptr, size: usize, flags: c_uint) -> CUresult {
+pub unsafe extern "C" fn cuMemAllocManaged(
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    flags: c_uint,
+) -> CUresult {
     let Some(f) = real::cuMemAllocManaged() else {
         return CUresult::CUDA_ERROR_NOT_INITIALIZED;
     };

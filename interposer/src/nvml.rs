@@ -27,7 +27,9 @@ fn init() -> bool {
     if !hooks::ensure(Lib::Nvml) {
         return false;
     }
-    let Some(f) = real::nvmlInit_v2() else { return false };
+    let Some(f) = real::nvmlInit_v2() else {
+        return false;
+    };
     // SAFETY: nvmlInit_v2 takes no arguments; NVML counts initialisations.
     let ok = unsafe { f() } == nvmlReturn_t::NVML_SUCCESS;
     DONE.store(ok, Ordering::Release);
@@ -49,13 +51,21 @@ pub fn device_used(uuid: &[u8; 16]) -> Option<u64> {
     }
     let h = handle_by_uuid(uuid)?;
     let f = real::nvmlDeviceGetMemoryInfo()?;
-    let mut m = nvmlMemory_t { total: 0, free: 0, used: 0 };
+    let mut m = nvmlMemory_t {
+        total: 0,
+        free: 0,
+        used: 0,
+    };
     // SAFETY: a device handle from NVML and a writable struct of the v1 layout.
     (unsafe { f(h, &mut m) } == nvmlReturn_t::NVML_SUCCESS).then_some(m.used)
 }
 
 fn parse_uuid(s: &str) -> Option<[u8; 16]> {
-    let hex: Vec<u8> = s.strip_prefix("GPU-")?.bytes().filter(|b| *b != b'-').collect();
+    let hex: Vec<u8> = s
+        .strip_prefix("GPU-")?
+        .bytes()
+        .filter(|b| *b != b'-')
+        .collect();
     if hex.len() != 32 {
         return None;
     }
@@ -81,7 +91,10 @@ fn uuid_of(dev: Nvdev) -> Option<[u8; 16]> {
 
 /// UUIDs of the devices in NVML's order.
 fn nvml_uuids() -> Vec<[u8; 16]> {
-    let (Some(count), Some(by_index)) = (real::nvmlDeviceGetCount_v2(), real::nvmlDeviceGetHandleByIndex_v2()) else {
+    let (Some(count), Some(by_index)) = (
+        real::nvmlDeviceGetCount_v2(),
+        real::nvmlDeviceGetHandleByIndex_v2(),
+    ) else {
         return Vec::new();
     };
     let mut n: c_uint = 0;
@@ -111,7 +124,9 @@ fn ordinal_of(uuid: &[u8; 16]) -> Option<u32> {
                 if let Ok(i) = e.parse::<usize>() {
                     all.get(i).copied()
                 } else {
-                    all.iter().copied().find(|u| slice::uuid_string(u).starts_with(e) && e.starts_with("GPU-"))
+                    all.iter()
+                        .copied()
+                        .find(|u| slice::uuid_string(u).starts_with(e) && e.starts_with("GPU-"))
                 }
             })
             .collect(),
@@ -125,7 +140,9 @@ fn capped(dev: Nvdev) -> Option<(u64, u64)> {
     if !slice::prepare() {
         return None;
     }
-    let State::On(s) = slice::state() else { return None };
+    let State::On(s) = slice::state() else {
+        return None;
+    };
     let uuid = uuid_of(dev)?;
     let index = match s.ledger.find(&uuid) {
         Some(i) => i,
@@ -149,13 +166,17 @@ fn register(s: &Slice, uuid: [u8; 16]) -> Option<u32> {
 /// # Safety
 /// The NVML API contract of nvmlDeviceGetMemoryInfo.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(dev: Nvdev, mem: *mut nvmlMemory_t) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
+    dev: Nvdev,
+    mem: *mut nvmlMemory_t,
+) -> nvmlReturn_t {
     let Some(f) = real::nvmlDeviceGetMemoryInfo() else {
         return nvmlReturn_t::NVML_ERROR_UNINITIALIZED;
     };
     // SAFETY: forwarded unchanged.
     let r = unsafe { f(dev, mem) };
     if r == nvmlReturn_t::NVML_SUCCESS
+        // SAFETY: the caller's struct (or NULL), just filled in by NVML.
         && let Some(m) = unsafe { mem.as_mut() }
         && let Some((cap, used)) = capped(dev)
     {
@@ -169,13 +190,17 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(dev: Nvdev, mem: *mut nvmlMemor
 /// # Safety
 /// The NVML API contract of nvmlDeviceGetMemoryInfo_v2.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(dev: Nvdev, mem: *mut nvmlMemory_v2_t) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
+    dev: Nvdev,
+    mem: *mut nvmlMemory_v2_t,
+) -> nvmlReturn_t {
     let Some(f) = real::nvmlDeviceGetMemoryInfo_v2() else {
         return nvmlReturn_t::NVML_ERROR_UNINITIALIZED;
     };
     // SAFETY: forwarded unchanged (NVML checks the version field).
     let r = unsafe { f(dev, mem) };
     if r == nvmlReturn_t::NVML_SUCCESS
+        // SAFETY: the caller's struct (or NULL), just filled in by NVML.
         && let Some(m) = unsafe { mem.as_mut() }
         && let Some((cap, used)) = capped(dev)
     {
@@ -218,7 +243,10 @@ fn filtered<T: Copy>(
         break;
     }
     let pids = s.ledger.pids();
-    let mine: Vec<T> = all.into_iter().filter(|p| pids.contains(&(pid_of(p) as i32))).collect();
+    let mine: Vec<T> = all
+        .into_iter()
+        .filter(|p| pids.contains(&(pid_of(p) as i32)))
+        .collect();
     // SAFETY: non-NULL (checked above); the caller's capacity.
     let room = unsafe { *count } as usize;
     // SAFETY: as above.

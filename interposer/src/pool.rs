@@ -22,15 +22,26 @@ fn reserved_now(pool: CUmemoryPool) -> Option<u64> {
     let f = real::cuMemPoolGetAttribute()?;
     let mut v: u64 = 0;
     // SAFETY: a u64 out-value for a u64-valued attribute.
-    let r = unsafe { f(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, (&mut v as *mut u64).cast::<c_void>()) };
+    let r = unsafe {
+        f(
+            pool,
+            CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+            (&mut v as *mut u64).cast::<c_void>(),
+        )
+    };
     r.is_ok().then_some(v)
 }
 
 /// Brings the pool's charge to what it reserves now; returns the change (+ grown, - shrunk).
 fn sync_pool(pool: CUmemoryPool, dev: usize) -> i128 {
-    let Some(now) = reserved_now(pool) else { return 0 };
+    let Some(now) = reserved_now(pool) else {
+        return 0;
+    };
     slice::local(|l| {
-        let rec = l.pools.entry(pool as usize).or_insert(PoolRec { dev, charged: 0 });
+        let rec = l
+            .pools
+            .entry(pool as usize)
+            .or_insert(PoolRec { dev, charged: 0 });
         let delta = now as i128 - rec.charged as i128;
         rec.charged = now;
         delta
@@ -54,7 +65,11 @@ fn pool_dev(pool: CUmemoryPool, fallback: usize) -> usize {
 }
 
 fn capturing(stream: CUstream, ptsz: bool) -> bool {
-    let f = if ptsz { real::cuStreamIsCapturing_ptsz() } else { real::cuStreamIsCapturing() };
+    let f = if ptsz {
+        real::cuStreamIsCapturing_ptsz()
+    } else {
+        real::cuStreamIsCapturing()
+    };
     let Some(f) = f else { return false };
     let mut status = CU_STREAM_CAPTURE_STATUS_NONE;
     // SAFETY: valid out-pointer; `stream` is the caller's stream.
@@ -115,7 +130,11 @@ fn alloc_async(
 }
 
 fn free_async(ptr: CUdeviceptr, stream: CUstream, ptsz: bool) {
-    let f = if ptsz { real::cuMemFreeAsync_ptsz() } else { real::cuMemFreeAsync() };
+    let f = if ptsz {
+        real::cuMemFreeAsync_ptsz()
+    } else {
+        real::cuMemFreeAsync()
+    };
     if let Some(f) = f {
         // SAFETY: returns the block just allocated on the same stream.
         unsafe { f(ptr, stream) };
@@ -162,9 +181,15 @@ async_wrappers! {
 /// Trims this process's pools on device `dev` down to what their blocks use and gives the
 /// difference back to the slice (called before any refusal).
 pub fn give_back_idle(s: &Slice, dev: usize) {
-    let Some(trim) = real::cuMemPoolTrimTo() else { return };
+    let Some(trim) = real::cuMemPoolTrimTo() else {
+        return;
+    };
     let pools: Vec<usize> = slice::local(|l| {
-        l.pools.iter().filter(|(_, p)| p.dev == dev && p.charged > 0).map(|(k, _)| *k).collect()
+        l.pools
+            .iter()
+            .filter(|(_, p)| p.dev == dev && p.charged > 0)
+            .map(|(k, _)| *k)
+            .collect()
     });
     for p in pools {
         // SAFETY: a pool handle this process obtained from the driver.
@@ -181,7 +206,9 @@ fn remember(pool: CUmemoryPool, cudev: CUdevice) {
         && let Some(dev) = s.dev_by_cudev(cudev)
     {
         slice::local(|l| {
-            l.pools.entry(pool as usize).or_insert(PoolRec { dev, charged: 0 });
+            l.pools
+                .entry(pool as usize)
+                .or_insert(PoolRec { dev, charged: 0 });
         });
     }
 }
@@ -189,7 +216,10 @@ fn remember(pool: CUmemoryPool, cudev: CUdevice) {
 /// # Safety
 /// The CUDA driver API contract of cuMemPoolCreate.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemPoolCreate(pool: *mut CUmemoryPool, props: *const CUmemPoolProps) -> CUresult {
+pub unsafe extern "C" fn cuMemPoolCreate(
+    pool: *mut CUmemoryPool,
+    props: *const CUmemPoolProps,
+) -> CUresult {
     let Some(f) = real::cuMemPoolCreate() else {
         return CUresult::CUDA_ERROR_NOT_INITIALIZED;
     };
@@ -245,7 +275,10 @@ pub unsafe extern "C" fn cuMemPoolTrimTo(pool: CUmemoryPool, keep: usize) -> CUr
 /// # Safety
 /// The CUDA driver API contract of cuDeviceGetDefaultMemPool.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuDeviceGetDefaultMemPool(pool: *mut CUmemoryPool, dev: CUdevice) -> CUresult {
+pub unsafe extern "C" fn cuDeviceGetDefaultMemPool(
+    pool: *mut CUmemoryPool,
+    dev: CUdevice,
+) -> CUresult {
     let Some(f) = real::cuDeviceGetDefaultMemPool() else {
         return CUresult::CUDA_ERROR_NOT_INITIALIZED;
     };

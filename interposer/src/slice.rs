@@ -154,7 +154,12 @@ pub fn prepare() -> bool {
         }
     };
     info!("joined slice {} as slot {slot}", ledger.path().display());
-    let slice = Box::new(Slice { config, ledger, slot, devs: OnceLock::new() });
+    let slice = Box::new(Slice {
+        config,
+        ledger,
+        slot,
+        devs: OnceLock::new(),
+    });
     SLICE.store(Box::into_raw(slice), Ordering::Release);
     MODE.store(ON, Ordering::Release);
     true
@@ -166,7 +171,14 @@ fn absolute(p: &Path) -> PathBuf {
 
 pub fn uuid_string(u: &[u8; 16]) -> String {
     let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
-    format!("GPU-{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
 }
 
 fn device_uuid(d: CUdevice) -> Option<[u8; 16]> {
@@ -184,7 +196,10 @@ fn granularity(ordinal: c_int) -> u64 {
     let prop = CUmemAllocationProp {
         type_: CU_MEM_ALLOCATION_TYPE_PINNED,
         requestedHandleTypes: CU_MEM_HANDLE_TYPE_NONE,
-        location: CUmemLocation { type_: CU_MEM_LOCATION_TYPE_DEVICE, id: ordinal },
+        location: CUmemLocation {
+            type_: CU_MEM_LOCATION_TYPE_DEVICE,
+            id: ordinal,
+        },
         win32HandleMetaData: std::ptr::null_mut(),
         compressionType: 0,
         gpuDirectRDMACapable: 0,
@@ -194,7 +209,11 @@ fn granularity(ordinal: c_int) -> u64 {
     let mut g = 0usize;
     // SAFETY: valid out-pointer and property struct.
     let r = unsafe { f(&mut g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) };
-    if r.is_ok() && g > 0 { g as u64 } else { DEFAULT }
+    if r.is_ok() && g > 0 {
+        g as u64
+    } else {
+        DEFAULT
+    }
 }
 
 /// After the real cuInit succeeded: learns the devices and registers them (with this process's
@@ -210,10 +229,14 @@ pub fn attach_devices() -> bool {
     if s.devs.get().is_some() {
         return true;
     }
-    let (Some(get_count), Some(get), Some(total)) =
-        (real::cuDeviceGetCount(), real::cuDeviceGet(), real::cuDeviceTotalMem_v2())
-    else {
-        refuse(format_args!("the CUDA driver lacks cuDeviceGetCount/cuDeviceGet/cuDeviceTotalMem_v2"));
+    let (Some(get_count), Some(get), Some(total)) = (
+        real::cuDeviceGetCount(),
+        real::cuDeviceGet(),
+        real::cuDeviceTotalMem_v2(),
+    ) else {
+        refuse(format_args!(
+            "the CUDA driver lacks cuDeviceGetCount/cuDeviceGet/cuDeviceTotalMem_v2"
+        ));
         return false;
     };
     let mut n: c_int = 0;
@@ -252,11 +275,19 @@ pub fn attach_devices() -> bool {
                 return false;
             }
         };
-        devs.push(Dev { cudev: d, index, uuid, physical: bytes as u64, granularity: granularity(i) });
+        devs.push(Dev {
+            cudev: d,
+            index,
+            uuid,
+            physical: bytes as u64,
+            granularity: granularity(i),
+        });
     }
     for o in s.config.mentioned_ordinals() {
         if o >= n as u32 {
-            warning!("a limit names device {o}, but this process sees {n} CUDA device(s); it applies to none");
+            warning!(
+                "a limit names device {o}, but this process sees {n} CUDA device(s); it applies to none"
+            );
         }
     }
     let _ = s.devs.set(devs);
@@ -316,7 +347,10 @@ impl Slice {
             && bytes > 0
         {
             self.ledger.release(self.slot, d.index, bytes);
-            OWN_CHARGED.fetch_sub(bytes.min(OWN_CHARGED.load(Ordering::Relaxed)), Ordering::Relaxed);
+            OWN_CHARGED.fetch_sub(
+                bytes.min(OWN_CHARGED.load(Ordering::Relaxed)),
+                Ordering::Relaxed,
+            );
         }
     }
 
@@ -324,7 +358,8 @@ impl Slice {
     /// fit, the reservation is given back and the caller must undo the operation.
     pub fn settle(&self, ordinal: usize, reserved: u64, actual: u64) -> Result<(), CUresult> {
         if actual > reserved {
-            self.reserve(ordinal, actual - reserved).inspect_err(|_| self.release(ordinal, reserved))
+            self.reserve(ordinal, actual - reserved)
+                .inspect_err(|_| self.release(ordinal, reserved))
         } else {
             self.release(ordinal, reserved - actual);
             Ok(())
@@ -434,9 +469,24 @@ pub fn local<R>(f: impl FnOnce(&mut Local) -> R) -> R {
 pub fn context_gone(s: &Slice, ctx: usize) {
     let freed: Vec<Charge> = local(|l| {
         let mut out = Vec::new();
-        l.allocs.retain(|_, c| c.ctx != ctx || { out.push(*c); false });
-        l.arrays.retain(|_, c| c.ctx != ctx || { out.push(*c); false });
-        l.modules.retain(|_, c| c.ctx != ctx || { out.push(*c); false });
+        l.allocs.retain(|_, c| {
+            c.ctx != ctx || {
+                out.push(*c);
+                false
+            }
+        });
+        l.arrays.retain(|_, c| {
+            c.ctx != ctx || {
+                out.push(*c);
+                false
+            }
+        });
+        l.modules.retain(|_, c| {
+            c.ctx != ctx || {
+                out.push(*c);
+                false
+            }
+        });
         if let Some(c) = l.contexts.remove(&ctx) {
             out.push(c);
         }
@@ -510,7 +560,11 @@ fn register_fork_handlers() {
     ONCE.call_once(|| {
         // SAFETY: registers three extern "C" fns that live as long as the library.
         unsafe {
-            libc::pthread_atfork(Some(before_fork), Some(parent_after_fork), Some(child_after_fork))
+            libc::pthread_atfork(
+                Some(before_fork),
+                Some(parent_after_fork),
+                Some(child_after_fork),
+            )
         };
     });
 }

@@ -56,7 +56,14 @@ pub unsafe extern "C" fn cuMemCreate(
     // SAFETY: written by the driver on success.
     let h = unsafe { *handle };
     slice::local(|l| {
-        l.vmm.insert(h, VmmHandle { charge: Charge { dev, bytes, ctx: 0 }, refs: 1, maps: 0 })
+        l.vmm.insert(
+            h,
+            VmmHandle {
+                charge: Charge { dev, bytes, ctx: 0 },
+                refs: 1,
+                maps: 0,
+            },
+        )
     });
     r
 }

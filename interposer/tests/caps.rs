@@ -19,14 +19,24 @@ fn fill_is_capped(family: &str, route: &str) {
     args.extend(["fill", "--family", family, "--chunk", "64MiB"]);
     let out = slice.command(&sim, &program, &args).output().unwrap();
     let (lines, code, stderr) = split(out);
-    assert_eq!(code, 0, "{family} via {route}: exit {code}; stderr: {stderr}");
+    assert_eq!(
+        code, 0,
+        "{family} via {route}: exit {code}; stderr: {stderr}"
+    );
     let start = event(&lines, "start");
-    assert_eq!(u(&start["total"]), CAP, "{family} via {route}: reported total");
+    assert_eq!(
+        u(&start["total"]),
+        CAP,
+        "{family} via {route}: reported total"
+    );
     let refused = event(&lines, "refused");
     assert_eq!(refused["code"], 2, "{family} via {route}: {refused}");
     let peak = peak_used(&sim, 0);
     let chunk = u(&refused["chunk_bytes"]).next_multiple_of(2 * MIB);
-    assert!(peak <= CAP, "{family} via {route}: the device held {peak} bytes under a {CAP} cap");
+    assert!(
+        peak <= CAP,
+        "{family} via {route}: the device held {peak} bytes under a {CAP} cap"
+    );
     assert!(
         CAP - peak < chunk,
         "{family} via {route}: refused with {} MiB of the cap unused (chunk {} MiB)",
@@ -65,7 +75,14 @@ fn four_processes_in_one_slice_hold_at_most_the_cap_together() {
     let sim = Sim::new(&["--memory", "8GiB"]);
     let slice = Slice::new(&[("CUSLICE_MEMORY_LIMIT", "2GiB")]);
     let mut procs: Vec<Running> = (0..4)
-        .map(|_| slice.spawn(&sim, &["fill", "--family", "mem", "--chunk", "32MiB", "--hold", "30"]))
+        .map(|_| {
+            slice.spawn(
+                &sim,
+                &[
+                    "fill", "--family", "mem", "--chunk", "32MiB", "--hold", "30",
+                ],
+            )
+        })
         .collect();
     // Each ends refused with out-of-memory: at an allocation (then holds what it got) or, when
     // the others took the cap first, already at its context.
@@ -74,7 +91,10 @@ fn four_processes_in_one_slice_hold_at_most_the_cap_together() {
         assert_eq!(r["code"], 2, "{r}");
     }
     let held = used(&sim, 0);
-    assert!(held <= cap && cap - held < 300 * MIB, "the slice holds {held} of {cap}");
+    assert!(
+        held <= cap && cap - held < 300 * MIB,
+        "the slice holds {held} of {cap}"
+    );
     assert!(peak_used(&sim, 0) <= cap, "peak {}", peak_used(&sim, 0));
     drop(procs);
 }
@@ -85,7 +105,10 @@ fn first_of(p: &mut Running, events: &[&str]) -> serde_json::Value {
     let mut line = String::new();
     loop {
         line.clear();
-        assert!(p.out.read_line(&mut line).unwrap() > 0, "workload ended early");
+        assert!(
+            p.out.read_line(&mut line).unwrap() > 0,
+            "workload ended early"
+        );
         if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line)
             && events.iter().any(|e| v["event"] == *e)
         {
@@ -99,7 +122,9 @@ fn a_context_that_does_not_fit_is_refused_with_out_of_memory() {
     // 300 MiB of context overhead per process: the fourth context does not fit in 1 GiB.
     let sim = Sim::new(&["--memory", "8GiB"]);
     let slice = Slice::new(&[("CUSLICE_MEMORY_LIMIT", "1GiB")]);
-    let mut procs: Vec<Running> = (0..3).map(|_| slice.spawn(&sim, &["hold", "--bytes", "2MiB"])).collect();
+    let mut procs: Vec<Running> = (0..3)
+        .map(|_| slice.spawn(&sim, &["hold", "--bytes", "2MiB"]))
+        .collect();
     for p in procs.iter_mut() {
         p.wait_for("holding", std::time::Duration::from_secs(20));
     }
@@ -163,7 +188,13 @@ fn a_process_outside_the_slice_is_not_listed_and_uncapped_devices_are_untouched(
     let info = event(&lines, "info");
     assert_eq!(u(&info["mem_get_info"]["total"]), 8 * GIB);
     assert_eq!(u(&info["nvml"]["devices"][0]["memory"]["total"]), 8 * GIB);
-    assert_eq!(info["nvml"]["devices"][0]["processes"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        info["nvml"]["devices"][0]["processes"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
     // A capped slice beside it lists only its own process.
     let capped = Slice::new(&[("CUSLICE_MEMORY_LIMIT", "2GiB")]);
     let (lines, _, _) = capped.run(&sim, &["info"]);
@@ -176,7 +207,10 @@ fn a_process_outside_the_slice_is_not_listed_and_uncapped_devices_are_untouched(
 #[test]
 fn per_device_caps_follow_the_device_uuid_across_a_permuted_visible_order() {
     let sim = Sim::new(&["--devices", "2", "--memory", "8GiB"]);
-    let slice = Slice::new(&[("CUSLICE_MEMORY_LIMIT_0", "1GiB"), ("CUSLICE_MEMORY_LIMIT_1", "2GiB")]);
+    let slice = Slice::new(&[
+        ("CUSLICE_MEMORY_LIMIT_0", "1GiB"),
+        ("CUSLICE_MEMORY_LIMIT_1", "2GiB"),
+    ]);
     let (lines, code, stderr) = slice.run(&sim, &["info"]);
     assert_eq!(code, 0, "{stderr}");
     let devs = event(&lines, "info")["devices"].clone();
@@ -184,9 +218,17 @@ fn per_device_caps_follow_the_device_uuid_across_a_permuted_visible_order() {
     assert_eq!(u(&devs[1]["total"]), 2 * GIB);
     // A second process of the slice sees the devices the other way round and sets no cap of its
     // own: the caps stay with the devices.
-    let mut permuted = Slice { dir: tempfile::tempdir().unwrap(), env: vec![] };
-    permuted.env.push(("CUSLICE_STATE_DIR".into(), slice.dir.path().display().to_string()));
-    permuted.env.push(("CUDA_VISIBLE_DEVICES".into(), "1,0".into()));
+    let mut permuted = Slice {
+        dir: tempfile::tempdir().unwrap(),
+        env: vec![],
+    };
+    permuted.env.push((
+        "CUSLICE_STATE_DIR".into(),
+        slice.dir.path().display().to_string(),
+    ));
+    permuted
+        .env
+        .push(("CUDA_VISIBLE_DEVICES".into(), "1,0".into()));
     let (lines, code, stderr) = permuted.run(&sim, &["info"]);
     assert_eq!(code, 0, "{stderr}");
     let devs = event(&lines, "info")["devices"].clone();
@@ -194,11 +236,19 @@ fn per_device_caps_follow_the_device_uuid_across_a_permuted_visible_order() {
     assert_eq!(u(&devs[0]["total"]), 2 * GIB);
     assert_eq!(u(&devs[1]["total"]), GIB);
     // And the cap holds on its ordinal 0 (the simulator's device 1).
-    let (lines, code, _) = permuted.run(&sim, &["--device", "0", "fill", "--family", "mem", "--chunk", "64MiB"]);
+    let (lines, code, _) = permuted.run(
+        &sim,
+        &[
+            "--device", "0", "fill", "--family", "mem", "--chunk", "64MiB",
+        ],
+    );
     assert_eq!(code, 0);
     assert_eq!(event(&lines, "refused")["code"], 2);
     let peak = peak_used(&sim, 1);
-    assert!(peak <= 2 * GIB && 2 * GIB - peak < 64 * MIB, "device 1 peak {peak}");
+    assert!(
+        peak <= 2 * GIB && 2 * GIB - peak < 64 * MIB,
+        "device 1 peak {peak}"
+    );
 }
 
 #[test]
@@ -209,6 +259,10 @@ fn a_context_and_its_allocations_are_released_when_the_process_exits() {
     let (first, _, _) = slice.run(&sim, &["fill", "--family", "mem", "--chunk", "16MiB"]);
     for _ in 0..3 {
         let (again, _, _) = slice.run(&sim, &["fill", "--family", "mem", "--chunk", "16MiB"]);
-        assert_eq!(count(&again), count(&first), "the slice lost memory between runs");
+        assert_eq!(
+            count(&again),
+            count(&first),
+            "the slice lost memory between runs"
+        );
     }
 }

@@ -20,33 +20,59 @@ fn portable() -> Option<PathBuf> {
 
 /// (symbol, version) for every versioned GLIBC import, from `objdump -T`.
 fn glibc_imports(lib: &std::path::Path) -> Vec<(String, String)> {
-    let out = Command::new("objdump").arg("-T").arg(lib).output().expect("objdump (binutils) is needed");
+    let out = Command::new("objdump")
+        .arg("-T")
+        .arg(lib)
+        .output()
+        .expect("objdump (binutils) is needed");
     assert!(out.status.success());
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter(|l| l.contains("*UND*"))
         .filter_map(|l| {
-            let v = l.split_whitespace().find(|w| w.trim_matches(|c| c == '(' || c == ')').starts_with("GLIBC_"))?;
+            let v = l.split_whitespace().find(|w| {
+                w.trim_matches(|c| c == '(' || c == ')')
+                    .starts_with("GLIBC_")
+            })?;
             let name = l.split_whitespace().last()?;
-            Some((name.to_string(), v.trim_matches(|c| c == '(' || c == ')').to_string()))
+            Some((
+                name.to_string(),
+                v.trim_matches(|c| c == '(' || c == ')').to_string(),
+            ))
         })
         .collect()
 }
 
 fn version_key(v: &str) -> Vec<u32> {
-    v.trim_start_matches("GLIBC_").split('.').filter_map(|p| p.parse().ok()).collect()
+    v.trim_start_matches("GLIBC_")
+        .split('.')
+        .filter_map(|p| p.parse().ok())
+        .collect()
 }
 
 #[test]
 fn the_portable_build_imports_nothing_newer_than_glibc_2_17() {
     let Some(lib) = portable() else { return };
     let imports = glibc_imports(&lib);
-    assert!(imports.iter().any(|(n, _)| n == "dlvsym"), "no imports read: {imports:?}");
-    let too_new: Vec<_> = imports.iter().filter(|(_, v)| version_key(v) > version_key("GLIBC_2.17")).collect();
-    assert!(too_new.is_empty(), "imports newer than GLIBC_2.17: {too_new:?}");
+    assert!(
+        imports.iter().any(|(n, _)| n == "dlvsym"),
+        "no imports read: {imports:?}"
+    );
+    let too_new: Vec<_> = imports
+        .iter()
+        .filter(|(_, v)| version_key(v) > version_key("GLIBC_2.17"))
+        .collect();
+    assert!(
+        too_new.is_empty(),
+        "imports newer than GLIBC_2.17: {too_new:?}"
+    );
     // The host build, by contrast, needs this machine's glibc (the check can tell them apart).
     let host = glibc_imports(&libcuslice());
-    assert!(host.iter().any(|(_, v)| version_key(v) > version_key("GLIBC_2.17")), "{host:?}");
+    assert!(
+        host.iter()
+            .any(|(_, v)| version_key(v) > version_key("GLIBC_2.17")),
+        "{host:?}"
+    );
 }
 
 #[test]
@@ -55,7 +81,18 @@ fn the_portable_build_caps_like_the_host_build() {
     let sim = Sim::new(&["--memory", "8GiB"]);
     let dir = tempfile::tempdir().unwrap();
     let out = sim
-        .command(&workload(), &["--route", "cudart-13.0", "fill", "--family", "mem", "--chunk", "64MiB"])
+        .command(
+            &workload(),
+            &[
+                "--route",
+                "cudart-13.0",
+                "fill",
+                "--family",
+                "mem",
+                "--chunk",
+                "64MiB",
+            ],
+        )
         .env("LD_PRELOAD", &lib)
         .env("CUSLICE_MEMORY_LIMIT", "1GiB")
         .env("CUSLICE_STATE_DIR", dir.path())

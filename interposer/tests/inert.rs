@@ -6,7 +6,11 @@ mod common;
 use common::*;
 use std::process::Command;
 
-fn run(cmd: &[&str], preload: Option<&str>, env: &[(&str, &str)]) -> (Option<i32>, Vec<u8>, Vec<u8>) {
+fn run(
+    cmd: &[&str],
+    preload: Option<&str>,
+    env: &[(&str, &str)],
+) -> (Option<i32>, Vec<u8>, Vec<u8>) {
     let mut c = Command::new(cmd[0]);
     c.args(&cmd[1..]);
     c.env_remove("LD_PRELOAD");
@@ -24,23 +28,43 @@ fn run(cmd: &[&str], preload: Option<&str>, env: &[(&str, &str)]) -> (Option<i32
 fn true_and_sh_behave_as_without_the_library_even_with_a_bad_setting() {
     let lib = libcuslice().display().to_string();
     let script = "echo out; echo err >&2; ls / >/dev/null; exit 3";
-    for env in [&[][..], &[("CUSLICE_MEMORY_LIMIT", "12XB")][..], &[("CUSLICE_MEMORY_LIMIT", "1GiB")][..]] {
-        for cmd in [&["/bin/true"][..], &["/bin/false"][..], &["sh", "-c", script][..]] {
+    for env in [
+        &[][..],
+        &[("CUSLICE_MEMORY_LIMIT", "12XB")][..],
+        &[("CUSLICE_MEMORY_LIMIT", "1GiB")][..],
+    ] {
+        for cmd in [
+            &["/bin/true"][..],
+            &["/bin/false"][..],
+            &["sh", "-c", script][..],
+        ] {
             let without = run(cmd, None, env);
             let with = run(cmd, Some(&lib), env);
-            assert_eq!(with, without, "{cmd:?} with {env:?} behaves differently under the library");
+            assert_eq!(
+                with, without,
+                "{cmd:?} with {env:?} behaves differently under the library"
+            );
         }
     }
 }
 
 fn build_c(dir: &std::path::Path, src: &str, out: &str, shared: bool) -> std::path::PathBuf {
-    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c").join(src);
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/c")
+        .join(src);
     let out = dir.join(out);
     let mut c = Command::new("cc");
     if shared {
         c.args(["-shared", "-fPIC"]);
     }
-    let st = c.arg("-O1").arg("-o").arg(&out).arg(&src).arg("-ldl").status().unwrap();
+    let st = c
+        .arg("-O1")
+        .arg("-o")
+        .arg(&out)
+        .arg(&src)
+        .arg("-ldl")
+        .status()
+        .unwrap();
     assert!(st.success(), "cc {} failed", src.display());
     out
 }
@@ -70,7 +94,11 @@ fn dlsym_answers_exactly_the_wrapped_names_and_keeps_rtld_next_relative_to_the_c
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "probe failed: {text} {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "probe failed: {text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let got: Vec<&str> = text.lines().collect();
     assert_eq!(
         got,

@@ -9,7 +9,11 @@ fn fill_count(slice: &Slice, sim: &Sim) -> u64 {
     let start = Instant::now();
     let (lines, code, stderr) = slice.run(sim, &["fill", "--family", "mem", "--chunk", "16MiB"]);
     assert_eq!(code, 0, "{stderr}");
-    assert!(start.elapsed() < Duration::from_secs(20), "a fill took {:?}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_secs(20),
+        "a fill took {:?}",
+        start.elapsed()
+    );
     assert_eq!(event(&lines, "refused")["code"], 2);
     u(&event(&lines, "refused")["count"])
 }
@@ -33,7 +37,12 @@ fn after_a_sigkill_storm_the_whole_cap_is_allocatable_again() {
         let mut batch: Vec<Running> = (0..6)
             .map(|_| {
                 let family = families[(next() % families.len() as u64) as usize];
-                slice.spawn(&sim, &["fill", "--family", family, "--chunk", "8MiB", "--hold", "30"])
+                slice.spawn(
+                    &sim,
+                    &[
+                        "fill", "--family", family, "--chunk", "8MiB", "--hold", "30",
+                    ],
+                )
             })
             .collect();
         for p in batch.iter_mut() {
@@ -44,10 +53,18 @@ fn after_a_sigkill_storm_the_whole_cap_is_allocatable_again() {
         }
     }
     assert_eq!(killed, 240);
-    assert!(storm.elapsed() < Duration::from_secs(120), "the storm took {:?}", storm.elapsed());
+    assert!(
+        storm.elapsed() < Duration::from_secs(120),
+        "the storm took {:?}",
+        storm.elapsed()
+    );
     // Every dead process's memory comes back: the same fill gets exactly as far as before.
     let after = fill_count(&slice, &sim);
     assert_eq!(after, before, "the slice lost memory to killed processes");
     assert_eq!(used(&sim, 0), 0, "the device still holds memory");
-    assert!(peak_used(&sim, 0) <= GIB, "peak {} over the cap", peak_used(&sim, 0));
+    assert!(
+        peak_used(&sim, 0) <= GIB,
+        "peak {} over the cap",
+        peak_used(&sim, 0)
+    );
 }

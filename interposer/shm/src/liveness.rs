@@ -55,8 +55,16 @@ mod tests {
     fn a_lock_is_seen_by_other_descriptions_and_released() {
         let dir = std::env::temp_dir().join(format!("cuslice-shm-{}", std::process::id()));
         std::fs::write(&dir, b"x").unwrap();
-        let a = std::fs::OpenOptions::new().read(true).write(true).open(&dir).unwrap();
-        let b = std::fs::OpenOptions::new().read(true).write(true).open(&dir).unwrap();
+        let a = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&dir)
+            .unwrap();
+        let b = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&dir)
+            .unwrap();
         assert!(!held_by_other(b.as_raw_fd(), 7));
         hold(a.as_raw_fd(), 7).unwrap();
         assert!(held_by_other(b.as_raw_fd(), 7));

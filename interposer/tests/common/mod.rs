@@ -16,8 +16,10 @@ pub struct Slice {
 impl Slice {
     pub fn new(env: &[(&str, &str)]) -> Slice {
         let dir = tempfile::tempdir().unwrap();
-        let mut all: Vec<(String, String)> =
-            env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let mut all: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         all.push(("CUSLICE_STATE_DIR".into(), dir.path().display().to_string()));
         Slice { dir, env: all }
     }
