@@ -126,12 +126,20 @@ fn create(
     r
 }
 
-fn destroyed(handle: *mut c_void, r: CUresult) -> CUresult {
-    if r.is_ok()
-        && let Ok(Some(s)) = slice::active()
-        && let Some(c) = slice::local(|l| l.arrays.remove(&(handle as usize)))
-    {
-        s.release(c.dev, c.bytes);
+/// Destroys with `destroy`, forgetting the handle first (once destroyed, the driver may hand the
+/// same handle to another thread's new array).
+fn destroy_counted(handle: *mut c_void, destroy: impl FnOnce() -> CUresult) -> CUresult {
+    let Ok(Some(s)) = slice::active() else {
+        return destroy();
+    };
+    let charge = slice::local(|l| l.arrays.remove(&(handle as usize)));
+    let r = destroy();
+    if let Some(c) = charge {
+        if r.is_ok() {
+            s.release(c.dev, c.bytes);
+        } else {
+            slice::local(|l| l.arrays.insert(handle as usize, c));
+        }
     }
     r
 }
@@ -242,7 +250,7 @@ pub unsafe extern "C" fn cuArrayDestroy(a: CUarray) -> CUresult {
         return CUresult::CUDA_ERROR_NOT_INITIALIZED;
     };
     // SAFETY: forwarded unchanged.
-    destroyed(a, unsafe { f(a) })
+    destroy_counted(a, || unsafe { f(a) })
 }
 
 /// # Safety
@@ -253,5 +261,5 @@ pub unsafe extern "C" fn cuMipmappedArrayDestroy(a: CUmipmappedArray) -> CUresul
         return CUresult::CUDA_ERROR_NOT_INITIALIZED;
     };
     // SAFETY: forwarded unchanged.
-    destroyed(a, unsafe { f(a) })
+    destroy_counted(a, || unsafe { f(a) })
 }

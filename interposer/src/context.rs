@@ -325,12 +325,19 @@ fn unload_library(l: *mut c_void) {
     }
 }
 
-fn unloaded(h: *mut c_void, r: CUresult) -> CUresult {
-    if r.is_ok()
-        && let Ok(Some(s)) = slice::active()
-        && let Some(c) = slice::local(|l| l.modules.remove(&(h as usize)))
-    {
-        s.release(c.dev, c.bytes);
+/// Unloads with `unload`, forgetting the handle first (it may be reused at once).
+fn unload_counted(h: *mut c_void, unload: impl FnOnce() -> CUresult) -> CUresult {
+    let Ok(Some(s)) = slice::active() else {
+        return unload();
+    };
+    let charge = slice::local(|l| l.modules.remove(&(h as usize)));
+    let r = unload();
+    if let Some(c) = charge {
+        if r.is_ok() {
+            s.release(c.dev, c.bytes);
+        } else {
+            slice::local(|l| l.modules.insert(h as usize, c));
+        }
     }
     r
 }
@@ -398,7 +405,7 @@ pub unsafe extern "C" fn cuModuleUnload(m: CUmodule) -> CUresult {
         return CUresult::CUDA_ERROR_NOT_INITIALIZED;
     };
     // SAFETY: forwarded unchanged.
-    unloaded(m, unsafe { f(m) })
+    unload_counted(m, || unsafe { f(m) })
 }
 
 /// # Safety
@@ -459,5 +466,5 @@ pub unsafe extern "C" fn cuLibraryUnload(lib: CUlibrary) -> CUresult {
         return CUresult::CUDA_ERROR_NOT_INITIALIZED;
     };
     // SAFETY: forwarded unchanged.
-    unloaded(lib, unsafe { f(lib) })
+    unload_counted(lib, || unsafe { f(lib) })
 }

@@ -547,6 +547,14 @@ impl Ledger {
             .map_or(0, |r| r.context_overhead.load(Ordering::Relaxed))
     }
 
+    /// Held while a process measures the first context of the slice on a device (when nothing
+    /// is known to reserve for it yet), so that racing first contexts are measured one at a
+    /// time and the others reserve the measured figure. Holds the table lock: the holder must
+    /// not register, sweep or look up devices meanwhile.
+    pub fn first_context_guard(&self) -> impl Drop + '_ {
+        self.lock_table()
+    }
+
     pub fn set_context_overhead(&self, d: u32, bytes: u64) {
         if let Some(r) = self.dev(d) {
             r.context_overhead.store(bytes, Ordering::Relaxed);

@@ -14,7 +14,7 @@ use std::ffi::c_uint;
 use cuda_abi::*;
 
 use crate::hooks::real;
-use crate::slice::{self, Charge, Slice};
+use crate::slice::{self, Charge};
 
 /// The allocation path shared by every family charged by pointer: reserve `estimate`, let the
 /// driver allocate, settle the reservation to `actual(ptr)` (undoing the allocation with `undo`
@@ -48,25 +48,30 @@ pub fn charged_alloc(
         undo(ptr);
         return e;
     }
-    slice::local(|l| l.allocs.insert(ptr, Charge { dev, bytes, ctx }));
+    if let Some(stale) = slice::local(|l| l.allocs.insert(ptr, Charge { dev, bytes, ctx })) {
+        // Cannot happen while frees forget the pointer first (below); never leak a charge.
+        s.release(stale.dev, stale.bytes);
+    }
     r
 }
 
-/// The free path shared by every family charged by pointer.
+/// The free path shared by every family charged by pointer. The pointer is forgotten before the
+/// driver frees it: the moment it is free, another thread may get the same address back from
+/// its own allocation and record it.
 pub fn charged_free(ptr: u64, free: impl FnOnce() -> CUresult) -> CUresult {
+    let Ok(Some(s)) = slice::active() else {
+        return free();
+    };
+    let charge = slice::local(|l| l.allocs.remove(&ptr));
     let r = free();
-    if r.is_ok()
-        && let Ok(Some(s)) = slice::active()
-    {
-        release_ptr(s, ptr);
+    if let Some(c) = charge {
+        if r.is_ok() {
+            s.release(c.dev, c.bytes);
+        } else {
+            slice::local(|l| l.allocs.insert(ptr, c));
+        }
     }
     r
-}
-
-fn release_ptr(s: &Slice, ptr: u64) {
-    if let Some(c) = slice::local(|l| l.allocs.remove(&ptr)) {
-        s.release(c.dev, c.bytes);
-    }
 }
 
 fn free_v2(ptr: CUdeviceptr) {

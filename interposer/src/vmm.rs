@@ -86,17 +86,31 @@ pub unsafe extern "C" fn cuMemRelease(h: CUmemGenericAllocationHandle) -> CUresu
     let Some(f) = real::cuMemRelease() else {
         return CUresult::CUDA_ERROR_NOT_INITIALIZED;
     };
+    let Ok(Some(s)) = slice::active() else {
+        // SAFETY: forwarded unchanged.
+        return unsafe { f(h) };
+    };
+    // The reference goes before the driver drops it: from then on the driver may reuse the
+    // handle value for another thread's cuMemCreate.
+    let known = slice::local(|l| {
+        l.vmm
+            .get_mut(&h)
+            .map(|v| v.refs = v.refs.saturating_sub(1))
+            .is_some()
+    });
+    if known {
+        settle_handle(s, h);
+    }
     // SAFETY: forwarded unchanged.
     let r = unsafe { f(h) };
-    if r.is_ok()
-        && let Ok(Some(s)) = slice::active()
-    {
+    if !r.is_ok() && known {
+        // The driver kept it after all: nothing was freed. (Rare; if the handle's charge already
+        // went, the memory is still held and the ledger undercounts it until the process ends.)
         slice::local(|l| {
             if let Some(v) = l.vmm.get_mut(&h) {
-                v.refs = v.refs.saturating_sub(1);
+                v.refs += 1;
             }
         });
-        settle_handle(s, h);
     }
     r
 }
@@ -158,28 +172,33 @@ pub unsafe extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
     let Some(f) = real::cuMemUnmap() else {
         return CUresult::CUDA_ERROR_NOT_INITIALIZED;
     };
+    let Ok(Some(s)) = slice::active() else {
+        // SAFETY: forwarded unchanged.
+        return unsafe { f(ptr, size) };
+    };
+    // The mappings go before the driver unmaps: from then on another thread may map the same
+    // addresses again.
+    let end = ptr.saturating_add(size as u64);
+    let gone: Vec<(u64, (u64, u64))> = slice::local(|l| {
+        let starts: Vec<u64> = l.mappings.range(ptr..end).map(|(k, _)| *k).collect();
+        starts
+            .into_iter()
+            .filter_map(|k| l.mappings.remove(&k).map(|m| (k, m)))
+            .collect()
+    });
     // SAFETY: forwarded unchanged.
     let r = unsafe { f(ptr, size) };
-    if r.is_ok()
-        && let Ok(Some(s)) = slice::active()
-    {
-        let end = ptr.saturating_add(size as u64);
-        let handles: Vec<u64> = slice::local(|l| {
-            let starts: Vec<u64> = l.mappings.range(ptr..end).map(|(k, _)| *k).collect();
-            let mut hs = Vec::new();
-            for k in starts {
-                if let Some((_, h)) = l.mappings.remove(&k) {
-                    if let Some(v) = l.vmm.get_mut(&h) {
-                        v.maps = v.maps.saturating_sub(1);
-                    }
-                    hs.push(h);
-                }
+    if !r.is_ok() {
+        slice::local(|l| l.mappings.extend(gone));
+        return r;
+    }
+    for (_, (_, h)) in gone {
+        slice::local(|l| {
+            if let Some(v) = l.vmm.get_mut(&h) {
+                v.maps = v.maps.saturating_sub(1);
             }
-            hs
         });
-        for h in handles {
-            settle_handle(s, h);
-        }
+        settle_handle(s, h);
     }
     r
 }

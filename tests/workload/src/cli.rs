@@ -12,7 +12,9 @@ use serde_json::json;
 use crate::driver::{Driver, LoadError, Resolution, ResolveOptions, Route, resolve};
 use crate::out::{cu_error, emit};
 use crate::requests::{RUNTIME_12_9, RUNTIME_13_0};
-use crate::scenarios::{self, Failure, FillArgs, HoldArgs, LaunchArgs, MemcpyArgs, Session};
+use crate::scenarios::{
+    self, BenchAllocArgs, ChurnArgs, Failure, FillArgs, HoldArgs, LaunchArgs, MemcpyArgs, Session,
+};
 
 /// `--route`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -80,6 +82,30 @@ pub enum Scenario {
     Launch(LaunchArgs),
     /// Copy host -> device -> host and device -> device, and compare
     Memcpy(MemcpyArgs),
+    /// Threads allocate and free random sizes for a while, counting refusals (error 2)
+    #[command(
+        long_about = "Threads allocate and free random sizes for a while, counting refusals.\n\n\
+        Each of --threads threads makes the process's primary context current and, for --secs \
+        seconds, allocates a pseudo-random size in [--min, --max] (whole MiB when the range holds \
+        one), keeps it, and frees a random one of its allocations when it holds --hold-max of \
+        them or on a coin toss. CUDA_ERROR_OUT_OF_MEMORY is counted and the loop goes on; any \
+        other error stops every thread (an `error` event each, exit 1). Everything is freed at \
+        the end and one `churned` line reports allocs, frees, refused, refused_bytes_max and \
+        errors. A thread holds at most --hold-max allocations, so threads x hold-max x max bytes \
+        bound what the process holds."
+    )]
+    Churn(ChurnArgs),
+    /// Time cuMemAlloc_v2 + cuMemFree_v2 pairs on one or more threads
+    #[command(
+        long_about = "Time cuMemAlloc_v2 + cuMemFree_v2 pairs on one or more threads.\n\n\
+        Each of --threads threads makes the process's primary context current, makes 1000 \
+        untimed pairs, waits for the others, then times --iters pairs. One `bench` line: \
+        ns_per_pair and pairs_per_sec_per_thread (means over the threads), total_pairs_per_sec \
+        (all pairs over the wall time from the first thread's start to the last one's end), \
+        per_thread_ns_per_pair, wall_ns, and start_mono_ns / end_mono_ns (CLOCK_MONOTONIC) to \
+        line up several processes."
+    )]
+    BenchAlloc(BenchAllocArgs),
     /// Only resolve the entry points and report how (no cuInit)
     Resolve,
 }
@@ -92,6 +118,8 @@ impl Scenario {
             Scenario::Hold(_) => "hold",
             Scenario::Launch(_) => "launch",
             Scenario::Memcpy(_) => "memcpy",
+            Scenario::Churn(_) => "churn",
+            Scenario::BenchAlloc(_) => "bench-alloc",
             Scenario::Resolve => "resolve",
         }
     }
@@ -134,6 +162,9 @@ pub fn main_with(bin: Binary) -> ExitCode {
     }
     if matches!(&cli.scenario, Scenario::Launch(a) if a.secs == 0.0 && a.count.is_none()) {
         usage(&bin, "launch --secs 0 needs --count");
+    }
+    if matches!(&cli.scenario, Scenario::Churn(a) if a.min == 0 || a.min > a.max) {
+        usage(&bin, "churn needs 1 <= --min <= --max");
     }
     ExitCode::from(run(&cli, route_arg.route(), bin.direct))
 }
@@ -182,6 +213,8 @@ fn scenario(cli: &Cli, route: Route, driver: &Driver) -> Result<(), Failure> {
         Scenario::Hold(a) => scenarios::hold(&session, a)?,
         Scenario::Launch(a) => scenarios::launch(&session, a)?,
         Scenario::Memcpy(a) => scenarios::memcpy(&session, a)?,
+        Scenario::Churn(a) => scenarios::churn(&session, a)?,
+        Scenario::BenchAlloc(a) => scenarios::bench_alloc(&session, a)?,
         Scenario::Resolve => {}
     }
     session.close()?;
@@ -337,6 +370,52 @@ mod tests {
             (l.via, l.streams, l.depth, l.count),
             (scenarios::Via::Kernel, 1, 4, Some(5))
         );
+    }
+
+    #[test]
+    fn churn_and_bench_alloc_arguments() {
+        let cli = parse(&[
+            "churn",
+            "--threads",
+            "4",
+            "--secs",
+            "0.5",
+            "--min",
+            "1MiB",
+            "--max",
+            "64m",
+        ])
+        .unwrap();
+        let Scenario::Churn(c) = cli.scenario else {
+            panic!()
+        };
+        assert_eq!(
+            (
+                c.threads, c.secs, c.min, c.max, c.hold_max, c.seed, c.family
+            ),
+            (4, 0.5, 1 << 20, 64 << 20, 4, 1, scenarios::Family::Mem)
+        );
+        assert!(
+            parse(&[
+                "churn",
+                "--threads",
+                "0",
+                "--secs",
+                "1",
+                "--min",
+                "1",
+                "--max",
+                "2"
+            ])
+            .is_err()
+        );
+        assert!(parse(&["churn", "--secs", "1", "--min", "1", "--max", "2"]).is_err());
+        let cli = parse(&["bench-alloc"]).unwrap();
+        let Scenario::BenchAlloc(b) = cli.scenario else {
+            panic!()
+        };
+        assert_eq!((b.iters, b.threads, b.size), (200_000, 1, 1 << 20));
+        assert!(parse(&["bench-alloc", "--iters", "0"]).is_err());
     }
 
     #[test]

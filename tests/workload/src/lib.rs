@@ -4,7 +4,7 @@
 //! - [`driver`]: the `Driver` struct of typed entry points and the routes that fill it.
 //! - [`requests`]: the recorded libcudart `cuGetProcAddress_v2` request lists.
 //! - [`nvml`]: what NVML reports.
-//! - [`scenarios`]: info, fill, hold, launch, memcpy.
+//! - [`scenarios`]: info, fill, hold, launch, memcpy, churn, bench-alloc.
 //! - [`cli`]: the command line shared by `cuda-workload` and `cuda-workload-linked`.
 
 mod functions;
