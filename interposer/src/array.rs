@@ -30,6 +30,8 @@ struct Array3dDescV1 {
     depth: c_uint,
     format: c_uint,
     channels: c_uint,
+    /// Part of the ABI; the estimate does not depend on it.
+    #[allow(dead_code)]
     flags: c_uint,
 }
 
@@ -210,7 +212,6 @@ pub unsafe extern "C" fn cuArray3DCreate(out: *mut CUarray, desc: *const c_void)
     };
     // SAFETY: the caller's v1 descriptor, if non-NULL.
     let est = unsafe { desc.cast::<Array3dDescV1>().as_ref() }.map_or(0, |d| {
-        let _ = d.flags;
         estimate(
             d.width as u64,
             d.height as u64,

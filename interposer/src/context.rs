@@ -378,12 +378,8 @@ pub unsafe extern "C" fn cuModuleLoadDataEx(
         return CUresult::CUDA_ERROR_NOT_INITIALIZED;
     };
     // SAFETY: forwarded unchanged.
-    load(
-        m,
-        true,
-        || unsafe { f(m, image, n, opts, vals) },
-        unload_module,
-    )
+    let call = || unsafe { f(m, image, n, opts, vals) };
+    load(m, true, call, unload_module)
 }
 
 /// # Safety
