@@ -2,9 +2,11 @@
 //! stacks, the driver's bookkeeping) and what loading a module or library takes (code, constant
 //! and global data). cuslice measures it where it appears:
 //!
-//! - a context: the drop in the device's used memory (NVML) across its creation, less whatever
-//!   this process charged meanwhile. The figure is kept in the ledger per device; the next
-//!   context reserves that much before it is created and settles to its own measurement after.
+//! - a context: the slice's first context on a device is measured alone (racing first contexts
+//!   wait for it): the rise in the device's used memory (NVML) across its creation, less whatever
+//!   this process charged meanwhile. The figure is kept in the ledger per device; every later
+//!   context reserves and is charged that figure before it is created (measuring it again while
+//!   other processes make or drop contexts would count theirs).
 //! - a module or library: the drop in the device's free memory (cuMemGetInfo) across the load,
 //!   less this process's own charges meanwhile, charged after the load; if it does not fit, the
 //!   module is unloaded again and the load refused.
@@ -41,44 +43,61 @@ fn create(cudev: CUdevice, out: *mut CUcontext, make: impl FnOnce() -> CUresult)
         return make();
     };
     let (index, uuid) = (d.index, d.uuid);
-    let estimate = s.ledger.context_overhead(index);
+    // The slice's first context on the device is measured alone; every later one is charged
+    // that figure (a measurement taken while other processes make contexts counts theirs too).
+    let mut estimate = s.ledger.context_overhead(index);
+    let measuring = match estimate {
+        0 => s.ledger.measuring(index),
+        _ => None,
+    };
+    if measuring.is_some() {
+        estimate = s.ledger.context_overhead(index);
+    }
+    let first = measuring.is_some() && estimate == 0;
     if let Err(e) = s.reserve(dev, estimate) {
         return e;
     }
-    let before = crate::nvml::device_used(&uuid);
+    let before = first.then(|| crate::nvml::device_used(&uuid)).flatten();
     let own0 = own_charged();
     let r = make();
     if !r.is_ok() {
         s.release(dev, estimate);
         return r;
     }
-    let after = crate::nvml::device_used(&uuid);
-    let own1 = own_charged();
-    let measured = match (before, after) {
-        (Some(b), Some(a)) => a
-            .saturating_sub(b)
-            .saturating_sub(own1.saturating_sub(own0)),
-        _ => estimate,
-    };
-    if measured > 0 {
-        s.ledger.set_context_overhead(index, measured);
-    }
     // SAFETY: written by the driver on success.
     let ctx = unsafe { *out } as usize;
-    if let Err(e) = s.settle(dev, estimate, measured) {
+    if slice::local(|l| l.contexts.contains_key(&ctx)) {
+        // Another thread made (and was charged for) this primary context first.
+        s.release(dev, estimate);
+        return r;
+    }
+    let charge = match (first, before) {
+        (true, Some(b)) => {
+            let after = crate::nvml::device_used(&uuid).unwrap_or(b);
+            let own1 = own_charged();
+            let measured = after
+                .saturating_sub(b)
+                .saturating_sub(own1.saturating_sub(own0));
+            s.ledger.set_context_overhead(index, measured);
+            measured
+        }
+        _ => estimate,
+    };
+    if let Err(e) = s.settle(dev, estimate, charge) {
         if let Some(f) = real::cuCtxDestroy_v2() {
             // SAFETY: destroys the context just made, which the caller has not seen.
             unsafe { f(ctx as CUcontext) };
         }
         return e;
     }
-    crate::log::debug!("context on device {dev}: {measured} bytes of overhead");
+    drop(measuring);
+    crate::log::debug!("context on device {dev}: {charge} bytes of overhead");
     slice::local(|l| {
         l.contexts.insert(
             ctx,
             Charge {
                 dev,
-                bytes: measured,
+                bytes: charge,
                 ctx,
             },
         )

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 use cuslice_shm::{Locked, RobustMutex, liveness};
 
 pub const MAGIC: [u8; 8] = *b"CUSLICE\x00";
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 pub const MAX_DEVICES: usize = 64;
 pub const MAX_PROCS: usize = 1024;
 /// Liveness locks sit far past the end of the file (OFD locks need no backing bytes).
@@ -50,6 +50,8 @@ pub struct Header {
 #[repr(C)]
 pub struct DeviceRec {
     lock: RobustMutex,
+    /// Held while a process measures the slice's first context on the device.
+    measure: RobustMutex,
     state: AtomicU32,
     _pad: u32,
     /// The device's UUID, as two words (written once, under the table lock, before `state`).
@@ -294,6 +296,7 @@ impl Ledger {
             (*h).table_lock.init()?;
             for d in (*h).devices.iter() {
                 d.lock.init()?;
+                d.measure.init()?;
                 d.limit.store(LIMIT_UNSET, Ordering::Relaxed);
             }
             // The magic last: a file is recognised only when it is complete.
@@ -358,7 +361,9 @@ impl Ledger {
     /// Takes a process slot for this process.
     pub fn register(&self) -> Result<u32, LedgerError> {
         let _g = self.lock_table();
-        self.sweep_locked(None);
+        // Frees the slots of dead processes that hold nothing; those still charged wait for a
+        // sweep that can ask the driver.
+        self.sweep_locked(None, &|_, _| true);
         for (s, p) in self.header().procs.iter().enumerate() {
             if p.state.load(Ordering::Acquire) != FREE {
                 continue;
@@ -382,13 +387,16 @@ impl Ledger {
         })
     }
 
-    /// Reclaims what dead processes hold; returns the bytes given back.
-    pub fn sweep(&self, me: u32) -> u64 {
+    /// Reclaims what dead processes hold; returns the bytes given back. A dead process's charge
+    /// on a device stays while `on_device(pid, uuid)` says the device still holds its memory (the
+    /// driver frees a process's memory some time after the process is gone); its slot is freed
+    /// once nothing is charged to it.
+    pub fn sweep(&self, me: u32, on_device: &dyn Fn(i32, &[u8; 16]) -> bool) -> u64 {
         let _g = self.lock_table();
-        self.sweep_locked(Some(me))
+        self.sweep_locked(Some(me), on_device)
     }
 
-    fn sweep_locked(&self, me: Option<u32>) -> u64 {
+    fn sweep_locked(&self, me: Option<u32>, on_device: &dyn Fn(i32, &[u8; 16]) -> bool) -> u64 {
         if self.file.is_none() {
             return 0;
         }
@@ -397,9 +405,15 @@ impl Ledger {
             if p.state.load(Ordering::Acquire) != LIVE || Some(s as u32) == me || self.alive(s) {
                 continue;
             }
+            let pid = p.pid.load(Ordering::Relaxed);
+            let mut kept = false;
             for (d, rec) in self.header().devices.iter().enumerate() {
                 let Some(c) = p.charged.get(d) else { continue };
                 if c.load(Ordering::Relaxed) == 0 {
+                    continue;
+                }
+                if on_device(pid, &self.uuid_of(rec)) {
+                    kept = true;
                     continue;
                 }
                 let _g = self.lock_dev(rec, d);
@@ -410,9 +424,19 @@ impl Ledger {
                 );
                 freed += n;
             }
-            p.state.store(FREE, Ordering::Release);
+            if !kept {
+                p.state.store(FREE, Ordering::Release);
+            }
         }
         freed
+    }
+
+    fn uuid_of(&self, rec: &DeviceRec) -> [u8; 16] {
+        let mut u = [0u8; 16];
+        let (a, b) = u.split_at_mut(8);
+        a.copy_from_slice(&rec.uuid[0].load(Ordering::Relaxed).to_be_bytes());
+        b.copy_from_slice(&rec.uuid[1].load(Ordering::Relaxed).to_be_bytes());
+        u
     }
 
     /// The device record for `uuid`, made if new. `cap` is this process's configured cap (None:
@@ -547,12 +571,17 @@ impl Ledger {
             .map_or(0, |r| r.context_overhead.load(Ordering::Relaxed))
     }
 
-    /// Held while a process measures the first context of the slice on a device (when nothing
-    /// is known to reserve for it yet), so that racing first contexts are measured one at a
-    /// time and the others reserve the measured figure. Holds the table lock: the holder must
-    /// not register, sweep or look up devices meanwhile.
-    pub fn first_context_guard(&self) -> impl Drop + '_ {
-        self.lock_table()
+    /// Held while a process measures the slice's first context on device `d` (nothing is known
+    /// to reserve for it yet), so racing first contexts are measured one at a time and the others
+    /// reserve the measured figure. A holder killed mid-measurement passes the lock on.
+    pub fn measuring(&self, d: u32) -> Option<impl Drop + '_> {
+        let rec = self.dev(d)?;
+        match rec.measure.lock() {
+            Ok(Locked::OwnerDied) => rec.measure.mark_consistent(),
+            Ok(_) => {}
+            Err(_) => return None,
+        }
+        Some(MeasureGuard { rec })
     }
 
     pub fn set_context_overhead(&self, d: u32, bytes: u64) {
@@ -561,14 +590,14 @@ impl Ledger {
         }
     }
 
-    /// Process ids of the slice's live processes.
+    /// Process ids of the slice's processes: the live ones, and those that have exited while
+    /// the device still holds their memory.
     pub fn pids(&self) -> Vec<i32> {
         self.header()
             .procs
             .iter()
-            .enumerate()
-            .filter(|(s, p)| p.state.load(Ordering::Acquire) == LIVE && self.alive(*s))
-            .map(|(_, p)| p.pid.load(Ordering::Relaxed))
+            .filter(|p| p.state.load(Ordering::Acquire) == LIVE)
+            .map(|p| p.pid.load(Ordering::Relaxed))
             .collect()
     }
 
@@ -596,6 +625,16 @@ struct TableGuard<'a> {
 impl Drop for TableGuard<'_> {
     fn drop(&mut self) {
         self.lock.unlock();
+    }
+}
+
+struct MeasureGuard<'a> {
+    rec: &'a DeviceRec,
+}
+
+impl Drop for MeasureGuard<'_> {
+    fn drop(&mut self) {
+        self.rec.measure.unlock();
     }
 }
 

@@ -9,6 +9,7 @@
 
 #![allow(non_snake_case)]
 
+use std::cell::Cell;
 use std::ffi::{CStr, c_char, c_uint, c_void};
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -36,6 +37,21 @@ fn init() -> bool {
     ok
 }
 
+thread_local! {
+    /// Set while cuslice itself queries NVML: should the driver's NVML call one of its own
+    /// exported functions (which the preload interposes), the wrapper answers untouched instead of
+    /// re-entering the slice (whose table lock the query may hold).
+    static INTERNAL: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs cuslice's own NVML query `f`.
+fn internal<R>(f: impl FnOnce() -> R) -> R {
+    let was = INTERNAL.with(|c| c.replace(true));
+    let r = f();
+    INTERNAL.with(|c| c.set(was));
+    r
+}
+
 fn handle_by_uuid(uuid: &[u8; 16]) -> Option<Nvdev> {
     let f = real::nvmlDeviceGetHandleByUUID()?;
     let s = std::ffi::CString::new(slice::uuid_string(uuid)).ok()?;
@@ -57,7 +73,7 @@ pub fn device_used(uuid: &[u8; 16]) -> Option<u64> {
         used: 0,
     };
     // SAFETY: a device handle from NVML and a writable struct of the v1 layout.
-    (unsafe { f(h, &mut m) } == nvmlReturn_t::NVML_SUCCESS).then_some(m.used)
+    (internal(|| unsafe { f(h, &mut m) }) == nvmlReturn_t::NVML_SUCCESS).then_some(m.used)
 }
 
 fn parse_uuid(s: &str) -> Option<[u8; 16]> {
@@ -137,7 +153,7 @@ fn ordinal_of(uuid: &[u8; 16]) -> Option<u32> {
 
 /// (cap, what the slice holds) for an NVML device the slice caps.
 fn capped(dev: Nvdev) -> Option<(u64, u64)> {
-    if !slice::prepare() {
+    if INTERNAL.with(|c| c.get()) || !slice::prepare() {
         return None;
     }
     let State::On(s) = slice::state() else {
@@ -148,7 +164,7 @@ fn capped(dev: Nvdev) -> Option<(u64, u64)> {
         Some(i) => i,
         None => register(s, uuid)?,
     };
-    s.ledger.sweep(s.slot);
+    s.sweep();
     Some((s.ledger.limit(index)?, s.ledger.used(index)))
 }
 
@@ -213,6 +229,52 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     r
 }
 
+/// The whole per-process list, in a buffer grown until NVML has room for every entry.
+fn fetch_all<T>(
+    list: impl Fn(*mut c_uint, *mut T) -> nvmlReturn_t,
+) -> Result<Vec<T>, nvmlReturn_t> {
+    let mut all: Vec<T> = Vec::new();
+    loop {
+        let mut n = all.capacity().max(16) as c_uint;
+        all.reserve(n as usize);
+        let r = list(&mut n, all.as_mut_ptr());
+        if r == nvmlReturn_t::NVML_ERROR_INSUFFICIENT_SIZE {
+            all.reserve(n as usize + 16);
+            continue;
+        }
+        if r != nvmlReturn_t::NVML_SUCCESS {
+            return Err(r);
+        }
+        // SAFETY: NVML initialised `n` entries, within the capacity it was given.
+        unsafe { all.set_len((n as usize).min(all.capacity())) };
+        return Ok(all);
+    }
+}
+
+/// Whether the device still lists `pid` among its compute processes: a process that has exited
+/// keeps its memory until the driver has torn its contexts down, and NVML lists it until then.
+/// None when NVML cannot say (no NVML, or the query failed).
+pub fn lists_pid(uuid: &[u8; 16], pid: i32) -> Option<bool> {
+    if !init() {
+        return None;
+    }
+    let h = handle_by_uuid(uuid)?;
+    let listed =
+        |pids: Result<Vec<u32>, nvmlReturn_t>| pids.ok().map(|p| p.contains(&(pid as u32)));
+    internal(|| {
+        if let Some(f) = real::nvmlDeviceGetComputeRunningProcesses_v3() {
+            // SAFETY: a device handle from NVML; `fetch_all` passes buffers of the room it names.
+            let all = fetch_all(|c, i: *mut nvmlProcessInfo_v2_t| unsafe { f(h, c, i) });
+            listed(all.map(|v| v.iter().map(|p| p.pid).collect()))
+        } else {
+            let f = real::nvmlDeviceGetComputeRunningProcesses()?;
+            // SAFETY: as above, with the v1 entry layout.
+            let all = fetch_all(|c, i: *mut nvmlProcessInfo_v1_t| unsafe { f(h, c, i) });
+            listed(all.map(|v| v.iter().map(|p| p.pid).collect()))
+        }
+    })
+}
+
 /// The per-process list protocol: `count` holds the caller's capacity on entry and the number of
 /// entries on return; too small a capacity gives INSUFFICIENT_SIZE with the number needed.
 fn filtered<T: Copy>(
@@ -226,22 +288,10 @@ fn filtered<T: Copy>(
     let Some(State::On(s)) = capped.then(slice::state) else {
         return list(count, infos);
     };
-    let mut all: Vec<T> = Vec::new();
-    loop {
-        let mut n = all.capacity().max(16) as c_uint;
-        all.reserve(n as usize);
-        let r = list(&mut n, all.as_mut_ptr());
-        if r == nvmlReturn_t::NVML_ERROR_INSUFFICIENT_SIZE {
-            all.reserve(n as usize + 16);
-            continue;
-        }
-        if r != nvmlReturn_t::NVML_SUCCESS {
-            return r;
-        }
-        // SAFETY: NVML initialised `n` entries, within the capacity it was given.
-        unsafe { all.set_len((n as usize).min(all.capacity())) };
-        break;
-    }
+    let all = match fetch_all(list) {
+        Ok(all) => all,
+        Err(r) => return r,
+    };
     let pids = s.ledger.pids();
     let mine: Vec<T> = all
         .into_iter()

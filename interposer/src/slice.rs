@@ -307,8 +307,17 @@ impl Slice {
     /// dead processes held.
     pub fn cap_and_used(&self, ordinal: usize) -> Option<(Option<u64>, u64)> {
         let d = self.devs().get(ordinal)?;
-        self.ledger.sweep(self.slot);
+        self.sweep();
         Some((self.ledger.limit(d.index), self.ledger.used(d.index)))
+    }
+
+    /// Reclaims what dead processes of the slice held, on each device once the driver no longer
+    /// lists the process there (until then the memory is still on the device). Where NVML cannot
+    /// tell, a dead process's holdings are reclaimed at once.
+    pub fn sweep(&self) {
+        self.ledger.sweep(self.slot, &|pid, uuid| {
+            crate::nvml::lists_pid(uuid, pid).unwrap_or(false)
+        });
     }
 
     /// Checks and reserves `bytes` on device `ordinal` for this process: the one step every
@@ -322,7 +331,7 @@ impl Slice {
             OWN_CHARGED.fetch_add(bytes, Ordering::Relaxed);
             return Ok(());
         }
-        self.ledger.sweep(self.slot);
+        self.sweep();
         crate::pool::give_back_idle(self, ordinal);
         match self.ledger.reserve(self.slot, d.index, bytes) {
             Ok(()) => {

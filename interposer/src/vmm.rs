@@ -90,27 +90,39 @@ pub unsafe extern "C" fn cuMemRelease(h: CUmemGenericAllocationHandle) -> CUresu
         // SAFETY: forwarded unchanged.
         return unsafe { f(h) };
     };
-    // The reference goes before the driver drops it: from then on the driver may reuse the
-    // handle value for another thread's cuMemCreate.
-    let known = slice::local(|l| {
-        l.vmm
-            .get_mut(&h)
-            .map(|v| v.refs = v.refs.saturating_sub(1))
-            .is_some()
-    });
-    if known {
-        settle_handle(s, h);
+    // The reference goes before the driver drops it (from then on the driver may reuse the
+    // handle value for another thread's cuMemCreate); the charge goes after, once the memory is
+    // really free, so the slice never holds more than its ledger says.
+    enum Ref {
+        Unknown,
+        Kept,
+        Last(VmmHandle),
     }
+    let dropped = slice::local(|l| match l.vmm.get_mut(&h) {
+        None => Ref::Unknown,
+        Some(v) => {
+            v.refs = v.refs.saturating_sub(1);
+            match (v.refs, v.maps) {
+                (0, 0) => l.vmm.remove(&h).map_or(Ref::Unknown, Ref::Last),
+                _ => Ref::Kept,
+            }
+        }
+    });
     // SAFETY: forwarded unchanged.
     let r = unsafe { f(h) };
-    if !r.is_ok() && known {
-        // The driver kept it after all: nothing was freed. (Rare; if the handle's charge already
-        // went, the memory is still held and the ledger undercounts it until the process ends.)
-        slice::local(|l| {
+    match dropped {
+        Ref::Last(v) if r.is_ok() => s.release(v.charge.dev, v.charge.bytes),
+        // The driver kept it after all: nothing was freed.
+        Ref::Last(mut v) => {
+            v.refs += 1;
+            slice::local(|l| l.vmm.insert(h, v));
+        }
+        Ref::Kept if !r.is_ok() => slice::local(|l| {
             if let Some(v) = l.vmm.get_mut(&h) {
                 v.refs += 1;
             }
-        });
+        }),
+        _ => {}
     }
     r
 }

@@ -66,7 +66,6 @@ fn churn_4x8(
 }
 
 #[test]
-#[ignore = "known bug: the over-cap phase peaks up to 300 MiB over the cap when a process exits while others allocate (the ledger releases a dead process's charge before the driver has freed its context); see docs/interposer.md, Known limits"]
 fn random_churn_never_crosses_the_cap_and_never_refuses_what_fits() {
     let _turn = serial();
     for family in ["mem", "vmm"] {
