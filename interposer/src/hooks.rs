@@ -157,6 +157,15 @@ table! {
     Cuda cuLibraryLoadData(*mut CUlibrary, *const c_void, *mut c_int, *mut *mut c_void, c_uint, *mut c_int, *mut *mut c_void, c_uint) -> CUresult = crate::context::cuLibraryLoadData;
     Cuda cuLibraryLoadFromFile(*mut CUlibrary, *const c_char, *mut c_int, *mut *mut c_void, c_uint, *mut c_int, *mut *mut c_void, c_uint) -> CUresult = crate::context::cuLibraryLoadFromFile;
     Cuda cuLibraryUnload(CUlibrary) -> CUresult = crate::context::cuLibraryUnload;
+    // --- launches (compute time-share)
+    Cuda cuLaunchKernel(CUfunction, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, CUstream, *mut *mut c_void, *mut *mut c_void) -> CUresult = crate::compute::cuLaunchKernel;
+    Cuda cuLaunchKernel_ptsz(CUfunction, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, CUstream, *mut *mut c_void, *mut *mut c_void) -> CUresult = crate::compute::cuLaunchKernel_ptsz;
+    Cuda cuLaunchKernelEx(*const CUlaunchConfig, CUfunction, *mut *mut c_void, *mut *mut c_void) -> CUresult = crate::compute::cuLaunchKernelEx;
+    Cuda cuLaunchKernelEx_ptsz(*const CUlaunchConfig, CUfunction, *mut *mut c_void, *mut *mut c_void) -> CUresult = crate::compute::cuLaunchKernelEx_ptsz;
+    Cuda cuLaunchCooperativeKernel(CUfunction, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, CUstream, *mut *mut c_void) -> CUresult = crate::compute::cuLaunchCooperativeKernel;
+    Cuda cuLaunchCooperativeKernel_ptsz(CUfunction, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, CUstream, *mut *mut c_void) -> CUresult = crate::compute::cuLaunchCooperativeKernel_ptsz;
+    Cuda cuGraphLaunch(CUgraphExec, CUstream) -> CUresult = crate::compute::cuGraphLaunch;
+    Cuda cuGraphLaunch_ptsz(CUgraphExec, CUstream) -> CUresult = crate::compute::cuGraphLaunch_ptsz;
     Cuda cuCtxGetCurrent(*mut CUcontext) -> CUresult;
     Cuda cuCtxGetDevice(*mut CUdev) -> CUresult;
     // --- what applications read back
@@ -174,6 +183,7 @@ table! {
     Nvml nvmlDeviceGetHandleByUUID(*const c_char, *mut Nvdev) -> nvmlReturn_t;
     Nvml nvmlDeviceGetCount_v2(*mut c_uint) -> nvmlReturn_t;
     Nvml nvmlDeviceGetHandleByIndex_v2(c_uint, *mut Nvdev) -> nvmlReturn_t;
+    Nvml nvmlDeviceGetProcessUtilization(Nvdev, *mut nvmlProcessUtilizationSample_t, *mut c_uint, u64) -> nvmlReturn_t;
     Nvml nvmlDeviceGetMemoryInfo(Nvdev, *mut nvmlMemory_t) -> nvmlReturn_t = crate::nvml::nvmlDeviceGetMemoryInfo;
     Nvml nvmlDeviceGetMemoryInfo_v2(Nvdev, *mut nvmlMemory_v2_t) -> nvmlReturn_t = crate::nvml::nvmlDeviceGetMemoryInfo_v2;
     Nvml nvmlDeviceGetComputeRunningProcesses(Nvdev, *mut c_uint, *mut nvmlProcessInfo_v1_t) -> nvmlReturn_t = crate::nvml::nvmlDeviceGetComputeRunningProcesses;

@@ -18,7 +18,7 @@ use std::io::{self, Read};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicI64, AtomicU32, AtomicU64, Ordering};
 
 use cuslice_shm::{Locked, RobustMutex, liveness};
 
@@ -42,6 +42,8 @@ pub struct Header {
     file_size: u64,
     max_devices: u32,
     max_procs: u32,
+    /// A random identity for the slice, by which the node-level regions tell slices apart.
+    slice_id: u64,
     table_lock: RobustMutex,
     devices: [DeviceRec; MAX_DEVICES],
     procs: [ProcRec; MAX_PROCS],
@@ -62,6 +64,25 @@ pub struct DeviceRec {
     peak: AtomicU64,
     refusals: AtomicU64,
     context_overhead: AtomicU64,
+    /// Compute time-share: the slice's tokens (ns of device time it may still use; negative: it
+    /// owes), when they were last refilled (CLOCK_MONOTONIC ns) and the slice's allotment (ppm).
+    tokens: AtomicI64,
+    last_refill: AtomicU64,
+    share: AtomicU32,
+    _pad2: u32,
+}
+
+fn random_id() -> u64 {
+    let mut b = [0u8; 8];
+    // SAFETY: fills our own 8-byte buffer.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    if n == 8 {
+        return u64::from_ne_bytes(b);
+    }
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    t ^ (std::process::id() as u64) << 32
 }
 
 fn uuid_words(u: &[u8; 16]) -> (u64, u64) {
@@ -119,6 +140,14 @@ pub enum LedgerError {
         asked: String,
         recorded: String,
     },
+}
+
+/// A slice's compute tokens on one device, shared by its processes.
+#[derive(Clone, Copy)]
+pub struct Tokens<'a> {
+    pub tokens: &'a AtomicI64,
+    pub last_refill: &'a AtomicU64,
+    pub share: &'a AtomicU32,
 }
 
 /// A refusal: the request would take the slice past its cap.
@@ -293,11 +322,14 @@ impl Ledger {
             (*h).file_size = size() as u64;
             (*h).max_devices = MAX_DEVICES as u32;
             (*h).max_procs = MAX_PROCS as u32;
+            (*h).slice_id = random_id();
             (*h).table_lock.init()?;
             for d in (*h).devices.iter() {
                 d.lock.init()?;
                 d.measure.init()?;
                 d.limit.store(LIMIT_UNSET, Ordering::Relaxed);
+                d.share
+                    .store(cuslice_policy::share::FULL, Ordering::Relaxed);
             }
             // The magic last: a file is recognised only when it is complete.
             (*h).magic = MAGIC;
@@ -533,6 +565,19 @@ impl Ledger {
         if let Some(rec) = self.dev(d) {
             rec.refusals.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    pub fn slice_id(&self) -> u64 {
+        self.header().slice_id
+    }
+
+    /// The slice's compute tokens on device `d` (see `compute`).
+    pub fn tokens(&self, d: u32) -> Option<Tokens<'_>> {
+        self.dev(d).map(|r| Tokens {
+            tokens: &r.tokens,
+            last_refill: &r.last_refill,
+            share: &r.share,
+        })
     }
 
     /// What the whole slice holds on device `d`.

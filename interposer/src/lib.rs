@@ -21,6 +21,7 @@
 mod log;
 
 pub mod array;
+pub mod compute;
 pub mod context;
 pub mod dlsym;
 pub mod hooks;
@@ -30,5 +31,6 @@ pub mod memory;
 pub mod nvml;
 pub mod pool;
 pub mod procaddr;
+pub mod region;
 pub mod slice;
 pub mod vmm;

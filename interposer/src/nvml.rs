@@ -275,6 +275,60 @@ pub fn lists_pid(uuid: &[u8; 16], pid: i32) -> Option<bool> {
     })
 }
 
+/// Device time (ns) process `pid` used on the device since `*last_seen_us` (NVML's per-process
+/// utilisation samples: the share of each sample's interval the process had work running),
+/// moving `*last_seen_us` on to the newest sample. None when NVML cannot say.
+pub fn own_device_time(uuid: &[u8; 16], pid: u32, last_seen_us: &mut u64) -> Option<u64> {
+    if !init() {
+        return None;
+    }
+    let h = handle_by_uuid(uuid)?;
+    let f = real::nvmlDeviceGetProcessUtilization()?;
+    let since = *last_seen_us;
+    let mut samples: Vec<nvmlProcessUtilizationSample_t> = Vec::new();
+    internal(|| {
+        loop {
+            let mut n = samples.capacity().max(32) as c_uint;
+            samples.reserve(n as usize);
+            // SAFETY: a device handle from NVML and a buffer with room for `n` samples.
+            let r = unsafe { f(h, samples.as_mut_ptr(), &mut n, since) };
+            match r {
+                nvmlReturn_t::NVML_SUCCESS => {
+                    // SAFETY: NVML wrote `n` samples, within the room it was given.
+                    unsafe { samples.set_len((n as usize).min(samples.capacity())) };
+                    return Some(());
+                }
+                nvmlReturn_t::NVML_ERROR_INSUFFICIENT_SIZE if n as usize > samples.capacity() => {
+                    samples.reserve(n as usize + 32);
+                }
+                // NOT_FOUND: no samples since `since` (nothing ran).
+                nvmlReturn_t::NVML_ERROR_NOT_FOUND => return Some(()),
+                _ => return None,
+            }
+        }
+    })?;
+    samples.sort_by_key(|s| s.timeStamp);
+    let mut prev = since;
+    let mut ns = 0u64;
+    for s in samples
+        .iter()
+        .filter(|s| s.pid == pid && s.timeStamp > since)
+    {
+        // smUtil is a whole percent, rounded down: a reading of k stands for [k, k+1), so
+        // k + 1/2 is the unbiased figure (a slice would otherwise overrun by half a point).
+        let half_pcts = match s.smUtil.min(100) {
+            0 => 0,
+            k => (2 * k + 1).min(200) as u64,
+        };
+        ns += s.timeStamp.saturating_sub(prev) * 1000 * half_pcts / 200;
+        prev = s.timeStamp;
+    }
+    if let Some(newest) = samples.iter().map(|s| s.timeStamp).max() {
+        *last_seen_us = newest.max(since);
+    }
+    Some(ns)
+}
+
 /// The per-process list protocol: `count` holds the caller's capacity on entry and the number of
 /// entries on return; too small a capacity gives INSUFFICIENT_SIZE with the number needed.
 fn filtered<T: Copy>(

@@ -52,6 +52,8 @@ pub struct Slice {
     pub slot: u32,
     /// Set at cuInit (an NVML-only process such as nvidia-smi never sets it).
     pub devs: OnceLock<Vec<Dev>>,
+    /// Compute metering per device (same order as `devs`), set with it.
+    pub meters: OnceLock<Vec<crate::compute::Meter>>,
 }
 
 pub enum State {
@@ -159,6 +161,7 @@ pub fn prepare() -> bool {
         ledger,
         slot,
         devs: OnceLock::new(),
+        meters: OnceLock::new(),
     });
     SLICE.store(Box::into_raw(slice), Ordering::Release);
     MODE.store(ON, Ordering::Release);
@@ -290,6 +293,14 @@ pub fn attach_devices() -> bool {
             );
         }
     }
+    let meters = match crate::compute::join(s, &devs) {
+        Ok(m) => m,
+        Err(e) => {
+            refuse(format_args!("{e}"));
+            return false;
+        }
+    };
+    let _ = s.meters.set(meters);
     let _ = s.devs.set(devs);
     true
 }
@@ -297,6 +308,10 @@ pub fn attach_devices() -> bool {
 impl Slice {
     pub fn devs(&self) -> &[Dev] {
         self.devs.get().map_or(&[], |v| v.as_slice())
+    }
+
+    pub fn meters(&self) -> &[crate::compute::Meter] {
+        self.meters.get().map_or(&[], |v| v.as_slice())
     }
 
     pub fn dev_by_cudev(&self, d: CUdevice) -> Option<usize> {
@@ -556,6 +571,7 @@ extern "C" fn child_after_fork() {
     // descriptor is closed, and nothing else in the child refers to it any more.
     if let Some(s) = unsafe { p.as_mut() } {
         s.ledger.forget_in_child();
+        crate::compute::child_after_fork(s);
     }
     if MODE.load(Ordering::Relaxed) == ON {
         MODE.store(UNINIT, Ordering::Release);

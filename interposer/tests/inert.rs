@@ -106,8 +106,9 @@ fn dlsym_answers_exactly_the_wrapped_names_and_keeps_rtld_next_relative_to_the_c
             "cuMemAlloc_v2 cuslice",
             "cuMemAlloc cuslice",
             "cuGetProcAddress_v2 cuslice",
-            // Not wrapped (yet): the driver's own, untouched.
-            "cuLaunchKernel_ptsz driver",
+            // A per-thread-stream twin has a wrapper of its own.
+            "cuLaunchKernel_ptsz cuslice",
+            // Not wrapped: the driver's own, untouched.
             "cuDeviceGetName driver",
             "cuMemAllocPitch_v2 cuslice",
             // Not a driver name at all: not found, with dlerror set, as without cuslice.

@@ -148,6 +148,9 @@ pub struct Config {
     pub log: LogLevel,
     /// `CUSLICE_STATE_DIR` as given (standalone mode); never empty.
     pub state_dir: Option<PathBuf>,
+    /// `CUSLICE_NODE_DIR`: where the node-level compute regions (one file per device UUID) live,
+    /// when not the default.
+    pub node_dir: Option<PathBuf>,
     /// One-line messages worth reporting: conflicting aliases, ignored settings.
     pub notices: Vec<String>,
     /// Every limit that some variable sets, winners and losers alike.
@@ -227,6 +230,7 @@ const LIMIT_BASES: [(&str, Family, Quantity, Syntax); 5] = [
 ];
 
 const STATE_DIR: &str = "CUSLICE_STATE_DIR";
+const NODE_DIR: &str = "CUSLICE_NODE_DIR";
 const LOG: &str = "CUSLICE_LOG";
 const ALIYUN_CONTAINER: &str = "ALIYUN_COM_GPU_MEM_CONTAINER";
 const ALIYUN_UNIT: &str = "ALIYUN_COM_GPU_MEM_UNIT";
@@ -236,7 +240,7 @@ const ALIYUN_UNIT: &str = "ALIYUN_COM_GPU_MEM_UNIT";
 const OTHER_CUSLICE_NAMES: [&str; 1] = ["CUSLICE_CUDA_HEADERS"];
 
 const KNOWN_CUSLICE: &str = "CUSLICE_MEMORY_LIMIT[_<i>], CUSLICE_CORE_LIMIT[_<i>], \
-                             CUSLICE_CORE_REQUEST[_<i>], CUSLICE_STATE_DIR, CUSLICE_LOG";
+                             CUSLICE_CORE_REQUEST[_<i>], CUSLICE_STATE_DIR, CUSLICE_NODE_DIR, CUSLICE_LOG";
 
 /// What a variable name means to cuslice.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -253,6 +257,7 @@ enum Name<'a> {
         suffix: &'a str,
     },
     StateDir,
+    NodeDir,
     Log,
     AliyunContainer,
     AliyunUnit,
@@ -288,6 +293,7 @@ fn classify(name: &str) -> Name<'_> {
     }
     match name {
         STATE_DIR => Name::StateDir,
+        NODE_DIR => Name::NodeDir,
         LOG => Name::Log,
         ALIYUN_CONTAINER => Name::AliyunContainer,
         ALIYUN_UNIT => Name::AliyunUnit,
@@ -477,7 +483,7 @@ fn suggest(name: &str) -> Option<String> {
         .iter()
         .filter(|(base, ..)| base.starts_with("CUSLICE_"))
         .map(|(base, ..)| base.to_string())
-        .chain([STATE_DIR.to_string(), LOG.to_string()])
+        .chain([STATE_DIR.to_string(), NODE_DIR.to_string(), LOG.to_string()])
         .collect();
     // A typo in a per-device name keeps its ordinal: CUSLICE_MEMORY_LIMT_1 suggests
     // CUSLICE_MEMORY_LIMIT_1.
@@ -669,6 +675,15 @@ impl Config {
                         ));
                     }
                     config.state_dir = Some(PathBuf::from(&entry.value));
+                }
+                Name::NodeDir => {
+                    if entry.value.trim().is_empty() {
+                        return Err(entry.error(
+                            "is empty; it must name a directory",
+                            format!("{NODE_DIR}=/dev/shm/cuslice"),
+                        ));
+                    }
+                    config.node_dir = Some(PathBuf::from(&entry.value));
                 }
                 Name::Log => config.log = parse_log(entry)?,
                 Name::AliyunContainer => aliyun_container = Some(entry),

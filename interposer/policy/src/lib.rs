@@ -5,6 +5,7 @@
 
 pub mod config;
 pub mod meminfo;
+pub mod share;
 pub mod size;
 
 pub use config::{Config, ConfigError, Limits, LogLevel};

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64};
 use crate::robust::RobustMutex;
 
 pub const MAGIC: [u8; 8] = *b"SIMGPU\0\0";
-pub const LAYOUT_VERSION: u32 = 2;
+pub const LAYOUT_VERSION: u32 = 3;
 
 /// Allocation granularity: every allocation takes whole 2 MiB granules.
 pub const GRANULE: u64 = 2 << 20;
@@ -28,8 +28,8 @@ pub const EXITED: usize = 128;
 /// Largest simulated device.
 pub const MAX_DEVICE_MEMORY: u64 = 1 << 40;
 /// Utilisation history points kept (one per [`UTIL_BUCKET_NS`] at most).
-pub const UTIL_POINTS: usize = 24;
-pub const UTIL_BUCKET_NS: u64 = 100_000_000;
+pub const UTIL_POINTS: usize = 128;
+pub const UTIL_BUCKET_NS: u64 = 10_000_000;
 
 pub const NONE: u32 = u32::MAX;
 

@@ -1,0 +1,238 @@
+//! Compute time-share policy: how much of a device each slice may use, and the token arithmetic
+//! that holds it there. Pure functions over plain numbers; the interposer feeds them what it
+//! measured and what the node-level region says about the other slices on the device.
+//!
+//! Shares are in parts per million of device time (1_000_000 = the whole device).
+
+/// The whole device, in parts per million.
+pub const FULL: u32 = 1_000_000;
+
+/// Headroom given to a slice that is not using all it was allotted: it may grow by this much
+/// before it is throttled, and being throttled is what tells the others it wants more.
+pub const SLACK: u32 = 50_000;
+
+/// One slice on a device, as the allotment sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Demand {
+    /// Guaranteed share under contention (0: best-effort).
+    pub request: u32,
+    /// Most the slice may ever use (FULL: no limit).
+    pub limit: u32,
+    /// Whether the slice was held back (its tokens ran out) in the last period: it wants more
+    /// than it used.
+    pub hungry: bool,
+    /// What it used in the last period.
+    pub usage: u32,
+}
+
+impl Demand {
+    /// The most this slice can use now: its limit when it is held back, else what it used plus
+    /// headroom.
+    fn wants(&self) -> u32 {
+        let w = if self.hungry {
+            self.limit
+        } else {
+            self.usage.saturating_add(SLACK)
+        };
+        w.min(self.limit).min(FULL)
+    }
+}
+
+/// Each slice's allotment, in order. Requests are honoured first (a slice that wants less than
+/// its request gets what it wants, and the rest of its request is lent to others until it wants
+/// it back); then time nobody is guaranteed goes to slices that want more in proportion to their
+/// requests, up to their limits; then what is still free goes to best-effort slices in equal
+/// parts, up to their limits. Never more than a slice's limit, and the allotments never add up to
+/// more than the device.
+pub fn allot(slices: &[Demand]) -> Vec<u32> {
+    let wants: Vec<u64> = slices.iter().map(|d| d.wants() as u64).collect();
+    let mut got: Vec<u64> = slices
+        .iter()
+        .zip(&wants)
+        .map(|(d, w)| (d.request as u64).min(*w))
+        .collect();
+    let granted: u64 = got.iter().sum();
+    if granted > FULL as u64 {
+        // Admission keeps requests within the device; should it not have, scale them down.
+        for g in got.iter_mut() {
+            *g = *g * FULL as u64 / granted;
+        }
+    }
+    let requesters: Vec<u64> = slices.iter().map(|d| d.request as u64).collect();
+    fill(&mut got, &wants, &requesters);
+    let equal: Vec<u64> = slices.iter().map(|d| u64::from(d.request == 0)).collect();
+    fill(&mut got, &wants, &equal);
+    got.into_iter().map(|g| g.min(FULL as u64) as u32).collect()
+}
+
+/// Water-fills what is left of the device among slices with a positive weight that want more,
+/// in proportion to their weights, each up to what it wants.
+fn fill(got: &mut [u64], wants: &[u64], weights: &[u64]) {
+    loop {
+        let left = (FULL as u64).saturating_sub(got.iter().sum());
+        let open: Vec<usize> = (0..got.len())
+            .filter(|&i| weights[i] > 0 && got[i] < wants[i])
+            .collect();
+        let total: u64 = open.iter().map(|&i| weights[i]).sum();
+        if left == 0 || total == 0 {
+            return;
+        }
+        let mut gave = 0;
+        for &i in &open {
+            let offer = (left * weights[i] / total).max(1);
+            let take = offer.min(wants[i] - got[i]).min(left - gave);
+            got[i] += take;
+            gave += take;
+        }
+        if gave == 0 {
+            return;
+        }
+    }
+}
+
+/// Device time (ns) a slice at `share` earns over `elapsed_ns`.
+pub fn earned(share: u32, elapsed_ns: u64) -> i64 {
+    (elapsed_ns as u128 * share as u128 / FULL as u128).min(i64::MAX as u128) as i64
+}
+
+/// How many tokens (ns of device time) a slice may bank while idle: `BANK_NS` of wall time at its
+/// share. This bounds a burst after an idle spell, and so how far a 1 s window can exceed the
+/// share.
+pub fn bank(share: u32) -> i64 {
+    earned(share, BANK_NS).max(MIN_BANK_NS)
+}
+
+pub const BANK_NS: u64 = 20_000_000;
+const MIN_BANK_NS: i64 = 1_000_000;
+
+/// How long a thread whose slice owes `debt_ns` of device time sleeps before looking again:
+/// the time the slice needs to earn it back, within [200 us, 20 ms] so that a changed share or a
+/// correction is noticed soon.
+pub fn pause_ns(debt_ns: i64, share: u32) -> u64 {
+    let need = if share == 0 {
+        u64::MAX
+    } else {
+        (debt_ns.max(0) as u128 * FULL as u128 / share as u128).min(u64::MAX as u128) as u64
+    };
+    need.clamp(200_000, 20_000_000)
+}
+
+/// The next estimate of what one launch costs, from what a period measured: the mean of the old
+/// estimate and the period's figure (device time used / launches made).
+pub fn next_cost(old_ns: u64, measured_ns: u64, launches: u64) -> u64 {
+    if launches == 0 || measured_ns == 0 {
+        return old_ns;
+    }
+    let now = measured_ns / launches;
+    (old_ns / 2 + now / 2).max(1_000)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const P: u32 = FULL / 100;
+
+    fn d(request: u32, limit: u32, hungry: bool, usage: u32) -> Demand {
+        Demand {
+            request: request * P,
+            limit: limit * P,
+            hungry,
+            usage: usage * P,
+        }
+    }
+
+    fn pct(v: Vec<u32>) -> Vec<u32> {
+        v.into_iter().map(|x| (x + P / 2) / P).collect()
+    }
+
+    #[test]
+    fn hard_limits_are_what_busy_slices_get() {
+        assert_eq!(
+            pct(allot(&[d(0, 30, true, 30), d(0, 70, true, 70)])),
+            [30, 70]
+        );
+        assert_eq!(
+            pct(allot(&[
+                d(0, 20, true, 20),
+                d(0, 30, true, 30),
+                d(0, 50, true, 50)
+            ])),
+            [20, 30, 50]
+        );
+        assert_eq!(pct(allot(&[d(0, 25, true, 25); 4])), [25; 4]);
+        assert_eq!(pct(allot(&[d(0, 30, true, 30)])), [30]);
+    }
+
+    #[test]
+    fn requests_are_guaranteed_and_idle_time_goes_to_who_wants_it() {
+        // A (request 30, limit 100) beside B (request 70, limit 70).
+        let busy = allot(&[d(30, 100, true, 30), d(70, 70, true, 70)]);
+        assert_eq!(pct(busy), [30, 70]);
+        // B uses 10%: A may have what B leaves, less B's headroom.
+        let light = allot(&[d(30, 100, true, 85), d(70, 70, false, 10)]);
+        assert_eq!(pct(light), [85, 15]);
+        // B gone: A alone.
+        assert_eq!(pct(allot(&[d(30, 100, true, 100)])), [100]);
+    }
+
+    #[test]
+    fn best_effort_uses_what_the_others_leave() {
+        assert_eq!(
+            pct(allot(&[d(0, 30, true, 30), d(0, 100, true, 70)])),
+            [30, 70]
+        );
+        // Against a request, best effort gets only the rest.
+        assert_eq!(
+            pct(allot(&[d(60, 100, true, 60), d(0, 100, true, 40)])),
+            [100, 0]
+        );
+        assert_eq!(
+            pct(allot(&[d(60, 80, true, 60), d(0, 100, true, 40)])),
+            [80, 20]
+        );
+        // Two best-effort slices split the device.
+        assert_eq!(
+            pct(allot(&[d(0, 100, true, 50), d(0, 100, true, 50)])),
+            [50, 50]
+        );
+    }
+
+    #[test]
+    fn spare_time_goes_in_proportion_to_requests() {
+        let a = allot(&[d(10, 100, true, 10), d(30, 100, true, 30)]);
+        assert_eq!(pct(a), [25, 75]);
+    }
+
+    #[test]
+    fn never_more_than_the_device_or_a_limit() {
+        for slices in [
+            vec![d(50, 100, true, 0), d(50, 100, true, 0), d(0, 100, true, 0)],
+            vec![d(0, 100, false, 90), d(0, 100, false, 90)],
+            vec![d(0, 10, true, 90)],
+            vec![d(100, 100, true, 100), d(100, 100, true, 100)],
+        ] {
+            let a = allot(&slices);
+            assert!(
+                a.iter().map(|&x| x as u64).sum::<u64>() <= FULL as u64,
+                "{a:?}"
+            );
+            for (x, s) in a.iter().zip(&slices) {
+                assert!(*x <= s.limit, "{a:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn token_arithmetic() {
+        assert_eq!(earned(300_000, 1_000_000_000), 300_000_000);
+        assert_eq!(bank(300_000), 6_000_000);
+        assert_eq!(bank(10_000), MIN_BANK_NS);
+        assert_eq!(pause_ns(3_000_000, 300_000), 10_000_000);
+        assert_eq!(pause_ns(1, 300_000), 200_000);
+        assert_eq!(pause_ns(i64::MAX, 1), 20_000_000);
+        assert_eq!(pause_ns(10, 0), 20_000_000);
+        assert_eq!(next_cost(1_000_000, 50_000_000, 1000), 525_000);
+        assert_eq!(next_cost(7_000, 0, 10), 7_000);
+    }
+}

@@ -1,0 +1,202 @@
+//! Compute time-share on the simulator: each slice's share of device time, read from
+//! `simgpu show` (device_time_ns per process, the simulator's ground truth) over a window that
+//! starts once the slices have settled. The full scenario table is `tests/share.py` (bench).
+
+mod common;
+use common::*;
+
+use std::time::{Duration, Instant};
+
+const SETTLE: Duration = Duration::from_secs(3);
+const WINDOW: Duration = Duration::from_secs(3);
+
+/// Device time per pid, live and exited.
+fn device_times(sim: &Sim) -> std::collections::HashMap<u64, u64> {
+    let d = sim.device(0);
+    let mut m = std::collections::HashMap::new();
+    for key in ["processes", "exited"] {
+        for p in d[key].as_array().into_iter().flatten() {
+            m.insert(u(&p["pid"]), u(&p["device_time_ns"]));
+        }
+    }
+    m
+}
+
+/// Starts one process per slice, each launching `kernel_us` kernels back to back through
+/// `via`; returns each one's share (percent) of the device over WINDOW after SETTLE.
+fn shares(slices: &[Vec<(&str, &str)>], kernel_us: u32, via: &str) -> Vec<f64> {
+    let sim = Sim::new(&[]);
+    let node = tempfile::tempdir().unwrap();
+    let secs = (SETTLE + WINDOW).as_secs_f64() + 1.0;
+    let blocks = kernel_us.to_string();
+    let secs = secs.to_string();
+    let mut procs: Vec<_> = slices
+        .iter()
+        .map(|env| {
+            let mut c = sim.command(
+                &workload(),
+                &[
+                    "launch",
+                    "--ns-per-block",
+                    "1000",
+                    "--blocks",
+                    &blocks,
+                    "--secs",
+                    &secs,
+                    "--via",
+                    via,
+                ],
+            );
+            c.env("LD_PRELOAD", libcuslice())
+                .env("CUSLICE_NODE_DIR", node.path())
+                .stdout(std::process::Stdio::piped());
+            for (k, v) in env {
+                c.env(k, v);
+            }
+            c.spawn().unwrap()
+        })
+        .collect();
+    let pids: Vec<u64> = procs
+        .iter_mut()
+        .map(|p| {
+            let mut line = String::new();
+            std::io::BufRead::read_line(
+                &mut std::io::BufReader::new(p.stdout.as_mut().unwrap()),
+                &mut line,
+            )
+            .unwrap();
+            let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+            assert_eq!(v["event"], "start", "{line}");
+            u(&v["pid"])
+        })
+        .collect();
+    std::thread::sleep(SETTLE);
+    let (t0, a) = (Instant::now(), device_times(&sim));
+    std::thread::sleep(WINDOW);
+    let (t1, b) = (Instant::now(), device_times(&sim));
+    for p in procs {
+        let out = p.wait_with_output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+    }
+    let span = (t1 - t0).as_nanos() as f64;
+    pids.iter()
+        .map(|pid| 100.0 * (b[pid] - a.get(pid).copied().unwrap_or(0)) as f64 / span)
+        .collect()
+}
+
+fn assert_near(got: &[f64], want: &[f64], what: &str) {
+    for (g, w) in got.iter().zip(want) {
+        assert!(
+            (g - w).abs() <= 2.0,
+            "{what}: achieved {got:?}, configured {want:?}"
+        );
+    }
+}
+
+#[test]
+fn hard_limits_30_and_70_share_one_device() {
+    let _turn = serial();
+    let got = shares(
+        &[
+            vec![("CUSLICE_CORE_LIMIT", "30")],
+            vec![("CUSLICE_CORE_LIMIT", "70")],
+        ],
+        1000,
+        "kernel",
+    );
+    assert_near(&got, &[30.0, 70.0], "30/70, 1 ms kernels");
+}
+
+#[test]
+fn a_lone_slice_stays_at_its_limit() {
+    let _turn = serial();
+    for via in ["kernel", "ex", "coop", "graph"] {
+        let got = shares(&[vec![("CUSLICE_CORE_LIMIT", "30")]], 1000, via);
+        assert_near(&got, &[30.0], via);
+    }
+}
+
+#[test]
+fn a_request_is_guaranteed_and_idle_time_is_lent() {
+    let _turn = serial();
+    let got = shares(
+        &[
+            vec![
+                ("CUSLICE_CORE_REQUEST", "30"),
+                ("CUSLICE_CORE_LIMIT", "100"),
+            ],
+            vec![("CUSLICE_CORE_REQUEST", "70"), ("CUSLICE_CORE_LIMIT", "70")],
+        ],
+        1000,
+        "kernel",
+    );
+    assert_near(
+        &got,
+        &[30.0, 70.0],
+        "request 30/limit 100 beside request 70/limit 70",
+    );
+    let got = shares(
+        &[
+            vec![("CUSLICE_CORE_LIMIT", "30")],
+            vec![("CUSLICE_MEMORY_LIMIT", "4GiB")],
+        ],
+        1000,
+        "kernel",
+    );
+    assert_near(&got, &[30.0, 70.0], "best-effort beside a 30% limit");
+}
+
+#[test]
+fn requests_beyond_the_device_are_refused_at_cuinit() {
+    let _turn = serial();
+    let sim = Sim::new(&[]);
+    let node = tempfile::tempdir().unwrap();
+    let mut first = sim
+        .command(
+            &workload(),
+            &[
+                "launch",
+                "--ns-per-block",
+                "1000",
+                "--blocks",
+                "100",
+                "--secs",
+                "10",
+            ],
+        )
+        .env("LD_PRELOAD", libcuslice())
+        .env("CUSLICE_NODE_DIR", node.path())
+        .env("CUSLICE_CORE_REQUEST", "70")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(first.stdout.as_mut().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert!(line.contains("\"start\""), "{line}");
+    let out = sim
+        .command(&workload(), &["info"])
+        .env("LD_PRELOAD", libcuslice())
+        .env("CUSLICE_NODE_DIR", node.path())
+        .env("CUSLICE_CORE_REQUEST", "40")
+        .output()
+        .unwrap();
+    let lines = parse_lines(&String::from_utf8_lossy(&out.stdout));
+    let e = event(&lines, "error");
+    assert_eq!(e["code"], 800, "{e}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let ours: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("cuslice:"))
+        .collect();
+    assert_eq!(ours.len(), 1, "{stderr}");
+    assert!(
+        stderr.contains("CUSLICE_CORE_REQUEST") && stderr.contains("70%") && stderr.contains("30"),
+        "{stderr}"
+    );
+    let _ = first.kill();
+    let _ = first.wait();
+}
