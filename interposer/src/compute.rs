@@ -54,7 +54,6 @@ pub struct Meter {
     launches: AtomicU64,
     charged: AtomicU64,
     throttled: AtomicU64,
-    throttled_ns: AtomicU64,
     period: Mutex<Period>,
 }
 
@@ -137,7 +136,6 @@ pub fn join(s: &Slice, devs: &[Dev]) -> Result<Vec<Meter>, String> {
             launches: AtomicU64::new(0),
             charged: AtomicU64::new(0),
             throttled: AtomicU64::new(0),
-            throttled_ns: AtomicU64::new(0),
             period: Mutex::new(Period {
                 at_ns: now,
                 last_seen_us: wall_us(),
@@ -185,7 +183,6 @@ impl Meter {
             return;
         }
         self.throttled.fetch_add(1, Ordering::Relaxed);
-        let from = now_ns();
         loop {
             let now = now_ns();
             refill(&t, now);
@@ -198,8 +195,6 @@ impl Meter {
                 -cur, share,
             )));
         }
-        self.throttled_ns
-            .fetch_add(now_ns() - from, Ordering::Relaxed);
     }
 
     /// One period: measure, settle the difference with the tokens, publish, re-allot.

@@ -13,10 +13,9 @@
 //! liveness lock (an OFD lock on one byte of the file) is dropped by the kernel, and its charges
 //! are reclaimed by the next sweep, which runs before any refusal and on every memory read.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{self, Read};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI32, AtomicI64, AtomicU32, AtomicU64, Ordering};
 
@@ -224,35 +223,14 @@ impl Ledger {
             path: dir.to_path_buf(),
             err,
         })?;
-        loop {
-            match OpenOptions::new().read(true).write(true).open(&path) {
-                Ok(f) => return Ledger::attach(f, path),
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => return Err(io(e)),
-            }
-            let tmp = dir.join(format!(".{FILE_NAME}.{}.tmp", std::process::id()));
-            let f = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o600)
-                .open(&tmp)
-                .map_err(io)?;
-            let made = (|| {
-                f.set_len(size() as u64)?;
-                let l = Ledger::map_file(&f, &tmp)?;
+        let f =
+            cuslice_shm::file::open_or_create(dir, FILE_NAME, size() as u64, 0o600, |f, tmp| {
+                let l = Ledger::map_file(f, tmp)?;
                 // SAFETY: the file is new, under a name no other process opens.
-                unsafe { l.format() }?;
-                std::fs::hard_link(&tmp, &path)
-            })();
-            let _ = std::fs::remove_file(&tmp);
-            match made {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-                Err(e) => return Err(io(e)),
-            }
-        }
+                unsafe { l.format() }
+            })
+            .map_err(io)?;
+        Ledger::attach(f, path)
     }
 
     fn map_file(f: &File, path: &Path) -> io::Result<Ledger> {
@@ -419,10 +397,10 @@ impl Ledger {
         })
     }
 
-    /// Reclaims what dead processes hold; returns the bytes given back. A dead process's charge
-    /// on a device stays while `on_device(pid, uuid)` says the device still holds its memory (the
-    /// driver frees a process's memory some time after the process is gone); its slot is freed
-    /// once nothing is charged to it.
+    /// Reclaims what dead processes hold. A dead process's charge on a device stays while
+    /// `on_device(pid, uuid)` says the device still holds its memory (the driver frees a
+    /// process's memory some time after the process is gone); its slot is freed once nothing is
+    /// charged to it. Returns the bytes still charged to dead processes for that reason.
     pub fn sweep(&self, me: u32, on_device: &dyn Fn(i32, &[u8; 16]) -> bool) -> u64 {
         let _g = self.lock_table();
         self.sweep_locked(Some(me), on_device)
@@ -432,7 +410,7 @@ impl Ledger {
         if self.file.is_none() {
             return 0;
         }
-        let mut freed = 0;
+        let mut waiting = 0;
         for (s, p) in self.header().procs.iter().enumerate() {
             if p.state.load(Ordering::Acquire) != LIVE || Some(s as u32) == me || self.alive(s) {
                 continue;
@@ -446,6 +424,7 @@ impl Ledger {
                 }
                 if on_device(pid, &self.uuid_of(rec)) {
                     kept = true;
+                    waiting += c.load(Ordering::Relaxed);
                     continue;
                 }
                 let _g = self.lock_dev(rec, d);
@@ -454,13 +433,12 @@ impl Ledger {
                     rec.used.load(Ordering::Relaxed).saturating_sub(n),
                     Ordering::Relaxed,
                 );
-                freed += n;
             }
             if !kept {
                 p.state.store(FREE, Ordering::Release);
             }
         }
-        freed
+        waiting
     }
 
     fn uuid_of(&self, rec: &DeviceRec) -> [u8; 16] {

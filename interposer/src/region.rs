@@ -9,10 +9,9 @@
 //! checks, under the region's robust mutex, that the requests of the slices on the device do not
 //! add up to more than the device.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{self, Read};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 
@@ -119,7 +118,7 @@ impl Region {
             path: path.clone(),
             err,
         };
-        let file = open_or_create(dir, &path).map_err(io)?;
+        let file = open_or_create(dir, uuid).map_err(io)?;
         let mut head = [0u8; 16];
         let n = (&file).read(&mut head).map_err(io)?;
         let version = u32::from_ne_bytes([head[8], head[9], head[10], head[11]]);
@@ -292,57 +291,27 @@ fn map(file: &File) -> io::Result<*mut Header> {
     Ok(p.cast())
 }
 
-/// Opens `path`, or makes it: formatted under a temporary name and linked into place, so racing
-/// first processes agree on one file. The directory is world-writable and sticky (like /tmp):
+/// Opens `dir/<uuid>`, or makes it. The directory is world-writable and sticky (like /tmp):
 /// slices of different users share a device.
-fn open_or_create(dir: &Path, path: &Path) -> io::Result<File> {
+fn open_or_create(dir: &Path, uuid: &str) -> io::Result<File> {
     if !dir.exists() {
         std::fs::create_dir_all(dir)?;
         use std::os::unix::fs::PermissionsExt;
         let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o1777));
     }
-    loop {
-        match OpenOptions::new().read(true).write(true).open(path) {
-            Ok(f) => return Ok(f),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e),
-        }
-        let tmp = dir.join(format!(
-            ".{}.{}.tmp",
-            path.file_name()
-                .and_then(|n| n.to_str())
-                .unwrap_or("region"),
-            std::process::id()
-        ));
-        let f = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o666)
-            .open(&tmp)?;
-        let made = (|| {
-            use std::os::unix::fs::PermissionsExt;
-            f.set_permissions(std::fs::Permissions::from_mode(0o666))?;
-            f.set_len(size() as u64)?;
-            let h = map(&f)?;
-            // SAFETY: the file is new, under a name no other process opens; the mapping is
-            // unmapped right after formatting.
-            unsafe {
-                (*h).version = VERSION;
-                (*h).size = size() as u32;
-                let init = (*h).lock.init();
+    cuslice_shm::file::open_or_create(dir, uuid, size() as u64, 0o666, |f, _| {
+        let h = map(f)?;
+        // SAFETY: the file is new, under a name no other process opens; the mapping is
+        // unmapped right after formatting, and the magic is written last.
+        unsafe {
+            (*h).version = VERSION;
+            (*h).size = size() as u32;
+            let init = (*h).lock.init();
+            if init.is_ok() {
                 (*h).magic = MAGIC;
-                libc::munmap(h.cast(), size());
-                init?;
             }
-            std::fs::hard_link(&tmp, path)
-        })();
-        let _ = std::fs::remove_file(&tmp);
-        match made {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(e),
+            libc::munmap(h.cast(), size());
+            init
         }
-    }
+    })
 }

@@ -328,16 +328,18 @@ impl Slice {
 
     /// Reclaims what dead processes of the slice held, on each device once the driver no longer
     /// lists the process there (until then the memory is still on the device). Where NVML cannot
-    /// tell, a dead process's holdings are reclaimed at once.
-    pub fn sweep(&self) {
+    /// tell, a dead process's holdings are reclaimed at once. Returns the bytes still held for
+    /// dead processes the driver has not finished with.
+    pub fn sweep(&self) -> u64 {
         self.ledger.sweep(self.slot, &|pid, uuid| {
             crate::nvml::lists_pid(uuid, pid).unwrap_or(false)
-        });
+        })
     }
 
     /// Checks and reserves `bytes` on device `ordinal` for this process: the one step every
     /// allocation goes through. Before refusing, reclaims dead processes' holdings and this
-    /// process's idle pool memory, then tries once more.
+    /// process's idle pool memory, then tries once more; while the driver is still tearing down
+    /// a dead process of the slice, it waits for that (up to `DEAD_WAIT`) rather than refuse.
     pub fn reserve(&self, ordinal: usize, bytes: u64) -> Result<(), CUresult> {
         let Some(d) = self.devs().get(ordinal) else {
             return Ok(());
@@ -346,9 +348,16 @@ impl Slice {
             OWN_CHARGED.fetch_add(bytes, Ordering::Relaxed);
             return Ok(());
         }
-        self.sweep();
+        let mut waiting = self.sweep();
         crate::pool::give_back_idle(self, ordinal);
-        match self.ledger.reserve(self.slot, d.index, bytes) {
+        let deadline = std::time::Instant::now() + DEAD_WAIT;
+        let mut result = self.ledger.reserve(self.slot, d.index, bytes);
+        while result.is_err() && waiting > 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+            waiting = self.sweep();
+            result = self.ledger.reserve(self.slot, d.index, bytes);
+        }
+        match result {
             Ok(()) => {
                 OWN_CHARGED.fetch_add(bytes, Ordering::Relaxed);
                 Ok(())
@@ -396,6 +405,9 @@ impl Slice {
         bytes.div_ceil(g).saturating_mul(g)
     }
 }
+
+/// How long a refusal waits for the driver to free a dead process's memory.
+const DEAD_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Everything this process has charged (all devices), for telling its own allocations apart from
 /// hidden memory when measuring a drop in free memory.

@@ -7,6 +7,7 @@
 //! - [`liveness`]: a byte-range OFD lock per process slot, which the kernel drops when the process
 //!   dies however it dies; "is the lock still held?" is "is the process alive?".
 
+pub mod file;
 pub mod liveness;
 pub mod robust;
 

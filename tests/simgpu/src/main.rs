@@ -138,7 +138,30 @@ extern "C" fn forward(sig: i32) {
     }
 }
 
+/// Removes the work folders of earlier `simgpu run`s that were killed before they could clean up
+/// (SIGKILL leaves them behind): `simgpu-<pid>-<ns>` whose process is gone.
+fn sweep_stale_work_dirs() {
+    let Ok(dir) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for e in dir.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("simgpu-"))
+            .and_then(|r| r.split_once('-'))
+            .and_then(|(pid, _)| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
 fn run(device: &DeviceArgs, state: Option<PathBuf>, cmd: &[String]) -> Result<u8> {
+    sweep_stale_work_dirs();
     let work = std::env::temp_dir().join(format!(
         "simgpu-{}-{}",
         std::process::id(),
@@ -167,10 +190,16 @@ fn run(device: &DeviceArgs, state: Option<PathBuf>, cmd: &[String]) -> Result<u8
         c.args(&cmd[1..])
             .env("LD_LIBRARY_PATH", ld)
             .env(STATE_ENV, &path);
-        // SAFETY: prctl in the child before exec: the program dies with simgpu.
+        // The program dies with simgpu. If simgpu died before the child asked for that, the
+        // child has been re-parented already and no signal will come: it kills itself.
+        let parent = std::process::id() as libc::pid_t;
+        // SAFETY: prctl, getppid and raise in the child before exec are async-signal-safe.
         unsafe {
-            c.pre_exec(|| {
+            c.pre_exec(move || {
                 libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                if libc::getppid() != parent {
+                    libc::raise(libc::SIGKILL);
+                }
                 Ok(())
             });
         }

@@ -189,10 +189,10 @@ pub unsafe extern "C" fn cuMemAlloc(dptr: *mut CUdeviceptr_v1, size: c_uint) -> 
     if dptr.is_null() {
         return E_INVALID_VALUE;
     }
-    // SAFETY: checked non-NULL; the caller provides a 32-bit CUdeviceptr.
-    status(
-        alloc_owned(size as u64, AllocKind::Mem, true).map(|va| unsafe { dptr.write(va as u32) }),
-    )
+    status(alloc_owned(size as u64, AllocKind::Mem, true).map(|va| {
+        // SAFETY: checked non-NULL; the caller provides a 32-bit CUdeviceptr.
+        unsafe { dptr.write(va as u32) }
+    }))
 }
 
 #[unsafe(no_mangle)]
