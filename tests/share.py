@@ -33,7 +33,7 @@ SCENARIOS = {
     "req 30/lim 100 + req 70/lim 70": ([slice_(100, 30), slice_(70, 70)], [30, 70]),
     "req 30/lim 100, other idle": ([slice_(100, 30), slice_(70, 70, secs=0.5)], [100, 0]),
     "best-effort + 30": ([slice_(30), slice_()], [30, 70]),
-    "best-effort + req 60": ([slice_(None, 60), slice_()], [60, 40]),
+    "best-effort + req 60": ([slice_(None, 60), slice_()], [99, 1]),
     "50us 30/70": ([slice_(30, kernel_us=50), slice_(70, kernel_us=50)], [30, 70]),
     "10ms 30/70": ([slice_(30, kernel_us=10000), slice_(70, kernel_us=10000)], [30, 70]),
     "graph 30/70": ([slice_(30, via="graph"), slice_(70, via="graph")], [30, 70]),

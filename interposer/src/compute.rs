@@ -18,6 +18,7 @@
 
 #![allow(non_snake_case)]
 
+use std::collections::VecDeque;
 use std::ffi::{c_uint, c_void};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -29,6 +30,7 @@ use parking_lot::Mutex;
 use crate::hooks::real;
 use crate::ledger::Tokens;
 use crate::log::{debug, error, warning};
+use crate::nvml::SampleCursor;
 use crate::region::{self, Region};
 use crate::slice::{self, Dev, Slice};
 
@@ -38,6 +40,13 @@ pub const PERIOD_NS: u64 = 50_000_000;
 const INITIAL_COST_NS: u64 = 1_000_000;
 /// Slices that launched nothing for this long are left out of the allotment.
 const ACTIVE_NS: u64 = 1_000_000_000;
+/// A slice held back by its tokens, or using all but `share::SLACK` of its allotment, counts as
+/// wanting more for this long: NVML's readings lag by up to a sample period, and without the
+/// hold a slice given more would at once look as if it did not use it and be cut back.
+const HUNGRY_HOLD_NS: u64 = 500_000_000;
+/// Launches NVML has still not accounted for after this long are taken to have cost what they
+/// were charged (NVML does not list this process, or its work was too small to sample).
+const STALE_NS: u64 = 2_000_000_000;
 
 static STARTED: AtomicBool = AtomicBool::new(false);
 /// Some device of this process has an allotment below the whole device.
@@ -52,19 +61,24 @@ pub struct Meter {
     region: Option<Region>,
     cost: AtomicU64,
     launches: AtomicU64,
-    charged: AtomicU64,
     throttled: AtomicU64,
     period: Mutex<Period>,
 }
 
-#[derive(Default)]
 struct Period {
-    at_ns: u64,
-    last_seen_us: u64,
+    cursor: SampleCursor,
     launches: u64,
-    charged: u64,
     throttled: u64,
     allot: u32,
+    usage: u32,
+    /// When the last period ended.
+    at_ns: u64,
+    /// The slice counts as wanting more than it uses until then (see `HUNGRY_HOLD_NS`).
+    hungry_until: u64,
+    /// Charges NVML has not accounted for yet, oldest first.
+    pending: VecDeque<Charged>,
+    /// Whether the "no NVML samples" warning was given.
+    warned: bool,
 }
 
 pub fn now_ns() -> u64 {
@@ -77,7 +91,7 @@ pub fn now_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-fn wall_us() -> u64 {
+pub fn wall_us() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_micros() as u64)
@@ -134,13 +148,17 @@ pub fn join(s: &Slice, devs: &[Dev]) -> Result<Vec<Meter>, String> {
             region,
             cost: AtomicU64::new(INITIAL_COST_NS),
             launches: AtomicU64::new(0),
-            charged: AtomicU64::new(0),
             throttled: AtomicU64::new(0),
             period: Mutex::new(Period {
+                cursor: SampleCursor::new(wall_us(), PERIOD_NS / 1000),
                 at_ns: now,
-                last_seen_us: wall_us(),
+                hungry_until: 0,
+                launches: 0,
+                throttled: 0,
                 allot: limit,
-                ..Period::default()
+                usage: 0,
+                pending: VecDeque::new(),
+                warned: false,
             }),
         });
     }
@@ -174,7 +192,6 @@ impl Meter {
     fn charge(&self, t: Tokens<'_>) {
         let cost = self.cost.load(Ordering::Relaxed);
         self.launches.fetch_add(1, Ordering::Relaxed);
-        self.charged.fetch_add(cost, Ordering::Relaxed);
         if t.share.load(Ordering::Relaxed) >= FULL {
             return;
         }
@@ -197,42 +214,86 @@ impl Meter {
         }
     }
 
-    /// One period: measure, settle the difference with the tokens, publish, re-allot.
+    /// One period: measure, settle what NVML has accounted for with the tokens, publish,
+    /// re-allot.
     fn tick(&self, s: &Slice, now: u64) -> bool {
         let Some(t) = s.ledger.tokens(self.index) else {
             return false;
         };
         let mut p = self.period.lock();
-        let window = now.saturating_sub(p.at_ns).max(1);
-        let measured =
-            crate::nvml::own_device_time(&self.uuid, std::process::id(), &mut p.last_seen_us)
-                .unwrap_or(0);
         let launches = self.launches.load(Ordering::Relaxed);
-        let charged = self.charged.load(Ordering::Relaxed);
         let throttled = self.throttled.load(Ordering::Relaxed);
-        let (d_launches, d_charged, d_throttled) = (
-            launches - p.launches,
-            charged - p.charged,
-            throttled - p.throttled,
-        );
-        (p.at_ns, p.launches, p.charged, p.throttled) = (now, launches, charged, throttled);
-        if t.share.load(Ordering::Relaxed) < FULL {
-            t.tokens
-                .fetch_add(d_charged as i64 - measured as i64, Ordering::Relaxed);
+        let (d_launches, d_throttled) = (launches - p.launches, throttled - p.throttled);
+        (p.launches, p.throttled) = (launches, throttled);
+        let cost = self.cost.load(Ordering::Relaxed);
+        if d_launches > 0 {
+            let from = p.at_ns;
+            p.pending.push_back(Charged {
+                from,
+                to: now.max(from + 1),
+                ns: d_launches * cost,
+                launches: d_launches,
+            });
         }
-        self.cost.store(
-            share::next_cost(self.cost.load(Ordering::Relaxed), measured, d_launches),
-            Ordering::Relaxed,
-        );
-        let usage = (measured as u128 * FULL as u128 / window as u128).min(FULL as u128) as u32;
-        let active = if measured > 0 || d_launches > 0 {
+        p.at_ns = now;
+        let reading = crate::nvml::own_utilisation(&self.uuid, std::process::id(), &mut p.cursor);
+        // What the settled launches were charged, less what they (and any work queued before
+        // them) really used: paid into the tokens, or taken from them.
+        let adjust: i64 = match reading {
+            Some(used) if used.newest_us != 0 => {
+                // Launches made before the newest sample was taken are accounted for in it.
+                let age_ns = wall_us().saturating_sub(used.newest_us) * 1000;
+                let (charged, n) = settle(&mut p.pending, now.saturating_sub(age_ns));
+                p.usage = (used.ns as u128 * FULL as u128 / used.span_ns.max(1) as u128)
+                    .min(FULL as u128) as u32;
+                self.cost
+                    .store(share::next_cost(cost, used.ns, n), Ordering::Relaxed);
+                charged as i64 - used.ns as i64
+            }
+            other => {
+                // No new sample: NVML has not accounted for the launches yet. Once they are
+                // STALE_NS old (at once if NVML cannot answer) they count as charged.
+                let cutoff = if other.is_none() {
+                    now
+                } else {
+                    now.saturating_sub(STALE_NS)
+                };
+                let (_, n) = settle(&mut p.pending, cutoff);
+                if n > 0 && !p.warned && (other.is_none() || !p.cursor.seen_own()) {
+                    p.warned = true;
+                    warning!(
+                        "device {}: NVML reports no utilisation for this process (pid {}); \
+                         its core limit is held by launch estimates alone ({} µs a launch)",
+                        slice::uuid_string(&self.uuid),
+                        std::process::id(),
+                        cost / 1000
+                    );
+                }
+                // Samples of other processes newer than a period past ours: this process was
+                // idle since. (A launch is only counted while the slice is metered; a slice
+                // with the whole device shows its use through its samples alone.)
+                if p.cursor.idle() {
+                    p.usage = 0;
+                }
+                0
+            }
+        };
+        if adjust != 0 && t.share.load(Ordering::Relaxed) < FULL {
+            t.tokens.fetch_add(adjust, Ordering::Relaxed);
+        }
+        let active = if d_launches > 0 || !p.pending.is_empty() || p.usage > 0 {
             now
         } else {
             0
         };
+        let usage = p.usage;
+        if d_throttled > 0 || usage.saturating_add(share::SLACK) >= p.allot {
+            p.hungry_until = now + HUNGRY_HOLD_NS;
+        }
+        let hungry = now < p.hungry_until;
         let allot = match &self.region {
             Some(r) => {
-                r.publish(usage, d_throttled > 0, active, p.allot);
+                r.publish(usage, hungry, active, p.allot);
                 let views = r.slices(now.saturating_sub(ACTIVE_NS));
                 let demands: Vec<_> = views.iter().map(|v| v.demand).collect();
                 share::allot(&demands)
@@ -257,6 +318,45 @@ impl Meter {
         refill(&t, now);
         allot < FULL
     }
+}
+
+/// Launches charged over one period, `[from, to)`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Charged {
+    from: u64,
+    to: u64,
+    ns: u64,
+    launches: u64,
+}
+
+/// Takes the pending charges made before `cutoff` off the queue: (ns, launches). A period that
+/// `cutoff` cuts is split in proportion, as if its launches were evenly spread, so that what is
+/// settled does not jump by a whole period when NVML's sample times drift past the meter's.
+fn settle(pending: &mut VecDeque<Charged>, cutoff: u64) -> (u64, u64) {
+    let (mut ns, mut n) = (0, 0);
+    while let Some(c) = pending.front_mut() {
+        if c.from >= cutoff {
+            break;
+        }
+        if c.to <= cutoff {
+            ns += c.ns;
+            n += c.launches;
+            pending.pop_front();
+            continue;
+        }
+        let (part, whole) = ((cutoff - c.from) as u128, (c.to - c.from) as u128);
+        let (cut_ns, cut_n) = (
+            (c.ns as u128 * part / whole) as u64,
+            (c.launches as u128 * part / whole) as u64,
+        );
+        ns += cut_ns;
+        n += cut_n;
+        c.ns -= cut_ns;
+        c.launches -= cut_n;
+        c.from = cutoff;
+        break;
+    }
+    (ns, n)
 }
 
 fn meter_thread(s: &'static Slice) {

@@ -275,16 +275,26 @@ pub fn lists_pid(uuid: &[u8; 16], pid: i32) -> Option<bool> {
     })
 }
 
-/// Device time (ns) process `pid` used on the device since `*last_seen_us` (NVML's per-process
-/// utilisation samples: the share of each sample's interval the process had work running),
-/// moving `*last_seen_us` on to the newest sample. None when NVML cannot say.
-pub fn own_device_time(uuid: &[u8; 16], pid: u32, last_seen_us: &mut u64) -> Option<u64> {
+/// What a process's utilisation samples since the last reading say.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Used {
+    /// Device time (ns) the new samples account for.
+    pub ns: u64,
+    /// Wall-clock time span (ns) the new samples cover; 0 when there was none.
+    pub span_ns: u64,
+    /// Time stamp (wall-clock µs) of the newest of them; 0 when there was none.
+    pub newest_us: u64,
+}
+
+/// Reads process `pid`'s per-process utilisation samples on the device newer than
+/// `cursor.seen_us`, and moves the cursor on. None when NVML cannot say.
+pub fn own_utilisation(uuid: &[u8; 16], pid: u32, cursor: &mut SampleCursor) -> Option<Used> {
     if !init() {
         return None;
     }
     let h = handle_by_uuid(uuid)?;
     let f = real::nvmlDeviceGetProcessUtilization()?;
-    let since = *last_seen_us;
+    let since = cursor.seen_us;
     let mut samples: Vec<nvmlProcessUtilizationSample_t> = Vec::new();
     internal(|| {
         loop {
@@ -307,26 +317,97 @@ pub fn own_device_time(uuid: &[u8; 16], pid: u32, last_seen_us: &mut u64) -> Opt
             }
         }
     })?;
-    samples.sort_by_key(|s| s.timeStamp);
-    let mut prev = since;
-    let mut ns = 0u64;
-    for s in samples
+    let found: Vec<(u64, u32)> = samples
         .iter()
-        .filter(|s| s.pid == pid && s.timeStamp > since)
-    {
-        // smUtil is a whole percent, rounded down: a reading of k stands for [k, k+1), so
-        // k + 1/2 is the unbiased figure (a slice would otherwise overrun by half a point).
-        let half_pcts = match s.smUtil.min(100) {
-            0 => 0,
-            k => (2 * k + 1).min(200) as u64,
-        };
-        ns += s.timeStamp.saturating_sub(prev) * 1000 * half_pcts / 200;
-        prev = s.timeStamp;
+        .filter(|s| s.timeStamp > since)
+        .map(|s| (s.timeStamp, if s.pid == pid { s.smUtil } else { u32::MAX }))
+        .collect();
+    Some(cursor.take(&found))
+}
+
+/// Where a process is in NVML's stream of utilisation samples, and how often the driver
+/// samples it. The driver reports, per process that ran, the share of its last sample period the
+/// process had work on the device, stamped when the sample was taken; one sample per process per
+/// period, the newest only. A sample therefore stands for the time back to this process's
+/// previous stamp, but never more than one sample period (the smallest gap seen between two of
+/// this process's stamps, and at least the meter's own polling period): a process with no sample
+/// in a period was idle in it.
+#[derive(Debug, Clone, Copy)]
+pub struct SampleCursor {
+    /// Newest stamp (µs) of any process seen: the next query asks for newer ones.
+    pub seen_us: u64,
+    /// Newest stamp of this process's.
+    own_us: u64,
+    /// Whether `own_us` is a stamp (not the time the cursor was made).
+    own_seen: bool,
+    /// Smallest gap (µs) between two of this process's stamps; u64::MAX before two were seen.
+    period_us: u64,
+    /// The least time (µs) one sample is taken to cover.
+    floor_us: u64,
+}
+
+impl SampleCursor {
+    pub fn new(now_us: u64, floor_us: u64) -> SampleCursor {
+        SampleCursor {
+            seen_us: now_us,
+            own_us: now_us,
+            own_seen: false,
+            period_us: u64::MAX,
+            floor_us,
+        }
     }
-    if let Some(newest) = samples.iter().map(|s| s.timeStamp).max() {
-        *last_seen_us = newest.max(since);
+
+    /// Whether the newest samples (of other processes) are more than one sample period newer
+    /// than this process's last one, or this process has had none for a second: it was idle
+    /// since.
+    pub fn idle(&self) -> bool {
+        let period = self.period_us.max(self.floor_us);
+        self.seen_us.saturating_sub(self.own_us) > period
+            || crate::compute::wall_us().saturating_sub(self.own_us) > 1_000_000
     }
-    Some(ns)
+
+    /// Whether any sample of this process has been seen.
+    pub fn seen_own(&self) -> bool {
+        self.own_seen
+    }
+
+    /// Takes the new samples: (stamp µs, smUtil of this process, or u32::MAX for another
+    /// process's sample).
+    pub fn take(&mut self, samples: &[(u64, u32)]) -> Used {
+        let mut used = Used::default();
+        let mut mine: Vec<(u64, u32)> = samples
+            .iter()
+            .copied()
+            .filter(|s| s.1 != u32::MAX)
+            .collect();
+        mine.sort_unstable();
+        for (t, util) in mine {
+            if t <= self.own_us {
+                continue;
+            }
+            let gap = t - self.own_us;
+            if self.own_seen {
+                self.period_us = self.period_us.min(gap);
+            }
+            let cover_us = gap.min(self.period_us.max(self.floor_us));
+            // smUtil is a whole percent, rounded down: a reading of k stands for [k, k+1), so
+            // k + 1/2 is the unbiased figure (a slice would otherwise overrun by half a point).
+            // 100 is exact (the process had work the whole period).
+            let half_pcts = match util {
+                k if k >= 100 => 200,
+                k => 2 * k as u64 + 1,
+            };
+            used.ns += cover_us * 1000 * half_pcts / 200;
+            used.span_ns += cover_us * 1000;
+            used.newest_us = t;
+            self.own_us = t;
+            self.own_seen = true;
+        }
+        if let Some(newest) = samples.iter().map(|s| s.0).max() {
+            self.seen_us = self.seen_us.max(newest);
+        }
+        used
+    }
 }
 
 /// The per-process list protocol: `count` holds the caller's capacity on entry and the number of
@@ -411,4 +492,43 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
     };
     // SAFETY: forwarded with our own buffers or the caller's unchanged.
     filtered(dev, count, infos, |p| p.pid, |c, i| unsafe { f(dev, c, i) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const OTHER: u32 = u32::MAX;
+
+    #[test]
+    fn each_sample_covers_one_period_back_to_the_previous_one() {
+        let mut c = SampleCursor::new(1_000_000, 50_000);
+        // First sample: 100 ms after the cursor was made, at 40%.
+        let u = c.take(&[(1_100_000, 40), (1_100_000, OTHER)]);
+        assert_eq!(u.span_ns, 100_000_000);
+        assert_eq!(u.ns, 40_500_000);
+        assert_eq!((u.newest_us, c.seen_us), (1_100_000, 1_100_000));
+        // Next period, fully busy: exact.
+        let u = c.take(&[(1_200_000, 100)]);
+        assert_eq!((u.ns, u.span_ns), (100_000_000, 100_000_000));
+        // Idle for two periods (no samples of ours), then 10%: the sample covers one period.
+        assert_eq!(c.take(&[(1_300_000, OTHER)]), Used::default());
+        assert_eq!(c.seen_us, 1_300_000);
+        let u = c.take(&[(1_500_000, 10)]);
+        assert_eq!((u.ns, u.span_ns), (10_500_000, 100_000_000));
+    }
+
+    #[test]
+    fn a_driver_sampling_faster_than_the_meter_polls_is_extrapolated() {
+        // The driver samples every 10 ms, the meter reads every 50 ms and sees one in five.
+        let mut c = SampleCursor::new(0, 50_000);
+        let mut total = 0;
+        for k in 1..=20u64 {
+            let u = c.take(&[(k * 50_000, 30)]);
+            total += u.ns;
+        }
+        assert_eq!(total, 1_000_000_000 * 305 / 1000);
+        // Samples already seen are not counted twice.
+        assert_eq!(c.take(&[(1_000_000, 30)]), Used::default());
+    }
 }

@@ -11,6 +11,10 @@ pub const FULL: u32 = 1_000_000;
 /// before it is throttled, and being throttled is what tells the others it wants more.
 pub const SLACK: u32 = 50_000;
 
+/// What a slice without a request is kept from starving with: before time nobody is guaranteed
+/// is shared out, each such slice that wants time gets up to this much of what requests leave.
+pub const FLOOR: u32 = 10_000;
+
 /// One slice on a device, as the allotment sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Demand {
@@ -40,10 +44,11 @@ impl Demand {
 
 /// Each slice's allotment, in order. Requests are honoured first (a slice that wants less than
 /// its request gets what it wants, and the rest of its request is lent to others until it wants
-/// it back); then time nobody is guaranteed goes to slices that want more in proportion to their
-/// requests, up to their limits; then what is still free goes to best-effort slices in equal
-/// parts, up to their limits. Never more than a slice's limit, and the allotments never add up to
-/// more than the device.
+/// it back); each slice without a request gets up to `FLOOR` of what requests leave, so that it
+/// never starves; then time nobody is guaranteed goes to slices that want more in proportion to
+/// their requests, up to their limits; then what is still free goes to slices without a request
+/// in equal parts, up to their limits. Never more than a slice's limit, and the allotments never
+/// add up to more than the device.
 pub fn allot(slices: &[Demand]) -> Vec<u32> {
     let wants: Vec<u64> = slices.iter().map(|d| d.wants() as u64).collect();
     let mut got: Vec<u64> = slices
@@ -56,6 +61,12 @@ pub fn allot(slices: &[Demand]) -> Vec<u32> {
         // Admission keeps requests within the device; should it not have, scale them down.
         for g in got.iter_mut() {
             *g = *g * FULL as u64 / granted;
+        }
+    }
+    for (i, d) in slices.iter().enumerate() {
+        let left = (FULL as u64).saturating_sub(got.iter().sum());
+        if d.request == 0 {
+            got[i] = (FLOOR as u64).min(wants[i]).min(left);
         }
     }
     let requesters: Vec<u64> = slices.iter().map(|d| d.request as u64).collect();
@@ -182,9 +193,14 @@ mod tests {
             pct(allot(&[d(0, 30, true, 30), d(0, 100, true, 70)])),
             [30, 70]
         );
-        // Against a request, best effort gets only the rest.
+        // Against a request, best effort gets the rest, but never less than FLOOR of what
+        // requests leave.
         assert_eq!(
             pct(allot(&[d(60, 100, true, 60), d(0, 100, true, 40)])),
+            [99, 1]
+        );
+        assert_eq!(
+            pct(allot(&[d(100, 100, true, 100), d(0, 100, true, 0)])),
             [100, 0]
         );
         assert_eq!(

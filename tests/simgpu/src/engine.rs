@@ -137,10 +137,10 @@ impl Dev<'_> {
         let owner = ctx.owner as usize;
         let p = &mut self.b.procs[owner];
         p.device_time_ns += run;
-        record_util(&mut p.util, t_end, p.device_time_ns);
+        add_busy(&mut p.util, t_end - run, t_end);
         let e = &mut self.b.engine;
         e.busy_ns += run;
-        record_util(&mut e.util, t_end, e.busy_ns);
+        add_busy(&mut e.util, t_end - run, t_end);
     }
 
     /// Replays the engine up to `now` (monotonic ns).
@@ -215,50 +215,44 @@ impl Dev<'_> {
     }
 }
 
-fn record_util(r: &mut UtilRing, t: u64, cum: u64) {
-    let last = if r.len == 0 {
-        None
-    } else {
-        Some((
-            (r.next as usize + UTIL_POINTS - 1) % UTIL_POINTS,
-            r.t[(r.next as usize + UTIL_POINTS - 1) % UTIL_POINTS],
-        ))
-    };
-    match last {
-        Some((i, lt)) if t / UTIL_BUCKET_NS == lt / UTIL_BUCKET_NS => {
-            r.t[i] = t;
-            r.cum[i] = cum;
-        }
-        _ => {
+/// Adds the busy span `[from, to)` to the history, split at bucket boundaries.
+pub fn add_busy(r: &mut UtilRing, from: u64, to: u64) {
+    let mut t = from;
+    while t < to {
+        let b = t / UTIL_BUCKET_NS;
+        let end = ((b + 1) * UTIL_BUCKET_NS).min(to);
+        let last = (r.next as usize + UTIL_POINTS - 1) % UTIL_POINTS;
+        if r.len > 0 && r.bucket[last] == b {
+            r.busy[last] += end - t;
+        } else if r.len == 0 || r.bucket[last] < b {
             let i = r.next as usize;
-            r.t[i] = t;
-            r.cum[i] = cum;
+            r.bucket[i] = b;
+            r.busy[i] = end - t;
             r.next = ((i + 1) % UTIL_POINTS) as u32;
             r.len = (r.len + 1).min(UTIL_POINTS as u32);
         }
+        t = end;
     }
 }
 
-/// Busy time accumulated in `(from, to]` according to the history `r` (linear between points;
-/// nothing accrues after the last point, which is when the counter last moved).
+/// Busy time in `[from, to)` according to the history `r`: whole buckets exactly, a bucket cut by
+/// either end in proportion to the part inside (the history does not know where in a bucket the
+/// work ran). Time older than the history counts as idle.
 pub fn busy_between(r: &UtilRing, from: u64, to: u64) -> u64 {
-    let points: Vec<(u64, u64)> = (0..r.len as usize)
-        .map(|k| {
-            let i = (r.next as usize + UTIL_POINTS - r.len as usize + k) % UTIL_POINTS;
-            (r.t[i], r.cum[i])
+    if to <= from {
+        return 0;
+    }
+    (0..r.len as usize)
+        .map(|k| (r.next as usize + UTIL_POINTS - 1 - k) % UTIL_POINTS)
+        .map(|i| {
+            let (start, end) = (
+                r.bucket[i] * UTIL_BUCKET_NS,
+                (r.bucket[i] + 1) * UTIL_BUCKET_NS,
+            );
+            let inside = end.min(to).saturating_sub(start.max(from));
+            (r.busy[i] as u128 * inside as u128 / UTIL_BUCKET_NS as u128) as u64
         })
-        .collect();
-    let at = |x: u64| -> u64 {
-        match points.iter().position(|&(t, _)| t > x) {
-            None => points.last().map_or(0, |p| p.1),
-            Some(0) => points[0].1.saturating_sub(points[0].0.saturating_sub(x)),
-            Some(k) => {
-                let ((t0, c0), (t1, c1)) = (points[k - 1], points[k]);
-                c0 + ((c1 - c0) as u128 * (x - t0) as u128 / (t1 - t0).max(1) as u128) as u64
-            }
-        }
-    };
-    at(to).saturating_sub(at(from))
+        .sum()
 }
 
 #[cfg(test)]
@@ -410,22 +404,42 @@ mod tests {
         assert!((0..3).all(|o| d.b.procs[o].device_time_ns == 3 * MS));
     }
 
-    #[test]
-    fn utilisation_history_measures_windows() {
-        let mut r = UtilRing {
+    fn ring() -> UtilRing {
+        UtilRing {
             next: 0,
             len: 0,
-            t: [0; UTIL_POINTS],
-            cum: [0; UTIL_POINTS],
-        };
-        // Busy half the time from 1 s to 3 s.
-        let mut cum = 0;
-        for k in 0..=20u64 {
-            let t = 1_000 * MS + k * 100 * MS;
-            record_util(&mut r, t, cum);
-            cum += 50 * MS;
+            bucket: [0; UTIL_POINTS],
+            busy: [0; UTIL_POINTS],
         }
-        let busy = busy_between(&r, 2_000 * MS, 3_000 * MS);
-        assert_eq!(busy, 500 * MS);
+    }
+
+    #[test]
+    fn utilisation_history_measures_windows() {
+        let mut r = ring();
+        // Busy the first half of every 100 ms from 1 s to 3 s.
+        for k in 0..20u64 {
+            let t = 1_000 * MS + k * 100 * MS;
+            add_busy(&mut r, t, t + 50 * MS);
+        }
+        assert_eq!(busy_between(&r, 2_000 * MS, 3_000 * MS), 500 * MS);
+        // Whole buckets are exact wherever the work ran in them.
+        assert_eq!(busy_between(&r, 2_000 * MS, 2_050 * MS), 50 * MS);
+        assert_eq!(busy_between(&r, 2_050 * MS, 2_100 * MS), 0);
+        // A bucket cut by the window counts in proportion.
+        assert_eq!(busy_between(&r, 2_045 * MS, 2_055 * MS), 5 * MS);
+    }
+
+    #[test]
+    fn busy_spans_split_at_bucket_boundaries() {
+        let mut r = ring();
+        add_busy(&mut r, 5 * MS, 27 * MS);
+        add_busy(&mut r, 27 * MS, 28 * MS);
+        assert_eq!(busy_between(&r, 0, 10 * MS), 5 * MS);
+        assert_eq!(busy_between(&r, 10 * MS, 20 * MS), 10 * MS);
+        assert_eq!(busy_between(&r, 20 * MS, 30 * MS), 8 * MS);
+        // The ring keeps the newest UTIL_POINTS buckets.
+        add_busy(&mut r, 0, (UTIL_POINTS as u64 + 10) * UTIL_BUCKET_NS);
+        assert_eq!(r.len as usize, UTIL_POINTS);
+        assert_eq!(busy_between(&r, 0, 10 * UTIL_BUCKET_NS), 0);
     }
 }

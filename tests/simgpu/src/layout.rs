@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64};
 use crate::robust::RobustMutex;
 
 pub const MAGIC: [u8; 8] = *b"SIMGPU\0\0";
-pub const LAYOUT_VERSION: u32 = 3;
+pub const LAYOUT_VERSION: u32 = 4;
 
 /// Allocation granularity: every allocation takes whole 2 MiB granules.
 pub const GRANULE: u64 = 2 << 20;
@@ -27,7 +27,8 @@ pub const MAX_EVENTS: usize = 4096;
 pub const EXITED: usize = 128;
 /// Largest simulated device.
 pub const MAX_DEVICE_MEMORY: u64 = 1 << 40;
-/// Utilisation history points kept (one per [`UTIL_BUCKET_NS`] at most).
+/// Utilisation history: busy time per [`UTIL_BUCKET_NS`] of monotonic time, the last
+/// `UTIL_POINTS` buckets.
 pub const UTIL_POINTS: usize = 128;
 pub const UTIL_BUCKET_NS: u64 = 10_000_000;
 
@@ -39,6 +40,11 @@ pub const NONE: u32 = u32::MAX;
 pub struct SimConfig {
     pub context_overhead: u64,
     pub timeslice_ns: u64,
+    /// How often the simulated driver takes a per-process utilisation sample (NVML).
+    pub util_sample_ns: u64,
+    /// Wall-clock microseconds at monotonic 0, fixed at creation: NVML sample time stamps are
+    /// wall-clock, and every process must turn a bucket's end into the same stamp.
+    pub wall_at_mono_zero_us: u64,
     pub memory: u64,
     pub driver_version: i32,
     pub sm_count: u32,
@@ -87,14 +93,16 @@ pub struct ProcSlot {
 
 pub const LIVENESS_LOCK_BASE: i64 = 1 << 40;
 
-/// History of a cumulative busy-time counter, for utilisation over a window.
+/// Busy time per bucket of [`UTIL_BUCKET_NS`], for utilisation over a window.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct UtilRing {
     pub next: u32,
     pub len: u32,
-    pub t: [u64; UTIL_POINTS],
-    pub cum: [u64; UTIL_POINTS],
+    /// Bucket number (monotonic ns / UTIL_BUCKET_NS) of each entry.
+    pub bucket: [u64; UTIL_POINTS],
+    /// Busy ns within that bucket.
+    pub busy: [u64; UTIL_POINTS],
 }
 
 /// One process's use of one device.

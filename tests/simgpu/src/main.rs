@@ -66,6 +66,10 @@ struct DeviceArgs {
     /// Engine time slice between contexts, in microseconds [default: 2000]
     #[arg(long)]
     timeslice_us: Option<u64>,
+    /// How often the driver samples per-process utilisation for NVML, in milliseconds (a
+    /// multiple of 10, at most 1000) [default: 100]
+    #[arg(long)]
+    util_sample_ms: Option<u64>,
     /// Streaming multiprocessors per device [default: 132]
     #[arg(long)]
     sm_count: Option<u32>,
@@ -87,6 +91,9 @@ impl DeviceArgs {
             memory: self.memory.unwrap_or(d.memory),
             context_overhead: self.context_overhead.unwrap_or(d.context_overhead),
             timeslice_ns: self.timeslice_us.map_or(d.timeslice_ns, |us| us * 1000),
+            util_sample_ns: self
+                .util_sample_ms
+                .map_or(d.util_sample_ns, |ms| ms.saturating_mul(1_000_000)),
             sm_count: self.sm_count.unwrap_or(d.sm_count),
             ..d
         }
@@ -232,10 +239,12 @@ fn show(state: &Path, json: bool) -> Result<()> {
     }
     use cuslice_policy::format_size as fs;
     println!(
-        "simgpu state {} (simulated; context overhead {}, time slice {} us)",
+        "simgpu state {} (simulated; context overhead {}, time slice {} us, NVML utilisation \
+         sampled every {} ms)",
         snap.state,
         fs(snap.context_overhead),
-        snap.timeslice_ns / 1000
+        snap.timeslice_ns / 1000,
+        snap.util_sample_ns / 1_000_000
     );
     for d in &snap.devices {
         println!(

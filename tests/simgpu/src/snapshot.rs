@@ -15,6 +15,7 @@ pub struct Snapshot {
     pub state: String,
     pub context_overhead: u64,
     pub timeslice_ns: u64,
+    pub util_sample_ns: u64,
     pub devices: Vec<DeviceSnap>,
 }
 
@@ -75,6 +76,7 @@ impl State {
             state: self.path().display().to_string(),
             context_overhead: c.context_overhead,
             timeslice_ns: c.timeslice_ns,
+            util_sample_ns: c.util_sample_ns,
             devices,
         }
     }
@@ -148,23 +150,30 @@ impl State {
         }
     }
 
-    /// Per-process utilisation of device `d` over `(since, now]` (monotonic ns): (slot, busy ns,
-    /// window ns) for processes that ran work in the window.
-    pub fn process_utilization(&self, d: u32, since: u64) -> Vec<(u32, u64, u64)> {
+    /// The driver's latest per-process utilisation sample of device `d`, as NVML reports it:
+    /// the sample period that ended last (every `util_sample_ns` of monotonic time), if it ended
+    /// after `since` (monotonic ns). Returns the period's end and, for each process that ran work
+    /// in it, (slot, busy ns in the period).
+    pub fn process_utilization(&self, d: u32, since: u64) -> (u64, Vec<(u32, u64)>) {
+        let period = self.config().util_sample_ns.max(UTIL_BUCKET_NS);
         let mut g = self.lock_device(d);
         let now = g.advance_now();
-        let since = since.max(now.saturating_sub(1000 * MS));
+        let end = now / period * period;
+        if end <= since || end < period {
+            return (end, Vec::new());
+        }
         let dev = g.dev();
-        (0..MAX_PROCS as u32)
+        let samples = (0..MAX_PROCS as u32)
             .filter_map(|s| {
                 let p = &dev.b.procs[s as usize];
                 if p.contexts == 0 {
                     return None;
                 }
-                let busy = busy_between(&p.util, since, now);
-                (busy > 0).then_some((s, busy, now - since))
+                let busy = busy_between(&p.util, end - period, end);
+                (busy > 0).then_some((s, busy))
             })
-            .collect()
+            .collect();
+        (end, samples)
     }
 
     /// Percent of the last second device `d` was busy.

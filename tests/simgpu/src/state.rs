@@ -64,6 +64,7 @@ pub struct CreateOptions {
     pub context_overhead: u64,
     pub sm_count: u32,
     pub timeslice_ns: u64,
+    pub util_sample_ns: u64,
     pub name: String,
     pub driver_version: i32,
 }
@@ -76,6 +77,7 @@ impl Default for CreateOptions {
             context_overhead: 300 << 20,
             sm_count: 132,
             timeslice_ns: 2 * MS,
+            util_sample_ns: 100 * MS,
             name: "SimGPU (simulated)".into(),
             driver_version: 13000,
         }
@@ -105,6 +107,14 @@ impl CreateOptions {
         }
         if self.timeslice_ns == 0 {
             return bad("--timeslice must be positive, e.g. 2ms".into());
+        }
+        if !self.util_sample_ns.is_multiple_of(UTIL_BUCKET_NS)
+            || !(UTIL_BUCKET_NS..=1000 * MS).contains(&self.util_sample_ns)
+        {
+            return bad(format!(
+                "--util-sample-ms {} must be a multiple of 10 between 10 and 1000, e.g. 100",
+                self.util_sample_ns as f64 / MS as f64
+            ));
         }
         Ok(())
     }
@@ -751,6 +761,8 @@ unsafe fn init_file(
         h.config = SimConfig {
             context_overhead: o.context_overhead,
             timeslice_ns: o.timeslice_ns,
+            util_sample_ns: o.util_sample_ns,
+            wall_at_mono_zero_us: crate::clock::wall_us() - crate::clock::now_ns() / 1000,
             memory: o.memory,
             driver_version: o.driver_version,
             sm_count: o.sm_count,

@@ -13,7 +13,8 @@ use crate::driver::{Driver, LoadError, Resolution, ResolveOptions, Route, resolv
 use crate::out::{cu_error, emit};
 use crate::requests::{RUNTIME_12_9, RUNTIME_13_0};
 use crate::scenarios::{
-    self, BenchAllocArgs, ChurnArgs, Failure, FillArgs, HoldArgs, LaunchArgs, MemcpyArgs, Session,
+    self, BenchAllocArgs, BenchLaunchArgs, ChurnArgs, Failure, FillArgs, HoldArgs, LaunchArgs,
+    MemcpyArgs, Session,
 };
 
 /// `--route`.
@@ -106,6 +107,16 @@ pub enum Scenario {
         line up several processes."
     )]
     BenchAlloc(BenchAllocArgs),
+    /// Time launches of a kernel that takes no engine time, in paced batches
+    #[command(
+        long_about = "Time launches of a kernel that takes no engine time, in paced batches.\n\n\
+        Loads a \"spin\" kernel of 0 ns per block and, after --warmup-secs of untimed batches, \
+        times --batches batches of --batch one-block launches through --via, synchronising the \
+        stream and sleeping --pause-us after each batch (untimed), so that a slice with a core \
+        limit is never held back while timed. One `bench` line: ns_per_launch_median, _mean, \
+        _p90 and _max over the batches (each batch's time / --batch)."
+    )]
+    BenchLaunch(BenchLaunchArgs),
     /// Only resolve the entry points and report how (no cuInit)
     Resolve,
 }
@@ -120,6 +131,7 @@ impl Scenario {
             Scenario::Memcpy(_) => "memcpy",
             Scenario::Churn(_) => "churn",
             Scenario::BenchAlloc(_) => "bench-alloc",
+            Scenario::BenchLaunch(_) => "bench-launch",
             Scenario::Resolve => "resolve",
         }
     }
@@ -215,6 +227,7 @@ fn scenario(cli: &Cli, route: Route, driver: &Driver) -> Result<(), Failure> {
         Scenario::Memcpy(a) => scenarios::memcpy(&session, a)?,
         Scenario::Churn(a) => scenarios::churn(&session, a)?,
         Scenario::BenchAlloc(a) => scenarios::bench_alloc(&session, a)?,
+        Scenario::BenchLaunch(a) => scenarios::bench_launch(&session, a)?,
         Scenario::Resolve => {}
     }
     session.close()?;

@@ -202,6 +202,25 @@ pub struct BenchAllocArgs {
     pub size: u64,
 }
 
+#[derive(Clone, Debug, Args)]
+pub struct BenchLaunchArgs {
+    /// Timed batches
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub batches: u64,
+    /// Launches per batch (timed together)
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..))]
+    pub batch: u32,
+    /// Untimed pause after each batch, in microseconds (the stream is synchronised first)
+    #[arg(long, default_value_t = 1000)]
+    pub pause_us: u64,
+    /// Seconds of untimed batches first
+    #[arg(long, value_parser = parse_secs, default_value = "1")]
+    pub warmup_secs: f64,
+    /// Launch API
+    #[arg(long, value_enum, default_value = "kernel")]
+    pub via: Via,
+}
+
 /// A device with its primary context current on this thread.
 pub struct Session<'a> {
     pub d: &'a Driver,
@@ -975,6 +994,76 @@ pub fn launch(s: &Session, a: &LaunchArgs) -> Result<(), Failure> {
             "wall_ns": wall_ns,
             "engine_ns_requested": u64::try_from(engine_ns_requested).unwrap_or(u64::MAX),
             "elapsed_ns": (f64::from(ms) * 1e6).round() as u64,
+        }),
+    );
+    Ok(())
+}
+
+/// Times batches of launches of a kernel that takes no engine time, pausing (untimed) between
+/// batches so that a slice with a core limit stays within its budget: what a launch costs the
+/// calling thread, not how long the device takes.
+pub fn bench_launch(s: &Session, a: &BenchLaunchArgs) -> Result<(), Failure> {
+    let d = s.d;
+    let image = spin_module(0);
+    let mut module: CUmodule = null_mut();
+    // SAFETY: `image` is a NUL-terminated module image that outlives the call.
+    unsafe { d.cuModuleLoadData(&mut module, image.as_ptr().cast()) }?;
+    let mut func: CUfunction = null_mut();
+    // SAFETY: `module` is loaded; the name is NUL-terminated.
+    unsafe { d.cuModuleGetFunction(&mut func, module, c"spin".as_ptr()) }?;
+    let mut stream: CUstream = null_mut();
+    // SAFETY: out-pointer to a local.
+    unsafe { d.cuStreamCreate(&mut stream, CU_STREAM_DEFAULT) }?;
+    let graph = if a.via == Via::Graph {
+        Some(capture(d, func, stream, 1)?)
+    } else {
+        None
+    };
+    let exec = graph.map_or(null_mut(), |(_, exec)| exec);
+    let pause = Duration::from_micros(a.pause_us);
+    let batch = || -> Result<u64, CuError> {
+        let t0 = Instant::now();
+        for _ in 0..a.batch {
+            launch_once(d, a.via, func, exec, stream, 1)?;
+        }
+        let ns = t0.elapsed().as_nanos() as u64;
+        sync(d, stream)?;
+        if !pause.is_zero() {
+            std::thread::sleep(pause);
+        }
+        Ok(ns)
+    };
+    let warmup = Instant::now();
+    while warmup.elapsed().as_secs_f64() < a.warmup_secs {
+        batch()?;
+    }
+    let mut per_launch = Vec::with_capacity(a.batches as usize);
+    for _ in 0..a.batches {
+        per_launch.push(batch()? as f64 / f64::from(a.batch));
+    }
+    if let Some((graph, exec)) = graph {
+        // SAFETY: idle graph exec and graph, destroyed once.
+        unsafe { d.cuGraphExecDestroy(exec) }?;
+        // SAFETY: as above.
+        unsafe { d.cuGraphDestroy(graph) }?;
+    }
+    // SAFETY: idle stream of ours, destroyed once.
+    unsafe { d.cuStreamDestroy_v2(stream) }?;
+    // SAFETY: nothing of the module is in use any more.
+    unsafe { d.cuModuleUnload(module) }?;
+    let mean = per_launch.iter().sum::<f64>() / per_launch.len() as f64;
+    per_launch.sort_by(f64::total_cmp);
+    let pick = |q: f64| per_launch[((per_launch.len() - 1) as f64 * q).round() as usize];
+    emit(
+        "bench",
+        json!({
+            "via": a.via.name(),
+            "batches": a.batches,
+            "batch": a.batch,
+            "ns_per_launch_median": pick(0.5),
+            "ns_per_launch_mean": mean,
+            "ns_per_launch_p90": pick(0.9),
+            "ns_per_launch_max": pick(1.0),
         }),
     );
     Ok(())

@@ -433,20 +433,20 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
         if count.is_null() {
             return Err(BAD_ARG);
         }
-        let now_mono = simgpu::clock::now_ns();
-        let now_wall = simgpu::clock::wall_us();
-        let since = if last_seen == 0 {
-            0
-        } else {
-            now_mono.saturating_sub(now_wall.saturating_sub(last_seen).saturating_mul(1000))
-        };
-        let samples: Vec<_> = s
-            .process_utilization(i, since)
+        // Time stamps are wall-clock microseconds, the period ends turned into wall time with
+        // the offset fixed when the state was made, so every process stamps a period alike.
+        let c = s.config();
+        let since = last_seen
+            .saturating_sub(c.wall_at_mono_zero_us)
+            .saturating_mul(1000);
+        let (end, busy) = s.process_utilization(i, since);
+        let period = c.util_sample_ns.max(1);
+        let samples: Vec<_> = busy
             .into_iter()
-            .map(|(slot, busy, window)| nvmlProcessUtilizationSample_t {
+            .map(|(slot, busy)| nvmlProcessUtilizationSample_t {
                 pid: s.reported_pid(slot) as u32,
-                timeStamp: now_wall,
-                smUtil: (busy * 100 / window.max(1)).min(100) as u32,
+                timeStamp: c.wall_at_mono_zero_us + end / 1000,
+                smUtil: (busy * 100 / period).min(100) as u32,
                 memUtil: 0,
                 encUtil: 0,
                 decUtil: 0,
