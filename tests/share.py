@@ -101,15 +101,21 @@ def run(name, slices, expected):
 
 
 def main(names):
+    print(f"simulated device; NVML per-process samples every 100 ms (simgpu default); {SECS:g} s "
+          f"per scenario, share over {SETTLE:g} s to the end; 1 ms kernels unless named")
     print(f"{'scenario':34} {'slice':>5} {'configured':>10} {'achieved':>9} {'worst 1 s':>9} {'settled':>8}")
-    ok = True
+    worst_err, slowest = 0.0, 0.0
     for name in names or SCENARIOS:
         slices, expected = SCENARIOS[name]
         for k, r in enumerate(run(name, slices, expected)):
             settled = f"{r['settled_s']:.1f} s" if r["settled_s"] is not None else "never"
             print(f"{name if k == 0 else '':34} {k:>5} {r['expected']:>9}% {r['achieved']:>8.1f}% "
                   f"{r['worst_1s']:>8.1f}% {settled:>8}", flush=True)
-            ok &= abs(r["achieved"] - r["expected"]) <= 2.0
+            worst_err = max(worst_err, abs(r["achieved"] - r["expected"]))
+            slowest = max(slowest, r["settled_s"] if r["settled_s"] is not None else float("inf"))
+    ok = worst_err <= 2.0 and slowest <= 3.0
+    print(f"largest |achieved - configured|: {worst_err:.1f} points (target <= 2); slowest to settle: "
+          f"{slowest:.1f} s (target <= 3): {'meets' if ok else 'MISSES'}")
     return ok
 
 

@@ -75,6 +75,8 @@ struct Period {
     at_ns: u64,
     /// The slice counts as wanting more than it uses until then (see `HUNGRY_HOLD_NS`).
     hungry_until: u64,
+    /// When the allotment last went from the whole device to less (launches are charged since).
+    metered_since: u64,
     /// Charges NVML has not accounted for yet, oldest first.
     pending: VecDeque<Charged>,
     /// Whether the "no NVML samples" warning was given.
@@ -153,6 +155,7 @@ pub fn join(s: &Slice, devs: &[Dev]) -> Result<Vec<Meter>, String> {
                 cursor: SampleCursor::new(wall_us(), PERIOD_NS / 1000),
                 at_ns: now,
                 hungry_until: 0,
+                metered_since: if limit < FULL { 0 } else { u64::MAX },
                 launches: 0,
                 throttled: 0,
                 allot: limit,
@@ -243,12 +246,23 @@ impl Meter {
             Some(used) if used.newest_us != 0 => {
                 // Launches made before the newest sample was taken are accounted for in it.
                 let age_ns = wall_us().saturating_sub(used.newest_us) * 1000;
-                let (charged, n) = settle(&mut p.pending, now.saturating_sub(age_ns));
+                let stamp = now.saturating_sub(age_ns);
+                let (charged, n) = settle(&mut p.pending, stamp);
                 p.usage = (used.ns as u128 * FULL as u128 / used.span_ns.max(1) as u128)
                     .min(FULL as u128) as u32;
                 self.cost
                     .store(share::next_cost(cost, used.ns, n), Ordering::Relaxed);
-                charged as i64 - used.ns as i64
+                // Device time used while the slice had the whole device was not metered (its
+                // launches were not charged) and is not owed: only the part of the samples'
+                // span after the allotment last dropped below the whole device counts.
+                let span_from = stamp.saturating_sub(used.span_ns);
+                let owed = if p.metered_since <= span_from {
+                    used.ns
+                } else {
+                    let after = stamp.saturating_sub(p.metered_since) as u128;
+                    (used.ns as u128 * after / used.span_ns.max(1) as u128) as u64
+                };
+                charged as i64 - owed as i64
             }
             other => {
                 // No new sample: NVML has not accounted for the launches yet. Once they are
@@ -312,6 +326,9 @@ impl Meter {
                 self.request,
                 self.limit
             );
+        }
+        if allot < FULL && p.allot >= FULL {
+            p.metered_since = now;
         }
         p.allot = allot;
         t.share.store(allot, Ordering::Relaxed);
@@ -408,10 +425,14 @@ fn gate_metered() {
     let Ok(Some(s)) = slice::active() else {
         return;
     };
-    let Some((_, o)) = slice::current(s) else {
-        return;
+    let meters = s.meters();
+    // One device (the usual case): no need to ask the driver which context is current.
+    let m = if meters.len() == 1 {
+        meters.first()
+    } else {
+        slice::current(s).and_then(|(_, o)| meters.get(o))
     };
-    if let Some(m) = s.meters().get(o)
+    if let Some(m) = m
         && let Some(t) = s.ledger.tokens(m.index)
     {
         m.charge(t);

@@ -25,11 +25,17 @@ fn device_times(sim: &Sim) -> std::collections::HashMap<u64, u64> {
 /// Starts one process per slice, each launching `kernel_us` kernels back to back through
 /// `via`; returns each one's share (percent) of the device over WINDOW after SETTLE.
 fn shares(slices: &[Vec<(&str, &str)>], kernel_us: u32, via: &str) -> Vec<f64> {
+    shares_on(slices, kernel_us, via, 1)
+}
+
+/// `shares`, each process launching round-robin on `streams` streams.
+fn shares_on(slices: &[Vec<(&str, &str)>], kernel_us: u32, via: &str, streams: u32) -> Vec<f64> {
     let sim = Sim::new(&[]);
     let node = tempfile::tempdir().unwrap();
     let secs = (SETTLE + WINDOW).as_secs_f64() + 1.0;
     let blocks = kernel_us.to_string();
     let secs = secs.to_string();
+    let streams = streams.to_string();
     let mut procs: Vec<_> = slices
         .iter()
         .map(|env| {
@@ -45,6 +51,8 @@ fn shares(slices: &[Vec<(&str, &str)>], kernel_us: u32, via: &str) -> Vec<f64> {
                     &secs,
                     "--via",
                     via,
+                    "--streams",
+                    &streams,
                 ],
             );
             c.env("LD_PRELOAD", libcuslice())
@@ -107,6 +115,36 @@ fn hard_limits_30_and_70_share_one_device() {
     assert_near(&got, &[30.0, 70.0], "30/70, 1 ms kernels");
 }
 
+fn limits(l: &[&'static str]) -> Vec<Vec<(&'static str, &'static str)>> {
+    l.iter().map(|v| vec![("CUSLICE_CORE_LIMIT", *v)]).collect()
+}
+
+#[test]
+fn three_and_four_slices_each_get_their_limit() {
+    let _turn = serial();
+    let got = shares(&limits(&["20", "30", "50"]), 1000, "kernel");
+    assert_near(&got, &[20.0, 30.0, 50.0], "20/30/50");
+    let got = shares(&limits(&["25", "25", "25", "25"]), 1000, "kernel");
+    assert_near(&got, &[25.0; 4], "25 x 4");
+}
+
+#[test]
+fn short_and_long_kernels_graphs_and_streams_are_held_to_their_limits() {
+    let _turn = serial();
+    for kernel_us in [50, 10_000] {
+        let got = shares(&limits(&["30", "70"]), kernel_us, "kernel");
+        assert_near(
+            &got,
+            &[30.0, 70.0],
+            &format!("30/70, {kernel_us} us kernels"),
+        );
+    }
+    let got = shares(&limits(&["30", "70"]), 1000, "graph");
+    assert_near(&got, &[30.0, 70.0], "30/70, graph launches");
+    let got = shares_on(&limits(&["30", "70"]), 1000, "kernel", 4);
+    assert_near(&got, &[30.0, 70.0], "30/70, 4 streams each");
+}
+
 #[test]
 fn a_lone_slice_stays_at_its_limit() {
     let _turn = serial();
@@ -135,6 +173,16 @@ fn a_request_is_guaranteed_and_idle_time_is_lent() {
         &[30.0, 70.0],
         "request 30/limit 100 beside request 70/limit 70",
     );
+    // Alone, the same slice may use the whole device: nobody else wants it.
+    let got = shares(
+        &[vec![
+            ("CUSLICE_CORE_REQUEST", "30"),
+            ("CUSLICE_CORE_LIMIT", "100"),
+        ]],
+        1000,
+        "kernel",
+    );
+    assert_near(&got, &[100.0], "request 30/limit 100 alone");
     let got = shares(
         &[
             vec![("CUSLICE_CORE_LIMIT", "30")],

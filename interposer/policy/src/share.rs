@@ -47,8 +47,8 @@ impl Demand {
 /// it back); each slice without a request gets up to `FLOOR` of what requests leave, so that it
 /// never starves; then time nobody is guaranteed goes to slices that want more in proportion to
 /// their requests, up to their limits; then what is still free goes to slices without a request
-/// in equal parts, up to their limits. Never more than a slice's limit, and the allotments never
-/// add up to more than the device.
+/// in equal parts, up to what they want; and time nobody wants is shared equally, up to limits.
+/// Never more than a slice's limit, and the allotments never add up to more than the device.
 pub fn allot(slices: &[Demand]) -> Vec<u32> {
     let wants: Vec<u64> = slices.iter().map(|d| d.wants() as u64).collect();
     let mut got: Vec<u64> = slices
@@ -73,6 +73,10 @@ pub fn allot(slices: &[Demand]) -> Vec<u32> {
     fill(&mut got, &wants, &requesters);
     let equal: Vec<u64> = slices.iter().map(|d| u64::from(d.request == 0)).collect();
     fill(&mut got, &wants, &equal);
+    // Time no slice wants: everyone may use it, up to their limits (a slice alone gets its
+    // limit). Taken back as soon as another slice is held back (its `wants` grows).
+    let limits: Vec<u64> = slices.iter().map(|d| d.limit.min(FULL) as u64).collect();
+    fill(&mut got, &limits, &vec![1; slices.len()]);
     got.into_iter().map(|g| g.min(FULL as u64) as u32).collect()
 }
 
@@ -206,6 +210,13 @@ mod tests {
         assert_eq!(
             pct(allot(&[d(60, 80, true, 60), d(0, 100, true, 40)])),
             [80, 20]
+        );
+        // Time nobody wants goes to everyone up to their limits: a slice alone gets its limit.
+        assert_eq!(pct(allot(&[d(0, 100, false, 0)])), [100]);
+        assert_eq!(pct(allot(&[d(0, 30, false, 0)])), [30]);
+        assert_eq!(
+            pct(allot(&[d(0, 100, false, 10), d(0, 40, false, 10)])),
+            [60, 40]
         );
         // Two best-effort slices split the device.
         assert_eq!(

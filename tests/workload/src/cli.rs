@@ -107,15 +107,13 @@ pub enum Scenario {
         line up several processes."
     )]
     BenchAlloc(BenchAllocArgs),
-    /// Time launches of a kernel that takes no engine time, in paced batches
-    #[command(
-        long_about = "Time launches of a kernel that takes no engine time, in paced batches.\n\n\
-        Loads a \"spin\" kernel of 0 ns per block and, after --warmup-secs of untimed batches, \
+    /// Time launches of a short kernel, in paced batches
+    #[command(long_about = "Time launches of a short kernel, in paced batches.\n\n\
+        Loads a \"spin\" kernel of --kernel-ns per block and, after --warmup-secs of untimed batches, \
         times --batches batches of --batch one-block launches through --via, synchronising the \
         stream and sleeping --pause-us after each batch (untimed), so that a slice with a core \
         limit is never held back while timed. One `bench` line: ns_per_launch_median, _mean, \
-        _p90 and _max over the batches (each batch's time / --batch)."
-    )]
+        _p90 and _max over the batches (each batch's time / --batch).")]
     BenchLaunch(BenchLaunchArgs),
     /// Only resolve the entry points and report how (no cuInit)
     Resolve,

@@ -216,6 +216,9 @@ pub struct BenchLaunchArgs {
     /// Seconds of untimed batches first
     #[arg(long, value_parser = parse_secs, default_value = "1")]
     pub warmup_secs: f64,
+    /// Engine nanoseconds each launch takes (one block)
+    #[arg(long, default_value_t = 1000)]
+    pub kernel_ns: u64,
     /// Launch API
     #[arg(long, value_enum, default_value = "kernel")]
     pub via: Via,
@@ -999,12 +1002,12 @@ pub fn launch(s: &Session, a: &LaunchArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-/// Times batches of launches of a kernel that takes no engine time, pausing (untimed) between
-/// batches so that a slice with a core limit stays within its budget: what a launch costs the
-/// calling thread, not how long the device takes.
+/// Times batches of launches of a short kernel, pausing (untimed) between batches so that a
+/// slice with a core limit stays within its budget: what a launch costs the calling thread, not
+/// how long the device takes.
 pub fn bench_launch(s: &Session, a: &BenchLaunchArgs) -> Result<(), Failure> {
     let d = s.d;
-    let image = spin_module(0);
+    let image = spin_module(a.kernel_ns);
     let mut module: CUmodule = null_mut();
     // SAFETY: `image` is a NUL-terminated module image that outlives the call.
     unsafe { d.cuModuleLoadData(&mut module, image.as_ptr().cast()) }?;
