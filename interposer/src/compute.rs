@@ -478,3 +478,28 @@ launch_wrappers! {
     cuGraphLaunch(exec: CUgraphExec, stream: CUstream);
     cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settling_takes_whole_periods_and_splits_the_one_cut() {
+        let c = |from, to, ns, launches| Charged {
+            from,
+            to,
+            ns,
+            launches,
+        };
+        let mut q: VecDeque<Charged> = [c(0, 50, 500, 50), c(50, 100, 1000, 100)].into();
+        // Nothing before the first period's start.
+        assert_eq!(settle(&mut q, 0), (0, 0));
+        // The first period whole, a fifth of the second.
+        assert_eq!(settle(&mut q, 60), (700, 70));
+        assert_eq!(q.front(), Some(&c(60, 100, 800, 80)));
+        // The rest; then nothing is left to settle.
+        assert_eq!(settle(&mut q, 1000), (800, 80));
+        assert!(q.is_empty());
+        assert_eq!(settle(&mut q, 2000), (0, 0));
+    }
+}
