@@ -93,7 +93,7 @@ pub fn now_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-pub fn wall_us() -> u64 {
+fn wall_us() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_micros() as u64)
@@ -240,12 +240,13 @@ impl Meter {
         }
         p.at_ns = now;
         let reading = crate::nvml::own_utilisation(&self.uuid, std::process::id(), &mut p.cursor);
+        let wall = wall_us();
         // What the settled launches were charged, less what they (and any work queued before
         // them) really used: paid into the tokens, or taken from them.
         let adjust: i64 = match reading {
             Some(used) if used.newest_us != 0 => {
                 // Launches made before the newest sample was taken are accounted for in it.
-                let age_ns = wall_us().saturating_sub(used.newest_us) * 1000;
+                let age_ns = wall.saturating_sub(used.newest_us) * 1000;
                 let stamp = now.saturating_sub(age_ns);
                 let (charged, n) = settle(&mut p.pending, stamp);
                 p.usage = (used.ns as u128 * FULL as u128 / used.span_ns.max(1) as u128)
@@ -286,7 +287,7 @@ impl Meter {
                 // Samples of other processes newer than a period past ours: this process was
                 // idle since. (A launch is only counted while the slice is metered; a slice
                 // with the whole device shows its use through its samples alone.)
-                if p.cursor.idle() {
+                if p.cursor.idle(wall) {
                     p.usage = 0;
                 }
                 0

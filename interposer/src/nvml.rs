@@ -317,10 +317,10 @@ pub fn own_utilisation(uuid: &[u8; 16], pid: u32, cursor: &mut SampleCursor) -> 
             }
         }
     })?;
-    let found: Vec<(u64, u32)> = samples
+    let found: Vec<(u64, Option<u32>)> = samples
         .iter()
         .filter(|s| s.timeStamp > since)
-        .map(|s| (s.timeStamp, if s.pid == pid { s.smUtil } else { u32::MAX }))
+        .map(|s| (s.timeStamp, (s.pid == pid).then_some(s.smUtil)))
         .collect();
     Some(cursor.take(&found))
 }
@@ -358,12 +358,12 @@ impl SampleCursor {
     }
 
     /// Whether the newest samples (of other processes) are more than one sample period newer
-    /// than this process's last one, or this process has had none for a second: it was idle
-    /// since.
-    pub fn idle(&self) -> bool {
+    /// than this process's last one, or this process has had none for a second before `now_us`
+    /// (wall-clock): it was idle since.
+    pub fn idle(&self, now_us: u64) -> bool {
         let period = self.period_us.max(self.floor_us);
         self.seen_us.saturating_sub(self.own_us) > period
-            || crate::compute::wall_us().saturating_sub(self.own_us) > 1_000_000
+            || now_us.saturating_sub(self.own_us) > 1_000_000
     }
 
     /// Whether any sample of this process has been seen.
@@ -371,14 +371,12 @@ impl SampleCursor {
         self.own_seen
     }
 
-    /// Takes the new samples: (stamp µs, smUtil of this process, or u32::MAX for another
-    /// process's sample).
-    pub fn take(&mut self, samples: &[(u64, u32)]) -> Used {
+    /// Takes the new samples: (stamp µs, smUtil if the sample is this process's).
+    pub fn take(&mut self, samples: &[(u64, Option<u32>)]) -> Used {
         let mut used = Used::default();
         let mut mine: Vec<(u64, u32)> = samples
             .iter()
-            .copied()
-            .filter(|s| s.1 != u32::MAX)
+            .filter_map(|&(t, util)| Some((t, util?)))
             .collect();
         mine.sort_unstable();
         for (t, util) in mine {
@@ -498,23 +496,23 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
 mod tests {
     use super::*;
 
-    const OTHER: u32 = u32::MAX;
+    const OTHER: Option<u32> = None;
 
     #[test]
     fn each_sample_covers_one_period_back_to_the_previous_one() {
         let mut c = SampleCursor::new(1_000_000, 50_000);
         // First sample: 100 ms after the cursor was made, at 40%.
-        let u = c.take(&[(1_100_000, 40), (1_100_000, OTHER)]);
+        let u = c.take(&[(1_100_000, Some(40)), (1_100_000, OTHER)]);
         assert_eq!(u.span_ns, 100_000_000);
         assert_eq!(u.ns, 40_500_000);
         assert_eq!((u.newest_us, c.seen_us), (1_100_000, 1_100_000));
         // Next period, fully busy: exact.
-        let u = c.take(&[(1_200_000, 100)]);
+        let u = c.take(&[(1_200_000, Some(100))]);
         assert_eq!((u.ns, u.span_ns), (100_000_000, 100_000_000));
         // Idle for two periods (no samples of ours), then 10%: the sample covers one period.
         assert_eq!(c.take(&[(1_300_000, OTHER)]), Used::default());
         assert_eq!(c.seen_us, 1_300_000);
-        let u = c.take(&[(1_500_000, 10)]);
+        let u = c.take(&[(1_500_000, Some(10))]);
         assert_eq!((u.ns, u.span_ns), (10_500_000, 100_000_000));
     }
 
@@ -524,11 +522,11 @@ mod tests {
         let mut c = SampleCursor::new(0, 50_000);
         let mut total = 0;
         for k in 1..=20u64 {
-            let u = c.take(&[(k * 50_000, 30)]);
+            let u = c.take(&[(k * 50_000, Some(30))]);
             total += u.ns;
         }
         assert_eq!(total, 1_000_000_000 * 305 / 1000);
         // Samples already seen are not counted twice.
-        assert_eq!(c.take(&[(1_000_000, 30)]), Used::default());
+        assert_eq!(c.take(&[(1_000_000, Some(30))]), Used::default());
     }
 }
