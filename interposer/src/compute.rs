@@ -28,11 +28,11 @@ use cuslice_policy::share::{self, FULL};
 use parking_lot::Mutex;
 
 use crate::hooks::real;
-use crate::ledger::Tokens;
 use crate::log::{debug, error, warning};
 use crate::nvml::SampleCursor;
-use crate::region::{self, Region};
 use crate::slice::{self, Dev, Slice};
+use cuslice_state::ledger::Tokens;
+use cuslice_state::region::{self, Region};
 
 /// How often the meter thread measures and recomputes the allotment.
 pub const PERIOD_NS: u64 = 50_000_000;

@@ -5,7 +5,7 @@
 //!
 //! Routes in (all reach the same wrappers): the exported symbols (programs linked with -lcuda),
 //! the `dlsym` override ([`dlsym`]), and `cuGetProcAddress` v1/_v2 ([`procaddr`]). The table of
-//! entry points is [`hooks`]; the accounting is [`slice`] over the shared [`ledger`]; the policy
+//! entry points is [`hooks`]; the accounting is [`slice`] over the shared ledger (`cuslice-state`); the policy
 //! arithmetic and the configuration live in the pure `cuslice-policy` crate. See
 //! docs/interposer.md.
 //!
@@ -26,11 +26,9 @@ pub mod context;
 pub mod dlsym;
 pub mod hooks;
 pub mod info;
-pub mod ledger;
 pub mod memory;
 pub mod nvml;
 pub mod pool;
 pub mod procaddr;
-pub mod region;
 pub mod slice;
 pub mod vmm;

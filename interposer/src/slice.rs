@@ -17,8 +17,8 @@ use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
 use crate::hooks::real;
-use crate::ledger::Ledger;
 use crate::log::{error, info, warning};
+use cuslice_state::ledger::Ledger;
 
 /// Where the OCI hook mounts a container's slice (its `config` and `ledger`). When the config
 /// file exists it is the only source of limits: the container's environment cannot lift them.
@@ -172,17 +172,7 @@ fn absolute(p: &Path) -> PathBuf {
     std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())
 }
 
-pub fn uuid_string(u: &[u8; 16]) -> String {
-    let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
-    format!(
-        "GPU-{}-{}-{}-{}-{}",
-        &h[0..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..32]
-    )
-}
+pub use cuslice_state::uuid_string;
 
 fn device_uuid(d: CUdevice) -> Option<[u8; 16]> {
     let mut u = CUuuid { bytes: [0; 16] };

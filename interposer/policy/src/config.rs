@@ -303,6 +303,18 @@ fn classify(name: &str) -> Name<'_> {
     }
 }
 
+/// Whether `name` is a variable cuslice reads (its own `CUSLICE_*` names, known or not, and the
+/// HAMi-core and Alibaba cGPU aliases): what the OCI hook looks for in a container's environment.
+pub fn is_setting(name: &str) -> bool {
+    classify(name) != Name::Other
+}
+
+/// Whether `name` is chosen by whoever runs the process rather than by the slice's owner
+/// (`CUSLICE_STATE_DIR`, `CUSLICE_NODE_DIR`): in a container the hook decides these.
+pub fn is_placement(name: &str) -> bool {
+    matches!(classify(name), Name::StateDir | Name::NodeDir)
+}
+
 /// A device ordinal as a per-device suffix: decimal, 0 to 63, no sign, no leading zero (so that
 /// `_1` and `_01` cannot both name device 1).
 fn parse_ordinal(suffix: &str) -> Option<u32> {

@@ -489,7 +489,7 @@ impl Ledger {
             (Some(c), r) => {
                 return Err(LedgerError::CapConflict {
                     path: self.path.clone(),
-                    uuid: crate::slice::uuid_string(&uuid),
+                    uuid: crate::uuid_string(&uuid),
                     asked: cuslice_policy::format_size(c),
                     recorded: cuslice_policy::format_size(r),
                 });

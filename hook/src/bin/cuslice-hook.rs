@@ -1,0 +1,80 @@
+//! `cuslice-hook STAGE [--library PATH] [--state-root DIR] [--node-dir DIR]`: the OCI hook. The
+//! container state comes on stdin; the spec is read from the bundle. A bad setting exits 1 with
+//! one line on stderr, which the engine shows to whoever started the container.
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, ValueEnum};
+use cuslice_hook::hook::{self, DEFAULT_NODE_DIR, Options, Outcome};
+use cuslice_hook::state::DEFAULT_ROOT;
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Stage {
+    /// At container creation (runc runs it where it runs createRuntime).
+    #[value(name = "prestart")]
+    Prestart,
+    /// At container creation, after the namespaces exist and before pivot_root.
+    #[value(name = "createRuntime")]
+    CreateRuntime,
+    /// After the container is deleted: removes its slice state.
+    #[value(name = "poststop")]
+    Poststop,
+    /// Not an OCI stage: removes the state of containers that are gone (no stdin).
+    #[value(name = "sweep")]
+    Sweep,
+}
+
+/// cuslice's OCI hook: holds a container to its CUSLICE_* limits.
+#[derive(Parser)]
+#[command(name = "cuslice-hook", version)]
+struct Cli {
+    stage: Stage,
+    /// The interposer to mount [default: libcuslice.so beside this executable, then
+    /// /usr/local/lib/cuslice/libcuslice.so]
+    #[arg(long)]
+    library: Option<PathBuf>,
+    /// Where the containers' slice state lives on the host.
+    #[arg(long, default_value = DEFAULT_ROOT)]
+    state_root: PathBuf,
+    /// The node's compute regions (the interposer's CUSLICE_NODE_DIR on the host).
+    #[arg(long, default_value = DEFAULT_NODE_DIR)]
+    node_dir: PathBuf,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let opts = Options {
+        state_root: cli.state_root,
+        node_dir: cli.node_dir,
+        library: cli.library,
+    };
+    let mut state = String::new();
+    if !matches!(cli.stage, Stage::Sweep) {
+        if let Err(e) = std::io::stdin().read_to_string(&mut state) {
+            eprintln!("cuslice-hook: cannot read the container state on stdin: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    let result = match cli.stage {
+        Stage::Prestart | Stage::CreateRuntime => {
+            hook::create(&opts, &state).map_err(|e| format!("{e}; the container is not started"))
+        }
+        Stage::Poststop => hook::poststop(&opts, &state),
+        Stage::Sweep => hook::sweep(&opts),
+    };
+    match result {
+        Ok(Outcome::Swept(ids)) => {
+            for id in ids {
+                println!("removed the state of {id}");
+            }
+            ExitCode::SUCCESS
+        }
+        Ok(_) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("cuslice-hook: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,64 @@
+//! `cuslice-runtime [--cuslice-runtime=PATH] [--cuslice-hook=PATH] [--cuslice-hook-arg=ARG]...
+//! RUNC-ARGS...`: adds cuslice-hook to the bundle of a container that mentions cuslice, then
+//! execs the real runtime (runc by default) with RUNC-ARGS. See `cuslice_hook::wrapper`.
+
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+use cuslice_hook::wrapper::{add_hooks, bundle_of, runtime, split_args};
+
+fn hook_beside_me() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|e| Some(e.parent()?.join("cuslice-hook")))
+        .unwrap_or_else(|| PathBuf::from("/usr/local/bin/cuslice-hook"))
+}
+
+/// Rewrites the bundle's config.json when the container mentions cuslice.
+fn prepare(bundle: &Path, hook: &Path, extra: &[String]) -> Result<(), String> {
+    let path = bundle.join("config.json");
+    // A bundle the runtime cannot read either: let it say so.
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        return Ok(());
+    };
+    let new = match add_hooks(&text, hook, extra) {
+        Ok(Some(new)) => new,
+        Ok(None) => return Ok(()),
+        // Not JSON: the runtime reports that itself.
+        Err(_) => return Ok(()),
+    };
+    let tmp = bundle.join(format!(".config.json.cuslice{}", std::process::id()));
+    let mode = std::fs::metadata(&path)
+        .map(|m| m.permissions().mode())
+        .unwrap_or(0o644);
+    let written = std::fs::write(&tmp, new)
+        .and_then(|()| std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode)))
+        .and_then(|()| std::fs::rename(&tmp, &path));
+    written.map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        format!(
+            "cannot add cuslice-hook to {} ({e}); the container asks for cuslice limits, so it is not started without them",
+            path.display()
+        )
+    })
+}
+
+fn main() -> ExitCode {
+    let args = split_args(std::env::args_os().skip(1));
+    if let Some(bundle) = bundle_of(&args.rest) {
+        let hook = args.hook.clone().unwrap_or_else(hook_beside_me);
+        if let Err(e) = prepare(&bundle, &hook, &args.hook_args) {
+            eprintln!("cuslice-runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    let real = runtime(&args);
+    let err = Command::new(real).args(&args.rest).exec();
+    eprintln!(
+        "cuslice-runtime: cannot run the runtime {}: {err}; pass --cuslice-runtime=PATH",
+        real.to_string_lossy()
+    );
+    ExitCode::FAILURE
+}

@@ -1,0 +1,232 @@
+//! The hook's stages. `create` (run as `prestart` or `createRuntime`): validate, write the slice's
+//! host state, mount it into the container. `poststop`: remove it. `sweep`: remove what
+//! containers that vanished without `poststop` left.
+
+use std::path::{Path, PathBuf};
+
+use oci_spec::runtime::{Spec, State};
+
+use crate::inject::{Plan, inject};
+use crate::settings;
+use crate::state::{Record, Root, start_time, valid_id};
+
+/// Where `cuslice install` puts the library.
+pub const INSTALLED_LIBRARY: &str = "/usr/local/lib/cuslice/libcuslice.so";
+pub const DEFAULT_NODE_DIR: &str = cuslice_state::region::DEFAULT_DIR;
+
+pub struct Options {
+    pub state_root: PathBuf,
+    pub node_dir: PathBuf,
+    pub library: Option<PathBuf>,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The container does not mention cuslice: nothing was touched.
+    Untouched,
+    /// The slice is in place (now, or already by an earlier stage of the same container).
+    Sliced,
+    Removed,
+    Swept(Vec<String>),
+}
+
+/// The library to mount: `--library`, else `libcuslice.so` beside this executable, else the
+/// installed one.
+pub fn find_library(given: Option<&Path>) -> Result<PathBuf, String> {
+    if let Some(p) = given {
+        return if p.is_file() {
+            Ok(p.to_path_buf())
+        } else {
+            Err(format!(
+                "--library {}: no such file; pass the path of libcuslice.so",
+                p.display()
+            ))
+        };
+    }
+    let beside = std::env::current_exe()
+        .ok()
+        .and_then(|e| Some(e.parent()?.join("libcuslice.so")));
+    let mut looked = Vec::new();
+    for p in beside.into_iter().chain([PathBuf::from(INSTALLED_LIBRARY)]) {
+        if p.is_file() {
+            return Ok(p);
+        }
+        looked.push(p.display().to_string());
+    }
+    Err(format!(
+        "cannot find libcuslice.so (looked at {}); pass --library PATH to cuslice-hook or run `cuslice install`",
+        looked.join(" and ")
+    ))
+}
+
+fn read_state(text: &str) -> Result<State, String> {
+    let state: State = serde_json::from_str(text).map_err(|e| {
+        format!("cannot read the container state on stdin ({e}); cuslice-hook runs as an OCI hook, which gets the state JSON on stdin")
+    })?;
+    if !valid_id(state.id()) {
+        return Err(format!(
+            "container id {:?} is not a valid OCI container id",
+            state.id()
+        ));
+    }
+    Ok(state)
+}
+
+/// Whether the spec's environment or annotations mention cuslice: read leniently, so that a
+/// container without cuslice settings is never refused over a spec field the hook would not use.
+pub fn spec_mentions(spec: &serde_json::Value) -> bool {
+    let env = spec
+        .pointer("/process/env")
+        .and_then(|e| e.as_array())
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.as_str());
+    let annotations = spec
+        .get("annotations")
+        .and_then(|a| a.as_object())
+        .into_iter()
+        .flat_map(|a| a.keys().map(|k| k.as_str()));
+    settings::mentioned(env, annotations)
+}
+
+/// `prestart` / `createRuntime`.
+pub fn create(opts: &Options, state_json: &str) -> Result<Outcome, String> {
+    let state = read_state(state_json)?;
+    let bundle = state.bundle();
+    let config_path = bundle.join("config.json");
+    let text = std::fs::read_to_string(&config_path)
+        .map_err(|e| format!("cannot read {}: {e}", config_path.display()))?;
+    let lenient: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| format!("{} is not JSON: {e}", config_path.display()))?;
+    if !spec_mentions(&lenient) {
+        return Ok(Outcome::Untouched);
+    }
+    let spec: Spec = serde_json::from_value(lenient)
+        .map_err(|e| format!("{} is not an OCI runtime spec: {e}", config_path.display()))?;
+    let env: Vec<&str> = spec
+        .process()
+        .as_ref()
+        .and_then(|p| p.env().as_ref())
+        .map(|e| e.iter().map(String::as_str).collect())
+        .unwrap_or_default();
+    let annotations: Vec<(&str, &str)> = spec
+        .annotations()
+        .as_ref()
+        .map(|a| a.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect())
+        .unwrap_or_default();
+    let Some(found) = settings::read(env, annotations)? else {
+        return Ok(Outcome::Untouched);
+    };
+    let library = find_library(opts.library.as_deref())?;
+    let pid = state.pid().filter(|&p| p > 0).ok_or(
+        "the container state has no pid; run cuslice-hook at the prestart or createRuntime stage",
+    )?;
+    let start = start_time(pid).ok_or_else(|| format!("the container's process {pid} is gone"))?;
+    let rootfs = spec
+        .root()
+        .as_ref()
+        .map(|r| r.path().clone())
+        .ok_or_else(|| format!("{} has no root.path", config_path.display()))?;
+    let rootfs = if rootfs.is_absolute() {
+        rootfs
+    } else {
+        bundle.join(rootfs)
+    };
+    let id = state.id();
+
+    let root = Root::new(&opts.state_root);
+    let _lock = root.lock().map_err(|e| {
+        format!(
+            "cannot use the state root {}: {e}",
+            opts.state_root.display()
+        )
+    })?;
+    root.sweep();
+    if let Some(r) = root.read_record(id) {
+        if r.pid == pid && r.start == start {
+            return Ok(Outcome::Sliced);
+        }
+        return Err(format!(
+            "another live container (pid {}) already has the id {id} under {}",
+            r.pid,
+            opts.state_root.display()
+        ));
+    }
+    make_node_dir(&opts.node_dir)?;
+    let mnt = root.create(id, &found.config_file(id)).map_err(|e| {
+        format!(
+            "cannot write the slice state under {}: {e}",
+            root.dir(id).display()
+        )
+    })?;
+    let created = match inject(&Plan {
+        pid,
+        rootfs: &rootfs,
+        mnt: &mnt,
+        node_dir: &opts.node_dir,
+        library: &library,
+    }) {
+        Ok(c) => c,
+        Err(e) => {
+            root.remove(id, &[]);
+            return Err(e);
+        }
+    };
+    let record = Record {
+        id: id.to_string(),
+        pid,
+        start,
+        rootfs,
+        created,
+    };
+    root.write_record(&record).map_err(|e| {
+        root.remove(id, &[]);
+        format!("cannot write {}: {e}", root.dir(id).display())
+    })?;
+    Ok(Outcome::Sliced)
+}
+
+fn make_node_dir(dir: &Path) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    if !dir.is_dir() {
+        std::fs::create_dir_all(dir)
+            .and_then(|()| std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o1777)))
+            .map_err(|e| format!("cannot make the node directory {}: {e}", dir.display()))?;
+    }
+    Ok(())
+}
+
+/// `poststop`.
+pub fn poststop(opts: &Options, state_json: &str) -> Result<Outcome, String> {
+    let state = read_state(state_json)?;
+    let root = Root::new(&opts.state_root);
+    if !root.dir(state.id()).exists() {
+        return Ok(Outcome::Untouched);
+    }
+    let _lock = root.lock().map_err(|e| {
+        format!(
+            "cannot use the state root {}: {e}",
+            opts.state_root.display()
+        )
+    })?;
+    let live: Vec<Record> = root
+        .records()
+        .into_iter()
+        .filter(|r| &r.id != state.id() && start_time(r.pid) == Some(r.start))
+        .collect();
+    root.remove(state.id(), &live);
+    root.sweep();
+    Ok(Outcome::Removed)
+}
+
+/// `sweep`: for operators and tests; every hook also sweeps.
+pub fn sweep(opts: &Options) -> Result<Outcome, String> {
+    let root = Root::new(&opts.state_root);
+    let _lock = root.lock().map_err(|e| {
+        format!(
+            "cannot use the state root {}: {e}",
+            opts.state_root.display()
+        )
+    })?;
+    Ok(Outcome::Swept(root.sweep()))
+}

@@ -1,0 +1,242 @@
+//! What a container asks of cuslice, read from its spec (the `process.env` entries and the
+//! `cuslice.io/` annotations), validated with the interposer's own rules, and turned into the
+//! slice configuration file the interposer reads inside the container. Pure: no I/O.
+
+use std::collections::BTreeMap;
+
+use cuslice_policy::config::{self, Config};
+
+/// Annotations under this prefix are settings too: `cuslice.io/memory-limit` is
+/// `CUSLICE_MEMORY_LIMIT`, `cuslice.io/core-limit-1` is `CUSLICE_CORE_LIMIT_1`.
+pub const ANNOTATION_PREFIX: &str = "cuslice.io/";
+
+/// Where the slice's directory, the node regions and the library appear inside the container.
+pub const CONTAINER_DIR: &str = "/run/cuslice";
+pub const CONTAINER_NODE_DIR: &str = "/run/cuslice/node";
+pub const CONTAINER_LIBRARY: &str = "/run/cuslice/lib/libcuslice.so";
+
+/// A container's validated settings: `NAME=VALUE` pairs, sorted by name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    pub entries: Vec<(String, String)>,
+}
+
+/// The variable an annotation stands for: `cuslice.io/memory-limit-1` -> `CUSLICE_MEMORY_LIMIT_1`.
+pub fn annotation_variable(key: &str) -> Option<String> {
+    let rest = key.strip_prefix(ANNOTATION_PREFIX)?;
+    Some(format!(
+        "CUSLICE_{}",
+        rest.to_ascii_uppercase().replace('-', "_")
+    ))
+}
+
+/// Whether the container mentions cuslice at all. Cheap: no validation, so a container without
+/// settings costs the hook nothing more than reading its spec.
+pub fn mentioned<'a>(
+    env: impl IntoIterator<Item = &'a str>,
+    annotations: impl IntoIterator<Item = &'a str>,
+) -> bool {
+    env.into_iter()
+        .any(|e| config::is_setting(e.split_once('=').map_or(e, |(n, _)| n)))
+        || annotations
+            .into_iter()
+            .any(|k| k.starts_with(ANNOTATION_PREFIX))
+}
+
+/// Reads and validates the settings. `Ok(None)`: the container does not mention cuslice. `Err`:
+/// one line naming the variable (or annotation), the value and an example that would work.
+pub fn read<'a>(
+    env: impl IntoIterator<Item = &'a str>,
+    annotations: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> Result<Option<Settings>, String> {
+    // NAME -> (value, where it came from)
+    let mut found: BTreeMap<String, (String, Option<String>)> = BTreeMap::new();
+    let mut any = false;
+    for e in env {
+        let (name, value) = e.split_once('=').unwrap_or((e, ""));
+        if !config::is_setting(name) {
+            continue;
+        }
+        any = true;
+        if config::is_placement(name) {
+            // The hook decides where the slice's state lives; the container cannot.
+            continue;
+        }
+        // A later entry of the same name wins, as in execve's environment.
+        found.insert(name.to_string(), (value.to_string(), None));
+    }
+    for (key, value) in annotations {
+        let Some(name) = annotation_variable(key) else {
+            continue;
+        };
+        any = true;
+        if config::is_placement(&name) {
+            return Err(format!(
+                "annotation {key} is not accepted: the hook decides where a container's slice state lives; remove it"
+            ));
+        }
+        match found.get(&name) {
+            Some((v, None)) if v.trim() != value.trim() => {
+                return Err(format!(
+                    "{name}={v:?} in the environment and annotation {key}={value:?} disagree; set one of them (e.g. {name}={value})"
+                ));
+            }
+            _ => {
+                found.insert(name, (value.to_string(), Some(key.to_string())));
+            }
+        }
+    }
+    if !any {
+        return Ok(None);
+    }
+    if let Err(e) = Config::from_vars(found.iter().map(|(n, (v, _))| (n.as_str(), v.as_str()))) {
+        return Err(match found.get(&e.variable) {
+            Some((_, Some(key))) => format!("annotation {key}: {e}"),
+            _ => e.to_string(),
+        });
+    }
+    Ok(Some(Settings {
+        entries: found.into_iter().map(|(n, (v, _))| (n, v)).collect(),
+    }))
+}
+
+impl Settings {
+    /// The slice configuration file (`/run/cuslice/slice/config` in the container): the only
+    /// source of limits for the processes inside, whatever their environment says.
+    pub fn config_file(&self, container: &str) -> String {
+        let mut text = format!(
+            "# cuslice slice configuration for container {container}, written by cuslice-hook.\n\
+             # The processes in the container read their limits from here, not from their environment.\n"
+        );
+        for (name, value) in &self.entries {
+            text.push_str(&format!("{name}={}\n", value.trim()));
+        }
+        text.push_str(&format!("CUSLICE_NODE_DIR={CONTAINER_NODE_DIR}\n"));
+        text
+    }
+}
+
+/// `/etc/ld.so.preload` as the container will see it: the image's own file as it is, then the
+/// interposer on a line of its own (unless the image already lists it).
+pub fn preload_file(image: Option<&str>) -> String {
+    let image = image.unwrap_or("");
+    if image
+        .split(|c: char| c.is_whitespace() || c == ':')
+        .any(|e| e == CONTAINER_LIBRARY)
+    {
+        return image.to_string();
+    }
+    let mut out = image.to_string();
+    if !out.is_empty() && !out.ends_with('\n') {
+        out.push('\n');
+    }
+    out.push_str(CONTAINER_LIBRARY);
+    out.push('\n');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read_env(env: &[&str]) -> Result<Option<Settings>, String> {
+        read(env.iter().copied(), [])
+    }
+
+    #[test]
+    fn no_setting_means_untouched() {
+        assert_eq!(read_env(&["PATH=/bin", "HOME=/root"]), Ok(None));
+        assert!(!mentioned(
+            ["PATH=/bin", "CUDA_VISIBLE_DEVICES=0"],
+            ["io.kubernetes.x"]
+        ));
+        assert!(mentioned(["CUSLICE_MEMORY_LIMIT=1GiB"], []));
+        assert!(mentioned(["CUDA_DEVICE_MEMORY_LIMIT=1g"], []));
+        assert!(mentioned([], ["cuslice.io/core-limit"]));
+    }
+
+    #[test]
+    fn settings_become_the_config_file() {
+        let s = read_env(&[
+            "PATH=/bin",
+            "CUSLICE_MEMORY_LIMIT=1GiB",
+            "CUSLICE_CORE_LIMIT=30",
+        ])
+        .unwrap()
+        .unwrap();
+        let text = s.config_file("abc");
+        assert!(text.contains("\nCUSLICE_CORE_LIMIT=30\nCUSLICE_MEMORY_LIMIT=1GiB\n"));
+        assert!(text.ends_with("CUSLICE_NODE_DIR=/run/cuslice/node\n"));
+        // The interposer reads it back to the same limits.
+        let c = Config::from_hook_file(&text, std::iter::empty::<(&str, &str)>()).unwrap();
+        assert_eq!(c.limits(0).memory, Some(1 << 30));
+        assert_eq!(c.limits(0).core_limit, Some(30));
+        assert_eq!(
+            c.node_dir.as_deref(),
+            Some(std::path::Path::new("/run/cuslice/node"))
+        );
+    }
+
+    #[test]
+    fn bad_values_name_the_variable() {
+        let e = read_env(&["CUSLICE_MEMORY_LIMIT=12XB"]).unwrap_err();
+        assert!(e.starts_with("CUSLICE_MEMORY_LIMIT=\"12XB\" "), "{e}");
+        assert!(e.contains("CUSLICE_MEMORY_LIMIT=4GiB"), "{e}");
+        let e = read_env(&["CUSLICE_CORE_LIMIT=-5"]).unwrap_err();
+        assert!(e.starts_with("CUSLICE_CORE_LIMIT=\"-5\""), "{e}");
+        let e = read_env(&["CUSLICE_MEMORY_LIMT=1GiB"]).unwrap_err();
+        assert!(e.contains("CUSLICE_MEMORY_LIMT"), "{e}");
+    }
+
+    #[test]
+    fn placement_is_the_hooks() {
+        let s = read_env(&["CUSLICE_STATE_DIR=/tmp/x", "CUSLICE_MEMORY_LIMIT=2GiB"])
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            s.entries,
+            vec![("CUSLICE_MEMORY_LIMIT".to_string(), "2GiB".to_string())]
+        );
+        let e = read([], [("cuslice.io/state-dir", "/x")]).unwrap_err();
+        assert!(e.contains("cuslice.io/state-dir"), "{e}");
+    }
+
+    #[test]
+    fn annotations() {
+        let s = read(
+            ["CUSLICE_CORE_LIMIT=30"],
+            [("cuslice.io/memory-limit-1", "3GiB"), ("other", "x")],
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            s.entries,
+            vec![
+                ("CUSLICE_CORE_LIMIT".to_string(), "30".to_string()),
+                ("CUSLICE_MEMORY_LIMIT_1".to_string(), "3GiB".to_string()),
+            ]
+        );
+        // Agreeing twice is fine; disagreeing is refused, naming both.
+        assert!(read(["CUSLICE_CORE_LIMIT=30"], [("cuslice.io/core-limit", "30")]).is_ok());
+        let e = read(["CUSLICE_CORE_LIMIT=30"], [("cuslice.io/core-limit", "40")]).unwrap_err();
+        assert!(
+            e.contains("CUSLICE_CORE_LIMIT") && e.contains("cuslice.io/core-limit"),
+            "{e}"
+        );
+        let e = read([], [("cuslice.io/memory-limit", "lots")]).unwrap_err();
+        assert!(e.starts_with("annotation cuslice.io/memory-limit: "), "{e}");
+    }
+
+    #[test]
+    fn preload_keeps_the_images_entries() {
+        assert_eq!(preload_file(None), "/run/cuslice/lib/libcuslice.so\n");
+        assert_eq!(
+            preload_file(Some("/lib/a.so /lib/b.so")),
+            "/lib/a.so /lib/b.so\n/run/cuslice/lib/libcuslice.so\n"
+        );
+        assert_eq!(
+            preload_file(Some("/run/cuslice/lib/libcuslice.so\n")),
+            "/run/cuslice/lib/libcuslice.so\n"
+        );
+    }
+}

@@ -1,0 +1,281 @@
+//! The host side of each container's slice, under the state root (`/run/cuslice` by default):
+//!
+//! ```text
+//! /run/cuslice/lock                          serialises the hooks of concurrent containers
+//! /run/cuslice/containers/          (0700)
+//!   <id>/record.json                         the hook's record: init pid + start time, rootfs,
+//!                                            the mount points it had to make in the rootfs
+//!   <id>/mnt/                       (0755)   mounted read-only at /run/cuslice in the container
+//!     slice/config                  (0644)   the authoritative limits (read-only inside)
+//!     slice/ledger                  (0666)   the slice's memory ledger (the one writable file)
+//!     node/                                  mount point: the node's compute regions
+//!     lib/libcuslice.so                      mount point: the interposer (read-only)
+//!     ld.so.preload                 (0644)   bind-mounted read-only at /etc/ld.so.preload
+//! ```
+//!
+//! A record whose init process is gone (a container that vanished without `poststop`) is swept
+//! by the next hook that runs. A directory without a record is a hook that died half-way; since
+//! every hook holds the lock from start to end, it is garbage too.
+
+use std::fs;
+use std::io::{self, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use nix::fcntl::{Flock, FlockArg};
+use serde::{Deserialize, Serialize};
+
+use crate::rootfs::Rootfs;
+
+pub const DEFAULT_ROOT: &str = "/run/cuslice";
+const RECORD: &str = "record.json";
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Record {
+    pub id: String,
+    /// The container's init process (host pid) and its start time in clock ticks since boot:
+    /// together they name the process even after its pid is reused.
+    pub pid: i32,
+    pub start: u64,
+    pub rootfs: PathBuf,
+    /// Mount points the hook made in the rootfs (relative to it, outermost first); removed when
+    /// no live container uses the rootfs any more.
+    pub created: Vec<String>,
+}
+
+pub struct Root {
+    pub path: PathBuf,
+}
+
+/// Holds the state root's lock until dropped.
+pub struct Locked {
+    _lock: Flock<fs::File>,
+}
+
+/// The start time of process `pid` (field 22 of /proc/PID/stat), or `None` if it is gone.
+pub fn start_time(pid: i32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces and parentheses: count from the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// A container id as runc accepts it; anything else could name a path outside the state root.
+pub fn valid_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 1024
+        && id != "."
+        && id != ".."
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_+-.".contains(&b))
+}
+
+fn write_atomic(path: &Path, text: &[u8], mode: u32) -> io::Result<()> {
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    let result = (|| {
+        let mut f = fs::File::create(&tmp)?;
+        f.set_permissions(fs::Permissions::from_mode(mode))?;
+        f.write_all(text)?;
+        f.sync_all()?;
+        fs::rename(&tmp, path)
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
+impl Root {
+    pub fn new(path: impl Into<PathBuf>) -> Root {
+        Root { path: path.into() }
+    }
+
+    pub fn containers(&self) -> PathBuf {
+        self.path.join("containers")
+    }
+
+    pub fn dir(&self, id: &str) -> PathBuf {
+        self.containers().join(id)
+    }
+
+    /// The directory mounted at /run/cuslice in the container.
+    pub fn mnt(&self, id: &str) -> PathBuf {
+        self.dir(id).join("mnt")
+    }
+
+    pub fn lock(&self) -> io::Result<Locked> {
+        fs::create_dir_all(&self.path)?;
+        match fs::create_dir(self.containers()) {
+            Ok(()) => fs::set_permissions(self.containers(), fs::Permissions::from_mode(0o700))?,
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+        let f = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(self.path.join("lock"))?;
+        let lock = Flock::lock(f, FlockArg::LockExclusive).map_err(|(_, e)| io::Error::from(e))?;
+        Ok(Locked { _lock: lock })
+    }
+
+    pub fn read_record(&self, id: &str) -> Option<Record> {
+        let text = fs::read_to_string(self.dir(id).join(RECORD)).ok()?;
+        serde_json::from_str(&text).ok()
+    }
+
+    pub fn write_record(&self, r: &Record) -> io::Result<()> {
+        let text = serde_json::to_vec_pretty(r).map_err(io::Error::other)?;
+        write_atomic(&self.dir(&r.id).join(RECORD), &text, 0o644)
+    }
+
+    /// Records of every container the state root knows, live or not.
+    pub fn records(&self) -> Vec<Record> {
+        let Ok(dir) = fs::read_dir(self.containers()) else {
+            return Vec::new();
+        };
+        dir.filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter_map(|id| self.read_record(&id))
+            .collect()
+    }
+
+    /// Makes the directory the container will see (everything in the layout above but the
+    /// record), replacing any leftover of the same id. Requires the lock.
+    pub fn create(&self, id: &str, config: &str) -> io::Result<PathBuf> {
+        let dir = self.dir(id);
+        if dir.exists() {
+            fs::remove_dir_all(&dir)?;
+        }
+        let mnt = self.mnt(id);
+        let made = (|| {
+            for sub in ["slice", "node", "lib"] {
+                fs::create_dir_all(mnt.join(sub))?;
+            }
+            for d in [
+                &dir,
+                &mnt,
+                &mnt.join("slice"),
+                &mnt.join("node"),
+                &mnt.join("lib"),
+            ] {
+                fs::set_permissions(d, fs::Permissions::from_mode(0o755))?;
+            }
+            write_atomic(&mnt.join("slice/config"), config.as_bytes(), 0o644)?;
+            // Filled in from the image's own file when the mounts are made (inject.rs).
+            write_atomic(&mnt.join("ld.so.preload"), b"", 0o644)?;
+            fs::File::create(mnt.join("lib/libcuslice.so"))?;
+            cuslice_state::ledger::Ledger::open_dir(&mnt.join("slice"))
+                .map_err(|e| io::Error::other(e.to_string()))?;
+            // Every process in the container updates the ledger, whatever user it runs as.
+            fs::set_permissions(mnt.join("slice/ledger"), fs::Permissions::from_mode(0o666))
+        })();
+        if let Err(e) = made {
+            let _ = fs::remove_dir_all(&dir);
+            return Err(e);
+        }
+        Ok(mnt)
+    }
+
+    /// Removes a container's state. The mount points it made in the rootfs go too, unless another
+    /// live container uses the same rootfs: then that one inherits them. Requires the lock.
+    pub fn remove(&self, id: &str, live: &[Record]) {
+        if let Some(r) = self.read_record(id) {
+            let heir = live
+                .iter()
+                .find(|o| o.id != id && o.rootfs == r.rootfs && self.read_record(&o.id).is_some());
+            match heir {
+                Some(h) if !r.created.is_empty() => {
+                    let mut h = h.clone();
+                    h.created.extend(r.created.iter().cloned());
+                    let _ = self.write_record(&h);
+                }
+                Some(_) => {}
+                None => {
+                    if let Ok(rootfs) = Rootfs::open(&r.rootfs) {
+                        for rel in r.created.iter().rev() {
+                            rootfs.remove_if_empty(rel);
+                        }
+                    }
+                }
+            }
+        }
+        let _ = fs::remove_dir_all(self.dir(id));
+    }
+
+    /// Removes the state of every container whose init process is gone, and any directory a
+    /// dead hook left half made. Requires the lock. Returns the ids it removed.
+    pub fn sweep(&self) -> Vec<String> {
+        let Ok(dir) = fs::read_dir(self.containers()) else {
+            return Vec::new();
+        };
+        let ids: Vec<String> = dir
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .collect();
+        let mut live = Vec::new();
+        let mut dead = Vec::new();
+        for id in ids {
+            match self.read_record(&id) {
+                Some(r) if start_time(r.pid) == Some(r.start) => live.push(r),
+                _ => dead.push(id),
+            }
+        }
+        for id in &dead {
+            self.remove(id, &live);
+        }
+        dead
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids() {
+        assert!(valid_id("abc-123_x.y+z"));
+        for bad in ["", ".", "..", "a/b", "../x", "a b", "a\nb"] {
+            assert!(!valid_id(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn own_start_time() {
+        let me = std::process::id() as i32;
+        assert!(start_time(me).is_some());
+        assert_eq!(start_time(me), start_time(me));
+        assert_eq!(start_time(i32::MAX), None);
+    }
+
+    #[test]
+    fn sweep_removes_the_dead_and_the_half_made() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = Root::new(tmp.path());
+        let _l = root.lock().unwrap();
+        let rootfs = tempfile::tempdir().unwrap();
+        std::fs::write(rootfs.path().join("made"), "").unwrap();
+        let me = std::process::id() as i32;
+        for (id, pid, start) in [("live", me, start_time(me).unwrap()), ("dead", me, 1)] {
+            root.create(id, "CUSLICE_MEMORY_LIMIT=1GiB\n").unwrap();
+            root.write_record(&Record {
+                id: id.into(),
+                pid,
+                start,
+                rootfs: rootfs.path().into(),
+                created: vec!["made".into()],
+            })
+            .unwrap();
+        }
+        root.create("half", "").unwrap();
+        let mut gone = root.sweep();
+        gone.sort();
+        assert_eq!(gone, ["dead", "half"]);
+        assert!(root.dir("live").join("mnt/slice/ledger").exists());
+        // The live container shares the rootfs: it inherits the dead one's mount point.
+        assert!(rootfs.path().join("made").exists());
+        assert_eq!(root.read_record("live").unwrap().created, ["made", "made"]);
+        root.remove("live", &[]);
+        assert!(!rootfs.path().join("made").exists());
+        assert!(!root.dir("live").exists());
+    }
+}

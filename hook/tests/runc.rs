@@ -1,0 +1,295 @@
+//! The hook with plain runc: OCI bundles whose config.json lists `cuslice-hook prestart` and
+//! `poststop` (the "done when"), run with `runc run`.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+
+use common::*;
+use cuslice_test_harness::Sim;
+use serde_json::{Value, json};
+
+struct Runc;
+
+struct Bundle {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+}
+
+fn bundle(sim: &Sim, spec: &Spec<'_>, hooks: bool) -> Bundle {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    make_rootfs(&path.join("rootfs"));
+    let out = Command::new("runc")
+        .arg("spec")
+        .current_dir(&path)
+        .output()
+        .expect("runc is missing: apt-get install runc (tests/ensure-tools does)");
+    assert!(
+        out.status.success(),
+        "runc spec: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(path.join("config.json")).unwrap();
+    let mut c: Value = serde_json::from_str(&text).unwrap();
+    c["process"]["terminal"] = json!(false);
+    c["process"]["args"] = json!(spec.cmd);
+    c["process"]["env"] = json!(all_env(spec));
+    c["root"]["readonly"] = json!(spec.read_only);
+    let mounts = c["mounts"].as_array_mut().unwrap();
+    for (src, dst, rw) in gpu_mounts(sim) {
+        mounts.push(json!({"destination": dst, "type": "bind", "source": src, "options": ["rbind", if rw {"rw"} else {"ro"}]}));
+    }
+    if hooks {
+        let h = hook().display().to_string();
+        c["hooks"] = json!({
+            "prestart": [{"path": h, "args": ["cuslice-hook", "prestart"]}],
+            "poststop": [{"path": h, "args": ["cuslice-hook", "poststop"]}],
+        });
+    }
+    std::fs::write(
+        path.join("config.json"),
+        serde_json::to_string_pretty(&c).unwrap(),
+    )
+    .unwrap();
+    Bundle { _dir: dir, path }
+}
+
+struct RuncContainer {
+    child: Child,
+    out: std::io::BufReader<std::process::ChildStdout>,
+    id: String,
+    _bundle: Bundle,
+}
+
+fn state_pid(id: &str) -> i32 {
+    let out = Command::new("runc").args(["state", id]).output().unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| panic!("runc state {id}: {}", String::from_utf8_lossy(&out.stderr)));
+    v["pid"].as_i64().unwrap() as i32
+}
+
+impl Container for RuncContainer {
+    fn host_pid(&self) -> i32 {
+        state_pid(&self.id)
+    }
+    fn id(&self) -> String {
+        self.id.clone()
+    }
+    fn stdout(&mut self) -> &mut std::io::BufReader<std::process::ChildStdout> {
+        &mut self.out
+    }
+    fn remove(mut self: Box<Self>) {
+        let _ = Command::new("runc")
+            .args(["kill", &self.id, "KILL"])
+            .output();
+        let _ = self.child.wait();
+        let _ = Command::new("runc")
+            .args(["delete", "--force", &self.id])
+            .output();
+    }
+}
+
+impl Engine for Runc {
+    fn run(&self, sim: &Sim, spec: &Spec<'_>) -> Output {
+        let b = bundle(sim, spec, true);
+        let out = Command::new("runc")
+            .args(["run", spec.name])
+            .current_dir(&b.path)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let _ = Command::new("runc")
+            .args(["delete", "--force", spec.name])
+            .output();
+        out
+    }
+    fn spawn(&self, sim: &Sim, spec: &Spec<'_>) -> Box<dyn Container + '_> {
+        let b = bundle(sim, spec, true);
+        let mut cmd = Command::new("runc");
+        cmd.args(["run", spec.name]).current_dir(&b.path);
+        let (child, out) = spawn_piped(cmd);
+        Box::new(RuncContainer {
+            child,
+            out,
+            id: spec.name.to_string(),
+            _bundle: b,
+        })
+    }
+}
+
+#[test]
+fn held_to_its_cap() {
+    root_required();
+    held_to_cap(&Runc);
+}
+
+#[test]
+fn two_containers_two_caps() {
+    root_required();
+    two_caps(&Runc);
+}
+
+#[test]
+fn bad_value_stops_the_container() {
+    root_required();
+    bad_value(&Runc);
+}
+
+#[test]
+fn container_without_settings_is_untouched() {
+    root_required();
+    untouched(&Runc);
+}
+
+#[test]
+fn limits_cannot_be_lifted_from_inside() {
+    root_required();
+    cannot_lift(&Runc);
+}
+
+#[test]
+fn state_gone_after_stop_and_sigkill() {
+    root_required();
+    state_gone(&Runc);
+}
+
+/// The image is left as it was: the mount points the hook made are gone after the container.
+#[test]
+fn rootfs_left_as_it_was() {
+    root_required();
+    let sim = Sim::new(&["--memory", "8GiB"]);
+    let n = name("rootfs");
+    let b = bundle(
+        &sim,
+        &Spec {
+            name: &n,
+            env: &["CUSLICE_MEMORY_LIMIT=1GiB"],
+            cmd: &["cat", "/etc/ld.so.preload"],
+            read_only: true,
+        },
+        true,
+    );
+    let before = listing(&b.path.join("rootfs"));
+    let out = Command::new("runc")
+        .args(["run", &n])
+        .current_dir(&b.path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "/run/cuslice/lib/libcuslice.so\n"
+    );
+    let after = listing(&b.path.join("rootfs"));
+    // runc itself makes the mount points of the spec's mounts (/run/simgpu/state); the hook's
+    // (/etc, /etc/ld.so.preload, /run/cuslice) must be gone.
+    let extra: Vec<_> = after.iter().filter(|p| !before.contains(p)).collect();
+    let runcs: Vec<String> = gpu_mounts(&sim)
+        .iter()
+        .map(|(_, dst, _)| dst.trim_start_matches('/').to_string())
+        .collect();
+    assert!(
+        extra
+            .iter()
+            .all(|p| runcs.iter().any(|m| m.starts_with(p.as_str()))),
+        "left in the image: {extra:?}"
+    );
+    assert!(!b.path.join("rootfs/etc").exists());
+}
+
+/// An image's own /etc/ld.so.preload entries are kept, after the interposer.
+#[test]
+fn image_preload_entries_kept() {
+    root_required();
+    let sim = Sim::new(&["--memory", "8GiB"]);
+    let n = name("preload");
+    let b = bundle(
+        &sim,
+        &Spec {
+            name: &n,
+            env: &["CUSLICE_MEMORY_LIMIT=1GiB"],
+            cmd: &["cat", "/etc/ld.so.preload"],
+            read_only: false,
+        },
+        true,
+    );
+    std::fs::create_dir_all(b.path.join("rootfs/etc")).unwrap();
+    std::fs::write(
+        b.path.join("rootfs/etc/ld.so.preload"),
+        "/lib/x86_64-linux-gnu/libm.so.6\n",
+    )
+    .unwrap();
+    let out = Command::new("runc")
+        .args(["run", &n])
+        .current_dir(&b.path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "/lib/x86_64-linux-gnu/libm.so.6\n/run/cuslice/lib/libcuslice.so\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(b.path.join("rootfs/etc/ld.so.preload")).unwrap(),
+        "/lib/x86_64-linux-gnu/libm.so.6\n",
+        "the image's file changed"
+    );
+}
+
+/// Many containers starting at once each get their own slice.
+#[test]
+fn concurrent_starts() {
+    root_required();
+    let sim = Sim::new(&["--memory", "16GiB"]);
+    let names: Vec<String> = (0..6).map(|_| name("many")).collect();
+    let caps = ["512MiB", "1GiB", "1536MiB", "512MiB", "1GiB", "1536MiB"];
+    let containers: Vec<Box<dyn Container>> = names
+        .iter()
+        .zip(caps)
+        .map(|(n, cap)| {
+            let env = format!("CUSLICE_MEMORY_LIMIT={cap}");
+            Runc.spawn(
+                &sim,
+                &Spec {
+                    name: n,
+                    env: &[env.as_str()],
+                    cmd: &["cuda-workload", "info"],
+                    read_only: false,
+                },
+            )
+        })
+        .collect();
+    for (mut c, cap) in containers.into_iter().zip(caps) {
+        let v = wait_for(&mut *c, "start");
+        let want = cuslice_policy::size::parse_size(cap).unwrap();
+        assert_eq!(v["total"], want, "{cap}: {v}");
+        c.remove();
+    }
+}
+
+fn listing(root: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            let p = e.path();
+            out.push(p.strip_prefix(root).unwrap().display().to_string());
+            if e.file_type().unwrap().is_dir() {
+                stack.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}

@@ -1,0 +1,21 @@
+//! The files a slice's processes share, apart from any FFI: the memory ledger (one per slice:
+//! caps, holdings, peaks and refusals per device, the processes that belong to it) and the compute
+//! region (one per device, node-wide: each slice's demand and allotment). The interposer maps them
+//! on every CUDA process's behalf; the OCI hook creates a container's ledger; the node tools read
+//! both.
+
+pub mod ledger;
+pub mod region;
+
+/// A device UUID as NVML and `nvidia-smi` print it: `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
+pub fn uuid_string(u: &[u8; 16]) -> String {
+    let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
