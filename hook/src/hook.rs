@@ -30,8 +30,9 @@ pub enum Outcome {
     Swept(Vec<String>),
 }
 
-/// The library to mount: `--library`, else `libcuslice.so` beside this executable, else the
-/// installed one.
+/// The library to mount: `--library`, else `libcuslice.so` beside this executable (a build
+/// tree), else `../lib/cuslice/libcuslice.so` from it (an install under any prefix), else the
+/// default install location.
 pub fn find_library(given: Option<&Path>) -> Result<PathBuf, String> {
     if let Some(p) = given {
         return if p.is_file() {
@@ -43,11 +44,15 @@ pub fn find_library(given: Option<&Path>) -> Result<PathBuf, String> {
             ))
         };
     }
-    let beside = std::env::current_exe()
+    let exe_dir = std::env::current_exe()
         .ok()
-        .and_then(|e| Some(e.parent()?.join("libcuslice.so")));
+        .and_then(|e| Some(e.parent()?.to_path_buf()));
+    let candidates = exe_dir
+        .iter()
+        .flat_map(|d| [d.join("libcuslice.so"), d.join("../lib/cuslice/libcuslice.so")])
+        .chain([PathBuf::from(INSTALLED_LIBRARY)]);
     let mut looked = Vec::new();
-    for p in beside.into_iter().chain([PathBuf::from(INSTALLED_LIBRARY)]) {
+    for p in candidates {
         if p.is_file() {
             return Ok(p);
         }

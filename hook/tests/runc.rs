@@ -293,3 +293,63 @@ fn listing(root: &Path) -> Vec<String> {
     out.sort();
     out
 }
+
+/// A container that vanishes without poststop (created, its process killed, never deleted): its
+/// slice is swept by the next hook, or by `cuslice-hook sweep`.
+#[test]
+fn vanished_container_swept() {
+    root_required();
+    let sim = Sim::new(&["--memory", "8GiB"]);
+    let n = name("vanish");
+    let b = bundle(
+        &sim,
+        &Spec {
+            name: &n,
+            env: &["CUSLICE_MEMORY_LIMIT=1GiB"],
+            cmd: &["sleep", "60"],
+            read_only: false,
+        },
+        true,
+    );
+    // The container's process inherits runc's stdio: no pipes, or reading them never ends.
+    let status = Command::new("runc")
+        .args(["create", &n])
+        .current_dir(&b.path)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert!(
+        slice_dir(&n).join("record.json").exists(),
+        "createRuntime/prestart ran at create"
+    );
+    let pid = state_pid(&n);
+    let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::path::Path::new(&format!("/proc/{pid}")).exists()
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(
+        slice_dir(&n).exists(),
+        "nothing ran poststop, so the state is still there"
+    );
+    let out = Command::new(hook()).arg("sweep").output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains(&n),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(!slice_dir(&n).exists());
+    let _ = Command::new("runc")
+        .args(["delete", "--force", &n])
+        .output();
+}

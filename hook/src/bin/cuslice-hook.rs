@@ -32,7 +32,7 @@ enum Stage {
 struct Cli {
     stage: Stage,
     /// The interposer to mount [default: libcuslice.so beside this executable, then
-    /// /usr/local/lib/cuslice/libcuslice.so]
+    /// ../lib/cuslice/libcuslice.so from it, then /usr/local/lib/cuslice/libcuslice.so]
     #[arg(long)]
     library: Option<PathBuf>,
     /// Where the containers' slice state lives on the host.
@@ -51,11 +51,11 @@ fn main() -> ExitCode {
         library: cli.library,
     };
     let mut state = String::new();
-    if !matches!(cli.stage, Stage::Sweep) {
-        if let Err(e) = std::io::stdin().read_to_string(&mut state) {
-            eprintln!("cuslice-hook: cannot read the container state on stdin: {e}");
-            return ExitCode::FAILURE;
-        }
+    if !matches!(cli.stage, Stage::Sweep)
+        && let Err(e) = std::io::stdin().read_to_string(&mut state)
+    {
+        eprintln!("cuslice-hook: cannot read the container state on stdin: {e}");
+        return ExitCode::FAILURE;
     }
     let result = match cli.stage {
         Stage::Prestart | Stage::CreateRuntime => {

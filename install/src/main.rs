@@ -1,0 +1,227 @@
+//! `cuslice install` / `cuslice uninstall`: copy cuslice's binaries into PREFIX and register the
+//! hook with Docker, containerd, Podman, CRI-O or CDI. See docs/install.md.
+
+mod fsio;
+mod layout;
+mod plan;
+mod problem;
+mod transform;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::layout::Layout;
+use crate::plan::{Cmd, Engine, Failure, Options};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "cuslice",
+    version,
+    about = "cuslice: GPU memory caps and compute shares for containers",
+    long_about = None
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Copy the hook, the wrapper runtime, this command and libcuslice.so into PREFIX, and
+    /// register them with the container engines
+    Install(InstallArgs),
+    /// Remove what install added (configuration entries, files), leaving everything else as it was
+    Uninstall(UninstallArgs),
+}
+
+#[derive(Args, Debug)]
+struct Common {
+    /// The container engine to register with (repeat the flag, or separate with commas)
+    #[arg(long = "engine", value_enum, required = true, value_delimiter = ',')]
+    engines: Vec<Engine>,
+    /// Where the files go: PREFIX/bin/cuslice-hook, PREFIX/bin/cuslice-runtime, PREFIX/bin/cuslice,
+    /// PREFIX/lib/cuslice/libcuslice.so
+    #[arg(long, default_value = "/usr/local", value_name = "DIR")]
+    prefix: PathBuf,
+    /// Read and write every file under DIR (like DESTDIR); paths written into the configuration
+    /// stay those of the target system
+    #[arg(long, default_value = "/", value_name = "DIR")]
+    root: PathBuf,
+    /// The file the engine's registration edits (docker: daemon.json; containerd: config.toml;
+    /// podman: the hooks.d directory; crio: the drop-in; cdi: the spec), on the target system
+    #[arg(long, value_name = "PATH")]
+    config: Option<PathBuf>,
+    /// The runtime name engines know cuslice by
+    #[arg(long, default_value = "cuslice")]
+    name: String,
+    /// Print each file's change as a unified diff (or "no change") and write nothing
+    #[arg(long)]
+    dry_run: bool,
+}
+
+#[derive(Args, Debug)]
+struct InstallArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Where cuslice-hook, cuslice-runtime, cuslice and libcuslice.so are [default: the directory
+    /// holding this executable]
+    #[arg(long, value_name = "DIR")]
+    from: Option<PathBuf>,
+    /// docker: also make cuslice dockerd's default runtime
+    #[arg(long)]
+    default_runtime: bool,
+}
+
+#[derive(Args, Debug)]
+struct UninstallArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Keep the installed binaries and library; remove only the registrations
+    #[arg(long)]
+    keep_files: bool,
+}
+
+fn absolute(p: &Path) -> PathBuf {
+    std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())
+}
+
+fn options(cli: Cli) -> Result<Options, Failure> {
+    let (cmd, common, from, default_runtime, keep_files) = match cli.command {
+        Command::Install(a) => (Cmd::Install, a.common, a.from, a.default_runtime, false),
+        Command::Uninstall(a) => (Cmd::Uninstall, a.common, None, false, a.keep_files),
+    };
+    let word = match cmd {
+        Cmd::Install => "install",
+        Cmd::Uninstall => "uninstall",
+    };
+    let refuse = |msg: String| Failure::Refused(format!("cuslice {word}: {msg}"));
+
+    let mut engines = common.engines;
+    engines.sort();
+    engines.dedup();
+
+    let prefix = common.prefix.to_str().ok_or_else(|| {
+        refuse(format!(
+            "--prefix {}: not UTF-8; it is written into configuration files, so give a UTF-8 path",
+            common.prefix.display()
+        ))
+    })?;
+    let layout = Layout::new(prefix, &common.name).map_err(refuse)?;
+
+    let root = absolute(&common.root);
+    if !root.is_dir() {
+        return Err(refuse(format!(
+            "--root {}: not a directory; give the directory holding the target system (e.g. \
+             --root /host), or leave it out for /",
+            root.display()
+        )));
+    }
+
+    let config = match common.config {
+        None => None,
+        Some(c) => {
+            if engines.len() > 1 {
+                return Err(refuse(format!(
+                    "--config {}: names one engine's file, but {} engines were given; run once \
+                     per engine",
+                    c.display(),
+                    engines.len()
+                )));
+            }
+            let c = absolute(&c);
+            let s = c.to_str().ok_or_else(|| {
+                refuse(format!(
+                    "--config {}: not UTF-8; give a UTF-8 path",
+                    c.display()
+                ))
+            })?;
+            Some(s.to_owned())
+        }
+    };
+    Ok(Options {
+        cmd,
+        engines,
+        layout,
+        root,
+        config,
+        from: from.map(|f| absolute(&f)),
+        default_runtime,
+        keep_files,
+        dry_run: common.dry_run,
+    })
+}
+
+fn run(cli: Cli) -> Result<(), Failure> {
+    let o = options(cli)?;
+    let plan = plan::plan(&o)?;
+    if o.dry_run {
+        print!("{}", plan::render_dry_run(&plan));
+        return Ok(());
+    }
+    print!("{}", plan::apply(&o, &plan)?);
+    for note in &plan.notes {
+        println!("{note}");
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{e}");
+            match e {
+                Failure::Refused(_) => ExitCode::from(2),
+                Failure::Failed(_) => ExitCode::from(1),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn engines_repeat_or_comma() {
+        let cli = Cli::try_parse_from([
+            "cuslice",
+            "install",
+            "--engine",
+            "docker,podman",
+            "--engine",
+            "cri-o",
+            "--engine",
+            "docker",
+        ])
+        .expect("parse");
+        let o = options(cli).expect("options");
+        assert_eq!(o.engines, [Engine::Docker, Engine::Podman, Engine::Crio]);
+        assert!(Cli::try_parse_from(["cuslice", "install", "--engine", "lxc"]).is_err());
+        assert!(Cli::try_parse_from(["cuslice", "install"]).is_err());
+    }
+
+    #[test]
+    fn config_needs_one_engine() {
+        let cli = Cli::try_parse_from([
+            "cuslice",
+            "install",
+            "--engine",
+            "docker,cdi",
+            "--config",
+            "/etc/x",
+        ])
+        .expect("parse");
+        let e = options(cli).expect_err("two engines");
+        assert!(e.to_string().contains("names one engine's file"), "{e}");
+    }
+}
