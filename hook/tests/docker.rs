@@ -1,0 +1,304 @@
+//! The hook with Docker: `cuslice install --engine docker --prefix TMP/prefix --config
+//! TMP/daemon.json` registers cuslice-runtime as the runtime `cuslice`, dockerd is started with
+//! `--config-file TMP/daemon.json`, and containers choose it with `docker run --runtime=cuslice`.
+//! The image is an import of common::make_rootfs. One dockerd serves every test of this binary, with
+//! its data root, exec root (and the containerd it starts there), pidfile, socket and daemon.json
+//! under a temporary directory; it is stopped and the directory removed when the test process
+//! exits. Always /usr/bin/docker: a different client may come first on PATH.
+
+mod common;
+
+use std::ffi::OsString;
+use std::io::BufReader;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, Output, Stdio};
+use std::sync::OnceLock;
+
+use common::*;
+use cuslice_test_harness::Sim;
+
+const IMAGE: &str = "cuslice-test:local";
+
+struct Docker {
+    daemon: Daemon,
+    docker: PathBuf,
+    /// What dockerd makes outside its directories, if it was not there before.
+    made: Vec<PathBuf>,
+}
+
+static ENGINE: OnceLock<Docker> = OnceLock::new();
+
+fn engine() -> &'static Docker {
+    ENGINE.get_or_init(|| {
+        let dockerd = tool("dockerd", "docker.io");
+        let docker = tool("/usr/bin/docker", "docker.io");
+        tool("containerd", "containerd");
+        tool("runc", "runc");
+        let dir = state_dir("dockerd");
+        // dockerd 20.10 writes its trust key to /etc/docker/key.json whatever its options; the
+        // containerd it starts makes /opt/containerd; the shims keep their sockets under
+        // /run/containerd/s.
+        let made = new_paths(&[
+            "/etc/docker",
+            "/etc/docker/key.json",
+            "/opt/containerd",
+            "/opt/containerd/bin",
+            "/opt/containerd/lib",
+            "/run/containerd",
+            "/run/containerd/s",
+        ]);
+        let config = dir.join("daemon.json");
+        let prefix = dir.join("prefix");
+        or_undo(
+            || {
+                cuslice_install("docker", &prefix, &config);
+            },
+            || remove_dir(&dir),
+        );
+        let sock = format!("unix://{}", dir.join("docker.sock").display());
+        let mut cmd = Command::new(dockerd);
+        cmd.arg("--data-root")
+            .arg(dir.join("data"))
+            .arg("--exec-root")
+            .arg(dir.join("exec"))
+            .arg("--pidfile")
+            .arg(dir.join("docker.pid"))
+            .args(["-H", &sock])
+            .arg("--config-file")
+            .arg(&config)
+            // No networking: the containers run with --network=none, and the host's firewall and
+            // sysctls stay as they are. The storage driver is dockerd's choice: overlay2 where
+            // the directory's filesystem takes it, else (on overlayfs, say) the next that works,
+            // down to vfs.
+            .args([
+                "--iptables=false",
+                "--ip6tables=false",
+                "--ip-forward=false",
+            ])
+            .args(["--ip-masq=false", "--bridge=none"]);
+        let probe = docker.clone();
+        let probe_sock = sock.clone();
+        let ready = move || {
+            Command::new(&probe)
+                .args(["-H", &probe_sock, "version"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        let daemon = or_undo(
+            || Daemon::start("dockerd", dir, cmd, ready),
+            || remove_new(&made),
+        );
+        let d = Docker {
+            daemon,
+            docker,
+            made,
+        };
+        or_undo(
+            || output_of(d.docker().arg("import").arg(rootfs_tar()).arg(IMAGE)),
+            || d.stop(),
+        );
+        at_exit(stop);
+        d
+    })
+}
+
+/// At exit: see [`Docker::stop`].
+fn stop() {
+    if let Some(d) = ENGINE.get() {
+        d.stop();
+    }
+}
+
+impl Docker {
+    /// Removes what containers are left, stops dockerd (it stops its containerd) and removes its
+    /// directory.
+    fn stop(&self) {
+        if let Ok(out) = self.docker().args(["ps", "-aq", "--no-trunc"]).output() {
+            for id in String::from_utf8_lossy(&out.stdout).lines() {
+                let _ = self.docker().args(["rm", "-f", id]).output();
+            }
+        }
+        self.daemon.stop();
+        remove_new(&self.made);
+    }
+
+    fn docker(&self) -> Command {
+        let mut c = Command::new(&self.docker);
+        c.arg("-H")
+            .arg(format!(
+                "unix://{}",
+                self.daemon.dir.join("docker.sock").display()
+            ))
+            .stdin(Stdio::null());
+        c
+    }
+
+    /// `docker run ... IMAGE CMD...`; `cidfile`: where docker writes the container's id.
+    fn run_command(&self, sim: &Sim, spec: &Spec<'_>, cidfile: Option<&Path>) -> Command {
+        let mut a: Vec<OsString> = vec!["run".into(), "--name".into(), spec.name.into()];
+        match cidfile {
+            Some(f) => {
+                a.push("--cidfile".into());
+                a.push(f.into());
+            }
+            None => a.push("--rm".into()),
+        }
+        a.push("--runtime=cuslice".into());
+        a.push("--network=none".into());
+        if spec.read_only {
+            a.push("--read-only".into());
+        }
+        for e in all_env(spec) {
+            a.push("-e".into());
+            a.push(e.into());
+        }
+        for (src, dst, rw) in gpu_mounts(sim) {
+            a.push("--mount".into());
+            a.push(
+                format!(
+                    "type=bind,source={},target={dst}{}",
+                    src.display(),
+                    if rw { "" } else { ",readonly" }
+                )
+                .into(),
+            );
+        }
+        a.push(IMAGE.into());
+        a.extend(spec.cmd.iter().map(OsString::from));
+        let mut c = self.docker();
+        c.args(a);
+        c
+    }
+}
+
+struct DockerContainer<'a> {
+    engine: &'a Docker,
+    name: String,
+    cidfile: tempfile::TempDir,
+    child: Child,
+    out: BufReader<ChildStdout>,
+    removed: bool,
+}
+
+impl DockerContainer<'_> {
+    fn cidfile(&self) -> PathBuf {
+        self.cidfile.path().join("cid")
+    }
+
+    /// `docker rm -f`: dockerd kills the container, deletes its task (runc delete: poststop
+    /// runs) and only then calls it stopped and removes it.
+    fn remove_now(&mut self) -> Result<(), String> {
+        if std::mem::replace(&mut self.removed, true) {
+            return Ok(());
+        }
+        let out = self
+            .engine
+            .docker()
+            .args(["rm", "-f", &self.name])
+            .output()
+            .map_err(|e| e.to_string());
+        let _ = self.child.wait();
+        let out = out?;
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+        }
+        Ok(())
+    }
+}
+
+/// A test that failed half-way still removes its container.
+impl Drop for DockerContainer<'_> {
+    fn drop(&mut self) {
+        let _ = self.remove_now();
+    }
+}
+
+impl Container for DockerContainer<'_> {
+    fn host_pid(&self) -> i32 {
+        poll("container pid", || {
+            let out = self
+                .engine
+                .docker()
+                .args(["inspect", "-f", "{{.State.Pid}}", &self.name])
+                .output()
+                .ok()?;
+            let pid: i32 = String::from_utf8_lossy(&out.stdout).trim().parse().ok()?;
+            (pid > 0).then_some(pid)
+        })
+    }
+    fn id(&self) -> String {
+        // The full container id, which is the id runc sees.
+        poll("container id in the cidfile", || {
+            let id = std::fs::read_to_string(self.cidfile()).ok()?;
+            (id.trim().len() == 64).then(|| id.trim().to_string())
+        })
+    }
+    fn stdout(&mut self) -> &mut BufReader<ChildStdout> {
+        &mut self.out
+    }
+    fn remove(mut self: Box<Self>) {
+        if let Err(e) = self.remove_now() {
+            panic!("docker rm -f {}: {e}", self.name);
+        }
+    }
+}
+
+impl Engine for Docker {
+    fn run(&self, sim: &Sim, spec: &Spec<'_>) -> Output {
+        let out = self.run_command(sim, spec, None).output().unwrap();
+        // `--rm` removes it; make sure, whatever happened.
+        let _ = self.docker().args(["rm", "-f", spec.name]).output();
+        out
+    }
+    fn spawn(&self, sim: &Sim, spec: &Spec<'_>) -> Box<dyn Container + '_> {
+        let cidfile = tempfile::tempdir().unwrap();
+        let (child, out) =
+            spawn_piped(self.run_command(sim, spec, Some(&cidfile.path().join("cid"))));
+        Box::new(DockerContainer {
+            engine: self,
+            name: spec.name.to_string(),
+            cidfile,
+            child,
+            out,
+            removed: false,
+        })
+    }
+}
+
+#[test]
+fn held_to_its_cap() {
+    root_required();
+    held_to_cap(engine());
+}
+
+#[test]
+fn two_containers_two_caps() {
+    root_required();
+    two_caps(engine());
+}
+
+#[test]
+fn bad_value_stops_the_container() {
+    root_required();
+    bad_value(engine());
+}
+
+#[test]
+fn container_without_settings_is_untouched() {
+    root_required();
+    untouched(engine());
+}
+
+#[test]
+fn limits_cannot_be_lifted_from_inside() {
+    root_required();
+    cannot_lift(engine());
+}
+
+#[test]
+fn state_gone_after_stop_and_sigkill() {
+    root_required();
+    state_gone(engine());
+}

@@ -1,0 +1,254 @@
+//! The hook with Podman: `cuslice install --engine podman --prefix TMP/prefix --config TMP/hooks.d`
+//! writes two OCI hook descriptors (createRuntime and poststop), given with `podman --hooks-dir
+//! TMP/hooks.d`. Podman runs createRuntime through runc, and poststop itself after it deleted the
+//! container. Each container's root filesystem is a fresh common::make_rootfs directory (`podman
+//! run --rootfs`), so no image is stored; the storage driver is vfs, which mounts nothing. Podman
+//! has no daemon: its root, runroot, tmpdir and network configuration live under one temporary
+//! directory per test binary, removed (after every container left in it) when the test process
+//! exits.
+
+mod common;
+
+use std::ffi::OsString;
+use std::io::BufReader;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, Output, Stdio};
+use std::sync::OnceLock;
+
+use common::*;
+use cuslice_test_harness::Sim;
+
+struct Podman {
+    podman: PathBuf,
+    dir: PathBuf,
+}
+
+static ENGINE: OnceLock<Podman> = OnceLock::new();
+
+fn engine() -> &'static Podman {
+    ENGINE.get_or_init(|| {
+        let podman = tool("podman", "podman");
+        tool("conmon", "conmon");
+        tool("runc", "runc");
+        let dir = state_dir("podman");
+        or_undo(
+            || cuslice_install("podman", &dir.join("prefix"), &dir.join("hooks.d")),
+            || remove_dir(&dir),
+        );
+        at_exit(stop);
+        Podman { podman, dir }
+    })
+}
+
+/// At exit: remove every container left (poststop runs), then the directory.
+fn stop() {
+    let Some(p) = ENGINE.get() else { return };
+    let _ = p
+        .podman()
+        .args(["rm", "--all", "--force", "--time", "0"])
+        .output();
+    remove_dir(&p.dir);
+}
+
+impl Podman {
+    fn podman(&self) -> Command {
+        let mut c = Command::new(&self.podman);
+        let d = &self.dir;
+        c.arg("--root")
+            .arg(d.join("root"))
+            .arg("--runroot")
+            .arg(d.join("runroot"))
+            .arg("--tmpdir")
+            .arg(d.join("tmp"))
+            .arg("--network-config-dir")
+            .arg(d.join("networks"))
+            .arg("--hooks-dir")
+            .arg(d.join("hooks.d"))
+            .args(["--storage-driver=vfs", "--events-backend=file"])
+            // crun refuses this machine kind's hybrid cgroup layout; systemd may not be there.
+            .args(["--cgroup-manager=cgroupfs", "--runtime=runc"])
+            .stdin(Stdio::null());
+        c
+    }
+
+    /// `podman run ... --rootfs ROOTFS CMD...`; `cidfile`: where podman writes the id.
+    fn run_command(
+        &self,
+        sim: &Sim,
+        spec: &Spec<'_>,
+        rootfs: &Path,
+        cidfile: Option<&Path>,
+    ) -> Command {
+        let mut a: Vec<OsString> = vec!["run".into(), "--name".into(), spec.name.into()];
+        match cidfile {
+            Some(f) => {
+                a.push("--cidfile".into());
+                a.push(f.into());
+            }
+            None => a.push("--rm".into()),
+        }
+        // Without both, runc fails setting rlimits on this machine kind.
+        for u in ["nofile=1024:1024", "nproc=1024:1024"] {
+            a.push("--ulimit".into());
+            a.push(u.into());
+        }
+        a.push("--network=none".into());
+        if spec.read_only {
+            a.push("--read-only".into());
+        }
+        for e in all_env(spec) {
+            a.push("-e".into());
+            a.push(e.into());
+        }
+        for (src, dst, rw) in gpu_mounts(sim) {
+            a.push("-v".into());
+            a.push(format!("{}:{dst}:{}", src.display(), if rw { "rw" } else { "ro" }).into());
+        }
+        a.push("--rootfs".into());
+        a.push(rootfs.into());
+        a.extend(spec.cmd.iter().map(OsString::from));
+        let mut c = self.podman();
+        c.args(a);
+        c
+    }
+}
+
+struct PodmanContainer<'a> {
+    engine: &'a Podman,
+    name: String,
+    /// The rootfs and the cidfile.
+    dir: tempfile::TempDir,
+    child: Child,
+    out: BufReader<ChildStdout>,
+    removed: bool,
+}
+
+impl PodmanContainer<'_> {
+    /// `podman rm -f`: podman kills the container, has runc delete it and then runs the
+    /// poststop hooks itself, before it returns.
+    fn remove_now(&mut self) -> Result<(), String> {
+        if std::mem::replace(&mut self.removed, true) {
+            return Ok(());
+        }
+        let out = self
+            .engine
+            .podman()
+            .args(["rm", "--force", "--time", "0", &self.name])
+            .output()
+            .map_err(|e| e.to_string());
+        let _ = self.child.wait();
+        let out = out?;
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+        }
+        Ok(())
+    }
+}
+
+/// A test that failed half-way still removes its container.
+impl Drop for PodmanContainer<'_> {
+    fn drop(&mut self) {
+        let _ = self.remove_now();
+    }
+}
+
+impl Container for PodmanContainer<'_> {
+    fn host_pid(&self) -> i32 {
+        poll("container pid", || {
+            let out = self
+                .engine
+                .podman()
+                .args(["inspect", "--format", "{{.State.Pid}}", &self.name])
+                .output()
+                .ok()?;
+            let pid: i32 = String::from_utf8_lossy(&out.stdout).trim().parse().ok()?;
+            (pid > 0).then_some(pid)
+        })
+    }
+    fn id(&self) -> String {
+        // The full container id, which is the id runc sees.
+        poll("container id in the cidfile", || {
+            let id = std::fs::read_to_string(self.dir.path().join("cid")).ok()?;
+            (id.trim().len() == 64).then(|| id.trim().to_string())
+        })
+    }
+    fn stdout(&mut self) -> &mut BufReader<ChildStdout> {
+        &mut self.out
+    }
+    fn remove(mut self: Box<Self>) {
+        if let Err(e) = self.remove_now() {
+            panic!("podman rm -f {}: {e}", self.name);
+        }
+    }
+}
+
+impl Engine for Podman {
+    fn run(&self, sim: &Sim, spec: &Spec<'_>) -> Output {
+        let dir = tempfile::tempdir().unwrap();
+        make_rootfs(&dir.path().join("rootfs"));
+        let out = self
+            .run_command(sim, spec, &dir.path().join("rootfs"), None)
+            .output()
+            .unwrap();
+        // `--rm` removes it; make sure, whatever happened.
+        let _ = self
+            .podman()
+            .args(["rm", "--force", "--time", "0", spec.name])
+            .output();
+        out
+    }
+    fn spawn(&self, sim: &Sim, spec: &Spec<'_>) -> Box<dyn Container + '_> {
+        let dir = tempfile::tempdir().unwrap();
+        make_rootfs(&dir.path().join("rootfs"));
+        let (child, out) = spawn_piped(self.run_command(
+            sim,
+            spec,
+            &dir.path().join("rootfs"),
+            Some(&dir.path().join("cid")),
+        ));
+        Box::new(PodmanContainer {
+            engine: self,
+            name: spec.name.to_string(),
+            dir,
+            child,
+            out,
+            removed: false,
+        })
+    }
+}
+
+#[test]
+fn held_to_its_cap() {
+    root_required();
+    held_to_cap(engine());
+}
+
+#[test]
+fn two_containers_two_caps() {
+    root_required();
+    two_caps(engine());
+}
+
+#[test]
+fn bad_value_stops_the_container() {
+    root_required();
+    bad_value(engine());
+}
+
+#[test]
+fn container_without_settings_is_untouched() {
+    root_required();
+    untouched(engine());
+}
+
+#[test]
+fn limits_cannot_be_lifted_from_inside() {
+    root_required();
+    cannot_lift(engine());
+}
+
+#[test]
+fn state_gone_after_stop_and_sigkill() {
+    root_required();
+    state_gone(engine());
+}
