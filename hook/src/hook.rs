@@ -49,7 +49,12 @@ pub fn find_library(given: Option<&Path>) -> Result<PathBuf, String> {
         .and_then(|e| Some(e.parent()?.to_path_buf()));
     let candidates = exe_dir
         .iter()
-        .flat_map(|d| [d.join("libcuslice.so"), d.join("../lib/cuslice/libcuslice.so")])
+        .flat_map(|d| {
+            [
+                d.join("libcuslice.so"),
+                d.join("../lib/cuslice/libcuslice.so"),
+            ]
+        })
         .chain([PathBuf::from(INSTALLED_LIBRARY)]);
     let mut looked = Vec::new();
     for p in candidates {
