@@ -256,38 +256,4 @@ impl Engine for Containerd {
     }
 }
 
-#[test]
-fn held_to_its_cap() {
-    root_required();
-    held_to_cap(engine());
-}
-
-#[test]
-fn two_containers_two_caps() {
-    root_required();
-    two_caps(engine());
-}
-
-#[test]
-fn bad_value_stops_the_container() {
-    root_required();
-    bad_value(engine());
-}
-
-#[test]
-fn container_without_settings_is_untouched() {
-    root_required();
-    untouched(engine());
-}
-
-#[test]
-fn limits_cannot_be_lifted_from_inside() {
-    root_required();
-    cannot_lift(engine());
-}
-
-#[test]
-fn state_gone_after_stop_and_sigkill() {
-    root_required();
-    state_gone(engine());
-}
+engine_scenarios!(engine());

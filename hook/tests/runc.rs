@@ -119,41 +119,7 @@ impl Engine for Runc {
     }
 }
 
-#[test]
-fn held_to_its_cap() {
-    root_required();
-    held_to_cap(&Runc);
-}
-
-#[test]
-fn two_containers_two_caps() {
-    root_required();
-    two_caps(&Runc);
-}
-
-#[test]
-fn bad_value_stops_the_container() {
-    root_required();
-    bad_value(&Runc);
-}
-
-#[test]
-fn container_without_settings_is_untouched() {
-    root_required();
-    untouched(&Runc);
-}
-
-#[test]
-fn limits_cannot_be_lifted_from_inside() {
-    root_required();
-    cannot_lift(&Runc);
-}
-
-#[test]
-fn state_gone_after_stop_and_sigkill() {
-    root_required();
-    state_gone(&Runc);
-}
+engine_scenarios!(&Runc);
 
 /// The image is left as it was: the mount points the hook made are gone after the container.
 #[test]

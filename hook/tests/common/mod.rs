@@ -228,6 +228,43 @@ const FILL: &[&str] = &[
     "60",
 ];
 
+/// The six shared scenarios as `#[test]`s of the calling engine's test binary.
+#[macro_export]
+macro_rules! engine_scenarios {
+    ($engine:expr) => {
+        #[test]
+        fn held_to_its_cap() {
+            $crate::common::root_required();
+            $crate::common::held_to_cap($engine);
+        }
+        #[test]
+        fn two_containers_two_caps() {
+            $crate::common::root_required();
+            $crate::common::two_caps($engine);
+        }
+        #[test]
+        fn bad_value_stops_the_container() {
+            $crate::common::root_required();
+            $crate::common::bad_value($engine);
+        }
+        #[test]
+        fn container_without_settings_is_untouched() {
+            $crate::common::root_required();
+            $crate::common::untouched($engine);
+        }
+        #[test]
+        fn limits_cannot_be_lifted_from_inside() {
+            $crate::common::root_required();
+            $crate::common::cannot_lift($engine);
+        }
+        #[test]
+        fn state_gone_after_stop_and_sigkill() {
+            $crate::common::root_required();
+            $crate::common::state_gone($engine);
+        }
+    };
+}
+
 // ---- the scenarios ----------------------------------------------------------------------
 
 /// A container with CUSLICE_MEMORY_LIMIT=1GiB sees a 1 GiB device and is refused past it; the
