@@ -518,11 +518,20 @@ fn default_from_is_the_executables_directory() {
     let env = Env::new();
     let bin = env.from.join("cuslice");
     fs::copy(BIN, &bin).expect("copy the command");
-    let out = Command::new(&bin)
-        .args(["install", "--engine", "cdi", "--root"])
-        .arg(&env.root)
-        .output()
-        .expect("run");
+    // A test thread that forks while the copy is still open for writing holds that descriptor
+    // until it execs, and exec of the copy meanwhile fails with ETXTBSY: try again.
+    let out = loop {
+        match Command::new(&bin)
+            .args(["install", "--engine", "cdi", "--root"])
+            .arg(&env.root)
+            .output()
+        {
+            Err(e) if e.raw_os_error() == Some(26) => {
+                std::thread::sleep(std::time::Duration::from_millis(20))
+            }
+            r => break r.expect("run"),
+        }
+    };
     ok(&out);
     assert_eq!(
         env.get("/usr/local/bin/cuslice-hook"),
