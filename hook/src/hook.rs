@@ -124,7 +124,7 @@ pub fn create(opts: &Options, state_json: &str) -> Result<Outcome, String> {
         .as_ref()
         .map(|a| a.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect())
         .unwrap_or_default();
-    let Some(found) = settings::read(env, annotations)? else {
+    let Some(found) = settings::read(env, annotations.iter().copied())? else {
         return Ok(Outcome::Untouched);
     };
     let library = find_library(opts.library.as_deref())?;
@@ -187,6 +187,7 @@ pub fn create(opts: &Options, state_json: &str) -> Result<Outcome, String> {
         pid,
         start,
         rootfs,
+        name: settings::display_name(id, spec.hostname().as_deref(), &annotations),
         created,
     };
     root.write_record(&record).map_err(|e| {

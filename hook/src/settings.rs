@@ -135,6 +135,42 @@ pub fn preload_file(image: Option<&str>) -> String {
     out
 }
 
+/// What people call a container, for `cuslice status`: the names Kubernetes (through containerd
+/// or CRI-O) and nerdctl put in the annotations, else the hostname unless it is only the id's
+/// prefix (Docker's and Podman's default).
+pub fn display_name(
+    id: &str,
+    hostname: Option<&str>,
+    annotations: &[(&str, &str)],
+) -> Option<String> {
+    let get = |k: &str| {
+        annotations
+            .iter()
+            .find(|(key, _)| *key == k)
+            .map(|(_, v)| *v)
+    };
+    for (pod, container) in [
+        (
+            "io.kubernetes.cri.sandbox-name",
+            "io.kubernetes.cri.container-name",
+        ),
+        ("io.kubernetes.pod.name", "io.kubernetes.container.name"),
+    ] {
+        if let Some(c) = get(container).filter(|c| !c.is_empty()) {
+            return Some(match get(pod).filter(|p| !p.is_empty()) {
+                Some(p) => format!("{p}/{c}"),
+                None => c.to_string(),
+            });
+        }
+    }
+    if let Some(n) = get("nerdctl/name").filter(|n| !n.is_empty()) {
+        return Some(n.to_string());
+    }
+    hostname
+        .filter(|h| !h.is_empty() && !id.starts_with(h))
+        .map(str::to_string)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -238,5 +274,31 @@ mod tests {
             preload_file(Some("/run/cuslice/lib/libcuslice.so\n")),
             "/run/cuslice/lib/libcuslice.so\n"
         );
+    }
+
+    #[test]
+    fn display_names_come_from_kubernetes_nerdctl_or_a_hostname_that_is_not_the_id() {
+        let id = "e4f4267d7ae7aaaa";
+        let k8s = [
+            ("io.kubernetes.cri.container-name", "trainer"),
+            ("io.kubernetes.cri.sandbox-name", "job-0"),
+        ];
+        assert_eq!(
+            display_name(id, Some("job-0"), &k8s).as_deref(),
+            Some("job-0/trainer")
+        );
+        let crio = [("io.kubernetes.container.name", "server")];
+        assert_eq!(display_name(id, None, &crio).as_deref(), Some("server"));
+        let nerdctl = [("nerdctl/name", "web")];
+        assert_eq!(
+            display_name(id, Some("e4f4267d7ae7"), &nerdctl).as_deref(),
+            Some("web")
+        );
+        assert_eq!(display_name(id, Some("e4f4267d7ae7"), &[]), None);
+        assert_eq!(
+            display_name(id, Some("demo-a"), &[]).as_deref(),
+            Some("demo-a")
+        );
+        assert_eq!(display_name(id, Some(""), &[]), None);
     }
 }

@@ -38,6 +38,9 @@ pub struct Record {
     pub pid: i32,
     pub start: u64,
     pub rootfs: PathBuf,
+    /// What people call the container, where the engine says (see `settings::display_name`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
     /// Mount points the hook made in the rootfs (relative to it, outermost first); removed when
     /// no live container uses the rootfs any more.
     pub created: Vec<String>,
@@ -258,6 +261,7 @@ mod tests {
         for (id, pid, start) in [("live", me, start_time(me).unwrap()), ("dead", me, 1)] {
             root.create(id, "CUSLICE_MEMORY_LIMIT=1GiB\n").unwrap();
             root.write_record(&Record {
+                name: None,
                 id: id.into(),
                 pid,
                 start,

@@ -3,6 +3,7 @@
 
 mod fsio;
 mod layout;
+mod node;
 mod plan;
 mod problem;
 mod transform;
@@ -34,6 +35,114 @@ enum Command {
     Install(InstallArgs),
     /// Remove what install added (configuration entries, files), leaving everything else as it was
     Uninstall(UninstallArgs),
+    /// What each slice on this node holds and gets: memory held, cap, peak, refusals; compute
+    /// share over the last 1 s and 10 s against request and limit; time throttled
+    Status(StatusArgs),
+    /// `status`, refreshed in the terminal until interrupted
+    Top(TopArgs),
+    /// Serve the same figures for Prometheus at http://ADDR/metrics
+    Exporter(ExporterArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+struct SourceArgs {
+    /// The OCI hook's state root, where container slices are found
+    #[arg(long, default_value = "/run/cuslice", value_name = "DIR")]
+    state_root: PathBuf,
+    /// A standalone slice's CUSLICE_STATE_DIR (repeat for several) [default: $CUSLICE_STATE_DIR
+    /// if set]
+    #[arg(long = "state-dir", value_name = "DIR")]
+    state_dirs: Vec<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+struct StatusArgs {
+    #[command(flatten)]
+    sources: SourceArgs,
+    /// Print JSON (docs/status.md describes the fields)
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+struct TopArgs {
+    #[command(flatten)]
+    sources: SourceArgs,
+    /// Seconds between refreshes
+    #[arg(
+        long,
+        default_value_t = 1.0,
+        value_name = "SECS",
+        allow_negative_numbers = true
+    )]
+    interval: f64,
+    /// Stop after this many refreshes [default: run until interrupted]
+    #[arg(long, value_name = "N")]
+    count: Option<u64>,
+}
+
+#[derive(Args, Debug)]
+struct ExporterArgs {
+    #[command(flatten)]
+    sources: SourceArgs,
+    /// HOST:PORT to listen on (`:9400` for every address; port 0 picks a free one)
+    #[arg(long, value_name = "ADDR")]
+    listen: String,
+}
+
+fn sources(a: SourceArgs) -> node::collect::Sources {
+    let mut state_dirs = a.state_dirs;
+    if state_dirs.is_empty()
+        && let Some(d) = std::env::var_os("CUSLICE_STATE_DIR").filter(|d| !d.is_empty())
+    {
+        state_dirs.push(PathBuf::from(d));
+    }
+    node::collect::Sources {
+        state_root: a.state_root,
+        state_dirs: state_dirs.iter().map(|d| absolute(d)).collect(),
+    }
+}
+
+fn status(a: StatusArgs) -> Result<(), Failure> {
+    let view = node::collect::collect(&sources(a.sources));
+    if a.json {
+        let text = serde_json::to_string_pretty(&view)
+            .map_err(|e| Failure::Failed(format!("cuslice status: {e}")))?;
+        println!("{text}");
+    } else {
+        print!("{}", node::text::render(&view));
+    }
+    Ok(())
+}
+
+fn top(a: TopArgs) -> Result<(), Failure> {
+    if !(a.interval.is_finite() && a.interval >= 0.1) {
+        return Err(Failure::Refused(format!(
+            "cuslice top: --interval {} is not a refresh period; give seconds, at least 0.1 \
+             (e.g. --interval 2)",
+            a.interval
+        )));
+    }
+    let src = sources(a.sources);
+    let mut n = 0u64;
+    loop {
+        let view = node::collect::collect(&src);
+        // Home, clear to the end of the screen: the table is redrawn in place.
+        print!("\x1b[H\x1b[2J{}", node::text::render(&view));
+        println!("\n(every {} s; Ctrl-C to stop)", a.interval);
+        n += 1;
+        if a.count.is_some_and(|c| n >= c) {
+            return Ok(());
+        }
+        std::thread::sleep(std::time::Duration::from_secs_f64(a.interval));
+    }
+}
+
+fn exporter(a: ExporterArgs) -> Result<(), Failure> {
+    let addr = node::exporter::parse_listen(&a.listen)
+        .map_err(|e| Failure::Refused(format!("cuslice exporter: {e}")))?;
+    node::exporter::serve(addr, sources(a.sources))
+        .map_err(|e| Failure::Failed(format!("cuslice exporter: {e}")))
 }
 
 #[derive(Args, Debug)]
@@ -87,10 +196,11 @@ fn absolute(p: &Path) -> PathBuf {
     std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())
 }
 
-fn options(cli: Cli) -> Result<Options, Failure> {
-    let (cmd, common, from, default_runtime, keep_files) = match cli.command {
+fn options(command: Command) -> Result<Options, Failure> {
+    let (cmd, common, from, default_runtime, keep_files) = match command {
         Command::Install(a) => (Cmd::Install, a.common, a.from, a.default_runtime, false),
         Command::Uninstall(a) => (Cmd::Uninstall, a.common, None, false, a.keep_files),
+        _ => unreachable!("only install and uninstall have install options"),
     };
     let word = match cmd {
         Cmd::Install => "install",
@@ -154,7 +264,16 @@ fn options(cli: Cli) -> Result<Options, Failure> {
 }
 
 fn run(cli: Cli) -> Result<(), Failure> {
-    let o = options(cli)?;
+    match cli.command {
+        Command::Status(a) => status(a),
+        Command::Top(a) => top(a),
+        Command::Exporter(a) => exporter(a),
+        c => install(c),
+    }
+}
+
+fn install(command: Command) -> Result<(), Failure> {
+    let o = options(command)?;
     let plan = plan::plan(&o)?;
     if o.dry_run {
         print!("{}", plan::render_dry_run(&plan));
@@ -204,7 +323,7 @@ mod tests {
             "docker",
         ])
         .expect("parse");
-        let o = options(cli).expect("options");
+        let o = options(cli.command).expect("options");
         assert_eq!(o.engines, [Engine::Docker, Engine::Podman, Engine::Crio]);
         assert!(Cli::try_parse_from(["cuslice", "install", "--engine", "lxc"]).is_err());
         assert!(Cli::try_parse_from(["cuslice", "install"]).is_err());
@@ -221,7 +340,7 @@ mod tests {
             "/etc/x",
         ])
         .expect("parse");
-        let e = options(cli).expect_err("two engines");
+        let e = options(cli.command).expect_err("two engines");
         assert!(e.to_string().contains("names one engine's file"), "{e}");
     }
 }

@@ -31,7 +31,7 @@ use crate::hooks::real;
 use crate::log::{debug, error, warning};
 use crate::nvml::SampleCursor;
 use crate::slice::{self, Dev, Slice};
-use cuslice_state::ledger::Tokens;
+use cuslice_state::ledger::{Ledger, Tokens};
 use cuslice_state::region::{self, Region};
 
 /// How often the meter thread measures and recomputes the allotment.
@@ -133,6 +133,7 @@ pub fn join(s: &Slice, devs: &[Dev]) -> Result<Vec<Meter>, String> {
                 None
             }
         };
+        s.ledger.set_core(d.index, request, limit);
         if let Some(t) = s.ledger.tokens(d.index) {
             if t.last_refill.load(Ordering::Relaxed) == 0 {
                 t.last_refill.store(now, Ordering::Relaxed);
@@ -192,7 +193,7 @@ fn refill(t: &Tokens<'_>, now: u64) {
 
 impl Meter {
     /// Charges one launch; sleeps while the slice owes device time.
-    fn charge(&self, t: Tokens<'_>) {
+    fn charge(&self, ledger: &Ledger, t: Tokens<'_>) {
         let cost = self.cost.load(Ordering::Relaxed);
         self.launches.fetch_add(1, Ordering::Relaxed);
         if t.share.load(Ordering::Relaxed) >= FULL {
@@ -203,8 +204,9 @@ impl Meter {
             return;
         }
         self.throttled.fetch_add(1, Ordering::Relaxed);
+        let held_from = now_ns();
+        let mut now = held_from;
         loop {
-            let now = now_ns();
             refill(&t, now);
             let cur = t.tokens.load(Ordering::Relaxed);
             let share = t.share.load(Ordering::Relaxed);
@@ -214,7 +216,9 @@ impl Meter {
             std::thread::sleep(std::time::Duration::from_nanos(share::pause_ns(
                 -cur, share,
             )));
+            now = now_ns();
         }
+        ledger.note_throttled(self.index, now - held_from);
     }
 
     /// One period: measure, settle what NVML has accounted for with the tokens, publish,
@@ -256,6 +260,7 @@ impl Meter {
                 // Device time used while the slice had the whole device was not metered (its
                 // launches were not charged) and is not owed: only the part of the samples'
                 // span after the allotment last dropped below the whole device counts.
+                s.ledger.note_device_time(self.index, used.ns, false, now);
                 let span_from = stamp.saturating_sub(used.span_ns);
                 let owed = if p.metered_since <= span_from {
                     used.ns
@@ -273,8 +278,17 @@ impl Meter {
                 } else {
                     now.saturating_sub(STALE_NS)
                 };
-                let (_, n) = settle(&mut p.pending, cutoff);
-                if n > 0 && !p.warned && (other.is_none() || !p.cursor.seen_own()) {
+                let (estimate, n) = settle(&mut p.pending, cutoff);
+                // NVML does not see this process: its launches' estimates are all the node
+                // tools can show of its device time.
+                let unseen = other.is_none() || !p.cursor.seen_own();
+                s.ledger.note_device_time(
+                    self.index,
+                    if unseen { estimate } else { 0 },
+                    unseen,
+                    now,
+                );
+                if n > 0 && !p.warned && unseen {
                     p.warned = true;
                     warning!(
                         "device {}: NVML reports no utilisation for this process (pid {}); \
@@ -436,7 +450,7 @@ fn gate_metered() {
     if let Some(m) = m
         && let Some(t) = s.ledger.tokens(m.index)
     {
-        m.charge(t);
+        m.charge(&s.ledger, t);
     }
 }
 

@@ -8,6 +8,12 @@
 //! their sum, kept up to date under the device's robust mutex, so "check and reserve" is one
 //! step for every process of the slice.
 //!
+//! Each device record also carries what the node tools show of the slice's compute: the core
+//! request and limit, the device time its processes used as their meters measured it, the time
+//! their launches were held back, and one mark a second of both (the last `MARKS` seconds), from
+//! which `cuslice status` works out the share achieved over the last 1 s and 10 s. `read` takes
+//! a snapshot of a ledger without joining it.
+//!
 //! SIGKILL at any instruction: a process that dies holding a device lock leaves the lock to the
 //! next locker flagged EOWNERDEAD, which recomputes `used` from the charges; a dead process's
 //! liveness lock (an OFD lock on one byte of the file) is dropped by the kernel, and its charges
@@ -21,13 +27,17 @@ use std::sync::atomic::{AtomicI32, AtomicI64, AtomicU32, AtomicU64, Ordering};
 
 use cuslice_shm::{Locked, RobustMutex, liveness};
 
+use crate::snapshot::{DeviceSnapshot, ProcSnapshot, Snapshot};
+
 pub const MAGIC: [u8; 8] = *b"CUSLICE\x00";
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 pub const MAX_DEVICES: usize = 64;
 pub const MAX_PROCS: usize = 1024;
 /// Liveness locks sit far past the end of the file (OFD locks need no backing bytes).
 const LIVENESS_BASE: i64 = 1 << 40;
 pub const FILE_NAME: &str = "ledger";
+/// Seconds of history kept per device (one mark a second).
+pub const MARKS: usize = 16;
 
 const FREE: u32 = 0;
 const LIVE: u32 = 1;
@@ -68,7 +78,30 @@ pub struct DeviceRec {
     tokens: AtomicI64,
     last_refill: AtomicU64,
     share: AtomicU32,
-    _pad2: u32,
+    /// 1: some of `device_ns` is launch estimates (NVML did not report a process of the slice).
+    estimated: AtomicU32,
+    /// The core request and limit (ppm; 0 and FULL when not set) the slice's processes run with.
+    core_request: AtomicU32,
+    core_limit: AtomicU32,
+    /// Device time the slice's processes used (ns), as their meters measured it.
+    device_ns: AtomicU64,
+    /// Time the slice's launching threads spent held back by the gate (ns, summed over threads).
+    throttled_ns: AtomicU64,
+    /// When a meter last reported (CLOCK_MONOTONIC ns); 0: never.
+    metered_ns: AtomicU64,
+    /// Even when `marks` is consistent, odd while a writer changes it.
+    marks_seq: AtomicU64,
+    /// `device_ns` and `throttled_ns` as they were at the first report of each second, in the
+    /// slot of that second modulo MARKS.
+    marks: [Mark; MARKS],
+}
+
+#[repr(C)]
+struct Mark {
+    /// When the mark was taken (CLOCK_MONOTONIC ns); 0: never.
+    at_ns: AtomicU64,
+    device_ns: AtomicU64,
+    throttled_ns: AtomicU64,
 }
 
 fn random_id() -> u64 {
@@ -233,13 +266,31 @@ impl Ledger {
         Ledger::attach(f, path)
     }
 
+    /// A snapshot of the ledger at `path`, read without joining the slice or changing the file
+    /// (a read-only mapping). For the node tools.
+    pub fn read(path: &Path) -> Result<Snapshot, LedgerError> {
+        let io = |err| LedgerError::Io {
+            path: path.to_path_buf(),
+            err,
+        };
+        let f = File::open(path).map_err(io)?;
+        let l = Ledger::check(f, path.to_path_buf(), libc::PROT_READ)?;
+        Ok(l.snapshot())
+    }
+
     fn map_file(f: &File, path: &Path) -> io::Result<Ledger> {
+        Ledger::map_prot(f, path, libc::PROT_READ | libc::PROT_WRITE)
+    }
+
+    /// Maps the file; with `prot` PROT_READ alone, only reading methods may be used
+    /// (`snapshot`), which `read` guarantees by never handing the `Ledger` out.
+    fn map_prot(f: &File, path: &Path, prot: libc::c_int) -> io::Result<Ledger> {
         // SAFETY: maps the whole (already sized) file shared; checked for failure.
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
                 size(),
-                libc::PROT_READ | libc::PROT_WRITE,
+                prot,
                 libc::MAP_SHARED,
                 f.as_raw_fd(),
                 0,
@@ -257,7 +308,12 @@ impl Ledger {
         })
     }
 
-    fn attach(mut f: File, path: PathBuf) -> Result<Ledger, LedgerError> {
+    fn attach(f: File, path: PathBuf) -> Result<Ledger, LedgerError> {
+        Ledger::check(f, path, libc::PROT_READ | libc::PROT_WRITE)
+    }
+
+    /// Validates the header of an opened ledger file and maps it with `prot`.
+    fn check(mut f: File, path: PathBuf, prot: libc::c_int) -> Result<Ledger, LedgerError> {
         let io = |err| LedgerError::Io {
             path: path.clone(),
             err,
@@ -286,7 +342,7 @@ impl Ledger {
                 expected,
             });
         }
-        Ledger::map_file(&f, &path).map_err(io)
+        Ledger::map_prot(&f, &path, prot).map_err(io)
     }
 
     /// # Safety
@@ -307,6 +363,8 @@ impl Ledger {
                 d.measure.init()?;
                 d.limit.store(LIMIT_UNSET, Ordering::Relaxed);
                 d.share
+                    .store(cuslice_policy::share::FULL, Ordering::Relaxed);
+                d.core_limit
                     .store(cuslice_policy::share::FULL, Ordering::Relaxed);
             }
             // The magic last: a file is recognised only when it is complete.
@@ -624,6 +682,89 @@ impl Ledger {
             .collect()
     }
 
+    /// Records the core request and limit (ppm) the slice runs with on device `d`.
+    pub fn set_core(&self, d: u32, request: u32, limit: u32) {
+        if let Some(r) = self.dev(d) {
+            r.core_request.store(request, Ordering::Relaxed);
+            r.core_limit.store(limit, Ordering::Relaxed);
+        }
+    }
+
+    /// A meter's report for one period: `ns` more device time used by this process on device
+    /// `d` (`estimated`: from launch estimates, NVML did not report the process), at `now_ns`
+    /// (CLOCK_MONOTONIC). The first report of each second takes that second's mark, under the
+    /// device's lock and a sequence count that readers check (a seqlock), so a reader never
+    /// mixes two marks and a writer killed mid-mark leaves nothing a reader would trust.
+    pub fn note_device_time(&self, d: u32, ns: u64, estimated: bool, now_ns: u64) {
+        let Some(r) = self.dev(d) else { return };
+        if estimated && ns > 0 {
+            r.estimated.store(1, Ordering::Relaxed);
+        }
+        r.device_ns.fetch_add(ns, Ordering::Relaxed);
+        r.metered_ns.store(now_ns, Ordering::Relaxed);
+        let second = now_ns / 1_000_000_000;
+        let m = &r.marks[(second % MARKS as u64) as usize];
+        let current = |m: &Mark| {
+            let at = m.at_ns.load(Ordering::Relaxed);
+            at != 0 && at / 1_000_000_000 == second
+        };
+        if current(m) {
+            return;
+        }
+        let _g = self.lock_dev(r, d as usize);
+        if current(m) {
+            return;
+        }
+        // Odd while writing (a writer killed here left it odd already: the same).
+        let seq = r.marks_seq.load(Ordering::Relaxed) | 1;
+        r.marks_seq.store(seq, Ordering::Relaxed);
+        std::sync::atomic::fence(Ordering::Release);
+        m.at_ns.store(now_ns, Ordering::Relaxed);
+        m.device_ns
+            .store(r.device_ns.load(Ordering::Relaxed), Ordering::Relaxed);
+        m.throttled_ns
+            .store(r.throttled_ns.load(Ordering::Relaxed), Ordering::Relaxed);
+        r.marks_seq.store(seq + 1, Ordering::Release);
+    }
+
+    /// Adds `ns` of time a launching thread was held back on device `d`.
+    pub fn note_throttled(&self, d: u32, ns: u64) {
+        if let Some(r) = self.dev(d) {
+            r.throttled_ns.fetch_add(ns, Ordering::Relaxed);
+        }
+    }
+
+    /// What the ledger holds now, copied out.
+    pub fn snapshot(&self) -> Snapshot {
+        let h = self.header();
+        let devices: Vec<(usize, DeviceSnapshot)> = h
+            .devices
+            .iter()
+            .enumerate()
+            .filter(|(_, d)| d.state.load(Ordering::Acquire) == LIVE)
+            .map(|(i, d)| (i, device_snapshot(self.uuid_of(d), d)))
+            .collect();
+        let procs = h
+            .procs
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.state.load(Ordering::Acquire) == LIVE)
+            .map(|(s, p)| ProcSnapshot {
+                pid: p.pid.load(Ordering::Relaxed),
+                alive: self.alive(s),
+                charged: devices
+                    .iter()
+                    .map(|(i, _)| p.charged.get(*i).map_or(0, |c| c.load(Ordering::Relaxed)))
+                    .collect(),
+            })
+            .collect();
+        Snapshot {
+            slice_id: h.slice_id,
+            devices: devices.into_iter().map(|(_, d)| d).collect(),
+            procs,
+        }
+    }
+
     /// In a forked child: the descriptor (and with it the parent's liveness lock) must go; the
     /// child registers afresh through a new `Ledger`.
     pub fn forget_in_child(&mut self) {
@@ -668,5 +809,50 @@ struct DevGuard<'a> {
 impl Drop for DevGuard<'_> {
     fn drop(&mut self) {
         self.rec.lock.unlock();
+    }
+}
+
+/// Copies device record `r` out, its marks read consistently (see `note_device_time`).
+fn device_snapshot(uuid: [u8; 16], r: &DeviceRec) -> DeviceSnapshot {
+    let mut marks = Vec::new();
+    for _ in 0..100 {
+        let s1 = r.marks_seq.load(Ordering::Acquire);
+        marks.clear();
+        for m in r.marks.iter() {
+            let at = m.at_ns.load(Ordering::Relaxed);
+            if at != 0 {
+                marks.push(crate::snapshot::Mark {
+                    at_ns: at,
+                    device_ns: m.device_ns.load(Ordering::Relaxed),
+                    throttled_ns: m.throttled_ns.load(Ordering::Relaxed),
+                });
+            }
+        }
+        std::sync::atomic::fence(Ordering::Acquire);
+        if s1.is_multiple_of(2) && r.marks_seq.load(Ordering::Relaxed) == s1 {
+            break;
+        }
+        // A writer is at work, or was killed at work: only the marks after it can be trusted
+        // once it is done; until then there is no history to show.
+        marks.clear();
+        std::thread::yield_now();
+    }
+    marks.sort_by_key(|m| m.at_ns);
+    let limit = r.limit.load(Ordering::Relaxed);
+    DeviceSnapshot {
+        uuid,
+        limit: (limit != LIMIT_UNSET).then_some(limit),
+        used: r.used.load(Ordering::Relaxed),
+        peak: r.peak.load(Ordering::Relaxed),
+        refusals: r.refusals.load(Ordering::Relaxed),
+        context_overhead: r.context_overhead.load(Ordering::Relaxed),
+        core_request: r.core_request.load(Ordering::Relaxed),
+        core_limit: r.core_limit.load(Ordering::Relaxed),
+        allotted: r.share.load(Ordering::Relaxed),
+        device_ns: r.device_ns.load(Ordering::Relaxed),
+        throttled_ns: r.throttled_ns.load(Ordering::Relaxed),
+        estimated: r.estimated.load(Ordering::Relaxed) != 0,
+        metered_ns: r.metered_ns.load(Ordering::Relaxed),
+        marks,
     }
 }

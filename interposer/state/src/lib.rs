@@ -6,6 +6,7 @@
 
 pub mod ledger;
 pub mod region;
+pub mod snapshot;
 
 /// A device UUID as NVML and `nvidia-smi` print it: `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
 pub fn uuid_string(u: &[u8; 16]) -> String {

@@ -1,0 +1,252 @@
+//! Gathers the node's view: the container slices the OCI hook keeps under the state root
+//! (`/run/cuslice/containers/<id>/`), the standalone slices named by their state directories,
+//! and the GPUs from NVML. Reads only: no file is changed, no slice is joined.
+
+use std::collections::HashMap;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use cuslice_hook::state::{Record, Root, start_time};
+use cuslice_state::ledger::{self, Ledger};
+use cuslice_state::snapshot::Snapshot;
+use cuslice_state::uuid_string;
+
+use super::nvml::{self, Gpu};
+use super::view::{Compute, Device, Memory, Node, Process, Slice};
+
+/// Where to look for slices.
+#[derive(Debug, Clone)]
+pub struct Sources {
+    /// The hook's state root (`cuslice-hook --state-root`, by default /run/cuslice).
+    pub state_root: PathBuf,
+    /// Standalone slices: their `CUSLICE_STATE_DIR`s.
+    pub state_dirs: Vec<PathBuf>,
+}
+
+/// One slice found, before it is split per device.
+struct Found {
+    slice: String,
+    kind: &'static str,
+    name: Option<String>,
+    ledger: PathBuf,
+    snap: Snapshot,
+    /// Container pid -> host pid (containers only).
+    host_pids: Option<HashMap<i32, i32>>,
+}
+
+fn now_mono_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec to write; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+pub fn collect(src: &Sources) -> Node {
+    let mut problems = Vec::new();
+    let gpus = nvml::gpus().unwrap_or_else(|e| {
+        problems.push(e);
+        Vec::new()
+    });
+    let mut found = containers(&src.state_root, &mut problems);
+    for dir in &src.state_dirs {
+        let path = dir.join(ledger::FILE_NAME);
+        match Ledger::read(&path) {
+            Ok(snap) => found.push(Found {
+                slice: dir.display().to_string(),
+                kind: "standalone",
+                name: None,
+                ledger: path,
+                snap,
+                host_pids: None,
+            }),
+            Err(ledger::LedgerError::Io { err, .. }) if err.kind() == io::ErrorKind::NotFound => {
+                problems.push(format!(
+                    "{}: no slice there yet (a process run with CUSLICE_STATE_DIR={} makes it \
+                     at cuInit)",
+                    path.display(),
+                    dir.display()
+                ))
+            }
+            Err(e) => problems.push(e.to_string()),
+        }
+    }
+    Node {
+        time: unix_now(),
+        devices: by_device(&gpus, &found, now_mono_ns()),
+        problems,
+    }
+}
+
+/// The container slices the hook keeps under `root`.
+fn containers(root: &Path, problems: &mut Vec<String>) -> Vec<Found> {
+    let root = Root::new(root);
+    let dir = match fs::read_dir(root.containers()) {
+        Ok(d) => d,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Vec::new(),
+        Err(e) => {
+            problems.push(format!(
+                "cannot read {}: {e}; container slices are shown to root only (run as root, or \
+                 give --state-root)",
+                root.containers().display()
+            ));
+            return Vec::new();
+        }
+    };
+    let mut ids: Vec<String> = dir
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .collect();
+    ids.sort();
+    let mut out = Vec::new();
+    for id in ids {
+        let record_path = root.dir(&id).join("record.json");
+        let record: Record = match fs::read_to_string(&record_path)
+            .map_err(|e| e.to_string())
+            .and_then(|t| serde_json::from_str(&t).map_err(|e| e.to_string()))
+        {
+            Ok(r) => r,
+            // The hook writes the record last: a container being created has none yet.
+            Err(_) if !record_path.exists() => continue,
+            Err(e) => {
+                problems.push(format!(
+                    "{}: {e}; this container's slice is not shown (cuslice-hook sweep removes \
+                     the state of containers that are gone)",
+                    record_path.display()
+                ));
+                continue;
+            }
+        };
+        if start_time(record.pid) != Some(record.start) {
+            // Gone without a poststop; the next hook (or `cuslice-hook sweep`) removes it.
+            continue;
+        }
+        let path = root.mnt(&id).join("slice").join(ledger::FILE_NAME);
+        match Ledger::read(&path) {
+            Ok(snap) => out.push(Found {
+                slice: id,
+                kind: "container",
+                name: record.name,
+                ledger: path,
+                snap,
+                host_pids: Some(host_pids(record.pid)),
+            }),
+            Err(e) => problems.push(e.to_string()),
+        }
+    }
+    out
+}
+
+/// The pids of the processes in `init`'s pid namespace, container pid -> host pid (from
+/// `NSpid` in /proc/PID/status, whose first field is the pid here and last the innermost).
+fn host_pids(init: i32) -> HashMap<i32, i32> {
+    let mut map = HashMap::new();
+    let Ok(ns) = fs::read_link(format!("/proc/{init}/ns/pid")) else {
+        return map;
+    };
+    let Ok(dir) = fs::read_dir("/proc") else {
+        return map;
+    };
+    for e in dir.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        if fs::read_link(e.path().join("ns/pid")).ok().as_ref() != Some(&ns) {
+            continue;
+        }
+        let Ok(status) = fs::read_to_string(e.path().join("status")) else {
+            continue;
+        };
+        if let Some(inner) = status
+            .lines()
+            .find_map(|l| l.strip_prefix("NSpid:"))
+            .and_then(|l| l.split_whitespace().last()?.parse().ok())
+        {
+            map.insert(inner, pid);
+        }
+    }
+    map
+}
+
+/// The slices grouped per device: NVML's devices in NVML's order, then any device only a
+/// ledger names.
+fn by_device(gpus: &[Gpu], found: &[Found], now: u64) -> Vec<Device> {
+    let mut devices: Vec<Device> = gpus
+        .iter()
+        .map(|g| Device {
+            uuid: g.uuid.clone(),
+            name: Some(g.name.clone()),
+            memory_total: Some(g.total),
+            memory_used: Some(g.used),
+            slices: Vec::new(),
+        })
+        .collect();
+    for f in found {
+        for (i, d) in f.snap.devices.iter().enumerate() {
+            let uuid = uuid_string(&d.uuid);
+            let k = match devices.iter().position(|x| x.uuid == uuid) {
+                Some(k) => k,
+                None => {
+                    devices.push(Device {
+                        uuid,
+                        name: None,
+                        memory_total: None,
+                        memory_used: None,
+                        slices: Vec::new(),
+                    });
+                    devices.len() - 1
+                }
+            };
+            let pct = |x: f64| (x * 1000.0).round() / 10.0;
+            let processes = f
+                .snap
+                .procs
+                .iter()
+                .map(|p| {
+                    let (pid, container_pid) = match &f.host_pids {
+                        Some(m) => (m.get(&p.pid).copied(), Some(p.pid)),
+                        None => (Some(p.pid), None),
+                    };
+                    Process {
+                        pid,
+                        container_pid,
+                        alive: p.alive,
+                        memory: p.charged.get(i).copied().unwrap_or(0),
+                    }
+                })
+                .collect();
+            devices[k].slices.push(Slice {
+                slice: f.slice.clone(),
+                kind: f.kind,
+                name: f.name.clone(),
+                ledger: f.ledger.display().to_string(),
+                memory: Memory {
+                    used: d.used,
+                    limit: d.limit,
+                    peak: d.peak,
+                    refusals: d.refusals,
+                },
+                compute: Compute {
+                    request_pct: d.request().map(pct),
+                    limit_pct: d.core_limit().map(pct),
+                    allotted_pct: pct(d.allotted()),
+                    share_1s_pct: d.share_over(1_000_000_000, now).map(pct),
+                    share_10s_pct: d.share_over(10_000_000_000, now).map(pct),
+                    device_seconds: d.device_ns as f64 / 1e9,
+                    throttled_seconds: d.throttled_ns as f64 / 1e9,
+                    estimated: d.estimated,
+                },
+                processes,
+            });
+        }
+    }
+    devices
+}

@@ -1,0 +1,256 @@
+//! The node's view in the Prometheus (OpenMetrics) text format, read afresh from the ledgers at
+//! every scrape. Names and types: docs/status.md.
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeCounterValue, EncodeGaugeValue, EncodeMetric,
+};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::{Registry, Unit};
+
+use super::collect::{Sources, collect};
+use super::view::{Device, Node, Slice};
+
+/// The content type of what `encode` writes.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+#[derive(Debug)]
+struct NodeCollector {
+    sources: Sources,
+}
+
+type Labels = Vec<(&'static str, String)>;
+
+fn device_labels(d: &Device) -> Labels {
+    vec![("uuid", d.uuid.clone())]
+}
+
+fn slice_labels(d: &Device, s: &Slice) -> Labels {
+    vec![
+        ("uuid", d.uuid.clone()),
+        ("slice", s.slice.clone()),
+        ("kind", s.kind.to_string()),
+        ("name", s.name.clone().unwrap_or_default()),
+    ]
+}
+
+enum Kind {
+    Gauge,
+    Counter,
+}
+
+/// One metric family: its descriptor, then one sample per row.
+fn family<V: EncodeGaugeValue + EncodeCounterValue + Copy>(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    unit: Option<&Unit>,
+    kind: Kind,
+    rows: Vec<(Labels, V)>,
+) -> Result<(), std::fmt::Error> {
+    let ty = match kind {
+        Kind::Gauge => MetricType::Gauge,
+        Kind::Counter => MetricType::Counter,
+    };
+    let mut m = enc.encode_descriptor(name, help, unit, ty)?;
+    for (labels, v) in rows {
+        let sample = m.encode_family(&labels)?;
+        match kind {
+            Kind::Gauge => ConstGauge::new(v).encode(sample)?,
+            Kind::Counter => ConstCounter::new(v).encode(sample)?,
+        }
+    }
+    Ok(())
+}
+
+fn per_slice<V>(node: &Node, f: impl Fn(&Slice) -> Option<V>) -> Vec<(Labels, V)> {
+    node.devices
+        .iter()
+        .flat_map(|d| {
+            d.slices
+                .iter()
+                .filter_map(|s| Some((slice_labels(d, s), f(s)?)))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+fn per_device<V>(node: &Node, f: impl Fn(&Device) -> Option<V>) -> Vec<(Labels, V)> {
+    node.devices
+        .iter()
+        .filter_map(|d| Some((device_labels(d), f(d)?)))
+        .collect()
+}
+
+impl Collector for NodeCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let node = collect(&self.sources);
+        let e = &mut enc;
+        let bytes = Some(&Unit::Bytes);
+        let seconds = Some(&Unit::Seconds);
+        use Kind::{Counter, Gauge};
+        let info: Vec<(Labels, u64)> = node
+            .devices
+            .iter()
+            .map(|d| {
+                let mut l = device_labels(d);
+                l.push(("name", d.name.clone().unwrap_or_default()));
+                (l, 1)
+            })
+            .collect();
+        family(
+            e,
+            "device_info",
+            "A GPU (name from NVML; empty if NVML could not be asked)",
+            None,
+            Gauge,
+            info,
+        )?;
+        family(
+            e,
+            "device_memory_total",
+            "Device memory (NVML)",
+            bytes,
+            Gauge,
+            per_device(&node, |d| d.memory_total),
+        )?;
+        family(
+            e,
+            "device_memory_used",
+            "Device memory in use by any process (NVML)",
+            bytes,
+            Gauge,
+            per_device(&node, |d| d.memory_used),
+        )?;
+        family(
+            e,
+            "slice_memory_used",
+            "Memory the slice's processes hold on the device, contexts included",
+            bytes,
+            Gauge,
+            per_slice(&node, |s| Some(s.memory.used)),
+        )?;
+        family(
+            e,
+            "slice_memory_limit",
+            "The slice's memory cap on the device (absent: no cap)",
+            bytes,
+            Gauge,
+            per_slice(&node, |s| s.memory.limit),
+        )?;
+        family(
+            e,
+            "slice_memory_peak",
+            "The most the slice held on the device at once",
+            bytes,
+            Gauge,
+            per_slice(&node, |s| Some(s.memory.peak)),
+        )?;
+        family(
+            e,
+            "slice_memory_refusals",
+            "Allocations refused because they would cross the cap",
+            None,
+            Counter,
+            per_slice(&node, |s| Some(s.memory.refusals)),
+        )?;
+        let ratio = |p: Option<f64>| p.map(|p| p / 100.0);
+        family(
+            e,
+            "slice_core_request_ratio",
+            "The slice's guaranteed share of the device (absent: no request)",
+            None,
+            Gauge,
+            per_slice(&node, |s| ratio(s.compute.request_pct)),
+        )?;
+        family(
+            e,
+            "slice_core_limit_ratio",
+            "The most of the device the slice may use (absent: no limit)",
+            None,
+            Gauge,
+            per_slice(&node, |s| ratio(s.compute.limit_pct)),
+        )?;
+        family(
+            e,
+            "slice_core_allotted_ratio",
+            "The share of the device the slice may use now",
+            None,
+            Gauge,
+            per_slice(&node, |s| ratio(Some(s.compute.allotted_pct))),
+        )?;
+        let mut share = Vec::new();
+        for (window, pick) in [
+            (
+                "1s",
+                (|s: &Slice| s.compute.share_1s_pct) as fn(&Slice) -> Option<f64>,
+            ),
+            ("10s", |s: &Slice| s.compute.share_10s_pct),
+        ] {
+            for (mut l, v) in per_slice(&node, |s| ratio(pick(s))) {
+                l.push(("window", window.to_string()));
+                share.push((l, v));
+            }
+        }
+        family(
+            e,
+            "slice_core_share_ratio",
+            "Share of the device the slice used over the window",
+            None,
+            Gauge,
+            share,
+        )?;
+        family(
+            e,
+            "slice_device",
+            "Device time the slice used (as its meters measured it, NVML)",
+            seconds,
+            Counter,
+            per_slice(&node, |s| Some(s.compute.device_seconds)),
+        )?;
+        family(
+            e,
+            "slice_throttled",
+            "Time the slice's launching threads were held back to keep it to its share",
+            seconds,
+            Counter,
+            per_slice(&node, |s| Some(s.compute.throttled_seconds)),
+        )?;
+        family(
+            e,
+            "slice_processes",
+            "Running processes of the slice",
+            None,
+            Gauge,
+            per_slice(&node, |s| {
+                Some(s.processes.iter().filter(|p| p.alive).count() as u64)
+            }),
+        )?;
+        family(
+            e,
+            "problems",
+            "Things that could not be read (cuslice status lists them)",
+            None,
+            Gauge,
+            vec![(Vec::new(), node.problems.len() as u64)],
+        )?;
+        Ok(())
+    }
+}
+
+/// A registry whose one collector reads `sources` at every scrape.
+pub fn registry(sources: Sources) -> Registry {
+    let mut r = Registry::with_prefix("cuslice");
+    r.register_collector(Box::new(NodeCollector { sources }));
+    r
+}
+
+/// One scrape's text.
+pub fn encode(registry: &Registry) -> String {
+    let mut out = String::new();
+    // Writing into a String cannot fail.
+    let _ = prometheus_client::encoding::text::encode(&mut out, registry);
+    out
+}

@@ -1,0 +1,11 @@
+//! The node tools: `cuslice status`, `cuslice top` and `cuslice exporter`. `collect` gathers
+//! what each slice holds and gets from the ledgers (and the GPUs from NVML) into a `view::Node`;
+//! `text` renders it for people, `metrics` for Prometheus, `exporter` serves that over HTTP.
+//! See docs/status.md.
+
+pub mod collect;
+pub mod exporter;
+pub mod metrics;
+pub mod nvml;
+pub mod text;
+pub mod view;

@@ -1,0 +1,119 @@
+//! `cuslice status` for people: one table per GPU, one row per slice.
+
+use std::fmt::Write;
+
+use cuslice_policy::format_size;
+
+use super::view::{Node, Slice};
+
+fn pct(p: Option<f64>) -> String {
+    p.map_or_else(|| "-".into(), |p| format!("{p:.1}%"))
+}
+
+fn short(slice: &Slice) -> String {
+    if slice.kind == "container" {
+        slice.slice.chars().take(12).collect()
+    } else {
+        slice.slice.clone()
+    }
+}
+
+pub fn render(node: &Node) -> String {
+    let mut out = String::new();
+    if node.devices.is_empty() {
+        out.push_str("no GPU and no slice found\n");
+    }
+    for d in &node.devices {
+        let name = d.name.as_deref().unwrap_or("(name unknown)");
+        let mem = match (d.memory_total, d.memory_used) {
+            (Some(t), Some(u)) => format!("{} total, {} used", format_size(t), format_size(u)),
+            _ => "memory unknown".into(),
+        };
+        let _ = writeln!(out, "{}  {name}  {mem}", d.uuid);
+        if d.slices.is_empty() {
+            out.push_str("  no slices\n");
+            continue;
+        }
+        let header = [
+            "SLICE",
+            "NAME",
+            "MEMORY",
+            "CAP",
+            "PEAK",
+            "REFUSED",
+            "SHARE 1s",
+            "SHARE 10s",
+            "REQUEST",
+            "LIMIT",
+            "ALLOTTED",
+            "THROTTLED",
+            "PROCESSES",
+        ];
+        let rows: Vec<Vec<String>> = d
+            .slices
+            .iter()
+            .map(|s| {
+                let c = &s.compute;
+                let live = s.processes.iter().filter(|p| p.alive).count();
+                let est = if c.estimated { " (est.)" } else { "" };
+                vec![
+                    short(s),
+                    s.name.clone().unwrap_or_else(|| "-".into()),
+                    format_size(s.memory.used),
+                    s.memory.limit.map_or_else(|| "none".into(), format_size),
+                    format_size(s.memory.peak),
+                    s.memory.refusals.to_string(),
+                    format!("{}{est}", pct(c.share_1s_pct)),
+                    pct(c.share_10s_pct),
+                    pct(c.request_pct),
+                    pct(c.limit_pct),
+                    pct(Some(c.allotted_pct)),
+                    format!("{:.1} s", c.throttled_seconds),
+                    pids(s, live),
+                ]
+            })
+            .collect();
+        let mut width: Vec<usize> = header.iter().map(|h| h.len()).collect();
+        for r in &rows {
+            for (w, cell) in width.iter_mut().zip(r) {
+                *w = (*w).max(cell.chars().count());
+            }
+        }
+        let line = |cells: &mut dyn Iterator<Item = &str>| {
+            let mut l = String::from(" ");
+            for (cell, w) in cells.zip(&width) {
+                let _ = write!(l, " {cell:<w$}");
+            }
+            l.trim_end().to_string() + "\n"
+        };
+        out.push_str(&line(&mut header.iter().copied()));
+        for r in &rows {
+            out.push_str(&line(&mut r.iter().map(String::as_str)));
+        }
+    }
+    for p in &node.problems {
+        let _ = writeln!(out, "note: {p}");
+    }
+    out
+}
+
+/// "3: 4123 4130 4131" (host pids of the running processes; a process that exited while the
+/// device still holds its memory is marked "exited").
+fn pids(s: &Slice, live: usize) -> String {
+    let list: Vec<String> = s
+        .processes
+        .iter()
+        .map(|p| {
+            let pid = p
+                .pid
+                .or(p.container_pid)
+                .map_or_else(|| "?".into(), |x| x.to_string());
+            if p.alive {
+                pid
+            } else {
+                format!("{pid}(exited)")
+            }
+        })
+        .collect();
+    format!("{live}: {}", list.join(" "))
+}

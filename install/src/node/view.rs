@@ -1,0 +1,80 @@
+//! What `cuslice status --json` prints and the exporter serves: the node's GPUs, and on each the
+//! slices using it with what they hold and get. Built by `collect`; plain data.
+
+use serde::Serialize;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Node {
+    /// When the view was taken (Unix seconds).
+    pub time: f64,
+    pub devices: Vec<Device>,
+    /// One line per thing that could not be read (a damaged ledger, no NVML, no permission).
+    pub problems: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Device {
+    pub uuid: String,
+    /// From NVML; None where NVML could not be asked.
+    pub name: Option<String>,
+    pub memory_total: Option<u64>,
+    /// All memory in use on the device, by any process, as NVML reports it.
+    pub memory_used: Option<u64>,
+    pub slices: Vec<Slice>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Slice {
+    /// The container id, or the standalone slice's state directory.
+    pub slice: String,
+    /// "container" or "standalone".
+    pub kind: &'static str,
+    /// What people call the container, where the engine says.
+    pub name: Option<String>,
+    /// The ledger the figures come from.
+    pub ledger: String,
+    pub memory: Memory,
+    pub compute: Compute,
+    pub processes: Vec<Process>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Memory {
+    /// Bytes the slice's processes hold on the device (contexts included).
+    pub used: u64,
+    /// The cap; None: no cap on this device.
+    pub limit: Option<u64>,
+    pub peak: u64,
+    /// Allocations refused at the cap.
+    pub refusals: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Compute {
+    pub request_pct: Option<f64>,
+    pub limit_pct: Option<f64>,
+    /// What the slice may use now, as its meters last worked it out.
+    pub allotted_pct: f64,
+    /// Share of the device used over the last 1 s and 10 s; None: no history that far back.
+    pub share_1s_pct: Option<f64>,
+    pub share_10s_pct: Option<f64>,
+    /// Device time used since the slice began, and time its launches were held back (summed
+    /// over launching threads).
+    pub device_seconds: f64,
+    pub throttled_seconds: f64,
+    /// Part of the device time is launch estimates: NVML did not report some process.
+    pub estimated: bool,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Process {
+    /// The host's pid; None if the process is gone or cannot be found from here.
+    pub pid: Option<i32>,
+    /// The pid the process has in its container (containers only).
+    pub container_pid: Option<i32>,
+    /// Whether it is running (a process that exited while the device still held its memory is
+    /// listed until that memory is freed).
+    pub alive: bool,
+    /// Bytes charged to it on this device.
+    pub memory: u64,
+}

@@ -1,0 +1,566 @@
+//! `cuslice status`, `top` and `exporter` against live standalone slices on simgpu: every figure
+//! is checked against the simulator's ground truth (what each process holds, the device time it
+//! used), and what the exporter serves is parsed by the Prometheus project's own OpenMetrics
+//! parser (Python `prometheus_client`, installed by tests/ensure-tools). Container slices are
+//! checked with every engine in hook/tests (`status_shows_the_container`).
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use cuslice_test_harness::{GIB, MIB, Running, Sim, bin_dir, libcuslice, workload};
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_cuslice");
+
+/// A process of the slice in `dir`, with the library preloaded.
+fn start(sim: &Sim, dir: &Path, node: &Path, env: &[&str], args: &[&str]) -> Running {
+    let mut c = sim.command(&workload(), args);
+    c.env("LD_PRELOAD", libcuslice())
+        .env("CUSLICE_STATE_DIR", dir)
+        .env("CUSLICE_NODE_DIR", node);
+    for kv in env {
+        let (k, v) = kv.split_once('=').unwrap();
+        c.env(k, v);
+    }
+    let mut child = c
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let out = BufReader::new(child.stdout.take().unwrap());
+    Running { child, out }
+}
+
+/// `cuslice ARGS` run under the simulator (so NVML is simgpu's).
+fn cuslice(sim: &Sim, args: &[&str]) -> Command {
+    sim.command(Path::new(BIN), args)
+}
+
+fn status(sim: &Sim, dirs: &[&Path]) -> Value {
+    let mut args = vec![
+        "status",
+        "--json",
+        "--state-root",
+        "/nonexistent-cuslice-root",
+    ];
+    for d in dirs {
+        args.push("--state-dir");
+        args.push(d.to_str().unwrap());
+    }
+    let out = cuslice(sim, &args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "cuslice status: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// simgpu's ground truth per host pid: (held bytes, device seconds).
+fn truth(sim: &Sim) -> HashMap<i64, (u64, f64)> {
+    sim.device(0)["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["pid"].as_i64().unwrap(),
+                (
+                    p["held"].as_u64().unwrap(),
+                    p["device_time_ns"].as_u64().unwrap() as f64 / 1e9,
+                ),
+            )
+        })
+        .collect()
+}
+
+fn slice<'a>(view: &'a Value, dir: &Path) -> &'a Value {
+    view["devices"][0]["slices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["slice"] == dir.to_str().unwrap())
+        .unwrap_or_else(|| panic!("no slice {} in {view}", dir.display()))
+}
+
+fn pids(slice: &Value) -> Vec<i64> {
+    slice["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["pid"].as_i64().unwrap())
+        .collect()
+}
+
+/// Two slices: A (cap 1 GiB, core limit 30: one process filled to the cap and refused, one
+/// launching 1 ms kernels) and B (cap 2 GiB, one process holding 512 MiB, no launches).
+struct Two {
+    sim: Sim,
+    dir: tempfile::TempDir,
+    _procs: Vec<Running>,
+}
+
+impl Two {
+    fn a(&self) -> std::path::PathBuf {
+        self.dir.path().join("a")
+    }
+    fn b(&self) -> std::path::PathBuf {
+        self.dir.path().join("b")
+    }
+}
+
+fn two_slices() -> Two {
+    let sim = Sim::new(&["--memory", "8GiB"]);
+    let dir = tempfile::tempdir().unwrap();
+    let node = dir.path().join("node");
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    let a_env = ["CUSLICE_MEMORY_LIMIT=1GiB", "CUSLICE_CORE_LIMIT=30"];
+    // The launcher first: the fill then takes the rest of the cap (and is refused at it).
+    let mut launch = start(
+        &sim,
+        &a,
+        &node,
+        &a_env,
+        &[
+            "launch",
+            "--ns-per-block",
+            "1000",
+            "--blocks",
+            "1000",
+            "--secs",
+            "60",
+        ],
+    );
+    launch.wait_for("start", Duration::from_secs(30));
+    let mut fill = start(
+        &sim,
+        &a,
+        &node,
+        &a_env,
+        &[
+            "fill", "--family", "mem", "--chunk", "64MiB", "--hold", "60",
+        ],
+    );
+    fill.wait_for("refused", Duration::from_secs(30));
+    fill.wait_for("holding", Duration::from_secs(30));
+    let mut hold = start(
+        &sim,
+        &b,
+        &node,
+        &["CUSLICE_MEMORY_LIMIT=2GiB"],
+        &["hold", "--bytes", "512MiB"],
+    );
+    hold.wait_for("holding", Duration::from_secs(30));
+    // Long enough for a full second of history under the limit.
+    std::thread::sleep(Duration::from_millis(2500));
+    Two {
+        sim,
+        dir,
+        _procs: vec![launch, fill, hold],
+    }
+}
+
+#[test]
+fn status_json_shows_each_slice_as_the_simulator_does() {
+    let t = two_slices();
+    let (a, b) = (t.a(), t.b());
+    let view = status(&t.sim, &[&a, &b]);
+    let truth = truth(&t.sim);
+    let dev = &t.sim.device(0);
+    let d = &view["devices"][0];
+    assert_eq!(d["uuid"], dev["uuid"], "{view}");
+    assert_eq!(d["name"], dev["name"]);
+    assert_eq!(d["memory_total"], 8 * GIB);
+    assert_eq!(view["problems"], serde_json::json!([]), "{view}");
+
+    let sa = slice(&view, &a);
+    assert_eq!(sa["kind"], "standalone");
+    assert_eq!(sa["memory"]["limit"], GIB);
+    assert_eq!(
+        sa["memory"]["refusals"], 1,
+        "the fill was refused once: {sa}"
+    );
+    let pa = pids(sa);
+    assert_eq!(pa.len(), 2, "{sa}");
+    for p in sa["processes"].as_array().unwrap() {
+        let pid = p["pid"].as_i64().unwrap();
+        assert_eq!(p["alive"], true);
+        assert_eq!(
+            p["memory"].as_u64().unwrap(),
+            truth[&pid].0,
+            "process {pid}: {sa}"
+        );
+    }
+    let held: u64 = pa.iter().map(|p| truth[p].0).sum();
+    assert_eq!(sa["memory"]["used"].as_u64().unwrap(), held, "{sa}");
+    let peak = sa["memory"]["peak"].as_u64().unwrap();
+    assert!(held <= peak && peak <= GIB, "peak {peak}: {sa}");
+    assert!(held > GIB - 64 * MIB - 310 * MIB, "{sa}");
+
+    let c = &sa["compute"];
+    assert_eq!(c["limit_pct"], 30.0);
+    assert_eq!(c["request_pct"], Value::Null);
+    assert_eq!(c["allotted_pct"], 30.0);
+    let device: f64 = pa.iter().map(|p| truth[p].1).sum();
+    let seen = c["device_seconds"].as_f64().unwrap();
+    assert!(
+        (seen - device).abs() < 0.25,
+        "device time: status {seen} s, simulator {device} s"
+    );
+    let share = c["share_1s_pct"].as_f64().unwrap();
+    assert!(
+        (22.0..=36.0).contains(&share),
+        "share over 1 s {share}: {c}"
+    );
+    assert_eq!(
+        c["share_10s_pct"],
+        Value::Null,
+        "no 10 s of history yet: {c}"
+    );
+    assert!(c["throttled_seconds"].as_f64().unwrap() > 0.5, "{c}");
+
+    let sb = slice(&view, &b);
+    assert_eq!(sb["memory"]["limit"], 2 * GIB);
+    assert_eq!(sb["memory"]["refusals"], 0);
+    let pb = pids(sb);
+    assert_eq!(sb["memory"]["used"].as_u64().unwrap(), truth[&pb[0]].0);
+    assert!(truth[&pb[0]].0 >= 512 * MIB);
+    assert_eq!(sb["compute"]["limit_pct"], Value::Null);
+    assert_eq!(sb["compute"]["device_seconds"], 0.0);
+    assert_eq!(sb["compute"]["share_1s_pct"], 0.0);
+    assert_eq!(sb["compute"]["throttled_seconds"], 0.0);
+
+    // The table for people carries the same figures.
+    let out = cuslice(
+        &t.sim,
+        &[
+            "status",
+            "--state-root",
+            "/nonexistent-cuslice-root",
+            "--state-dir",
+            a.to_str().unwrap(),
+        ],
+    )
+    .output()
+    .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(dev["uuid"].as_str().unwrap()), "{text}");
+    let row = text
+        .lines()
+        .find(|l| l.contains(a.to_str().unwrap()))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        row.contains("1 GiB") && row.contains("30.0%") && row.contains("2: "),
+        "{row}"
+    );
+}
+
+/// A scrape: (status line and headers, body).
+fn get(addr: &str, path: &str) -> (String, String) {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    (head.to_string(), body.to_string())
+}
+
+type Sample = (String, HashMap<String, String>, f64);
+
+/// Samples as the Prometheus client's OpenMetrics parser reads them: name, labels, value; and
+/// each family's type.
+fn parse_openmetrics(body: &str) -> (Vec<Sample>, HashMap<String, String>) {
+    let script = r#"
+import json, sys
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
+samples, types = [], {}
+for fam in text_string_to_metric_families(sys.stdin.read()):
+    types[fam.name] = fam.type
+    for s in fam.samples:
+        samples.append([s.name, s.labels, s.value])
+print(json.dumps({"samples": samples, "types": types}))
+"#;
+    let mut py = Command::new("python3")
+        .args(["-c", script])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("python3 (tests/ensure-tools installs it and prometheus-client)");
+    py.stdin.take().unwrap().write_all(body.as_bytes()).unwrap();
+    let out = py.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "the OpenMetrics parser rejected the exposition: {}\n{body}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let samples = v["samples"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s[0].as_str().unwrap().to_string(),
+                serde_json::from_value(s[1].clone()).unwrap(),
+                s[2].as_f64().unwrap(),
+            )
+        })
+        .collect();
+    (samples, serde_json::from_value(v["types"].clone()).unwrap())
+}
+
+fn value(samples: &[Sample], name: &str, slice: &Path) -> Option<f64> {
+    samples
+        .iter()
+        .find(|(n, l, _)| n == name && l.get("slice").map(String::as_str) == slice.to_str())
+        .map(|s| s.2)
+}
+
+struct Exporter(Child);
+
+impl Drop for Exporter {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn exporter_serves_the_slices_in_openmetrics_while_they_run() {
+    let t = two_slices();
+    let (a, b) = (t.a(), t.b());
+    let mut child = cuslice(
+        &t.sim,
+        &[
+            "exporter",
+            "--listen",
+            "127.0.0.1:0",
+            "--state-root",
+            "/nonexistent-cuslice-root",
+            "--state-dir",
+            a.to_str().unwrap(),
+            "--state-dir",
+            b.to_str().unwrap(),
+        ],
+    )
+    .stdout(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let _guard = Exporter(child);
+    let addr = first
+        .trim()
+        .strip_prefix("cuslice exporter: serving http://")
+        .and_then(|s| s.strip_suffix("/metrics"))
+        .unwrap_or_else(|| panic!("first line: {first:?}"))
+        .to_string();
+
+    let (head, body) = get(&addr, "/metrics");
+    assert!(
+        head.starts_with("HTTP/1.1 200") || head.starts_with("HTTP/1.0 200"),
+        "{head}"
+    );
+    assert!(
+        head.to_lowercase()
+            .contains("content-type: application/openmetrics-text"),
+        "{head}"
+    );
+    let truth = truth(&t.sim);
+    let (samples, types) = parse_openmetrics(&body);
+    let view = status(&t.sim, &[&a, &b]);
+    let held = |dir: &Path| -> f64 {
+        pids(slice(&view, dir))
+            .iter()
+            .map(|p| truth[p].0)
+            .sum::<u64>() as f64
+    };
+
+    assert_eq!(
+        value(&samples, "cuslice_slice_memory_limit_bytes", &a),
+        Some(GIB as f64)
+    );
+    assert_eq!(
+        value(&samples, "cuslice_slice_memory_limit_bytes", &b),
+        Some(2.0 * GIB as f64)
+    );
+    assert_eq!(
+        value(&samples, "cuslice_slice_memory_used_bytes", &a),
+        Some(held(&a))
+    );
+    assert_eq!(
+        value(&samples, "cuslice_slice_memory_used_bytes", &b),
+        Some(held(&b))
+    );
+    assert_eq!(
+        value(&samples, "cuslice_slice_memory_refusals_total", &a),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(&samples, "cuslice_slice_core_limit_ratio", &a),
+        Some(0.3)
+    );
+    assert_eq!(
+        value(&samples, "cuslice_slice_core_limit_ratio", &b),
+        None,
+        "no limit, no sample"
+    );
+    assert_eq!(value(&samples, "cuslice_slice_processes", &a), Some(2.0));
+    let device: f64 = pids(slice(&view, &a)).iter().map(|p| truth[p].1).sum();
+    let exported = value(&samples, "cuslice_slice_device_seconds_total", &a).unwrap();
+    assert!(
+        (exported - device).abs() < 0.25,
+        "exported {exported} s, simulator {device} s"
+    );
+    let dev = t.sim.device(0);
+    let uuid = dev["uuid"].as_str().unwrap();
+    assert!(samples.iter().any(|(n, l, v)| n == "cuslice_device_info"
+        && l.get("uuid").map(String::as_str) == Some(uuid)
+        && l.get("name") == dev["name"].as_str().map(str::to_string).as_ref()
+        && *v == 1.0));
+    assert!(
+        samples
+            .iter()
+            .any(|(n, l, v)| n == "cuslice_device_memory_total_bytes"
+                && l.get("uuid").map(String::as_str) == Some(uuid)
+                && *v == 8.0 * GIB as f64)
+    );
+    for (family, ty) in [
+        ("cuslice_slice_memory_used_bytes", "gauge"),
+        ("cuslice_slice_memory_refusals", "counter"),
+        ("cuslice_slice_device_seconds", "counter"),
+        ("cuslice_slice_throttled_seconds", "counter"),
+        ("cuslice_slice_core_share_ratio", "gauge"),
+    ] {
+        assert_eq!(
+            types.get(family).map(String::as_str),
+            Some(ty),
+            "{family}: {types:?}"
+        );
+    }
+
+    // Read afresh at every scrape: the device time of the launching slice grows.
+    std::thread::sleep(Duration::from_millis(600));
+    let (_, again) = get(&addr, "/metrics");
+    let (later, _) = parse_openmetrics(&again);
+    let grown = value(&later, "cuslice_slice_device_seconds_total", &a).unwrap();
+    assert!(grown > exported + 0.05, "{exported} s then {grown} s");
+
+    let (head, _) = get(&addr, "/nothing-here");
+    assert!(
+        head.starts_with("HTTP/1.1 404") || head.starts_with("HTTP/1.0 404"),
+        "{head}"
+    );
+}
+
+#[test]
+fn what_cannot_be_read_is_one_line_each_and_nothing_is_changed() {
+    let dir = tempfile::tempdir().unwrap();
+    let foreign = dir.path().join("foreign");
+    std::fs::create_dir(&foreign).unwrap();
+    std::fs::write(foreign.join("ledger"), b"not a ledger at all").unwrap();
+    let missing = dir.path().join("missing");
+    // Not under the simulator: no NVML.
+    let out = Command::new(BIN)
+        .env("LD_LIBRARY_PATH", dir.path())
+        .args([
+            "status",
+            "--state-root",
+            "/nonexistent-cuslice-root",
+            "--state-dir",
+        ])
+        .arg(&foreign)
+        .arg("--state-dir")
+        .arg(&missing)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    let notes: Vec<&str> = text.lines().filter(|l| l.starts_with("note: ")).collect();
+    assert_eq!(notes.len(), 3, "{text}");
+    assert!(
+        notes.iter().any(|l| l.contains("libnvidia-ml.so.1")),
+        "{text}"
+    );
+    assert!(
+        notes.iter().any(|l| l.contains(&format!(
+            "{}/ledger is not a cuslice ledger",
+            foreign.display()
+        ))),
+        "{text}"
+    );
+    assert!(
+        notes
+            .iter()
+            .any(|l| l.contains(&format!("CUSLICE_STATE_DIR={}", missing.display()))),
+        "{text}"
+    );
+    assert_eq!(
+        std::fs::read(foreign.join("ledger")).unwrap(),
+        b"not a ledger at all"
+    );
+    assert!(
+        !missing.exists(),
+        "status made the directory it was only to read"
+    );
+
+    for (args, says) in [
+        (
+            &["exporter", "--listen", "nonsense"][..],
+            "--listen \"nonsense\" is not an address",
+        ),
+        (
+            &["top", "--interval", "-1"][..],
+            "--interval -1 is not a refresh period",
+        ),
+    ] {
+        let out = Command::new(BIN).args(args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains(says), "{err}");
+    }
+}
+
+#[test]
+fn top_redraws_the_table() {
+    let sim = Sim::new(&["--memory", "4GiB"]);
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a");
+    let mut p = start(
+        &sim,
+        &a,
+        &dir.path().join("node"),
+        &["CUSLICE_MEMORY_LIMIT=1GiB"],
+        &["hold", "--bytes", "128MiB"],
+    );
+    p.wait_for("holding", Duration::from_secs(30));
+    let out = cuslice(
+        &sim,
+        &[
+            "top",
+            "--count",
+            "3",
+            "--interval",
+            "0.2",
+            "--state-root",
+            "/nonexistent-cuslice-root",
+            "--state-dir",
+            a.to_str().unwrap(),
+        ],
+    )
+    .output()
+    .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(text.matches("\x1b[H\x1b[2J").count(), 3, "{text}");
+    assert_eq!(text.matches(a.to_str().unwrap()).count(), 3, "{text}");
+    let _ = bin_dir();
+}
