@@ -228,7 +228,7 @@ const FILL: &[&str] = &[
     "60",
 ];
 
-/// The six shared scenarios as `#[test]`s of the calling engine's test binary.
+/// The seven shared scenarios as `#[test]`s of the calling engine's test binary.
 #[macro_export]
 macro_rules! engine_scenarios {
     ($engine:expr) => {
@@ -261,6 +261,11 @@ macro_rules! engine_scenarios {
         fn state_gone_after_stop_and_sigkill() {
             $crate::common::root_required();
             $crate::common::state_gone($engine);
+        }
+        #[test]
+        fn status_shows_the_container() {
+            $crate::common::root_required();
+            $crate::common::status_shows($engine);
         }
     };
 }
@@ -499,6 +504,105 @@ pub fn state_gone(engine: &dyn Engine) {
     }
     assert!(!slice_dir(&id).exists(), "state left after SIGKILL");
     c.remove();
+}
+
+/// `cuslice status --json` on the host lists the container's slice by its id, with its cap and
+/// core limit, its two processes by host pid (the engine's pid for its init) and what each
+/// holds as the simulator says; and no longer lists it once the container is removed.
+pub fn status_shows(engine: &dyn Engine) {
+    let sim = Sim::new(&["--memory", "8GiB"]);
+    let n = name("status");
+    let script = "cuda-workload hold --bytes 256MiB --secs 60 & \
+                  exec cuda-workload launch --ns-per-block 1000 --blocks 1000 --secs 60";
+    let mut c = engine.spawn(
+        &sim,
+        &Spec {
+            name: &n,
+            env: &["CUSLICE_MEMORY_LIMIT=1GiB", "CUSLICE_CORE_LIMIT=40"],
+            cmd: &["sh", "-c", script],
+            read_only: false,
+        },
+    );
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let mut line = String::new();
+        loop {
+            line.clear();
+            assert!(
+                c.stdout().read_line(&mut line).unwrap() > 0,
+                "ended: {seen:?}"
+            );
+            let v: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
+            if v["event"] == "holding" || v["event"] == "start" && v["scenario"] == "launch" {
+                seen.push(v);
+                break;
+            }
+        }
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    let id = c.id();
+    let status = || -> Value {
+        let out = sim
+            .command(&bin_dir().join("cuslice"), &["status", "--json"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let view = status();
+    let truth = sim.device(0);
+    let slice = view["devices"][0]["slices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["slice"] == id.as_str())
+        .unwrap_or_else(|| panic!("container {id} not in {view}"))
+        .clone();
+    assert_eq!(view["devices"][0]["uuid"], truth["uuid"]);
+    assert_eq!(slice["kind"], "container");
+    assert_eq!(slice["memory"]["limit"], GIB, "{slice}");
+    assert_eq!(slice["compute"]["limit_pct"], 40.0, "{slice}");
+    let procs = slice["processes"].as_array().unwrap();
+    assert_eq!(procs.len(), 2, "{slice}");
+    let init = procs
+        .iter()
+        .find(|p| p["container_pid"] == 1)
+        .unwrap_or_else(|| panic!("no container pid 1 in {slice}"));
+    assert_eq!(init["pid"], c.host_pid(), "{slice}");
+    let mut total = 0;
+    for p in procs {
+        let pid = p["pid"].as_i64().unwrap() as i32;
+        let (held, _) = held_by(&sim, pid);
+        assert_eq!(
+            p["memory"].as_u64().unwrap(),
+            held,
+            "process {pid}: {slice}"
+        );
+        total += held;
+    }
+    assert_eq!(slice["memory"]["used"].as_u64().unwrap(), total, "{slice}");
+    let device_time: f64 = truth["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| procs.iter().any(|q| q["pid"] == p["pid"]))
+        .map(|p| p["device_time_ns"].as_u64().unwrap() as f64 / 1e9)
+        .sum();
+    let seen = slice["compute"]["device_seconds"].as_f64().unwrap();
+    assert!(
+        (seen - device_time).abs() < 0.3,
+        "device time: status {seen} s, simulator {device_time} s"
+    );
+    c.remove();
+    let after = status();
+    assert!(
+        !after.to_string().contains(&id),
+        "removed container still listed: {after}"
+    );
 }
 
 // ---- helpers for engine implementations -------------------------------------------------
