@@ -8,6 +8,7 @@ mod plan;
 mod problem;
 mod transform;
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -79,6 +80,10 @@ struct TopArgs {
     /// Stop after this many refreshes [default: run until interrupted]
     #[arg(long, value_name = "N")]
     count: Option<u64>,
+    /// Print each refresh as one line of JSON (the fields of `status --json`) instead of
+    /// redrawing the table: a timeline to record
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -127,9 +132,18 @@ fn top(a: TopArgs) -> Result<(), Failure> {
     let mut n = 0u64;
     loop {
         let view = node::collect::collect(&src);
-        // Home, clear to the end of the screen: the table is redrawn in place.
-        print!("\x1b[H\x1b[2J{}", node::text::render(&view));
-        println!("\n(every {} s; Ctrl-C to stop)", a.interval);
+        if a.json {
+            let line = serde_json::to_string(&view)
+                .map_err(|e| Failure::Failed(format!("cuslice top: {e}")))?;
+            // A reader that went away (a closed pipe) ends the loop.
+            if writeln!(std::io::stdout(), "{line}").is_err() {
+                return Ok(());
+            }
+        } else {
+            // Home, clear to the end of the screen: the table is redrawn in place.
+            print!("\x1b[H\x1b[2J{}", node::text::render(&view));
+            println!("\n(every {} s; Ctrl-C to stop)", a.interval);
+        }
         n += 1;
         if a.count.is_some_and(|c| n >= c) {
             return Ok(());

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use cuslice_test_harness::{GIB, MIB, Running, Sim, bin_dir, libcuslice, workload};
+use cuslice_test_harness::{GIB, MIB, Running, Sim, libcuslice, workload};
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_cuslice");
@@ -562,5 +562,31 @@ fn top_redraws_the_table() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(text.matches("\x1b[H\x1b[2J").count(), 3, "{text}");
     assert_eq!(text.matches(a.to_str().unwrap()).count(), 3, "{text}");
-    let _ = bin_dir();
+    // --json: one line per refresh, a timeline to record.
+    let out = cuslice(
+        &sim,
+        &[
+            "top",
+            "--json",
+            "--count",
+            "2",
+            "--interval",
+            "0.2",
+            "--state-root",
+            "/nonexistent-cuslice-root",
+            "--state-dir",
+            a.to_str().unwrap(),
+        ],
+    )
+    .output()
+    .unwrap();
+    let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2);
+    assert!(lines[1]["time"].as_f64() > lines[0]["time"].as_f64());
+    for l in &lines {
+        assert_eq!(slice(l, &a)["memory"]["limit"], GIB);
+    }
 }

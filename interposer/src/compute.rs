@@ -243,7 +243,12 @@ impl Meter {
             });
         }
         p.at_ns = now;
-        let reading = crate::nvml::own_utilisation(&self.uuid, std::process::id(), &mut p.cursor);
+        // NVML names processes by host pid: in a container, the one the node tools told us.
+        let pid = s
+            .ledger
+            .host_pid(s.slot)
+            .map_or(std::process::id(), |h| h as u32);
+        let reading = crate::nvml::own_utilisation(&self.uuid, pid, &mut p.cursor);
         let wall = wall_us();
         // What the settled launches were charged, less what they (and any work queued before
         // them) really used: paid into the tokens, or taken from them.
@@ -279,15 +284,11 @@ impl Meter {
                     now.saturating_sub(STALE_NS)
                 };
                 let (estimate, n) = settle(&mut p.pending, cutoff);
-                // NVML does not see this process: its launches' estimates are all the node
-                // tools can show of its device time.
+                // Launches no sample accounted for (NVML does not see this process, or no
+                // longer does: in a container, once the driver reports host pids): their
+                // estimates are all the node tools can show of its device time.
+                s.ledger.note_device_time(self.index, estimate, true, now);
                 let unseen = other.is_none() || !p.cursor.seen_own();
-                s.ledger.note_device_time(
-                    self.index,
-                    if unseen { estimate } else { 0 },
-                    unseen,
-                    now,
-                );
                 if n > 0 && !p.warned && unseen {
                     p.warned = true;
                     warning!(

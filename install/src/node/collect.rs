@@ -1,6 +1,8 @@
 //! Gathers the node's view: the container slices the OCI hook keeps under the state root
 //! (`/run/cuslice/containers/<id>/`), the standalone slices named by their state directories,
-//! and the GPUs from NVML. Reads only: no file is changed, no slice is joined.
+//! and the GPUs from NVML. No slice is joined and nothing is changed, with one exception: each
+//! container process's slot in its ledger is told the process's host pid (see
+//! `Ledger::tell_host_pids`).
 
 use std::collections::HashMap;
 use std::fs;
@@ -130,6 +132,12 @@ fn containers(root: &Path, problems: &mut Vec<String>) -> Vec<Found> {
             continue;
         }
         let path = root.mnt(&id).join("slice").join(ledger::FILE_NAME);
+        let pids = host_pids(record.pid);
+        // The container's processes cannot learn their host pids, which NVML names them by and
+        // their compute meters need: tell them (docs/status.md).
+        if let Err(e) = Ledger::tell_host_pids(&path, &|p| pids.get(&p).copied()) {
+            problems.push(format!("cannot tell container {id} its host pids: {e}"));
+        }
         match Ledger::read(&path) {
             Ok(snap) => out.push(Found {
                 slice: id,
@@ -137,7 +145,7 @@ fn containers(root: &Path, problems: &mut Vec<String>) -> Vec<Found> {
                 name: record.name,
                 ledger: path,
                 snap,
-                host_pids: Some(host_pids(record.pid)),
+                host_pids: Some(pids),
             }),
             Err(e) => problems.push(e.to_string()),
         }

@@ -62,7 +62,8 @@ pub struct Compute {
     /// over launching threads).
     pub device_seconds: f64,
     pub throttled_seconds: f64,
-    /// Part of the device time is launch estimates: NVML did not report some process.
+    /// The latest device time was launch estimates: NVML did not report the process (see
+    /// docs/status.md).
     pub estimated: bool,
 }
 

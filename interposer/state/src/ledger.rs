@@ -78,7 +78,7 @@ pub struct DeviceRec {
     tokens: AtomicI64,
     last_refill: AtomicU64,
     share: AtomicU32,
-    /// 1: some of `device_ns` is launch estimates (NVML did not report a process of the slice).
+    /// 1: the last device time reported was launch estimates (NVML did not report the process).
     estimated: AtomicU32,
     /// The core request and limit (ppm; 0 and FULL when not set) the slice's processes run with.
     core_request: AtomicU32,
@@ -135,7 +135,10 @@ pub struct ProcRec {
     state: AtomicU32,
     generation: AtomicU32,
     pid: AtomicI32,
-    _pad: u32,
+    /// The process's pid in the host's pid namespace, when the node tools have told it (0: not
+    /// known). NVML names processes by host pid, which a process in a container cannot learn
+    /// itself; its compute meter needs it to find its own utilisation samples.
+    host_pid: AtomicI32,
     charged: [AtomicU64; MAX_DEVICES],
 }
 
@@ -443,6 +446,7 @@ impl Ledger {
             }
             p.generation.fetch_add(1, Ordering::Relaxed);
             p.pid.store(std::process::id() as i32, Ordering::Relaxed);
+            p.host_pid.store(0, Ordering::Relaxed);
             for c in p.charged.iter() {
                 c.store(0, Ordering::Relaxed);
             }
@@ -682,6 +686,54 @@ impl Ledger {
             .collect()
     }
 
+    /// Process slot `s`'s pid in the host's pid namespace, if the node tools have told it.
+    pub fn host_pid(&self, s: u32) -> Option<i32> {
+        self.header()
+            .procs
+            .get(s as usize)
+            .map(|p| p.host_pid.load(Ordering::Relaxed))
+            .filter(|&p| p > 0)
+    }
+
+    /// Tells the processes of the ledger at `path` their host pids: `host(pid)` maps a pid as a
+    /// process sees itself to the host's (None: unknown). For the node tools, which see both.
+    /// A slot taken by a new process meanwhile is left alone.
+    pub fn tell_host_pids(
+        path: &Path,
+        host: &dyn Fn(i32) -> Option<i32>,
+    ) -> Result<(), LedgerError> {
+        let io = |err| LedgerError::Io {
+            path: path.to_path_buf(),
+            err,
+        };
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(io)?;
+        let l = Ledger::check(f, path.to_path_buf(), libc::PROT_READ | libc::PROT_WRITE)?;
+        for p in l.header().procs.iter() {
+            let generation = p.generation.load(Ordering::Acquire);
+            if p.state.load(Ordering::Acquire) != LIVE {
+                continue;
+            }
+            let Some(h) = host(p.pid.load(Ordering::Relaxed)) else {
+                continue;
+            };
+            if p.host_pid.load(Ordering::Relaxed) == h {
+                continue;
+            }
+            p.host_pid.store(h, Ordering::Relaxed);
+            if p.generation.load(Ordering::Acquire) != generation {
+                // Re-registered while we wrote: whatever we wrote is not its pid.
+                let _ = p
+                    .host_pid
+                    .compare_exchange(h, 0, Ordering::Relaxed, Ordering::Relaxed);
+            }
+        }
+        Ok(())
+    }
+
     /// Records the core request and limit (ppm) the slice runs with on device `d`.
     pub fn set_core(&self, d: u32, request: u32, limit: u32) {
         if let Some(r) = self.dev(d) {
@@ -697,8 +749,8 @@ impl Ledger {
     /// mixes two marks and a writer killed mid-mark leaves nothing a reader would trust.
     pub fn note_device_time(&self, d: u32, ns: u64, estimated: bool, now_ns: u64) {
         let Some(r) = self.dev(d) else { return };
-        if estimated && ns > 0 {
-            r.estimated.store(1, Ordering::Relaxed);
+        if ns > 0 {
+            r.estimated.store(u32::from(estimated), Ordering::Relaxed);
         }
         r.device_ns.fetch_add(ns, Ordering::Relaxed);
         r.metered_ns.store(now_ns, Ordering::Relaxed);

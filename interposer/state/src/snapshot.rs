@@ -34,7 +34,8 @@ pub struct DeviceSnapshot {
     pub device_ns: u64,
     /// Time launching threads were held back (ns, summed over threads).
     pub throttled_ns: u64,
-    /// Some of `device_ns` is launch estimates: NVML did not report a process of the slice.
+    /// The latest device time reported was launch estimates: NVML did not report the process
+    /// (in a container on a real GPU, NVML names host pids, which the process cannot know).
     pub estimated: bool,
     /// When a meter last reported (CLOCK_MONOTONIC ns; 0: no process has launched work).
     pub metered_ns: u64,
