@@ -597,6 +597,31 @@ pub fn status_shows(engine: &dyn Engine) {
         (seen - device_time).abs() < 0.3,
         "device time: status {seen} s, simulator {device_time} s"
     );
+    // The simulator now names the container's processes by host pid, as a real driver always
+    // does; told their host pids by status, their meters keep reading NVML (no estimates).
+    std::thread::sleep(Duration::from_millis(2500));
+    let view = status();
+    let truth = sim.device(0);
+    let slice = view["devices"][0]["slices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["slice"] == id.as_str())
+        .unwrap()
+        .clone();
+    assert_eq!(slice["compute"]["estimated"], false, "{slice}");
+    let device_time: f64 = truth["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| procs.iter().any(|q| q["pid"] == p["pid"]))
+        .map(|p| p["device_time_ns"].as_u64().unwrap() as f64 / 1e9)
+        .sum();
+    let seen = slice["compute"]["device_seconds"].as_f64().unwrap();
+    assert!(
+        (seen - device_time).abs() < 0.3,
+        "device time after: status {seen} s, simulator {device_time} s"
+    );
     c.remove();
     let after = status();
     assert!(
