@@ -77,9 +77,10 @@ macro_rules! table {
                 #[inline]
                 pub fn $name() -> Option<unsafe extern "C" fn($($ty),*) -> $ret> {
                     let p = get(Sym::$name);
-                    // SAFETY: `p` is null or what the real dlsym returned for exactly this name,
-                    // whose C prototype is this function type (checked against cuda.h/nvml.h by
-                    // the signatures in this table); Option<fn> has the null niche.
+                    // `p` is null or what the real dlsym returned for exactly this name, whose C
+                    // prototype is this function type (checked against cuda.h/nvml.h by the
+                    // signatures in this table).
+                    // SAFETY: so the types match; Option<fn> has the null niche.
                     unsafe { std::mem::transmute::<*mut (), Option<unsafe extern "C" fn($($ty),*) -> $ret>>(p) }
                 }
             )*

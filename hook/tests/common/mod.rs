@@ -553,20 +553,23 @@ pub fn status_shows(engine: &dyn Engine) {
         );
         serde_json::from_slice(&out.stdout).unwrap()
     };
+    let find = |view: &Value| -> Value {
+        view["devices"][0]["slices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["slice"] == id.as_str())
+            .unwrap_or_else(|| panic!("container {id} not in {view}"))
+            .clone()
+    };
     let view = status();
     let truth = sim.device(0);
-    let slice = view["devices"][0]["slices"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["slice"] == id.as_str())
-        .unwrap_or_else(|| panic!("container {id} not in {view}"))
-        .clone();
+    let slice = find(&view);
     assert_eq!(view["devices"][0]["uuid"], truth["uuid"]);
     assert_eq!(slice["kind"], "container");
     assert_eq!(slice["memory"]["limit"], GIB, "{slice}");
     assert_eq!(slice["compute"]["limit_pct"], 40.0, "{slice}");
-    let procs = slice["processes"].as_array().unwrap();
+    let procs = slice["processes"].as_array().unwrap().clone();
     assert_eq!(procs.len(), 2, "{slice}");
     let init = procs
         .iter()
@@ -574,7 +577,7 @@ pub fn status_shows(engine: &dyn Engine) {
         .unwrap_or_else(|| panic!("no container pid 1 in {slice}"));
     assert_eq!(init["pid"], c.host_pid(), "{slice}");
     let mut total = 0;
-    for p in procs {
+    for p in &procs {
         let pid = p["pid"].as_i64().unwrap() as i32;
         let (held, _) = held_by(&sim, pid);
         assert_eq!(
@@ -585,43 +588,29 @@ pub fn status_shows(engine: &dyn Engine) {
         total += held;
     }
     assert_eq!(slice["memory"]["used"].as_u64().unwrap(), total, "{slice}");
-    let device_time: f64 = truth["processes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|p| procs.iter().any(|q| q["pid"] == p["pid"]))
-        .map(|p| p["device_time_ns"].as_u64().unwrap() as f64 / 1e9)
-        .sum();
-    let seen = slice["compute"]["device_seconds"].as_f64().unwrap();
-    assert!(
-        (seen - device_time).abs() < 0.3,
-        "device time: status {seen} s, simulator {device_time} s"
-    );
+    // The simulator's device time for the container's processes, against status's.
+    let device_time_matches = |slice: &Value, truth: &Value, when: &str| {
+        let device_time: f64 = truth["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| procs.iter().any(|q| q["pid"] == p["pid"]))
+            .map(|p| p["device_time_ns"].as_u64().unwrap() as f64 / 1e9)
+            .sum();
+        let seen = slice["compute"]["device_seconds"].as_f64().unwrap();
+        assert!(
+            (seen - device_time).abs() < 0.3,
+            "device time {when}: status {seen} s, simulator {device_time} s"
+        );
+    };
+    device_time_matches(&slice, &truth, "at first");
     // The simulator now names the container's processes by host pid, as a real driver always
     // does; told their host pids by status, their meters keep reading NVML (no estimates).
     std::thread::sleep(Duration::from_millis(2500));
-    let view = status();
+    let slice = find(&status());
     let truth = sim.device(0);
-    let slice = view["devices"][0]["slices"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["slice"] == id.as_str())
-        .unwrap()
-        .clone();
     assert_eq!(slice["compute"]["estimated"], false, "{slice}");
-    let device_time: f64 = truth["processes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|p| procs.iter().any(|q| q["pid"] == p["pid"]))
-        .map(|p| p["device_time_ns"].as_u64().unwrap() as f64 / 1e9)
-        .sum();
-    let seen = slice["compute"]["device_seconds"].as_f64().unwrap();
-    assert!(
-        (seen - device_time).abs() < 0.3,
-        "device time after: status {seen} s, simulator {device_time} s"
-    );
+    device_time_matches(&slice, &truth, "after");
     c.remove();
     let after = status();
     assert!(

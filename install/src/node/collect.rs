@@ -109,6 +109,7 @@ fn containers(root: &Path, problems: &mut Vec<String>) -> Vec<Found> {
         .collect();
     ids.sort();
     let mut out = Vec::new();
+    let mut namespaces = None;
     for id in ids {
         let record_path = root.dir(&id).join("record.json");
         let record: Record = match fs::read_to_string(&record_path)
@@ -132,7 +133,11 @@ fn containers(root: &Path, problems: &mut Vec<String>) -> Vec<Found> {
             continue;
         }
         let path = root.mnt(&id).join("slice").join(ledger::FILE_NAME);
-        let pids = host_pids(record.pid);
+        // The container's pids -> host pids, from the init's pid namespace.
+        let pids = fs::read_link(format!("/proc/{}/ns/pid", record.pid))
+            .ok()
+            .and_then(|ns| namespaces.get_or_insert_with(pid_namespaces).remove(&ns))
+            .unwrap_or_default();
         // The container's processes cannot learn their host pids, which NVML names them by and
         // their compute meters need: tell them (docs/status.md).
         if let Err(e) = Ledger::tell_host_pids(&path, &|p| pids.get(&p).copied()) {
@@ -153,24 +158,22 @@ fn containers(root: &Path, problems: &mut Vec<String>) -> Vec<Found> {
     out
 }
 
-/// The pids of the processes in `init`'s pid namespace, container pid -> host pid (from
-/// `NSpid` in /proc/PID/status, whose first field is the pid here and last the innermost).
-fn host_pids(init: i32) -> HashMap<i32, i32> {
-    let mut map = HashMap::new();
-    let Ok(ns) = fs::read_link(format!("/proc/{init}/ns/pid")) else {
-        return map;
-    };
+/// Every process's pids, grouped by pid namespace (the `/proc/PID/ns/pid` link): pid as the
+/// process sees itself -> pid here (from `NSpid` in /proc/PID/status, whose first field is the
+/// pid here and last the innermost). One pass over /proc serves every container.
+fn pid_namespaces() -> HashMap<PathBuf, HashMap<i32, i32>> {
+    let mut by_ns: HashMap<PathBuf, HashMap<i32, i32>> = HashMap::new();
     let Ok(dir) = fs::read_dir("/proc") else {
-        return map;
+        return by_ns;
     };
     for e in dir.flatten() {
         let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
             continue;
         };
-        if fs::read_link(e.path().join("ns/pid")).ok().as_ref() != Some(&ns) {
-            continue;
-        }
-        let Ok(status) = fs::read_to_string(e.path().join("status")) else {
+        let (Ok(ns), Ok(status)) = (
+            fs::read_link(e.path().join("ns/pid")),
+            fs::read_to_string(e.path().join("status")),
+        ) else {
             continue;
         };
         if let Some(inner) = status
@@ -178,10 +181,10 @@ fn host_pids(init: i32) -> HashMap<i32, i32> {
             .find_map(|l| l.strip_prefix("NSpid:"))
             .and_then(|l| l.split_whitespace().last()?.parse().ok())
         {
-            map.insert(inner, pid);
+            by_ns.entry(ns).or_default().insert(inner, pid);
         }
     }
-    map
+    by_ns
 }
 
 /// The slices grouped per device: NVML's devices in NVML's order, then any device only a
