@@ -1,9 +1,10 @@
 //! Conformance checks of cuslice's hand-written CUDA/NVML ABI against NVIDIA's headers.
 //!
-//! The checks live in `tests/`; this library only finds the headers. They are not vendored:
-//! `tests/abi-check/fetch-headers.sh DEST` downloads them from NVIDIA's PyPI wheels into
-//! `DEST/cuda-12.9/include`, `DEST/cuda-13.0/include` and `DEST/nvml/include`, and the tests read
-//! them from `$CUSLICE_CUDA_HEADERS` (default `<workspace>/target/cuda-headers`).
+//! The checks live in `tests/`; this library only finds the headers and tools. They are not
+//! vendored: `tests/abi-check/fetch-headers.sh DEST` downloads them from NVIDIA's PyPI wheels
+//! into `DEST/cuda-12.9/include`, `DEST/cuda-13.0/include`, `DEST/nvml/include` and
+//! `DEST/cuda-13.0/bin/ptxas` (NVIDIA's PTX assembler, which checks the workload's PTX), and the
+//! tests read them from `$CUSLICE_CUDA_HEADERS` (default `<workspace>/target/cuda-headers`).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -49,6 +50,11 @@ impl Headers {
             inc.join("cuda.h").is_file() && inc.join("cudaTypedefs.h").is_file()
         }) && self.nvml_include().join("nvml.h").is_file()
     }
+
+    /// NVIDIA's PTX assembler of CUDA 13.0.
+    pub fn ptxas(&self) -> PathBuf {
+        self.root.join("cuda-13.0").join("bin").join("ptxas")
+    }
 }
 
 /// Finds the headers. When they are absent: under CI (`$CI` set) this panics, telling how to
@@ -58,13 +64,27 @@ pub fn headers_or_skip(check: &str) -> Option<Headers> {
     let headers = Headers {
         root: headers_root(),
     };
-    if headers.complete() {
+    let complete = headers.complete();
+    found_or_skip(check, "NVIDIA headers", headers, complete)
+}
+
+/// Finds NVIDIA's ptxas, as `headers_or_skip` finds the headers; returns the header tree it is in.
+pub fn ptxas_or_skip(check: &str) -> Option<Headers> {
+    let headers = Headers {
+        root: headers_root(),
+    };
+    let found = headers.ptxas().is_file();
+    found_or_skip(check, "NVIDIA's ptxas", headers, found)
+}
+
+fn found_or_skip(check: &str, what: &str, headers: Headers, found: bool) -> Option<Headers> {
+    if found {
         return Some(headers);
     }
     let shown = headers.root.display();
     if std::env::var_os("CI").is_some() {
         panic!(
-            "{check}: NVIDIA headers not found at {shown} (CI is set, so this fails); \
+            "{check}: {what} not found at {shown} (CI is set, so this fails); \
              run tests/abi-check/fetch-headers.sh target/cuda-headers \
              or point CUSLICE_CUDA_HEADERS at a fetched tree"
         );
@@ -73,7 +93,7 @@ pub fn headers_or_skip(check: &str) -> Option<Headers> {
     // captures: the skip must show in a plain `cargo test` run.
     let _ = writeln!(
         std::io::stderr(),
-        "SKIPPED: NVIDIA headers not found at {shown}; \
+        "SKIPPED: {what} not found at {shown}; \
          run tests/abi-check/fetch-headers.sh target/cuda-headers ({check})"
     );
     None

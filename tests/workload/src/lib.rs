@@ -3,6 +3,7 @@
 //!
 //! - [`driver`]: the `Driver` struct of typed entry points and the routes that fill it.
 //! - [`requests`]: the recorded libcudart `cuGetProcAddress_v2` request lists.
+//! - [`kernels`]: the spin kernel (PTX, or the simulator's text image) launching scenarios use.
 //! - [`nvml`]: what NVML reports.
 //! - [`scenarios`]: info, fill, hold, launch, memcpy, churn, bench-alloc.
 //! - [`cli`]: the command line shared by `cuda-workload` and `cuda-workload-linked`.
@@ -11,6 +12,7 @@ mod functions;
 
 pub mod cli;
 pub mod driver;
+pub mod kernels;
 pub mod nvml;
 pub mod out;
 pub mod requests;

@@ -12,6 +12,7 @@ use cuda_abi::*;
 use serde_json::{Map, Value, json};
 
 use crate::driver::{CuError, Driver};
+use crate::kernels::{ImageArg, Shape, Spin};
 use crate::out::{cu_error, emit};
 
 /// Why a scenario did not run as designed.
@@ -134,12 +135,17 @@ pub struct HoldArgs {
 
 #[derive(Clone, Debug, Args)]
 pub struct LaunchArgs {
-    /// Engine nanoseconds each block of the "spin" kernel takes
+    /// Device nanoseconds of each block of the spin kernel: each launch keeps the device busy
+    /// for ns-per-block x blocks (see --image)
     #[arg(long)]
     pub ns_per_block: u64,
-    /// Grid size (blocks in x)
+    /// Blocks per launch
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub blocks: u32,
+    /// Kernel image: auto (PTX, else the simulator's text image), ptx, or text. With PTX the
+    /// blocks run side by side, so min(blocks, SMs) blocks each spin for ns-per-block x blocks
+    #[arg(long, value_enum, default_value = "auto")]
+    pub image: ImageArg,
     /// Seconds of wall time to keep launching; 0 = exactly --count launches
     #[arg(long, value_parser = parse_secs)]
     pub secs: f64,
@@ -216,9 +222,12 @@ pub struct BenchLaunchArgs {
     /// Seconds of untimed batches first
     #[arg(long, value_parser = parse_secs, default_value = "1")]
     pub warmup_secs: f64,
-    /// Engine nanoseconds each launch takes (one block)
+    /// Device nanoseconds each launch takes (one block)
     #[arg(long, default_value_t = 1000)]
     pub kernel_ns: u64,
+    /// Kernel image: auto (PTX, else the simulator's text image), ptx, or text
+    #[arg(long, value_enum, default_value = "auto")]
+    pub image: ImageArg,
     /// Launch API
     #[arg(long, value_enum, default_value = "kernel")]
     pub via: Via,
@@ -263,6 +272,13 @@ impl<'a> Session<'a> {
                    "total": total, "free": free, "reported_total": reported_total}),
         );
         Ok(())
+    }
+}
+
+/// Adds the fields of `extra` (an object) to `into` (an object).
+fn merge(into: &mut Value, extra: Value) {
+    if let (Value::Object(into), Value::Object(extra)) = (into, extra) {
+        into.extend(extra);
     }
 }
 
@@ -812,11 +828,6 @@ pub fn hold(s: &Session, a: &HoldArgs) -> Result<(), Failure> {
 
 const BLOCK_DIM: u32 = 128;
 
-/// The simulator's text module: `kernel NAME NS_PER_BLOCK`, NUL-terminated.
-pub fn spin_module(ns_per_block: u64) -> Vec<u8> {
-    format!("kernel spin {ns_per_block}\n\0").into_bytes()
-}
-
 fn create_event(d: &Driver, flags: u32) -> Result<CUevent, CuError> {
     let mut ev: CUevent = null_mut();
     // SAFETY: out-pointer to a local.
@@ -824,24 +835,30 @@ fn create_event(d: &Driver, flags: u32) -> Result<CUevent, CuError> {
     Ok(ev)
 }
 
-/// Launches `f` once on `stream` the way `via` says (`exec`: the instantiated graph).
+/// Launches `f` once on `stream` the way `via` says (`exec`: the instantiated graph), shaped
+/// as `shape` says.
 fn launch_once(
     d: &Driver,
     via: Via,
     f: CUfunction,
     exec: CUgraphExec,
     stream: CUstream,
-    blocks: u32,
+    shape: Shape,
 ) -> Result<(), CuError> {
+    // The kernel's one parameter; the driver copies it before the launch call returns.
+    let mut arg = shape.arg;
+    let mut params = [&mut arg as *mut u64 as *mut c_void];
+    let params = params.as_mut_ptr();
     let null: *mut *mut c_void = null_mut();
+    let grid = shape.grid;
     match via {
-        // SAFETY: `f` is a live function without parameters; `stream` is live.
+        // SAFETY: `f` is a live function taking one u64, which `params` points to; `stream` is live.
         Via::Kernel => unsafe {
-            d.cuLaunchKernel(f, blocks, 1, 1, BLOCK_DIM, 1, 1, 0, stream, null, null)
+            d.cuLaunchKernel(f, grid, 1, 1, BLOCK_DIM, 1, 1, 0, stream, params, null)
         },
         Via::Ex => {
             let config = CUlaunchConfig {
-                gridDimX: blocks,
+                gridDimX: grid,
                 gridDimY: 1,
                 gridDimZ: 1,
                 blockDimX: BLOCK_DIM,
@@ -852,12 +869,12 @@ fn launch_once(
                 attrs: null_mut(),
                 numAttrs: 0,
             };
-            // SAFETY: `config` outlives the call and has no attributes; `f` takes no parameters.
-            unsafe { d.cuLaunchKernelEx(&config, f, null, null) }
+            // SAFETY: `config` outlives the call and has no attributes; `params` as above.
+            unsafe { d.cuLaunchKernelEx(&config, f, params, null) }
         }
         // SAFETY: as for cuLaunchKernel.
         Via::Coop => unsafe {
-            d.cuLaunchCooperativeKernel(f, blocks, 1, 1, BLOCK_DIM, 1, 1, 0, stream, null)
+            d.cuLaunchCooperativeKernel(f, grid, 1, 1, BLOCK_DIM, 1, 1, 0, stream, params)
         },
         // SAFETY: `exec` was instantiated from the captured graph; `stream` is live.
         Via::Graph => unsafe { d.cuGraphLaunch(exec, stream) },
@@ -869,11 +886,11 @@ fn capture(
     d: &Driver,
     f: CUfunction,
     stream: CUstream,
-    blocks: u32,
+    shape: Shape,
 ) -> Result<(CUgraph, CUgraphExec), CuError> {
     // SAFETY: `stream` is a live, non-legacy stream.
     unsafe { d.cuStreamBeginCapture_v2(stream, CU_STREAM_CAPTURE_MODE_GLOBAL) }?;
-    let launched = launch_once(d, Via::Kernel, f, null_mut(), stream, blocks);
+    let launched = launch_once(d, Via::Kernel, f, null_mut(), stream, shape);
     let mut graph: CUgraph = null_mut();
     // SAFETY: ends the capture begun above (also after a failed launch); out-pointer to a local.
     let ended = unsafe { d.cuStreamEndCapture(stream, &mut graph) };
@@ -887,13 +904,9 @@ fn capture(
 
 pub fn launch(s: &Session, a: &LaunchArgs) -> Result<(), Failure> {
     let d = s.d;
-    let image = spin_module(a.ns_per_block);
-    let mut module: CUmodule = null_mut();
-    // SAFETY: `image` is a NUL-terminated module image that outlives the call.
-    unsafe { d.cuModuleLoadData(&mut module, image.as_ptr().cast()) }?;
-    let mut func: CUfunction = null_mut();
-    // SAFETY: `module` is loaded; the name is NUL-terminated.
-    unsafe { d.cuModuleGetFunction(&mut func, module, c"spin".as_ptr()) }?;
+    let spin = Spin::load(d, s.dev, a.image, a.ns_per_block)?;
+    let shape = spin.shape(a.ns_per_block, a.blocks);
+    let func = spin.func;
     let mut streams = Vec::with_capacity(a.streams as usize);
     for _ in 0..a.streams {
         let mut stream: CUstream = null_mut();
@@ -902,7 +915,7 @@ pub fn launch(s: &Session, a: &LaunchArgs) -> Result<(), Failure> {
         streams.push(stream);
     }
     let graph = if a.via == Via::Graph {
-        Some(capture(d, func, streams[0], a.blocks)?)
+        Some(capture(d, func, streams[0], shape)?)
     } else {
         None
     };
@@ -939,7 +952,7 @@ pub fn launch(s: &Session, a: &LaunchArgs) -> Result<(), Failure> {
             unsafe { d.cuEventSynchronize(oldest) }?;
             spare.push(oldest);
         }
-        launch_once(d, a.via, func, exec, streams[i], a.blocks)?;
+        launch_once(d, a.via, func, exec, streams[i], shape)?;
         let ev = match spare.pop() {
             Some(ev) => ev,
             None => create_event(d, CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING)?,
@@ -980,25 +993,25 @@ pub fn launch(s: &Session, a: &LaunchArgs) -> Result<(), Failure> {
         // SAFETY: idle stream of ours, destroyed once.
         unsafe { d.cuStreamDestroy_v2(stream) }?;
     }
-    // SAFETY: nothing of the module is in use any more.
-    unsafe { d.cuModuleUnload(module) }?;
+    let image = spin.describe();
+    spin.unload(d)?;
 
     let engine_ns_requested =
         u128::from(launches) * u128::from(a.ns_per_block) * u128::from(a.blocks);
-    emit(
-        "launched",
-        json!({
-            "via": a.via.name(),
-            "launches": launches,
-            "blocks": a.blocks,
-            "ns_per_block": a.ns_per_block,
-            "streams": a.streams,
-            "depth": a.depth,
-            "wall_ns": wall_ns,
-            "engine_ns_requested": u64::try_from(engine_ns_requested).unwrap_or(u64::MAX),
-            "elapsed_ns": (f64::from(ms) * 1e6).round() as u64,
-        }),
-    );
+    let mut f = json!({
+        "via": a.via.name(),
+        "launches": launches,
+        "blocks": a.blocks,
+        "ns_per_block": a.ns_per_block,
+        "grid": shape.grid,
+        "streams": a.streams,
+        "depth": a.depth,
+        "wall_ns": wall_ns,
+        "engine_ns_requested": u64::try_from(engine_ns_requested).unwrap_or(u64::MAX),
+        "elapsed_ns": (f64::from(ms) * 1e6).round() as u64,
+    });
+    merge(&mut f, image);
+    emit("launched", f);
     Ok(())
 }
 
@@ -1007,18 +1020,14 @@ pub fn launch(s: &Session, a: &LaunchArgs) -> Result<(), Failure> {
 /// how long the device takes.
 pub fn bench_launch(s: &Session, a: &BenchLaunchArgs) -> Result<(), Failure> {
     let d = s.d;
-    let image = spin_module(a.kernel_ns);
-    let mut module: CUmodule = null_mut();
-    // SAFETY: `image` is a NUL-terminated module image that outlives the call.
-    unsafe { d.cuModuleLoadData(&mut module, image.as_ptr().cast()) }?;
-    let mut func: CUfunction = null_mut();
-    // SAFETY: `module` is loaded; the name is NUL-terminated.
-    unsafe { d.cuModuleGetFunction(&mut func, module, c"spin".as_ptr()) }?;
+    let spin = Spin::load(d, s.dev, a.image, a.kernel_ns)?;
+    let shape = spin.shape(a.kernel_ns, 1);
+    let func = spin.func;
     let mut stream: CUstream = null_mut();
     // SAFETY: out-pointer to a local.
     unsafe { d.cuStreamCreate(&mut stream, CU_STREAM_DEFAULT) }?;
     let graph = if a.via == Via::Graph {
-        Some(capture(d, func, stream, 1)?)
+        Some(capture(d, func, stream, shape)?)
     } else {
         None
     };
@@ -1027,7 +1036,7 @@ pub fn bench_launch(s: &Session, a: &BenchLaunchArgs) -> Result<(), Failure> {
     let batch = || -> Result<u64, CuError> {
         let t0 = Instant::now();
         for _ in 0..a.batch {
-            launch_once(d, a.via, func, exec, stream, 1)?;
+            launch_once(d, a.via, func, exec, stream, shape)?;
         }
         let ns = t0.elapsed().as_nanos() as u64;
         sync(d, stream)?;
@@ -1052,23 +1061,22 @@ pub fn bench_launch(s: &Session, a: &BenchLaunchArgs) -> Result<(), Failure> {
     }
     // SAFETY: idle stream of ours, destroyed once.
     unsafe { d.cuStreamDestroy_v2(stream) }?;
-    // SAFETY: nothing of the module is in use any more.
-    unsafe { d.cuModuleUnload(module) }?;
+    let image = spin.describe();
+    spin.unload(d)?;
     let mean = per_launch.iter().sum::<f64>() / per_launch.len() as f64;
     per_launch.sort_by(f64::total_cmp);
     let pick = |q: f64| per_launch[((per_launch.len() - 1) as f64 * q).round() as usize];
-    emit(
-        "bench",
-        json!({
-            "via": a.via.name(),
-            "batches": a.batches,
-            "batch": a.batch,
-            "ns_per_launch_median": pick(0.5),
-            "ns_per_launch_mean": mean,
-            "ns_per_launch_p90": pick(0.9),
-            "ns_per_launch_max": pick(1.0),
-        }),
-    );
+    let mut f = json!({
+        "via": a.via.name(),
+        "batches": a.batches,
+        "batch": a.batch,
+        "ns_per_launch_median": pick(0.5),
+        "ns_per_launch_mean": mean,
+        "ns_per_launch_p90": pick(0.9),
+        "ns_per_launch_max": pick(1.0),
+    });
+    merge(&mut f, image);
+    emit("bench", f);
     Ok(())
 }
 
@@ -1493,11 +1501,6 @@ mod tests {
         assert_eq!(p, pattern(1001, 7));
         assert_ne!(p, pattern(1001, 8));
         assert!(p.iter().filter(|&&b| b == p[0]).count() < 100);
-    }
-
-    #[test]
-    fn spin_module_text() {
-        assert_eq!(spin_module(5000), b"kernel spin 5000\n\0");
     }
 
     #[test]

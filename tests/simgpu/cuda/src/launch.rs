@@ -1,5 +1,5 @@
-//! Kernel launches: every variant queues one item of `ns_per_block x blocks` engine time on the
-//! stream's context (or records a kernel node while the stream is capturing).
+//! Kernel launches: every variant queues one item of engine time on the stream's context (or
+//! records a kernel node while the stream is capturing); `Kernel::launch_ns` says how much.
 
 use std::ffi::{c_uint, c_void};
 
@@ -7,10 +7,17 @@ use cuda_abi::{CUfunction, CUlaunchConfig, CUresult, CUstream};
 
 use crate::driver::*;
 use crate::handles::from_ptr;
+use crate::module::Args;
 use crate::stream::resolve;
 
-#[allow(clippy::too_many_arguments)]
-fn launch(f: CUfunction, grid: [c_uint; 3], block: [c_uint; 3], s: CUstream, ptsz: bool) -> Res {
+fn launch(
+    f: CUfunction,
+    grid: [c_uint; 3],
+    block: [c_uint; 3],
+    s: CUstream,
+    ptsz: bool,
+    args: Args,
+) -> Res {
     if grid.contains(&0)
         || block.contains(&0)
         || block.iter().map(|&b| b as u64).product::<u64>() > 1024
@@ -20,13 +27,14 @@ fn launch(f: CUfunction, grid: [c_uint; 3], block: [c_uint; 3], s: CUstream, pts
     let d = drv()?;
     let mut inner = d.inner.lock();
     let sref = resolve(&inner, s, ptsz)?;
-    let per_block = inner
+    let blocks = grid.iter().map(|&g| g as u64).product::<u64>();
+    let sms = u64::from(d.state.config().sm_count);
+    let ns = inner
         .funcs
         .get(from_ptr(f))
         .ok_or(E_INVALID_HANDLE)?
-        .ns_per_block;
-    let blocks = grid.iter().map(|&g| g as u64).product::<u64>();
-    let ns = per_block.saturating_mul(blocks);
+        .kernel
+        .launch_ns(blocks, sms, args)?;
     crate::stream::queue_kernel(d, &mut inner, sref, ns)
 }
 
@@ -44,10 +52,11 @@ macro_rules! launch_kernel {
             bz: c_uint,
             _shared: c_uint,
             s: CUstream,
-            _params: *mut *mut c_void,
-            _extra: *mut *mut c_void,
+            params: *mut *mut c_void,
+            extra: *mut *mut c_void,
         ) -> CUresult {
-            status(launch(f, [gx, gy, gz], [bx, by, bz], s, $ptsz))
+            let args = Args { params, extra };
+            status(launch(f, [gx, gy, gz], [bx, by, bz], s, $ptsz, args))
         }
     };
 }
@@ -69,9 +78,13 @@ macro_rules! launch_cooperative {
             bz: c_uint,
             _shared: c_uint,
             s: CUstream,
-            _params: *mut *mut c_void,
+            params: *mut *mut c_void,
         ) -> CUresult {
-            status(launch(f, [gx, gy, gz], [bx, by, bz], s, $ptsz))
+            let args = Args {
+                params,
+                extra: std::ptr::null_mut(),
+            };
+            status(launch(f, [gx, gy, gz], [bx, by, bz], s, $ptsz, args))
         }
     };
 }
@@ -79,7 +92,7 @@ macro_rules! launch_cooperative {
 launch_cooperative!(cuLaunchCooperativeKernel, false);
 launch_cooperative!(cuLaunchCooperativeKernel_ptsz, true);
 
-fn launch_ex(config: *const CUlaunchConfig, f: CUfunction, ptsz: bool) -> Res {
+fn launch_ex(config: *const CUlaunchConfig, f: CUfunction, ptsz: bool, args: Args) -> Res {
     if config.is_null() {
         return Err(E_INVALID_VALUE);
     }
@@ -91,6 +104,7 @@ fn launch_ex(config: *const CUlaunchConfig, f: CUfunction, ptsz: bool) -> Res {
         [c.blockDimX, c.blockDimY, c.blockDimZ],
         c.hStream,
         ptsz,
+        args,
     )
 }
 
@@ -98,18 +112,18 @@ fn launch_ex(config: *const CUlaunchConfig, f: CUfunction, ptsz: bool) -> Res {
 pub unsafe extern "C" fn cuLaunchKernelEx(
     config: *const CUlaunchConfig,
     f: CUfunction,
-    _p: *mut *mut c_void,
-    _e: *mut *mut c_void,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
 ) -> CUresult {
-    status(launch_ex(config, f, false))
+    status(launch_ex(config, f, false, Args { params, extra }))
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuLaunchKernelEx_ptsz(
     config: *const CUlaunchConfig,
     f: CUfunction,
-    _p: *mut *mut c_void,
-    _e: *mut *mut c_void,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
 ) -> CUresult {
-    status(launch_ex(config, f, true))
+    status(launch_ex(config, f, true, Args { params, extra }))
 }

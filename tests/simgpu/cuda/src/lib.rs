@@ -22,6 +22,7 @@ mod launch;
 mod memory;
 mod module;
 mod pool;
+mod ptx;
 mod ranges;
 mod stream;
 mod symbols;
