@@ -145,39 +145,95 @@ fn a_process_s_kernels_are_delayed_by_another_s_work() {
 }
 
 #[test]
-fn every_launch_route_uses_engine_time() {
+fn every_launch_route_uses_engine_time_with_either_image() {
     let _turn = serial();
     let sim = Sim::new(&[]);
-    for via in ["kernel", "ex", "coop", "graph"] {
-        for ptds in [false, true] {
-            let mut args = vec![
-                "launch",
-                "--via",
-                via,
-                "--ns-per-block",
-                "1000",
-                "--blocks",
-                "1000",
-                "--secs",
-                "0",
-                "--count",
-                "25",
-            ];
-            if ptds {
-                args.insert(0, "--ptds");
-                args.insert(0, "proc-v2");
-                args.insert(0, "--route");
+    for image in ["ptx", "text"] {
+        for via in ["kernel", "ex", "coop", "graph"] {
+            for ptds in [false, true] {
+                let mut args = vec![
+                    "launch",
+                    "--image",
+                    image,
+                    "--via",
+                    via,
+                    "--ns-per-block",
+                    "1000",
+                    "--blocks",
+                    "1000",
+                    "--secs",
+                    "0",
+                    "--count",
+                    "25",
+                ];
+                if ptds {
+                    args.insert(0, "--ptds");
+                    args.insert(0, "proc-v2");
+                    args.insert(0, "--route");
+                }
+                let (lines, code) = sim.workload(&args);
+                assert_eq!(code, 0, "{image} {via} ptds={ptds}");
+                let l = event(&lines, "launched");
+                assert_eq!(l["image"], image);
+                assert_eq!(
+                    exited_time(&sim, u(&l["pid"])),
+                    25 * MS,
+                    "{image} {via} ptds={ptds}: 25 kernels of 1 ms"
+                );
             }
-            let (lines, code) = sim.workload(&args);
-            assert_eq!(code, 0, "{via} ptds={ptds}");
-            let l = event(&lines, "launched");
-            assert_eq!(
-                exited_time(&sim, u(&l["pid"])),
-                25 * MS,
-                "{via} ptds={ptds}: 25 kernels of 1 ms"
-            );
         }
     }
+}
+
+#[test]
+fn the_workload_falls_back_to_the_text_image_only_when_the_driver_refuses_ptx() {
+    let _turn = serial();
+    let sim = Sim::new(&[]);
+    let args = [
+        "launch",
+        "--ns-per-block",
+        "1000",
+        "--blocks",
+        "2000",
+        "--secs",
+        "0",
+        "--count",
+        "5",
+    ];
+    let run = |extra: &[&str], jit_off: bool| {
+        let mut cmd = sim.command(&workload(), &[&args[..], extra].concat());
+        if jit_off {
+            cmd.env("CUDA_DISABLE_PTX_JIT", "1");
+        }
+        let out = cmd.output().unwrap();
+        (
+            parse_lines(&String::from_utf8_lossy(&out.stdout)),
+            out.status.code(),
+        )
+    };
+    // The default: the PTX image, its 2000 blocks run as 132 that each spin for the 2 ms.
+    let (lines, code) = run(&[], false);
+    assert_eq!(code, Some(0));
+    let l = event(&lines, "launched");
+    assert_eq!((l["image"].as_str(), u(&l["grid"])), (Some("ptx"), 132));
+    assert_eq!(l["image_refused"], serde_json::json!([]));
+    assert_eq!(exited_time(&sim, u(&l["pid"])), 10 * MS);
+    // A driver that does not JIT-compile: the text image, after saying what was refused.
+    let (lines, code) = run(&[], true);
+    assert_eq!(code, Some(0));
+    let l = event(&lines, "launched");
+    assert_eq!((l["image"].as_str(), u(&l["grid"])), (Some("text"), 2000));
+    assert_eq!(l["image_refused"][0]["image"], "ptx");
+    assert_eq!(u(&l["image_refused"][0]["code"]), 223);
+    assert_eq!(exited_time(&sim, u(&l["pid"])), 10 * MS);
+    // --image ptx does not fall back: the refusal is the error.
+    let (lines, code) = run(&["--image", "ptx"][..], true);
+    assert_eq!(code, Some(1));
+    let e = event(&lines, "error");
+    assert_eq!(
+        (e["call"].as_str(), u(&e["code"])),
+        (Some("cuModuleLoadData"), 223)
+    );
 }
 
 #[test]

@@ -3,7 +3,8 @@
 //! kernels it declares with `.entry`, with their parameter layouts and the cost its
 //! `simgpu-kernel` annotations give (`ptx.rs`); their blocks run side by side, one per SM. Any
 //! other image (cubin, fatbin) loads too, and then every kernel name resolves, costing 1 us per
-//! block, one block after another. Loaded code takes device memory no allocation call reveals:
+//! block, one block after another. With `CUDA_DISABLE_PTX_JIT=1`, as with the real driver, a PTX
+//! image is refused (CUDA_ERROR_JIT_COMPILATION_DISABLED). Loaded code takes device memory no allocation call reveals:
 //! the image size rounded up to whole granules, for as long as the module is loaded.
 
 use std::collections::HashMap;
@@ -193,6 +194,10 @@ fn kernels_of(text: &str) -> Res<Option<HashMap<String, Kernel>>> {
     }
     if !crate::ptx::is_ptx(text) {
         return Ok(None);
+    }
+    // The real driver's switch for a node that must not JIT-compile PTX.
+    if std::env::var("CUDA_DISABLE_PTX_JIT").is_ok_and(|v| v == "1") {
+        return Err(CUresult::CUDA_ERROR_JIT_COMPILATION_DISABLED);
     }
     match crate::ptx::parse(text) {
         Ok(k) => Ok(Some(

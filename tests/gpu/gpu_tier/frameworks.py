@@ -1,0 +1,135 @@
+"""Memory, frameworks: PyTorch (three allocator back ends), JAX, CuPy and nvidia-smi under an
+8 GiB cap, and a PyTorch CUDA graph. Real GPU only: these frameworks need NVIDIA's own driver."""
+import importlib.util
+import shutil
+import subprocess
+
+from .common import FAIL, GIB, MIB, NOT_RUN, Check, Spec, failed, judged, mib
+from .nvml import peak_held
+
+GROUP = "frameworks"
+CAP = 8 * GIB
+CHUNK_MIB = 256
+
+TORCH_FILLS = [
+    ("PyTorch fill, caching allocator", {}),
+    ("PyTorch fill, expandable_segments:True", {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}),
+    ("PyTorch fill, backend:cudaMallocAsync", {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}),
+]
+CHECKS = (["PyTorch mem_get_info", *[n for n, _ in TORCH_FILLS], "JAX default preallocation",
+           "CuPy memory pool", "PyTorch CUDA graph capture and replay", "nvidia-smi under the library"])
+NEEDS = {"PyTorch": "torch", "JAX": "jax", "CuPy": "cupy"}
+
+
+def missing(name):
+    """The framework a check needs, if it is not installed."""
+    for label, module in NEEDS.items():
+        if name.startswith(label) and importlib.util.find_spec(module) is None:
+            return f"{label} is not installed ({module} not importable)"
+    if name.startswith("nvidia-smi") and shutil.which("nvidia-smi") is None:
+        return "nvidia-smi is not on PATH"
+    return None
+
+
+def not_run(reason):
+    return [Check(GROUP, n, reason, "", NOT_RUN) for n in CHECKS]
+
+
+def probe(tier, name, probe_name, *args, extra_env=None, limits=None):
+    env = tier.cuslice(tier.scratch(name), **(limits or {"memory_limit": "8GiB"}))
+    env.update(extra_env or {})
+    base = tier.nvml_used()
+    (p,) = tier.run(GROUP, name, [Spec([tier.python, tier.probe, probe_name, *map(str, args)], env)],
+                    timeout=300)
+    peak, source = peak_held(tier.nvml.memory(p.t0, p.t1), [p.pid], base)
+    return p, p.event("result"), peak, source
+
+
+def run(tier):
+    if tier.sim:
+        return [c for c in not_run("needs a real GPU (NVIDIA's driver)") if tier.wanted(c.name)]
+    checks = []
+    for name, fn in [("PyTorch mem_get_info", info), *[(n, fill_with(env)) for n, env in TORCH_FILLS],
+                     ("JAX default preallocation", jax_prealloc), ("CuPy memory pool", cupy_fill),
+                     ("PyTorch CUDA graph capture and replay", torch_graph),
+                     ("nvidia-smi under the library", nvidia_smi)]:
+        if not tier.wanted(name):
+            continue
+        why = missing(name)
+        checks.append(Check(GROUP, name, why, "", NOT_RUN) if why else fn(tier, name))
+    return checks
+
+
+def info(tier, name):
+    p, r, _, _ = probe(tier, name, "torch-info")
+    if r is None:
+        return Check(GROUP, name, failed([p]) or "no result", "8192 MiB total", FAIL)
+    ok = r["total"] == CAP and r["properties_total"] == CAP and r["free"] <= CAP
+    return Check(GROUP, name, f"total {mib(r['total'])}, free {mib(r['free'])}, "
+                 f"get_device_properties {mib(r['properties_total'])}",
+                 "total 8192 MiB (the cap) in both", judged(ok), r)
+
+
+def judge_refusal(name, p, r, peak, source, error, expected_error):
+    """A fill: refused with the framework's own OOM error, NVML never above the cap, most of the
+    cap usable."""
+    if r is None:
+        return Check(GROUP, name, failed([p]) or "no result", f"{expected_error} at the cap", FAIL)
+    usable = CAP - 2 * CHUNK_MIB * MIB
+    ok = error == expected_error and peak is not None and usable <= peak <= CAP
+    figure = (f"{error or 'no error'} after {mib(r['allocated'])} allocated; NVML peak {mib(peak)}"
+              f"{'' if source == 'process' else ' (' + str(source) + ')'}")
+    return Check(GROUP, name, figure, f"{expected_error}; NVML peak in [{mib(usable)}, {mib(CAP)}]",
+                 judged(ok), {**r, "peak": peak, "peak_source": source})
+
+
+def fill_with(env):
+    def fill(tier, name):
+        p, r, peak, source = probe(tier, name, "torch-fill", CHUNK_MIB, extra_env=env)
+        c = judge_refusal(name, p, r, peak, source, r and r["error"], "torch.cuda.OutOfMemoryError")
+        reuse = p.event("reuse")
+        if c.status != FAIL and not (reuse and reuse["ok"]):
+            c.status, c.figure = FAIL, c.figure + "; after freeing, allocating again failed"
+        return c
+    return fill
+
+
+def jax_prealloc(tier, name):
+    p, r, peak, source = probe(tier, name, "jax-prealloc")
+    if r is None:
+        return Check(GROUP, name, failed([p]) or "no result", "75% of the cap", FAIL)
+    limit = r.get("bytes_limit")
+    # 75% of the cap is 6 GiB; 75% of an 80 GiB GPU would be 60 GiB. XLA may size it from the
+    # free memory rather than the total, so anything from 60% to 80% of the cap is the cap's 75%.
+    ok = (limit is not None and 0.60 * CAP <= limit <= 0.80 * CAP and peak is not None
+          and 0.60 * CAP <= peak <= CAP)
+    return Check(GROUP, name, f"bytes_limit {mib(limit)} ({(limit or 0) / CAP:.1%} of the cap); "
+                 f"NVML peak {mib(peak)}", "75% of the cap (60-80% of 8192 MiB), NVML peak <= cap",
+                 judged(ok), {**r, "peak": peak, "peak_source": source})
+
+
+def cupy_fill(tier, name):
+    p, r, peak, source = probe(tier, name, "cupy-fill", CHUNK_MIB)
+    return judge_refusal(name, p, r, peak, source, r and r["error"], "cupy.cuda.memory.OutOfMemoryError")
+
+
+def torch_graph(tier, name):
+    p, r, _, _ = probe(tier, name, "torch-graph", limits={"memory_limit": "8GiB", "core_limit": "50"})
+    if r is None:
+        return Check(GROUP, name, failed([p]) or "no result", "replays match eager", FAIL)
+    return Check(GROUP, name, f"{r['replays']} replays, max |graph - eager| {r['max_abs_err']:.2e}",
+                 "replays match eager (< 1e-3), under an 8 GiB cap and core limit 50",
+                 judged(r["ok"]), r)
+
+
+def nvidia_smi(tier, name):
+    argv = ["nvidia-smi", "--query-gpu=memory.total,memory.used,memory.free", "--format=csv,noheader,nounits"]
+    (p,) = tier.run(GROUP, name, [Spec(argv, tier.cuslice(tier.scratch(name), memory_limit="8GiB"))])
+    try:
+        total, used, free = (int(v) for v in p.stdout.strip().splitlines()[0].split(","))
+    except (ValueError, IndexError):
+        return Check(GROUP, name, failed([p]) or f"unreadable output {p.stdout[:100]!r}", "8192 MiB", FAIL)
+    plain = subprocess.run(argv, capture_output=True, text=True).stdout.strip()
+    return Check(GROUP, name, f"memory.total {total} MiB, used {used}, free {free} (without the library: {plain})",
+                 "memory.total 8192 MiB", judged(total == CAP // MIB and used + free <= total),
+                 {"total_mib": total, "used_mib": used, "free_mib": free, "without": plain})

@@ -1,0 +1,177 @@
+"""Unit tests of the real-GPU tier's own arithmetic and report (no GPU, no simulator):
+    python3 -m unittest discover -s tests/gpu -p 'test_*.py'
+tests/run runs these, then the tier itself on the simulated GPU."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RELEASE = os.path.join(HERE, "..", "..", "target", "release")
+sys.path.insert(0, HERE)
+
+from gpu_tier import common, memory, nvml, report  # noqa: E402
+from gpu_tier.common import FAIL, GIB, MIB, NOT_RUN, PASS, Check, Proc, Spec  # noqa: E402
+
+
+def proc(*events, rc=0, stderr=""):
+    return Proc(spec=Spec(["x"]), pid=42, rc=rc, stderr=stderr,
+                stdout="\n".join(json.dumps(e) for e in events) + "\nnot json\n")
+
+
+class PeakHeld(unittest.TestCase):
+    def test_per_process_counts_win_and_sum_at_one_sample(self):
+        samples = [(0.0, 100, {1: 10, 2: 5, 9: 99}), (0.1, 100, {1: 20}), (0.2, 100, {1: 12, 2: 12})]
+        self.assertEqual(nvml.peak_held(samples, [1, 2]), (24, "process"))
+        self.assertEqual(nvml.peak_held(samples, [1]), (20, "process"))
+
+    def test_device_used_above_the_baseline_when_nvml_lists_no_process(self):
+        samples = [(0.0, 1000, {}), (0.1, 5000, {}), (0.2, None, {})]
+        self.assertEqual(nvml.peak_held(samples, [1], baseline_used=800), (4200, "device"))
+        self.assertEqual(nvml.peak_held(samples, [1]), (None, None))
+        self.assertEqual(nvml.peak_held([], [1], 0), (None, None))
+
+
+class Share(unittest.TestCase):
+    # Two processes sampled every 100 ms (timestamps in us) for 2 s: 30% and 70% of each period,
+    # which NVML reports rounded down.
+    UTIL = [(pid, int(t * 1e5), sm) for t in range(1, 21) for pid, sm in ((1, 29), (2, 69))]
+
+    def test_period_and_share(self):
+        self.assertEqual(nvml.sample_period_us(self.UTIL), 100_000)
+        self.assertAlmostEqual(nvml.share(self.UTIL, 1, 0.0, 2.0), 29.5)
+        self.assertAlmostEqual(nvml.share(self.UTIL, 2, 0.0, 2.0), 69.5)
+        self.assertAlmostEqual(nvml.share(self.UTIL, 2, 1.0, 2.0), 69.5)
+        self.assertEqual(nvml.share(self.UTIL, 3, 0.0, 2.0), 0.0, "no samples: it did not run")
+
+    def test_full_and_empty_samples_are_exact(self):
+        util = [(1, t * 100_000, 100) for t in range(1, 11)] + [(2, t * 100_000, 0) for t in range(1, 11)]
+        self.assertAlmostEqual(nvml.share(util, 1, 0.0, 1.0), 100.0)
+        self.assertAlmostEqual(nvml.share(util, 2, 0.0, 1.0), 0.0)
+
+    def test_no_period_or_window_gives_none(self):
+        self.assertIsNone(nvml.share([(1, 5, 50)], 1, 0.0, 1.0))
+        self.assertIsNone(nvml.share(self.UTIL, 1, 1.0, 1.0))
+
+    def test_worst_window(self):
+        util = [(1, t * 100_000, 29 if t <= 10 else 49) for t in range(1, 21)]
+        self.assertAlmostEqual(nvml.worst_window(util, 1, 0.0, 2.0, want=30), 49.5)
+
+
+class JudgeFill(unittest.TestCase):
+    START = {"event": "start", "free": 3 * GIB, "reported_total": 4 * GIB}
+    REFUSED = {"event": "refused", "code": 2, "call": "cuMemAlloc_v2", "count": 59, "allocated": 59 * 64 * MIB,
+               "free": 20 * MIB, "total": 4 * GIB}
+
+    def judge(self, p, peak):
+        return memory.judge_fill("mem via dlsym", p, peak, "process", 4 * GIB)
+
+    def test_refused_at_the_cap(self):
+        c = self.judge(proc(self.START, self.REFUSED), 4076 * MIB)
+        self.assertEqual(c.status, PASS, c.figure)
+        self.assertIn("peak 4076 MiB", c.figure)
+
+    def test_over_the_cap_early_wrong_code_or_total_fail(self):
+        self.assertEqual(self.judge(proc(self.START, self.REFUSED), 4 * GIB + 1).status, FAIL)
+        self.assertEqual(self.judge(proc(self.START, self.REFUSED), 3 * GIB).status, FAIL, "refused early")
+        self.assertEqual(self.judge(proc(self.START, dict(self.REFUSED, code=999)), 4076 * MIB).status, FAIL)
+        self.assertEqual(self.judge(proc(self.START, dict(self.REFUSED, total=80 * GIB)), 4076 * MIB).status, FAIL)
+        self.assertEqual(self.judge(proc(self.START, self.REFUSED), None).status, FAIL, "NVML saw nothing")
+
+    def test_a_crash_fails_with_its_last_line(self):
+        c = self.judge(proc(self.START, rc=-11, stderr="boom\nSegmentation fault"), 4076 * MIB)
+        self.assertEqual(c.status, FAIL)
+        self.assertIn("exit -11: Segmentation fault", c.figure)
+
+
+class Report(unittest.TestCase):
+    def result(self, part, checks):
+        return {"env": {"date": "2026-11-23 12:00 UTC", "gpu": "NVIDIA H100 | 80GB", "parts": part},
+                "checks": [c.to_json() for c in checks]}
+
+    def test_markdown_has_the_environment_and_one_row_per_check(self):
+        r = self.result("memory", [Check("memory", "mem via dlsym", "peak 4076 MiB", "<= 4096 MiB", PASS),
+                                   Check("memory", "vmm via dlsym", "peak 5000 MiB", "<= 4096 MiB", FAIL),
+                                   Check("frameworks", "JAX", "needs a real GPU", "", NOT_RUN)])
+        md = report.markdown(r, ["memory.log"])
+        self.assertTrue(md.startswith("# cuslice real-GPU tier: 2026-11-23\n"))
+        self.assertIn("1 passed, 1 failed, 1 not run, 0 reported only (3 checks).", md)
+        self.assertIn("| GPU | NVIDIA H100 \\| 80GB |", md)
+        self.assertIn("| mem via dlsym | peak 4076 MiB | <= 4096 MiB | pass |", md)
+        self.assertIn("| vmm via dlsym | peak 5000 MiB | <= 4096 MiB | FAIL |", md)
+        self.assertIn("## Memory, frameworks", md)
+        self.assertIn("- [memory.log](memory.log)", md)
+
+    def test_merge_keeps_every_part_and_the_later_check_wins(self):
+        a = self.result("memory", [Check("memory", "m", "1", "", FAIL)])
+        b = self.result("compute", [Check("compute", "c", "2", "", PASS), Check("memory", "m", "3", "", PASS)])
+        m = report.merge([a, b])
+        self.assertEqual([(c["name"], c["figure"]) for c in m["checks"]], [("m", "3"), ("c", "2")])
+        self.assertEqual(m["env"]["parts"], "memory; compute")
+        self.assertEqual(report.counts(m["checks"])[PASS], 2)
+
+    def test_a_foreign_file_is_refused(self):
+        import tempfile
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+            json.dump({"checks": []}, f)
+        with self.assertRaisesRegex(ValueError, "not a results.json"):
+            report.load(f.name)
+        os.unlink(f.name)
+
+
+class Environment(unittest.TestCase):
+    def test_a_callers_settings_never_leak_into_a_check(self):
+        os.environ.update(CUSLICE_MEMORY_LIMIT="1GiB", LD_PRELOAD="/x.so", CUDA_DEVICE_MEMORY_LIMIT="2g")
+        try:
+            t = common.Tier.__new__(common.Tier)
+            env = t.env({"CUSLICE_CORE_LIMIT": 30})
+            self.assertNotIn("CUSLICE_MEMORY_LIMIT", env)
+            self.assertNotIn("LD_PRELOAD", env)
+            self.assertNotIn("CUDA_DEVICE_MEMORY_LIMIT", env)
+            self.assertEqual(env["CUSLICE_CORE_LIMIT"], "30")
+        finally:
+            for k in ("CUSLICE_MEMORY_LIMIT", "LD_PRELOAD", "CUDA_DEVICE_MEMORY_LIMIT"):
+                del os.environ[k]
+
+
+class TierOnTheSimulator(unittest.TestCase):
+    """The tier itself can fail: a library that caps nothing fails the memory check that the real
+    library passes."""
+
+    def tier(self, lib):
+        for name in ("simgpu", "cuda-workload", "cuda-workload-linked", "libcuslice.so"):
+            if not os.path.exists(os.path.join(RELEASE, name)):
+                self.skipTest(f"target/release/{name} is not built (cargo build --release --workspace)")
+        with tempfile.TemporaryDirectory() as d:
+            bin_dir, out = os.path.join(d, "bin"), os.path.join(d, "out")
+            os.mkdir(bin_dir)
+            for name in ("simgpu", "cuda-workload", "cuda-workload-linked"):
+                os.symlink(os.path.realpath(os.path.join(RELEASE, name)), os.path.join(bin_dir, name))
+            lib(os.path.join(bin_dir, "libcuslice.so"), d)
+            run = subprocess.run([os.path.join(HERE, "run"), "--sim", "--only", "memory", "--match",
+                                  "mem via dlsym", "--bin", bin_dir, "--out", out],
+                                 capture_output=True, text=True, timeout=120)
+            with open(os.path.join(out, "results.json")) as f:
+                return run.returncode, json.load(f)["checks"]
+
+    def test_the_library_passes(self):
+        rc, checks = self.tier(lambda path, _: os.symlink(os.path.realpath(os.path.join(RELEASE, "libcuslice.so")), path))
+        self.assertEqual([(c["name"], c["status"]) for c in checks], [("mem via dlsym", PASS)], checks)
+        self.assertEqual(rc, 0)
+
+    def test_a_library_that_caps_nothing_fails(self):
+        def empty(path, d):
+            src = os.path.join(d, "empty.c")
+            with open(src, "w") as f:
+                f.write("int cuslice_nothing;\n")
+            subprocess.run(["cc", "-shared", "-fPIC", "-o", path, src], check=True)
+        rc, checks = self.tier(empty)
+        self.assertEqual([(c["name"], c["status"]) for c in checks], [("mem via dlsym", FAIL)], checks)
+        self.assertIn("total 81920 MiB", checks[0]["figure"], "the whole simulated device, uncapped")
+        self.assertEqual(rc, 1)
+
+
+if __name__ == "__main__":
+    unittest.main()
