@@ -136,12 +136,13 @@ def cupy_fill(chunk_mib=256):
          error=error and error[0], message=error and error[1])
 
 
-def torch_matmul(secs=10.0, n=4096, warmup=1.0):
-    """bf16 matmuls back to back for `secs`: iterations per second after a warm-up."""
+def matmuls(n):
+    """A function that runs n x n bf16 matmuls back to back for `t` s: (count, seconds)."""
     import torch
 
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+
     def run_for(t):
         k, t0 = 0, time.perf_counter()
         while time.perf_counter() - t0 < t:
@@ -150,6 +151,12 @@ def torch_matmul(secs=10.0, n=4096, warmup=1.0):
             torch.cuda.synchronize()
             k += 10
         return k, time.perf_counter() - t0
+    return run_for
+
+
+def torch_matmul(secs=10.0, n=4096, warmup=1.0):
+    """bf16 matmuls back to back for `secs`: iterations per second after a warm-up."""
+    run_for = matmuls(n)
     run_for(warmup)
     emit("started", t=time.time())
     k, dt = run_for(secs)
@@ -171,18 +178,9 @@ def torch_overhead(secs=3.0, n=8192):
         k += 1000
     torch.cuda.synchronize()
     us_per_add = (time.perf_counter() - t0) / k * 1e6
-    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    for _ in range(5):
-        a @ b
-    torch.cuda.synchronize()
-    k, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < secs:
-        for _ in range(10):
-            a @ b
-        torch.cuda.synchronize()
-        k += 10
-    dt = time.perf_counter() - t0
+    run_for = matmuls(n)
+    run_for(0.2)
+    k, dt = run_for(secs)
     emit("result", us_per_add=us_per_add, tflops=2 * n ** 3 * k / dt / 1e12)
 
 

@@ -60,23 +60,24 @@ LAUNCH = "cuLaunchKernel of a 1 us spin kernel (bench-launch)"
 
 
 def bench_alloc(tier, rounds):
-    name = ALLOC
     iters = "20000" if tier.sim else "100000"
-    got, why = interleaved(tier, name, [tier.workload, "bench-alloc", "--iters", iters], rounds,
-                           lambda p: (p.event("bench") or {}).get("ns_per_pair"))
-    if why:
-        return Check(GROUP, name, why, "", FAIL)
-    return compare(tier, name, got, "ns", "<= +60 ns per pair", 60)
+    return workload_bench(tier, ALLOC, ["bench-alloc", "--iters", iters], "ns_per_pair", rounds,
+                          "<= +60 ns per pair", 60)
 
 
 def bench_launch(tier, rounds):
-    name = LAUNCH
     batches = "300" if tier.sim else "1000"
-    got, why = interleaved(tier, name, [tier.workload, "bench-launch", "--batches", batches], rounds,
-                           lambda p: (p.event("bench") or {}).get("ns_per_launch_median"))
+    return workload_bench(tier, LAUNCH, ["bench-launch", "--batches", batches], "ns_per_launch_median",
+                          rounds, "<= +3 ns per launch", 3)
+
+
+def workload_bench(tier, name, args, field, rounds, goal, limit):
+    """A `cuda-workload` benchmark's `field` (ns), with and without the library."""
+    got, why = interleaved(tier, name, [tier.workload, *args], rounds,
+                           lambda p: (p.event("bench") or {}).get(field))
     if why:
         return Check(GROUP, name, why, "", FAIL)
-    return compare(tier, name, got, "ns", "<= +3 ns per launch", 3)
+    return compare(tier, name, got, "ns", goal, limit)
 
 
 def torch_overhead(tier, rounds):
