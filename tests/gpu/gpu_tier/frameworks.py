@@ -12,9 +12,9 @@ CAP = 8 * GIB
 CHUNK_MIB = 256
 
 TORCH_FILLS = [
-    ("PyTorch fill, caching allocator", {}),
-    ("PyTorch fill, expandable_segments:True", {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}),
-    ("PyTorch fill, backend:cudaMallocAsync", {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}),
+    ("PyTorch fill (caching allocator)", {}),
+    ("PyTorch fill (expandable_segments:True)", {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}),
+    ("PyTorch fill (backend:cudaMallocAsync)", {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}),
 ]
 CHECKS = (["PyTorch mem_get_info", *[n for n, _ in TORCH_FILLS], "JAX default preallocation",
            "CuPy memory pool", "PyTorch CUDA graph capture and replay", "nvidia-smi under the library"])

@@ -46,14 +46,14 @@ def run(tier):
             (p,) = tier.run(GROUP, name, [Spec(argv, tier.cuslice(tier.scratch(name), memory_limit="4GiB"))])
             peak, source = peak_held(tier.nvml.memory(p.t0, p.t1), [p.pid], base)
             checks.append(judge_fill(name, p, peak, source, CAP))
-    if tier.wanted("4 processes, one 4 GiB cap"):
+    if tier.wanted("4 processes on one 4 GiB cap"):
         checks.append(four_processes(tier))
     return checks
 
 
 def four_processes(tier):
     """Four processes fill one 4 GiB slice at once: together they never hold more than the cap."""
-    name = "4 processes, one 4 GiB cap"
+    name = "4 processes on one 4 GiB cap"
     state = tier.scratch("four")
     argv = [tier.workload, "fill", "--family", "mem", "--chunk", CHUNK, "--hold", "1"]
     base = tier.nvml_used()
