@@ -4,8 +4,9 @@
 //! `simgpu-kernel` annotations give (`ptx.rs`); their blocks run side by side, one per SM. Any
 //! other image (cubin, fatbin) loads too, and then every kernel name resolves, costing 1 us per
 //! block, one block after another. With `CUDA_DISABLE_PTX_JIT=1`, as with the real driver, a PTX
-//! image is refused (CUDA_ERROR_JIT_COMPILATION_DISABLED). Loaded code takes device memory no allocation call reveals:
-//! the image size rounded up to whole granules, for as long as the module is loaded.
+//! image is refused (CUDA_ERROR_JIT_COMPILATION_DISABLED). Loaded code takes device memory no
+//! allocation call reveals: the image size rounded up to whole granules, for as long as the
+//! module is loaded.
 
 use std::collections::HashMap;
 use std::ffi::{CStr, c_char, c_uint, c_void};
@@ -16,24 +17,17 @@ use simgpu::{AllocId, AllocKind};
 use crate::driver::*;
 use crate::handles::{from_ptr, to_ptr};
 use crate::memory::{give, take};
-use crate::ptx::{BlockNs, Param};
+use crate::ptx::{BlockNs, Entry, Param};
 
 pub const DEFAULT_NS_PER_BLOCK: u64 = 1_000;
 
-/// How long a launch keeps the engine busy.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Cost {
+/// A kernel, and so how long a launch keeps the engine busy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Kernel {
     /// Blocks one after another, this many ns each (simgpu's text format, binary images).
     Serial(u64),
-    /// Blocks side by side, one per SM, each taking this long (PTX).
-    Waves(BlockNs),
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Kernel {
-    /// The parameter layout, where the image declares one (PTX); None: not checked.
-    pub params: Option<Vec<Param>>,
-    pub cost: Cost,
+    /// A PTX kernel: its parameters are checked, its blocks run side by side, one per SM.
+    Ptx(Entry),
 }
 
 /// A launch's kernel arguments, as the caller passed them: `kernelParams` (one pointer per
@@ -48,73 +42,73 @@ impl Kernel {
     /// Engine nanoseconds a launch of `blocks` blocks takes on a device of `sms` SMs. Arguments
     /// that do not fit the declared parameters are refused as the driver refuses them.
     pub fn launch_ns(&self, blocks: u64, sms: u64, args: Args) -> Res<u64> {
-        let per_block = match self.cost {
-            Cost::Serial(ns) => return Ok(ns.saturating_mul(blocks)),
-            Cost::Waves(BlockNs::Fixed(ns)) => {
-                self.argument(args, None)?;
+        let e = match self {
+            Kernel::Serial(ns) => return Ok(ns.saturating_mul(blocks)),
+            Kernel::Ptx(e) => e,
+        };
+        let per_block = match e.block_ns {
+            BlockNs::Fixed(ns) => {
+                argument(&e.params, args, None)?;
                 ns
             }
-            Cost::Waves(BlockNs::Param(i)) => self.argument(args, Some(i))?,
+            BlockNs::Param(i) => argument(&e.params, args, Some(i))?,
         };
         Ok(per_block.saturating_mul(blocks.div_ceil(sms.max(1))))
     }
+}
 
-    /// Checks the arguments against the declared layout and reads parameter `want` (an integer
-    /// of 4 or 8 bytes, as `ptx::parse` made sure).
-    fn argument(&self, args: Args, want: Option<usize>) -> Res<u64> {
-        let Some(layout) = &self.params else {
-            return Ok(0);
-        };
-        let read = |p: *const u8, size: usize| -> u64 {
-            // SAFETY: the launch contract: the caller's argument storage holds the parameter.
-            unsafe {
-                if size == 8 {
-                    (p as *const u64).read_unaligned()
-                } else {
-                    u64::from((p as *const u32).read_unaligned())
-                }
+/// Checks a launch's arguments against the declared `layout` and reads parameter `want` (an
+/// integer of 4 or 8 bytes, as `ptx::parse` made sure).
+fn argument(layout: &[Param], args: Args, want: Option<usize>) -> Res<u64> {
+    let read = |p: *const u8, size: usize| -> u64 {
+        // SAFETY: the launch contract: the caller's argument storage holds the parameter.
+        unsafe {
+            if size == 8 {
+                (p as *const u64).read_unaligned()
+            } else {
+                u64::from((p as *const u32).read_unaligned())
             }
-        };
-        match (args.params.is_null(), args.extra.is_null()) {
-            (true, true) if layout.is_empty() => Ok(0),
-            (false, false) | (true, true) => Err(E_INVALID_VALUE),
-            (false, true) => {
-                let Some(i) = want else { return Ok(0) };
-                // SAFETY: the launch contract: kernelParams holds one pointer per parameter.
-                let p = unsafe { *args.params.add(i) };
-                if p.is_null() {
-                    return Err(E_INVALID_VALUE);
-                }
-                Ok(read(p as *const u8, layout[i].size))
+        }
+    };
+    match (args.params.is_null(), args.extra.is_null()) {
+        (true, true) if layout.is_empty() => Ok(0),
+        (false, false) | (true, true) => Err(E_INVALID_VALUE),
+        (false, true) => {
+            let Some(i) = want else { return Ok(0) };
+            // SAFETY: the launch contract: kernelParams holds one pointer per parameter.
+            let p = unsafe { *args.params.add(i) };
+            if p.is_null() {
+                return Err(E_INVALID_VALUE);
             }
-            (true, false) => {
-                let (mut buf, mut size) = (std::ptr::null::<u8>(), None);
-                for k in (0..).step_by(2) {
-                    // SAFETY: the launch contract: `extra` is a list of key/value pairs that
-                    // ends with CU_LAUNCH_PARAM_END; we stop reading there.
-                    let key = unsafe { *args.extra.add(k) } as usize;
-                    if key == cuda_abi::CU_LAUNCH_PARAM_END_AS_INT {
-                        break;
+            Ok(read(p as *const u8, layout[i].size))
+        }
+        (true, false) => {
+            let (mut buf, mut size) = (std::ptr::null::<u8>(), None);
+            for k in (0..).step_by(2) {
+                // SAFETY: the launch contract: `extra` is a list of key/value pairs that
+                // ends with CU_LAUNCH_PARAM_END; we stop reading there.
+                let key = unsafe { *args.extra.add(k) } as usize;
+                if key == cuda_abi::CU_LAUNCH_PARAM_END_AS_INT {
+                    break;
+                }
+                // SAFETY: as above: a key other than END is followed by its value.
+                let value = unsafe { *args.extra.add(k + 1) };
+                match key {
+                    cuda_abi::CU_LAUNCH_PARAM_BUFFER_POINTER_AS_INT => buf = value as *const u8,
+                    cuda_abi::CU_LAUNCH_PARAM_BUFFER_SIZE_AS_INT if !value.is_null() => {
+                        // SAFETY: the value of BUFFER_SIZE points to a size_t.
+                        size = Some(unsafe { *(value as *const usize) });
                     }
-                    // SAFETY: as above: a key other than END is followed by its value.
-                    let value = unsafe { *args.extra.add(k + 1) };
-                    match key {
-                        cuda_abi::CU_LAUNCH_PARAM_BUFFER_POINTER_AS_INT => buf = value as *const u8,
-                        cuda_abi::CU_LAUNCH_PARAM_BUFFER_SIZE_AS_INT if !value.is_null() => {
-                            // SAFETY: the value of BUFFER_SIZE points to a size_t.
-                            size = Some(unsafe { *(value as *const usize) });
-                        }
-                        _ => return Err(E_INVALID_VALUE),
-                    }
+                    _ => return Err(E_INVALID_VALUE),
                 }
-                let need = layout.last().map_or(0, |p: &Param| p.offset + p.size);
-                if buf.is_null() || size.is_none_or(|s| s < need) {
-                    return Err(E_INVALID_VALUE);
-                }
-                let Some(i) = want else { return Ok(0) };
-                // SAFETY: the buffer holds `size >= need` bytes, and the parameter lies within.
-                Ok(read(unsafe { buf.add(layout[i].offset) }, layout[i].size))
             }
+            let need = layout.last().map_or(0, |p: &Param| p.offset + p.size);
+            if buf.is_null() || size.is_none_or(|s| s < need) {
+                return Err(E_INVALID_VALUE);
+            }
+            let Some(i) = want else { return Ok(0) };
+            // SAFETY: the buffer holds `size >= need` bytes, and the parameter lies within.
+            Ok(read(unsafe { buf.add(layout[i].offset) }, layout[i].size))
         }
     }
 }
@@ -182,13 +176,7 @@ fn kernels_of(text: &str) -> Res<Option<HashMap<String, Kernel>>> {
     if let Some(k) = parse_text_image(text) {
         return Ok(Some(
             k.into_iter()
-                .map(|(name, ns)| {
-                    let kernel = Kernel {
-                        params: None,
-                        cost: Cost::Serial(ns),
-                    };
-                    (name, kernel)
-                })
+                .map(|(name, ns)| (name, Kernel::Serial(ns)))
                 .collect(),
         ));
     }
@@ -202,13 +190,7 @@ fn kernels_of(text: &str) -> Res<Option<HashMap<String, Kernel>>> {
     match crate::ptx::parse(text) {
         Ok(k) => Ok(Some(
             k.into_iter()
-                .map(|(name, e)| {
-                    let kernel = Kernel {
-                        params: Some(e.params),
-                        cost: Cost::Waves(e.block_ns),
-                    };
-                    (name, kernel)
-                })
+                .map(|(name, e)| (name, Kernel::Ptx(e)))
                 .collect(),
         )),
         Err(why) => {
@@ -329,10 +311,7 @@ fn get_function(module: u64, name: *const c_char) -> Res<u64> {
     let m = inner.modules.get(module).ok_or(E_INVALID_HANDLE)?;
     let kernel = match &m.kernels {
         Some(k) => k.get(&name).ok_or(CUresult::CUDA_ERROR_NOT_FOUND)?.clone(),
-        None => Kernel {
-            params: None,
-            cost: Cost::Serial(DEFAULT_NS_PER_BLOCK),
-        },
+        None => Kernel::Serial(DEFAULT_NS_PER_BLOCK),
     };
     Ok(inner.funcs.insert(Func { module, kernel }))
 }
