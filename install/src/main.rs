@@ -3,7 +3,6 @@
 
 mod fsio;
 mod layout;
-mod node;
 mod plan;
 mod problem;
 mod transform;
@@ -43,6 +42,9 @@ enum Command {
     Top(TopArgs),
     /// Serve the same figures for Prometheus at http://ADDR/metrics
     Exporter(ExporterArgs),
+    /// The node agent: tells container processes their host pids, checks every slice against
+    /// the driver's own counts, serves /metrics (docs/agent.md)
+    Agent(AgentArgs),
 }
 
 #[derive(Args, Debug, Clone)]
@@ -95,27 +97,36 @@ struct ExporterArgs {
     listen: String,
 }
 
-fn sources(a: SourceArgs) -> node::collect::Sources {
+#[derive(Args, Debug)]
+struct AgentArgs {
+    #[command(flatten)]
+    sources: SourceArgs,
+    /// Also serve /metrics at HOST:PORT (`:9400` for every address)
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<String>,
+}
+
+fn sources(a: SourceArgs) -> cuslice_node::collect::Sources {
     let mut state_dirs = a.state_dirs;
     if state_dirs.is_empty()
         && let Some(d) = std::env::var_os("CUSLICE_STATE_DIR").filter(|d| !d.is_empty())
     {
         state_dirs.push(PathBuf::from(d));
     }
-    node::collect::Sources {
+    cuslice_node::collect::Sources {
         state_root: a.state_root,
         state_dirs: state_dirs.iter().map(|d| absolute(d)).collect(),
     }
 }
 
 fn status(a: StatusArgs) -> Result<(), Failure> {
-    let view = node::collect::collect(&sources(a.sources));
+    let view = cuslice_node::collect::collect(&sources(a.sources));
     if a.json {
         let text = serde_json::to_string_pretty(&view)
             .map_err(|e| Failure::Failed(format!("cuslice status: {e}")))?;
         println!("{text}");
     } else {
-        print!("{}", node::text::render(&view));
+        print!("{}", cuslice_node::text::render(&view));
     }
     Ok(())
 }
@@ -131,7 +142,7 @@ fn top(a: TopArgs) -> Result<(), Failure> {
     let src = sources(a.sources);
     let mut n = 0u64;
     loop {
-        let view = node::collect::collect(&src);
+        let view = cuslice_node::collect::collect(&src);
         if a.json {
             let line = serde_json::to_string(&view)
                 .map_err(|e| Failure::Failed(format!("cuslice top: {e}")))?;
@@ -141,7 +152,7 @@ fn top(a: TopArgs) -> Result<(), Failure> {
             }
         } else {
             // Home, clear to the end of the screen: the table is redrawn in place.
-            print!("\x1b[H\x1b[2J{}", node::text::render(&view));
+            print!("\x1b[H\x1b[2J{}", cuslice_node::text::render(&view));
             println!("\n(every {} s; Ctrl-C to stop)", a.interval);
         }
         n += 1;
@@ -153,9 +164,9 @@ fn top(a: TopArgs) -> Result<(), Failure> {
 }
 
 fn exporter(a: ExporterArgs) -> Result<(), Failure> {
-    let addr = node::exporter::parse_listen(&a.listen)
+    let addr = cuslice_node::exporter::parse_listen(&a.listen)
         .map_err(|e| Failure::Refused(format!("cuslice exporter: {e}")))?;
-    node::exporter::serve(addr, sources(a.sources))
+    cuslice_node::exporter::serve(addr, sources(a.sources))
         .map_err(|e| Failure::Failed(format!("cuslice exporter: {e}")))
 }
 
@@ -204,6 +215,25 @@ struct UninstallArgs {
     /// Keep the installed binaries and library; remove only the registrations
     #[arg(long)]
     keep_files: bool,
+}
+
+fn agent(a: AgentArgs) -> Result<(), Failure> {
+    let listen = a
+        .listen
+        .as_deref()
+        .map(cuslice_node::exporter::parse_listen)
+        .transpose()
+        .map_err(|e| Failure::Refused(format!("cuslice agent: {e}")))?;
+    let src = sources(a.sources);
+    cuslice_agent::run(cuslice_agent::Config {
+        state_root: src.state_root,
+        state_dirs: src.state_dirs,
+        listen,
+        period: std::time::Duration::from_secs(1),
+        enforce: cuslice_agent::Enforce::Report,
+        grace: std::time::Duration::from_secs(2),
+    })
+    .map_err(|e| Failure::Failed(format!("cuslice agent: {e}")))
 }
 
 fn absolute(p: &Path) -> PathBuf {
@@ -282,6 +312,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
         Command::Status(a) => status(a),
         Command::Top(a) => top(a),
         Command::Exporter(a) => exporter(a),
+        Command::Agent(a) => agent(a),
         c => install(c),
     }
 }

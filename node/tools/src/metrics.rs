@@ -10,8 +10,8 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::{Registry, Unit};
 
-use super::collect::{Sources, collect};
-use super::view::{Device, Node, Slice};
+use crate::collect::{Sources, collect};
+use crate::view::{Device, Node, Slice};
 
 /// The content type of what `encode` writes.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";

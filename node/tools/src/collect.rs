@@ -14,8 +14,8 @@ use cuslice_state::ledger::{self, Ledger};
 use cuslice_state::snapshot::Snapshot;
 use cuslice_state::uuid_string;
 
-use super::nvml::{self, Gpu};
-use super::view::{Compute, Device, Memory, Node, Process, Slice};
+use crate::nvml::{self, Gpu};
+use crate::view::{Compute, Device, Memory, Node, Process, Slice};
 
 /// Where to look for slices.
 #[derive(Debug, Clone)]

@@ -5,8 +5,8 @@ use std::net::{SocketAddr, ToSocketAddrs};
 
 use tiny_http::{Header, Method, Response, Server};
 
-use super::collect::Sources;
-use super::metrics;
+use crate::collect::Sources;
+use crate::metrics;
 
 /// Parses `ADDR`: `HOST:PORT`, `[V6]:PORT`, or `:PORT` for every address.
 pub fn parse_listen(addr: &str) -> Result<SocketAddr, String> {

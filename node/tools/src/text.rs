@@ -4,7 +4,7 @@ use std::fmt::Write;
 
 use cuslice_policy::format_size;
 
-use super::view::{Node, Slice};
+use crate::view::{Node, Slice};
 
 fn pct(p: Option<f64>) -> String {
     p.map_or_else(|| "-".into(), |p| format!("{p:.1}%"))

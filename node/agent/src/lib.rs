@@ -1,0 +1,48 @@
+//! `cuslice agent`: the one long-running cuslice process on a node (docs/agent.md).
+//!
+//! - `hostpid`: a unix socket in `<state root>/agent/`, which the hook mounts into every slice's
+//!   container. A process that connects is told its host pid, as the kernel gives it
+//!   (SO_PEERCRED, seen from the agent's pid namespace): no race and no guess from NVML.
+//! - the exporter (`/metrics`), served from the agent when `--listen` is given.
+//! - `verify`: every period, the driver's own per-process memory and utilisation (NVML), mapped
+//!   to slices and compared with each slice's cap and limit from the hook's records, not from
+//!   the slice's ledger (which tenants can write). `enforce` acts on what it finds.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// What the agent does about a slice over its cap or limit by the driver's count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Enforce {
+    /// A log line, a status line and a metric.
+    Report,
+    /// Also: kill the processes of a slice over its memory cap for longer than the grace, and
+    /// freeze the cgroup of a slice over its core limit for the time it owes.
+    Stop,
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The OCI hook's state root (`/run/cuslice`); the socket is `<root>/agent/agent.sock`.
+    pub state_root: PathBuf,
+    /// Standalone slices' state directories to watch too.
+    pub state_dirs: Vec<PathBuf>,
+    /// Serve /metrics here.
+    pub listen: Option<std::net::SocketAddr>,
+    /// How often slices are checked against the driver.
+    pub period: Duration,
+    pub enforce: Enforce,
+    /// How long a slice may stay over its memory cap before `stop` kills.
+    pub grace: Duration,
+}
+
+/// The socket's directory under the state root (the hook mounts it into containers).
+pub fn socket_dir(state_root: &std::path::Path) -> PathBuf {
+    state_root.join("agent")
+}
+
+/// Runs until killed. Err: one line saying why the agent cannot run.
+pub fn run(cfg: Config) -> Result<(), String> {
+    let _ = cfg;
+    Err("not built yet".into())
+}
