@@ -8,6 +8,8 @@
 //!   to slices and compared with each slice's cap and limit from the hook's records, not from
 //!   the slice's ledger (which tenants can write). `enforce` acts on what it finds.
 
+pub mod verify;
+
 use std::path::PathBuf;
 use std::time::Duration;
 
