@@ -79,6 +79,9 @@ struct Period {
     metered_since: u64,
     /// Charges NVML has not accounted for yet, oldest first.
     pending: VecDeque<Charged>,
+    /// The device time settled so far (by readings or by estimate) could have run until
+    /// this time at the latest.
+    frontier_ns: u64,
     /// Whether the "no NVML samples" warning was given.
     warned: bool,
 }
@@ -162,6 +165,7 @@ pub fn join(s: &Slice, devs: &[Dev]) -> Result<Vec<Meter>, String> {
                 allot: limit,
                 usage: 0,
                 pending: VecDeque::new(),
+                frontier_ns: now,
                 warned: false,
             }),
         });
@@ -248,8 +252,17 @@ impl Meter {
             .ledger
             .host_pid(s.slot)
             .map_or(std::process::id(), |h| h as u32);
-        let reading = crate::nvml::own_utilisation(&self.uuid, pid, &mut p.cursor);
         let wall = wall_us();
+        let mut overcharged = 0;
+        let mut reading = crate::nvml::own_utilisation(&self.uuid, pid, &mut p.cursor);
+        if reading.is_none() && self.alone(s, now) {
+            // NVML gives no per-process samples (MIG instances, some vGPU profiles): while this
+            // process is the only one of the only slice using the device, the device's own
+            // utilisation is this process's (and anyone else's work on it is charged to it:
+            // never less than it used).
+            reading = crate::nvml::device_utilisation(&self.uuid)
+                .map(|util| p.cursor.take(&[(wall, Some(util))]));
+        }
         // What the settled launches were charged, less what they (and any work queued before
         // them) really used: paid into the tokens, or taken from them.
         let adjust: i64 = match reading {
@@ -258,6 +271,7 @@ impl Meter {
                 let age_ns = wall.saturating_sub(used.newest_us) * 1000;
                 let stamp = now.saturating_sub(age_ns);
                 let (charged, n) = settle(&mut p.pending, stamp);
+                p.frontier_ns = p.frontier_ns.max(stamp);
                 p.usage = (used.ns as u128 * FULL as u128 / used.span_ns.max(1) as u128)
                     .min(FULL as u128) as u32;
                 self.cost
@@ -283,7 +297,23 @@ impl Meter {
                 } else {
                     now.saturating_sub(STALE_NS)
                 };
-                let (estimate, n) = settle(&mut p.pending, cutoff);
+                let first = p.pending.front().map_or(cutoff, |c| c.from);
+                let (charged, n) = settle(&mut p.pending, cutoff);
+                // Samples that arrive later cover none of the time settled here.
+                p.cursor
+                    .settled(wall.saturating_sub(now.saturating_sub(cutoff) / 1000));
+                // A process cannot use more device time than the wall-clock time that passes:
+                // the work settled so far ran one piece after another from when it was launched,
+                // and cannot have ended later than the cutoff plus what a full bank let it queue
+                // ahead. Estimates beyond that are given back.
+                let begin = first.max(p.frontier_ns);
+                let end = begin
+                    .saturating_add(charged)
+                    .min(cutoff + share::BANK_NS)
+                    .max(begin);
+                let estimate = (end - begin).min(charged);
+                p.frontier_ns = p.frontier_ns.max(end);
+                overcharged = charged - estimate;
                 // Launches no sample accounted for (NVML does not see this process, or no
                 // longer does: in a container, once the driver reports host pids): their
                 // estimates are all the node tools can show of its device time.
@@ -308,6 +338,7 @@ impl Meter {
                 0
             }
         };
+        let adjust = adjust + overcharged as i64;
         if adjust != 0 && t.share.load(Ordering::Relaxed) < FULL {
             t.tokens.fetch_add(adjust, Ordering::Relaxed);
         }
@@ -350,6 +381,18 @@ impl Meter {
         t.share.store(allot, Ordering::Relaxed);
         refill(&t, now);
         allot < FULL
+    }
+}
+
+impl Meter {
+    /// Whether this process is the only one of its slice, and its slice the only one active on
+    /// the device in the last second.
+    fn alone(&self, s: &Slice, now: u64) -> bool {
+        s.ledger.pids().len() <= 1
+            && self
+                .region
+                .as_ref()
+                .is_some_and(|r| r.slices(now.saturating_sub(ACTIVE_NS)).len() <= 1)
     }
 }
 

@@ -185,6 +185,7 @@ table! {
     Nvml nvmlDeviceGetCount_v2(*mut c_uint) -> nvmlReturn_t;
     Nvml nvmlDeviceGetHandleByIndex_v2(c_uint, *mut Nvdev) -> nvmlReturn_t;
     Nvml nvmlDeviceGetProcessUtilization(Nvdev, *mut nvmlProcessUtilizationSample_t, *mut c_uint, u64) -> nvmlReturn_t;
+    Nvml nvmlDeviceGetUtilizationRates(Nvdev, *mut nvmlUtilization_t) -> nvmlReturn_t;
     Nvml nvmlDeviceGetMemoryInfo(Nvdev, *mut nvmlMemory_t) -> nvmlReturn_t = crate::nvml::nvmlDeviceGetMemoryInfo;
     Nvml nvmlDeviceGetMemoryInfo_v2(Nvdev, *mut nvmlMemory_v2_t) -> nvmlReturn_t = crate::nvml::nvmlDeviceGetMemoryInfo_v2;
     Nvml nvmlDeviceGetComputeRunningProcesses(Nvdev, *mut c_uint, *mut nvmlProcessInfo_v1_t) -> nvmlReturn_t = crate::nvml::nvmlDeviceGetComputeRunningProcesses;

@@ -23,6 +23,8 @@ mod log;
 pub mod array;
 pub mod compute;
 pub mod context;
+
+pub mod dlmopen;
 pub mod dlsym;
 pub mod hooks;
 pub mod info;

@@ -325,6 +325,20 @@ pub fn own_utilisation(uuid: &[u8; 16], pid: u32, cursor: &mut SampleCursor) -> 
     Some(cursor.take(&found))
 }
 
+/// The device's own utilisation (percent of the driver's last sample period with a kernel
+/// running, any process). None when NVML cannot say.
+pub fn device_utilisation(uuid: &[u8; 16]) -> Option<u32> {
+    if !init() {
+        return None;
+    }
+    let h = handle_by_uuid(uuid)?;
+    let f = real::nvmlDeviceGetUtilizationRates()?;
+    let mut u = nvmlUtilization_t { gpu: 0, memory: 0 };
+    // SAFETY: a device handle from NVML and a struct to write.
+    let r = internal(|| unsafe { f(h, &mut u) });
+    (r == nvmlReturn_t::NVML_SUCCESS).then_some(u.gpu.min(100))
+}
+
 /// Where a process is in NVML's stream of utilisation samples, and how often the driver
 /// samples it. The driver reports, per process that ran, the share of its last sample period the
 /// process had work on the device, stamped when the sample was taken; one sample per process per
@@ -344,6 +358,9 @@ pub struct SampleCursor {
     period_us: u64,
     /// The least time (µs) one sample is taken to cover.
     floor_us: u64,
+    /// Device time up to this stamp (µs) was settled without samples (launch estimates): a
+    /// sample covers no time before it, so nothing is charged twice.
+    settled_us: u64,
 }
 
 impl SampleCursor {
@@ -354,7 +371,14 @@ impl SampleCursor {
             own_seen: false,
             period_us: u64::MAX,
             floor_us,
+            settled_us: now_us,
         }
+    }
+
+    /// Device time up to `until_us` (wall-clock) was settled by launch estimates: samples
+    /// taken later cover only the time after it.
+    pub fn settled(&mut self, until_us: u64) {
+        self.settled_us = self.settled_us.max(until_us);
     }
 
     /// Whether the newest samples (of other processes) are more than one sample period newer
@@ -387,7 +411,13 @@ impl SampleCursor {
             if self.own_seen {
                 self.period_us = self.period_us.min(gap);
             }
-            let cover_us = gap.min(self.period_us.max(self.floor_us));
+            // Back to this process's previous sample, but never before what was already settled
+            // (a process that has just become visible to NVML, or visible again), and never
+            // more than one sample period.
+            let cover_us = t
+                .saturating_sub(self.settled_us)
+                .min(gap)
+                .min(self.period_us.max(self.floor_us));
             // smUtil is a whole percent, rounded down: a reading of k stands for [k, k+1), so
             // k + 1/2 is the unbiased figure (a slice would otherwise overrun by half a point).
             // 100 is exact (the process had work the whole period).
@@ -514,6 +544,22 @@ mod tests {
         assert_eq!(c.seen_us, 1_300_000);
         let u = c.take(&[(1_500_000, Some(10))]);
         assert_eq!((u.ns, u.span_ns), (10_500_000, 100_000_000));
+    }
+
+    #[test]
+    fn a_first_sample_covers_no_time_settled_by_estimates() {
+        // Made at 1 s; NVML did not list the process for 6 s, and its launches up to 5 s were
+        // settled by estimate. Its first sample, at 7 s, covers 5 s..7 s, not 1 s..7 s.
+        let mut c = SampleCursor::new(1_000_000, 50_000);
+        assert_eq!(c.take(&[(4_000_000, OTHER)]), Used::default());
+        c.settled(5_000_000);
+        let u = c.take(&[(7_000_000, Some(50))]);
+        assert_eq!(u.span_ns, 2_000_000_000);
+        assert_eq!(u.ns, 1_010_000_000);
+        // An older settlement changes nothing.
+        c.settled(3_000_000);
+        let u = c.take(&[(7_100_000, Some(100))]);
+        assert_eq!((u.ns, u.span_ns), (100_000_000, 100_000_000));
     }
 
     #[test]

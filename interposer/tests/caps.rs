@@ -6,13 +6,17 @@ use common::*;
 
 const CAP: u64 = GIB;
 
-/// Fills the device with 64 MiB chunks of `family` through `route` under a 1 GiB cap and checks
+/// Fills the device with 64 MiB chunks of `family` through `route` (or with the driver opened by
+/// `dlmopen` into a new namespace) under a 1 GiB cap and checks
 /// the refusal against the simulator's ground truth.
 fn fill_is_capped(family: &str, route: &str) {
     let sim = Sim::new(&["--memory", "8GiB"]);
     let slice = Slice::new(&[("CUSLICE_MEMORY_LIMIT", "1GiB")]);
     let (program, mut args) = if route == "direct" {
         (linked(), vec![])
+    } else if route == "dlmopen" {
+        // libcuda.so.1 opened into a new link-map namespace, where no preload applies.
+        (workload(), vec!["--dlmopen"])
     } else {
         (workload(), vec!["--route", route])
     };
@@ -50,7 +54,7 @@ macro_rules! family_tests {
     ($($name:ident: $family:literal;)*) => {$(
         #[test]
         fn $name() {
-            for route in ["direct", "dlsym", "proc-v1", "proc-v2", "cudart-12.9", "cudart-13.0"] {
+            for route in ["direct", "dlsym", "proc-v1", "proc-v2", "cudart-12.9", "cudart-13.0", "dlmopen"] {
                 fill_is_capped($family, route);
             }
         }

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64};
 use crate::robust::RobustMutex;
 
 pub const MAGIC: [u8; 8] = *b"SIMGPU\0\0";
-pub const LAYOUT_VERSION: u32 = 4;
+pub const LAYOUT_VERSION: u32 = 5;
 
 /// Allocation granularity: every allocation takes whole 2 MiB granules.
 pub const GRANULE: u64 = 2 << 20;
@@ -65,6 +65,11 @@ pub struct Header {
     pub ndev: u32,
     pub _pad: u32,
     pub config: SimConfig,
+    /// 1 while NVML gives per-process utilisation samples, 0 while it answers
+    /// `nvmlDeviceGetProcessUtilization` with NOT_SUPPORTED, as on MIG instances and some vGPU
+    /// profiles (`simgpu init --no-process-samples`, `simgpu set --process-samples on|off`).
+    pub process_samples: AtomicU32,
+    pub _pad2: u32,
     /// What each device is; fixed when the file is made, read without locks.
     pub devices: [DeviceInfo; MAX_DEVICES],
     pub procs_lock: RobustMutex,

@@ -38,6 +38,14 @@ enum Cmd {
         #[arg(long)]
         state: PathBuf,
     },
+    /// Change what the simulated driver does, for every process using the state at once.
+    Set {
+        #[arg(long)]
+        state: PathBuf,
+        /// Per-process utilisation samples in NVML: `on`, or `off` (NOT_SUPPORTED)
+        #[arg(long, value_name = "on|off", value_parser = on_off)]
+        process_samples: Option<bool>,
+    },
     /// Print the ground truth: devices, memory, and per-process holdings and device time.
     Show {
         #[arg(long)]
@@ -73,6 +81,18 @@ struct DeviceArgs {
     /// Streaming multiprocessors per device [default: 132]
     #[arg(long)]
     sm_count: Option<u32>,
+    /// NVML gives no per-process utilisation samples (nvmlDeviceGetProcessUtilization answers
+    /// NOT_SUPPORTED, as on MIG instances and some vGPU profiles); device-wide utilisation stays
+    #[arg(long)]
+    no_process_samples: bool,
+}
+
+fn on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(format!("{s:?} is neither `on` nor `off`")),
+    }
 }
 
 fn size(s: &str) -> Result<u64, String> {
@@ -95,6 +115,7 @@ impl DeviceArgs {
                 .util_sample_ms
                 .map_or(d.util_sample_ns, |ms| ms.saturating_mul(1_000_000)),
             sm_count: self.sm_count.unwrap_or(d.sm_count),
+            process_samples: !self.no_process_samples,
             ..d
         }
     }
@@ -300,6 +321,15 @@ fn main() -> ExitCode {
                 .map(|_| 0)
                 .map_err(Into::into)
         }
+        Cmd::Set {
+            state,
+            process_samples,
+        } => State::open(&state).map_err(Into::into).map(|s| {
+            if let Some(on) = process_samples {
+                s.set_process_samples(on);
+            }
+            0
+        }),
         Cmd::Show { state, json } => show(&state, json).map(|_| 0),
         Cmd::LibDir { out } => make_lib_dir(&out).map(|_| {
             println!("{}", out.display());

@@ -65,6 +65,8 @@ pub struct CreateOptions {
     pub sm_count: u32,
     pub timeslice_ns: u64,
     pub util_sample_ns: u64,
+    /// Whether NVML gives per-process utilisation samples (see `Header::process_samples`).
+    pub process_samples: bool,
     pub name: String,
     pub driver_version: i32,
 }
@@ -78,6 +80,7 @@ impl Default for CreateOptions {
             sm_count: 132,
             timeslice_ns: 2 * MS,
             util_sample_ns: 100 * MS,
+            process_samples: true,
             name: "SimGPU (simulated)".into(),
             driver_version: 13000,
         }
@@ -351,6 +354,18 @@ impl State {
 
     pub fn config(&self) -> SimConfig {
         self.header().config
+    }
+
+    /// Whether NVML gives per-process utilisation samples now.
+    pub fn process_samples(&self) -> bool {
+        self.header().process_samples.load(Ordering::Relaxed) != 0
+    }
+
+    /// Turns NVML's per-process utilisation samples on or off, for every process at once.
+    pub fn set_process_samples(&self, on: bool) {
+        self.header()
+            .process_samples
+            .store(on as u32, Ordering::Relaxed);
     }
 
     pub fn ndev(&self) -> u32 {
@@ -771,6 +786,7 @@ unsafe fn init_file(
             name: cstr_field(&o.name),
             nvml_driver_version: cstr_field("580.95.05"),
         };
+        h.process_samples = AtomicU32::new(o.process_samples as u32);
         h.procs_lock.init()?;
         for d in 0..o.devices {
             let off = header_size + dl.size * d as u64;

@@ -64,6 +64,10 @@ pub struct Cli {
     /// Ask for per-thread-default-stream variants (flags 2; _ptsz/_ptds names with dlsym)
     #[arg(long, global = true)]
     pub ptds: bool,
+    /// Open libcuda.so.1 with `dlmopen(LM_ID_NEWLM, ...)`: a new link-map namespace, where no
+    /// preloaded library applies (a way around an interposer)
+    #[arg(long, global = true)]
+    pub dlmopen: bool,
     /// CUDA device ordinal
     #[arg(long, global = true, default_value_t = 0)]
     pub device: i32,
@@ -184,6 +188,7 @@ fn run(cli: &Cli, route: Route, direct: Option<fn() -> Driver>) -> u8 {
         route,
         cuda_version: cli.cuda_version,
         ptds: cli.ptds,
+        dlmopen: cli.dlmopen,
     };
     let (driver, resolution) = match resolve(opts, direct) {
         Ok(r) => r,

@@ -247,6 +247,34 @@ impl Library {
         })
     }
 
+    /// `dlmopen(LM_ID_NEWLM, name, RTLD_NOW | RTLD_LOCAL)`: a new link-map namespace, which
+    /// starts with no preloaded library.
+    pub fn open_new_namespace(name: &'static CStr) -> Result<Library, LoadError> {
+        const LM_ID_NEWLM: libc::c_long = -1;
+        unsafe extern "C" {
+            fn dlmopen(lmid: libc::c_long, file: *const c_char, mode: libc::c_int) -> *mut c_void;
+        }
+        let library = name.to_str().unwrap_or("?");
+        // SAFETY: glibc's dlmopen with a NUL-terminated name and a valid namespace id.
+        let handle = unsafe {
+            dlmopen(
+                LM_ID_NEWLM,
+                name.as_ptr(),
+                libc::RTLD_NOW | libc::RTLD_LOCAL,
+            )
+        };
+        if handle.is_null() {
+            return Err(LoadError::Library {
+                library,
+                message: dlerror(),
+            });
+        }
+        Ok(Library {
+            handle,
+            name: library,
+        })
+    }
+
     /// `dlsym(handle, name)`; null when absent (or when the name has an interior NUL).
     pub fn sym(&self, name: &str) -> *mut c_void {
         let Ok(name) = CString::new(name) else {
@@ -340,6 +368,8 @@ pub struct ResolveOptions {
     pub route: Route,
     pub cuda_version: i32,
     pub ptds: bool,
+    /// Open the driver in a new link-map namespace (`Library::open_new_namespace`).
+    pub dlmopen: bool,
 }
 
 /// Loads `libcuda.so.1` and fills a `Driver` the way `opts.route` says. `direct` supplies the
@@ -362,7 +392,11 @@ pub fn resolve(
         };
         return Ok((driver, res));
     }
-    let lib = Library::open(LIBCUDA)?;
+    let lib = if opts.dlmopen {
+        Library::open_new_namespace(LIBCUDA)?
+    } else {
+        Library::open(LIBCUDA)?
+    };
     let (addresses, res) = match opts.route {
         Route::Dlsym => by_dlsym(&lib, opts.ptds),
         Route::ProcV1 | Route::ProcV2 => by_proc_address(&lib, opts)?,

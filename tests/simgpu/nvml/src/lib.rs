@@ -433,6 +433,9 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
         if count.is_null() {
             return Err(BAD_ARG);
         }
+        if !s.process_samples() {
+            return Err(nvmlReturn_t::NVML_ERROR_NOT_SUPPORTED);
+        }
         // Time stamps are wall-clock microseconds, the period ends turned into wall time with
         // the offset fixed when the state was made, so every process stamps a period alike.
         let c = s.config();
