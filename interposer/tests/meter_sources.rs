@@ -108,7 +108,7 @@ fn moving_from_estimates_to_samples_charges_nothing_twice() {
         assert!(out.status.success(), "{out:?}");
     }
     assert!(
-        windows.iter().all(|&w| w >= 37.0 && w <= 53.0),
+        windows.iter().all(|w| (37.0..=53.0).contains(w)),
         "request 40 / limit 50 beside a best-effort slice, 1 s windows after NVML began to \
          sample it: {windows:.1?}"
     );
