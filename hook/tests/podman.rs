@@ -218,3 +218,10 @@ impl Engine for Podman {
 }
 
 engine_scenarios!(engine());
+
+/// The demo's three containers, with the node agent: shares hold (checked against the simulator).
+#[test]
+fn demo_shares_hold_with_the_agent() {
+    root_required();
+    common::shares::shares_hold(engine());
+}

@@ -121,6 +121,13 @@ impl Engine for Runc {
 
 engine_scenarios!(&Runc);
 
+/// The demo's three containers, with the node agent: shares hold (checked against the simulator).
+#[test]
+fn demo_shares_hold_with_the_agent() {
+    root_required();
+    common::shares::shares_hold(&Runc);
+}
+
 /// The image is left as it was: the mount points the hook made are gone after the container.
 #[test]
 fn rootfs_left_as_it_was() {

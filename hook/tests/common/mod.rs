@@ -8,6 +8,8 @@
 
 #![allow(dead_code)]
 
+pub mod shares;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

@@ -1,0 +1,221 @@
+//! The demo's three containers (tests/demo) sharing one device, with the node agent running:
+//! each container's share of device time, from `cuslice top --json` and from the simulator's
+//! device time per host pid, against what the configuration means.
+//!
+//! - trainer: limit 30, no request; notebook: request 40, limit 50; batch: no core setting,
+//!   started 4 s later (in the demo, 8 s).
+//! - What that means, once all three run: the notebook's request comes first and, being the only
+//!   slice with a request, it is lent time nobody is guaranteed up to its limit (50). The two
+//!   slices without a request share what is left (50) in equal parts, each below what it may
+//!   use: trainer 25 (its limit is 30), batch 25. Before batch starts, the device is not
+//!   contended: trainer 30 (its limit), notebook 50 (its limit).
+
+use std::io::BufRead;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use cuslice_test_harness::{Sim, bin_dir};
+use serde_json::Value;
+
+use super::{Container, Engine, Spec, name};
+
+/// 1 ms kernels back to back.
+const KERNELS: &str = "cuda-workload launch --ns-per-block 1000 --blocks 1000";
+
+struct Slice {
+    what: &'static str,
+    limit: f64,
+    request: f64,
+    /// Its share once all three run.
+    share: f64,
+}
+
+const SLICES: [Slice; 3] = [
+    Slice {
+        what: "trainer",
+        limit: 30.0,
+        request: 0.0,
+        share: 25.0,
+    },
+    Slice {
+        what: "notebook",
+        limit: 50.0,
+        request: 40.0,
+        share: 50.0,
+    },
+    Slice {
+        what: "batch",
+        limit: 100.0,
+        request: 0.0,
+        share: 25.0,
+    },
+];
+
+/// Device time (ns) per host pid, from the simulator.
+fn device_times(sim: &Sim) -> std::collections::HashMap<i64, u64> {
+    let d = sim.device(0);
+    ["processes", "exited"]
+        .iter()
+        .flat_map(|k| d[*k].as_array().cloned().unwrap_or_default())
+        .map(|p| {
+            (
+                p["pid"].as_i64().unwrap(),
+                p["device_time_ns"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// The running agent, killed when dropped.
+pub struct Agent(std::process::Child);
+
+impl Agent {
+    /// `cuslice agent` on the default state root (the one the engines' hook uses), under the
+    /// simulator; waits until it serves its socket.
+    pub fn start(sim: &Sim) -> Agent {
+        let mut c = sim
+            .command(&bin_dir().join("cuslice"), &["agent"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(c.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert!(line.contains("listening"), "cuslice agent said {line:?}");
+        Agent(c)
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+pub fn shares_hold(engine: &dyn Engine) {
+    let sim = Sim::new(&["--memory", "8GiB"]);
+    let _agent = Agent::start(&sim);
+    let secs = 18;
+    let top = sim
+        .command(
+            &bin_dir().join("cuslice"),
+            &["top", "--json", "--interval", "0.5"],
+        )
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let spawn = |s: &Slice, secs: u32| -> Box<dyn Container + '_> {
+        let n = name(s.what);
+        let mut env = vec!["CUSLICE_MEMORY_LIMIT=1GiB".to_string()];
+        if s.limit < 100.0 {
+            env.push(format!("CUSLICE_CORE_LIMIT={}", s.limit));
+        }
+        if s.request > 0.0 {
+            env.push(format!("CUSLICE_CORE_REQUEST={}", s.request));
+        }
+        let env: Vec<&str> = env.iter().map(String::as_str).collect();
+        let script = format!("exec {KERNELS} --secs {secs}");
+        engine.spawn(
+            &sim,
+            &Spec {
+                name: &n,
+                env: &env,
+                cmd: &["sh", "-c", &script],
+                read_only: false,
+            },
+        )
+    };
+    let t0 = Instant::now();
+    let mut containers = vec![spawn(&SLICES[0], secs), spawn(&SLICES[1], secs)];
+    std::thread::sleep(Duration::from_secs(4).saturating_sub(t0.elapsed()));
+    containers.push(spawn(&SLICES[2], secs - 4));
+    let pids: Vec<i64> = containers.iter().map(|c| c.host_pid() as i64).collect();
+    let ids: Vec<String> = containers.iter().map(|c| c.id()).collect();
+    // The simulator's device time per container every 0.5 s (the workload is the container's
+    // init: `exec`).
+    let mut samples: Vec<(Instant, Vec<u64>)> = Vec::new();
+    while t0.elapsed() < Duration::from_secs(secs as u64 - 1) {
+        let d = device_times(&sim);
+        samples.push((
+            Instant::now(),
+            pids.iter()
+                .map(|p| d.get(p).copied().unwrap_or(0))
+                .collect(),
+        ));
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let last_top = {
+        let mut top = top;
+        let _ = top.kill();
+        let out = top.wait_with_output().unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .last()
+            .expect("cuslice top printed nothing")
+    };
+    for c in containers {
+        c.remove();
+    }
+    let share = |k: usize, from: usize, to: usize| -> f64 {
+        let (a, b) = (&samples[from], &samples[to]);
+        100.0 * (b.1[k] - a.1[k]) as f64 / (b.0 - a.0).as_nanos() as f64
+    };
+    let mut problems = Vec::new();
+    // Every 1 s window (two samples apart) from 2 s after batch started (6 s) to the end.
+    let start = samples
+        .iter()
+        .position(|(t, _)| *t >= t0 + Duration::from_secs(6))
+        .unwrap();
+    for (k, s) in SLICES.iter().enumerate() {
+        let windows: Vec<f64> = (start..samples.len() - 2)
+            .map(|i| share(k, i, i + 2))
+            .collect();
+        if windows.iter().any(|w| *w > s.limit + 5.0) {
+            problems.push(format!(
+                "{} over its limit {} by more than 5 points: {windows:.1?}",
+                s.what, s.limit
+            ));
+        }
+        // Below its request in two windows in a row: more than 1 s.
+        if windows
+            .windows(2)
+            .any(|w| w.iter().all(|x| *x < s.request - 3.0))
+        {
+            problems.push(format!(
+                "{} below its request {} for more than 1 s: {windows:.1?}",
+                s.what, s.request
+            ));
+        }
+    }
+    // The last 10 s: the simulator's share and cuslice top's (its last line), against the
+    // configured share.
+    let n = samples.len() - 1;
+    let from = samples
+        .iter()
+        .position(|(t, _)| *t >= samples[n].0 - Duration::from_secs(10))
+        .unwrap();
+    let slices = last_top["devices"][0]["slices"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    for (k, s) in SLICES.iter().enumerate() {
+        let truth = share(k, from, n);
+        let seen = slices
+            .iter()
+            .find(|v| v["slice"] == ids[k].as_str())
+            .and_then(|v| v["compute"]["share_10s_pct"].as_f64());
+        let line = format!(
+            "{}: configured {}, simulator {truth:.1}, cuslice top {seen:?}",
+            s.what, s.share
+        );
+        match seen {
+            Some(seen) if (truth - s.share).abs() <= 3.0 && (seen - truth).abs() <= 3.0 => {}
+            _ => problems.push(line),
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
