@@ -127,12 +127,17 @@ pub fn limits_for(
     let max = ordinals.last().copied().unwrap_or(0);
     (0..=max + 1)
         .map(|o| config.limits(o))
-        .reduce(|a, b| Limits {
-            memory: min_some(a.memory, b.memory),
-            core_limit: min_some(a.core_limit, b.core_limit),
-            core_request: min_some(a.core_request, b.core_request),
-        })
+        .reduce(strictest)
         .unwrap_or_default()
+}
+
+/// The stricter of two sets of limits, each limit on its own (a set limit is stricter than none).
+pub fn strictest(a: Limits, b: Limits) -> Limits {
+    Limits {
+        memory: min_some(a.memory, b.memory),
+        core_limit: min_some(a.core_limit, b.core_limit),
+        core_request: min_some(a.core_request, b.core_request),
+    }
 }
 
 fn min_some<T: Ord>(a: Option<T>, b: Option<T>) -> Option<T> {

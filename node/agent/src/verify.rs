@@ -171,8 +171,10 @@ pub struct Verifier {
     mounts: Mounts,
     tracker: Tracker<Key>,
     ledger_streak: BTreeMap<Key, u32>,
-    /// Problems already logged (each is logged once while it lasts).
+    /// Problems seen in the last tick and in this one: each is logged when it first appears,
+    /// not again while it lasts.
     logged: BTreeSet<String>,
+    problems: BTreeSet<String>,
 }
 
 fn log(line: &str) {
@@ -255,6 +257,7 @@ impl Verifier {
             tracker: Tracker::default(),
             ledger_streak: BTreeMap::new(),
             logged: BTreeSet::new(),
+            problems: BTreeSet::new(),
         }
     }
 
@@ -265,9 +268,10 @@ impl Verifier {
     }
 
     fn once(&mut self, line: String) {
-        if self.logged.insert(line.clone()) {
+        if !self.logged.contains(&line) {
             log(&line);
         }
+        self.problems.insert(line);
     }
 
     /// One period's check (and, under `Enforce::Stop`, its enforcement).
@@ -275,6 +279,7 @@ impl Verifier {
         if self.shared.stop.load(Ordering::SeqCst) {
             return;
         }
+        self.logged = std::mem::take(&mut self.problems);
         let nvml = {
             let have = self.shared.lock().nvml.clone();
             match have {
@@ -392,15 +397,7 @@ impl Verifier {
                 };
                 let l = per_process
                     .into_iter()
-                    .reduce(|a, b| Limits {
-                        memory: a.memory.min(b.memory).or(a.memory).or(b.memory),
-                        core_limit: a
-                            .core_limit
-                            .min(b.core_limit)
-                            .or(a.core_limit)
-                            .or(b.core_limit),
-                        core_request: a.core_request,
-                    })
+                    .reduce(judge::strictest)
                     .unwrap_or_else(|| {
                         judge::limits_for(&s.config, uuid, &uuids, nvidia.as_deref(), None)
                     });
@@ -618,8 +615,6 @@ impl Verifier {
         }
 
         self.write(found.into_iter().map(|(_, f)| f).collect());
-        self.logged
-            .retain(|l| !l.starts_with("slice ") || slices.keys().any(|id| l.contains(short(id))));
     }
 
     /// The live container slices under the state root.
@@ -765,6 +760,7 @@ impl Verifier {
             },
             findings: found,
             actions,
+            problems: self.problems.iter().cloned().collect(),
         };
         let path = self.dir.join(findings::FILE_NAME);
         if let Err(e) = findings::write(&path, &f) {

@@ -154,6 +154,12 @@ impl Agent {
         })
     }
 
+    /// SIGKILL (simgpu run's child, the agent, gets SIGKILL as its parent dies).
+    fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     fn terminate(&mut self) -> std::process::ExitStatus {
         let _ = nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(self.child.id() as i32),
@@ -303,7 +309,8 @@ fn stop_kills_a_slice_over_its_memory_cap() {
 
 /// `--enforce stop`, compute: a container with a 30% core limit whose workload goes around the
 /// library and launches 1 ms kernels back to back is held near 30% of the device by freezing its
-/// cgroup; on SIGTERM the agent leaves it thawed.
+/// cgroup; on SIGTERM the agent leaves it thawed; an agent SIGKILLed while it is frozen leaves
+/// it frozen, and the next agent thaws it as it starts.
 #[test]
 fn stop_holds_a_slice_to_its_core_limit_by_freezing() {
     root_required();
@@ -334,10 +341,24 @@ fn stop_holds_a_slice_to_its_core_limit_by_freezing() {
         },
     );
     common::wait_for(&mut c, "start");
+    let started = Instant::now();
     let pid = c.host_pid();
     let freezer = PathBuf::from(format!("/sys/fs/cgroup/freezer/{n}/freezer.state"));
-    // The agent notices within seconds; give its duty cycle a few more to settle.
+    poll("the container frozen", 30, || {
+        std::fs::read_to_string(&freezer)
+            .is_ok_and(|s| s.trim() == "FROZEN")
+            .then_some(())
+    });
+    eprintln!(
+        "first frozen {:.2} s after the workload started",
+        started.elapsed().as_secs_f64()
+    );
+    // The finding needs 5 s of history; give the duty cycle a few more seconds to settle.
     agent.wait_log("over its core limit", 30);
+    eprintln!(
+        "finding logged {:.2} s after the workload started",
+        started.elapsed().as_secs_f64()
+    );
     std::thread::sleep(Duration::from_secs(3));
     let (_, t0) = truth(&sim, pid);
     let w0 = Instant::now();
@@ -360,6 +381,7 @@ fn stop_holds_a_slice_to_its_core_limit_by_freezing() {
         freezer.display()
     );
     let f = findings(root.path()).unwrap();
+    eprintln!("actions: {}", f["actions"]);
     assert!(f["actions"]["freezes"].as_u64().unwrap() > 0, "{f}");
     // SIGTERM: the agent thaws what it froze before it exits.
     let status = agent.terminate();
@@ -371,6 +393,22 @@ fn stop_holds_a_slice_to_its_core_limit_by_freezing() {
     let (_, t3) = truth(&sim, pid);
     let free = (t3 - t2) as f64 / 2e9 * 100.0;
     assert!(free > 80.0, "after the agent stopped: {free:.1}%");
+
+    // SIGKILL while frozen: nothing can thaw then, so the next agent does.
+    let mut second = Agent::start(&sim, root.path(), &["--enforce", "stop"]);
+    poll("the container frozen", 30, || {
+        std::fs::read_to_string(&freezer)
+            .is_ok_and(|s| s.trim() == "FROZEN")
+            .then_some(())
+    });
+    second.kill9();
+    let left = std::fs::read_to_string(&freezer).unwrap();
+    let _third = Agent::start(&sim, root.path(), &["--enforce", "report"]);
+    if left.trim() != "THAWED" {
+        let line = _third.wait_log("which an earlier agent froze", 10);
+        assert!(line.contains(&n), "{line}");
+    }
+    assert_eq!(std::fs::read_to_string(&freezer).unwrap().trim(), "THAWED");
     Box::new(c).remove();
 }
 
@@ -561,4 +599,50 @@ fn scrape(sim: &Sim, root: &Path) -> String {
     let _ = child.kill();
     let _ = child.wait();
     body
+}
+
+/// `--enforce stop` leaves alone a slice the library already holds to its core limit: the
+/// driver's count agrees with the library's, so the agent finds nothing and freezes nothing.
+#[test]
+fn stop_leaves_a_slice_the_library_holds_alone() {
+    root_required();
+    let _serial = cuslice_test_harness::serial();
+    let sim = Sim::new(&["--memory", "8GiB"]);
+    let root = state_root();
+    let agent = Agent::start(&sim, root.path(), &["--enforce", "stop"]);
+    let n = name("honestcpu");
+    let mut c = Runc::start(
+        &sim,
+        root.path(),
+        &Spec {
+            name: &n,
+            env: &["CUSLICE_CORE_LIMIT=30"],
+            cmd: &[
+                "cuda-workload",
+                "launch",
+                "--ns-per-block",
+                "1000000",
+                "--blocks",
+                "1",
+                "--secs",
+                "120",
+            ],
+            read_only: false,
+        },
+    );
+    common::wait_for(&mut c, "start");
+    let pid = c.host_pid();
+    std::thread::sleep(Duration::from_secs(3));
+    let (_, t0) = truth(&sim, pid);
+    let w0 = Instant::now();
+    std::thread::sleep(Duration::from_secs(10));
+    let (_, t1) = truth(&sim, pid);
+    let share = (t1 - t0) as f64 / w0.elapsed().as_nanos() as f64 * 100.0;
+    let f = findings(root.path()).unwrap();
+    eprintln!("share {share:.1}%, findings {f}");
+    assert_eq!(f["actions"]["freezes"], 0, "{f}");
+    assert!(f["findings"].as_array().unwrap().is_empty(), "{f}");
+    assert!((share - 30.0).abs() <= 3.0, "{share:.1}%");
+    drop(agent);
+    Box::new(c).remove();
 }

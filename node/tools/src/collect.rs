@@ -92,7 +92,12 @@ pub fn collect(src: &Sources) -> Node {
             ));
             None
         }
-        Ok(f) => f,
+        Ok(f) => {
+            if let Some(f) = &f {
+                problems.extend(f.problems.iter().map(|p| format!("cuslice agent: {p}")));
+            }
+            f
+        }
         Err(e) => {
             problems.push(e);
             None

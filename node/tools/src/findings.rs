@@ -29,6 +29,10 @@ pub struct Findings {
     pub findings: Vec<Finding>,
     /// What the agent has done since it started.
     pub actions: Actions,
+    /// What keeps the agent from checking everything now (no NVML, a slice whose config cannot
+    /// be read), one line each.
+    #[serde(default)]
+    pub problems: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -152,6 +156,7 @@ mod tests {
                 action: "none (report)".into(),
             }],
             actions: Actions::default(),
+            problems: vec!["no NVML".into()],
         };
         write(&path(dir.path()), &f).unwrap();
         assert_eq!(read(dir.path()), Ok(Some(f.clone())));

@@ -96,9 +96,8 @@ impl Nvml {
     /// Loads and initialises NVML, or one line saying why not.
     pub fn open() -> Result<Nvml, String> {
         // SAFETY: loading NVML runs its initialisers, which have no preconditions.
-        let lib = unsafe { Library::new(LIBRARY) }.map_err(|e| {
-            format!("{e}; device names and totals are not shown (is the NVIDIA driver installed?)")
-        })?;
+        let lib = unsafe { Library::new(LIBRARY) }
+            .map_err(|e| format!("{e} (is the NVIDIA driver installed?)"))?;
         fn get<T: Copy>(lib: &Library, name: &[u8]) -> Result<T, String> {
             // SAFETY: every caller names an NVML entry point with the C signature of nvml.h
             // that `T` spells.
@@ -291,5 +290,7 @@ fn fetch_all<T>(
 
 /// Every GPU NVML lists, or one line saying why there is no answer.
 pub fn gpus() -> Result<Vec<Gpu>, String> {
-    Nvml::open()?.gpus()
+    Nvml::open()
+        .map_err(|e| format!("{e}; device names and totals are not shown"))?
+        .gpus()
 }
