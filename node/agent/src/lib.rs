@@ -6,7 +6,8 @@
 //! - the exporter (`/metrics`), served from the agent when `--listen` is given.
 //! - `verify`: every period, the driver's own per-process memory and utilisation (NVML), mapped
 //!   to slices and compared with each slice's cap and limit from the hook's records, not from
-//!   the slice's ledger (which tenants can write). `enforce` acts on what it finds.
+//!   the slice's ledger (which tenants can write); `judge` is the pure part, `cgroup` finds and
+//!   freezes a container's cgroup. Under `--enforce stop` it kills and freezes.
 
 pub mod cgroup;
 pub mod judge;

@@ -748,7 +748,7 @@ impl Verifier {
                 .values()
                 .map(|f| now.duration_since(f.since).as_secs_f64())
                 .sum::<f64>();
-            a.frozen_seconds = round1(a.frozen_seconds * 100.0) / 100.0;
+            a.frozen_seconds = (a.frozen_seconds * 1000.0).round() / 1000.0;
             a
         };
         let f = Findings {

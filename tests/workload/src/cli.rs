@@ -365,6 +365,28 @@ mod tests {
     }
 
     #[test]
+    fn bypass_and_zero_ledger() {
+        let cli = parse(&[
+            "--route",
+            "bypass",
+            "hold",
+            "--bytes",
+            "2GiB",
+            "--zero-ledger",
+            "/run/cuslice/slice/ledger",
+        ])
+        .unwrap();
+        assert_eq!(cli.route.map(RouteArg::route), Some(Route::Bypass));
+        let Scenario::Hold(h) = cli.scenario else {
+            panic!()
+        };
+        assert_eq!(
+            h.zero_ledger.as_deref(),
+            Some(std::path::Path::new("/run/cuslice/slice/ledger"))
+        );
+    }
+
+    #[test]
     fn launch_defaults() {
         let cli = parse(&[
             "launch",
