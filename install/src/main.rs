@@ -104,6 +104,41 @@ struct AgentArgs {
     /// Also serve /metrics at HOST:PORT (`:9400` for every address)
     #[arg(long, value_name = "ADDR")]
     listen: Option<String>,
+    /// What to do about a slice over its cap or core limit by the driver's count: report (a
+    /// log line, status, metrics), or stop (also kill over the memory cap, freeze over the core
+    /// limit)
+    #[arg(long, value_enum, default_value = "report")]
+    enforce: EnforceArg,
+    /// Seconds between checks
+    #[arg(long, default_value_t = 1.0, value_name = "SECS", value_parser = positive_secs)]
+    period: f64,
+    /// Seconds a slice may stay over its memory cap before --enforce stop kills its processes
+    #[arg(long, default_value_t = 2.0, value_name = "SECS", value_parser = nonnegative_secs)]
+    grace: f64,
+}
+
+#[derive(clap::ValueEnum, Debug, Clone, Copy)]
+enum EnforceArg {
+    Report,
+    Stop,
+}
+
+fn positive_secs(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 && v <= 3600.0 => Ok(v),
+        _ => Err(format!(
+            "{s:?} is not a number of seconds above 0 (up to 3600); write e.g. 1 or 0.5"
+        )),
+    }
+}
+
+fn nonnegative_secs(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && (0.0..=3600.0).contains(&v) => Ok(v),
+        _ => Err(format!(
+            "{s:?} is not a number of seconds from 0 to 3600; write e.g. 2"
+        )),
+    }
 }
 
 fn sources(a: SourceArgs) -> cuslice_node::collect::Sources {
@@ -229,9 +264,12 @@ fn agent(a: AgentArgs) -> Result<(), Failure> {
         state_root: src.state_root,
         state_dirs: src.state_dirs,
         listen,
-        period: std::time::Duration::from_secs(1),
-        enforce: cuslice_agent::Enforce::Report,
-        grace: std::time::Duration::from_secs(2),
+        period: std::time::Duration::from_secs_f64(a.period),
+        enforce: match a.enforce {
+            EnforceArg::Report => cuslice_agent::Enforce::Report,
+            EnforceArg::Stop => cuslice_agent::Enforce::Stop,
+        },
+        grace: std::time::Duration::from_secs_f64(a.grace),
     })
     .map_err(|e| Failure::Failed(format!("cuslice agent: {e}")))
 }

@@ -6,8 +6,11 @@
 //! - the exporter (`/metrics`), served from the agent when `--listen` is given.
 //! - `verify`: every period, the driver's own per-process memory and utilisation (NVML), mapped
 //!   to slices and compared with each slice's cap and limit from the hook's records, not from
-//!   the slice's ledger (which tenants can write). `enforce` acts on what it finds.
+//!   the slice's ledger (which tenants can write); `judge` is the pure part, `cgroup` finds and
+//!   freezes a container's cgroup. Under `--enforce stop` it kills and freezes.
 
+pub mod cgroup;
+pub mod judge;
 pub mod verify;
 
 use std::path::PathBuf;
@@ -43,8 +46,45 @@ pub fn socket_dir(state_root: &std::path::Path) -> PathBuf {
     state_root.join("agent")
 }
 
-/// Runs until killed. Err: one line saying why the agent cannot run.
+/// Runs until SIGTERM or SIGINT. Err: one line saying why the agent cannot run.
+///
+/// TEMPORARY (wt-verify): only the checks, every period; the host-pid service and the exporter
+/// come with the agent's own loop, which calls the same `Verifier` and `Stopper`.
 pub fn run(cfg: Config) -> Result<(), String> {
-    let _ = cfg;
-    Err("not built yet".into())
+    use nix::sys::signal::{SigSet, Signal};
+    // The signals are taken by a thread of ours (sigwait), so every thread blocks them first.
+    let mut signals = SigSet::empty();
+    signals.add(Signal::SIGTERM);
+    signals.add(Signal::SIGINT);
+    signals
+        .thread_block()
+        .map_err(|e| format!("cannot block SIGTERM and SIGINT: {e}"))?;
+    let mut verifier = verify::Verifier::new(&cfg);
+    let stopper = verifier.stopper();
+    std::thread::Builder::new()
+        .name("cuslice-signals".into())
+        .spawn(move || {
+            let signal = signals.wait();
+            stopper.stop();
+            eprintln!(
+                "cuslice agent: {}: stopped; nothing left frozen",
+                signal.map_or("signal", |s| s.as_str())
+            );
+            std::process::exit(0);
+        })
+        .map_err(|e| format!("cannot start the signal thread: {e}"))?;
+    eprintln!(
+        "cuslice agent: checking slices under {} every {:.1} s (--enforce {})",
+        cfg.state_root.display(),
+        cfg.period.as_secs_f64(),
+        match cfg.enforce {
+            Enforce::Report => "report",
+            Enforce::Stop => "stop",
+        }
+    );
+    loop {
+        let t0 = std::time::Instant::now();
+        verifier.tick();
+        std::thread::sleep(cfg.period.saturating_sub(t0.elapsed()));
+    }
 }

@@ -1,15 +1,1004 @@
-//! Every period: the driver's own per-process memory and utilisation (NVML), mapped to slices,
-//! checked against each slice's cap and limit from the hook's records. (To be built.)
+//! Every period: the driver's own per-process memory and utilisation (NVML, read from the
+//! agent's own, host, pid namespace), mapped to the container slices the hook keeps under the
+//! state root, checked against each slice's cap and core limit from the hook's `config` (which
+//! the container cannot write), never from its ledger (which it can). Under `Enforce::Stop` a
+//! slice over its cap for longer than the grace has its processes killed, and a slice over its
+//! core limit is frozen (its cgroup) for the time it owes. See docs/agent.md.
+//!
+//! Two threads: `tick` (the agent's loop, every period) reads the slices and the memory, judges,
+//! kills, logs and writes `findings.json`; a meter thread started by `Verifier::new` reads the
+//! utilisation samples every `POLL` (the driver keeps only the newest sample per process, so
+//! they must be read more often than it takes them) and freezes and thaws.
 
-use crate::Config;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-pub struct Verifier {}
+use cuslice_hook::state::{Record, Root, start_time};
+use cuslice_node::findings::{self, Actions, Finding, Findings};
+use cuslice_node::nvml::{Device, Nvml};
+use cuslice_policy::config::{Config as SliceConfig, Limits};
+use cuslice_policy::format_size;
+use cuslice_state::ledger::Ledger;
+use cuslice_state::uuid_string;
+
+use crate::cgroup::{self, Freezer, Mounts, Placement, Scope};
+use crate::judge::{self, Bucket, Held, SampleClock, Tracker, Window};
+use crate::{Config, Enforce};
+
+/// How often the meter thread reads the driver's utilisation samples and decides freezes.
+pub const POLL: Duration = Duration::from_millis(50);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Kind {
+    Memory,
+    Compute,
+    Ledger,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Memory => "memory",
+            Kind::Compute => "compute",
+            Kind::Ledger => "ledger",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Key {
+    slice: String,
+    uuid: String,
+    kind: Kind,
+}
+
+/// A container slice as the hook recorded it.
+struct Slice {
+    id: String,
+    name: Option<String>,
+    init: i32,
+    /// The init's pid namespace (`/proc/PID/ns/pid`); None when it is the agent's own.
+    pidns: Option<PathBuf>,
+    scope: Scope,
+    freezer: Result<Freezer, String>,
+    config: SliceConfig,
+    ledger: PathBuf,
+}
+
+impl Slice {
+    fn label(&self) -> String {
+        match &self.name {
+            Some(n) => format!("slice {} ({n})", short(&self.id)),
+            None => format!("slice {}", short(&self.id)),
+        }
+    }
+}
+
+fn short(id: &str) -> &str {
+    &id[..id.len().min(12)]
+}
+
+/// What the meter keeps per slice and device.
+#[derive(Default)]
+struct Meter {
+    window: Window,
+    bucket: Bucket,
+    /// The core limit (percent) from the slice's config, and the rate `stop` holds it to.
+    limit_pct: Option<f64>,
+    rate: Option<f64>,
+    /// Pids whose samples counted, and when they last did (ns).
+    pids: BTreeMap<u32, u64>,
+}
+
+/// A slice frozen now.
+struct Frozen {
+    freezer: Freezer,
+    since: Instant,
+    until: Instant,
+}
+
+struct State {
+    nvml: Option<Arc<Nvml>>,
+    devices: Vec<(Device, String)>,
+    slices: BTreeMap<String, Arc<Slice>>,
+    /// Pid -> slice, as classified since the last tick.
+    pids: HashMap<u32, Option<String>>,
+    clocks: HashMap<String, SampleClock>,
+    meters: BTreeMap<(String, String), Meter>,
+    frozen: BTreeMap<String, Frozen>,
+    /// Slices whose cgroup could not be frozen (logged once).
+    unfreezable: BTreeSet<String>,
+    record: cgroup::Record,
+    actions: Actions,
+    last_poll: Option<Instant>,
+}
+
+struct Shared {
+    enforce: Enforce,
+    base: Instant,
+    stop: AtomicBool,
+    state: Mutex<State>,
+    agent: Placement,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn mono_ns(&self, t: Instant) -> u64 {
+        t.duration_since(self.base).as_nanos() as u64
+    }
+}
+
+/// Stops the meter and thaws every cgroup the agent froze; for a signal handler's thread.
+#[derive(Clone)]
+pub struct Stopper(Arc<Shared>);
+
+impl Stopper {
+    /// Idempotent. After it, nothing is frozen by this agent and nothing will be.
+    pub fn stop(&self) {
+        self.0.stop.store(true, Ordering::SeqCst);
+        let mut st = self.0.lock();
+        let frozen: Vec<(String, Frozen)> = std::mem::take(&mut st.frozen).into_iter().collect();
+        for (id, f) in frozen {
+            if let Err(e) = f.freezer.thaw() {
+                log(&format!(
+                    "cannot thaw slice {} ({}): {e}",
+                    short(&id),
+                    f.freezer.dir().display()
+                ));
+            }
+        }
+        let (_, failed) = st.record.thaw_all();
+        for line in failed {
+            log(&line);
+        }
+    }
+}
+
+pub struct Verifier {
+    cfg: Config,
+    dir: PathBuf,
+    shared: Arc<Shared>,
+    meter: Option<JoinHandle<()>>,
+    mounts: Mounts,
+    tracker: Tracker<Key>,
+    ledger_streak: BTreeMap<Key, u32>,
+    /// Problems seen in the last tick and in this one: each is logged when it first appears,
+    /// not again while it lasts.
+    logged: BTreeSet<String>,
+    problems: BTreeSet<String>,
+}
+
+fn log(line: &str) {
+    eprintln!("cuslice agent: {line}");
+}
+
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+fn wall_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
 
 impl Verifier {
-    pub fn new(_cfg: &Config) -> Verifier {
-        Verifier {}
+    pub fn new(cfg: &Config) -> Verifier {
+        // The agent's own files (not the socket directory, which containers see): findings.json
+        // and the record of cgroups it froze. Root only.
+        let dir = findings::dir(&cfg.state_root);
+        let made = fs::create_dir_all(&dir)
+            .and_then(|()| fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)));
+        if let Err(e) = made {
+            log(&format!(
+                "cannot make {}: {e}; findings are not written and frozen cgroups not recorded \
+                 (run as root, or give --state-root)",
+                dir.display()
+            ));
+        }
+        let mut record = cgroup::Record::load(&dir);
+        let (thawed, failed) = record.thaw_all();
+        for f in &thawed {
+            log(&format!(
+                "thawed {}, which an earlier agent froze and did not thaw",
+                f.dir().display()
+            ));
+        }
+        for line in failed {
+            log(&line);
+        }
+        let agent = cgroup::placement(std::process::id() as i32).unwrap_or_default();
+        let shared = Arc::new(Shared {
+            enforce: cfg.enforce,
+            base: Instant::now(),
+            stop: AtomicBool::new(false),
+            agent,
+            state: Mutex::new(State {
+                nvml: None,
+                devices: Vec::new(),
+                slices: BTreeMap::new(),
+                pids: HashMap::new(),
+                clocks: HashMap::new(),
+                meters: BTreeMap::new(),
+                frozen: BTreeMap::new(),
+                unfreezable: BTreeSet::new(),
+                record,
+                actions: Actions::default(),
+                last_poll: None,
+            }),
+        });
+        let s = shared.clone();
+        let meter = std::thread::Builder::new()
+            .name("cuslice-meter".into())
+            .spawn(move || meter_loop(&s))
+            .map_err(|e| {
+                log(&format!(
+                    "cannot start the meter thread: {e}; compute is not checked"
+                ))
+            })
+            .ok();
+        Verifier {
+            cfg: cfg.clone(),
+            dir,
+            shared,
+            meter,
+            mounts: cgroup::mounts(),
+            tracker: Tracker::default(),
+            ledger_streak: BTreeMap::new(),
+            logged: BTreeSet::new(),
+            problems: BTreeSet::new(),
+        }
+    }
+
+    /// Stops the meter and thaws what the agent froze; call it before the agent exits (on
+    /// SIGTERM and SIGINT). Dropping the verifier does the same.
+    pub fn stopper(&self) -> Stopper {
+        Stopper(self.shared.clone())
+    }
+
+    fn once(&mut self, line: String) {
+        if !self.logged.contains(&line) {
+            log(&line);
+        }
+        self.problems.insert(line);
     }
 
     /// One period's check (and, under `Enforce::Stop`, its enforcement).
-    pub fn tick(&mut self) {}
+    pub fn tick(&mut self) {
+        if self.shared.stop.load(Ordering::SeqCst) {
+            return;
+        }
+        self.logged = std::mem::take(&mut self.problems);
+        let nvml = {
+            let have = self.shared.lock().nvml.clone();
+            match have {
+                Some(n) => Some(n),
+                None => match Nvml::open() {
+                    Ok(n) => {
+                        let n = Arc::new(n);
+                        self.shared.lock().nvml = Some(n.clone());
+                        Some(n)
+                    }
+                    Err(e) => {
+                        self.once(format!("cannot check slices against the driver: {e}"));
+                        None
+                    }
+                },
+            }
+        };
+        let slices = self.slices();
+        let Some(nvml) = nvml else {
+            self.shared.lock().slices = slices;
+            self.write(Vec::new());
+            return;
+        };
+        let devices: Vec<(Device, String)> = match nvml.devices().and_then(|ds| {
+            ds.into_iter()
+                .map(|d| Ok((d, nvml.uuid(d)?)))
+                .collect::<Result<Vec<_>, String>>()
+        }) {
+            Ok(d) => d,
+            Err(e) => {
+                self.once(format!("cannot list the GPUs: {e}"));
+                Vec::new()
+            }
+        };
+        let uuids: Vec<String> = devices.iter().map(|d| d.1.clone()).collect();
+
+        // Who holds what, by the driver's count, per slice and device.
+        let mut pid_slice: HashMap<u32, Option<String>> = HashMap::new();
+        let mut held: BTreeMap<(String, String), Vec<Held>> = BTreeMap::new();
+        for (d, uuid) in &devices {
+            let procs = match nvml.processes(*d) {
+                Ok(p) => p,
+                Err(e) => {
+                    self.once(format!("{uuid}: {e}"));
+                    continue;
+                }
+            };
+            for p in procs {
+                let slice = pid_slice
+                    .entry(p.pid)
+                    .or_insert_with(|| classify(p.pid as i32, &slices))
+                    .clone();
+                if let Some(s) = slice {
+                    held.entry((s, uuid.clone())).or_default().push(Held {
+                        pid: p.pid as i32,
+                        driver: p.used.unwrap_or(0),
+                        charged: None,
+                    });
+                }
+            }
+        }
+
+        // What each slice's ledger says.
+        let mut ledger_used: HashMap<(String, String), u64> = HashMap::new();
+        for (id, s) in &slices {
+            if !held.keys().any(|(x, _)| x == id) {
+                continue;
+            }
+            let snap = match Ledger::read(&s.ledger) {
+                Ok(snap) => snap,
+                Err(e) => {
+                    self.once(format!("{}: {e}", s.label()));
+                    continue;
+                }
+            };
+            for (i, dev) in snap.devices.iter().enumerate() {
+                let uuid = uuid_string(&dev.uuid);
+                ledger_used.insert((id.clone(), uuid.clone()), dev.used);
+                if let Some(list) = held.get_mut(&(id.clone(), uuid)) {
+                    for h in list.iter_mut() {
+                        let inner = inner_pid(h.pid);
+                        h.charged = snap
+                            .procs
+                            .iter()
+                            .find(|p| p.alive && Some(p.pid) == inner)
+                            .map(|p| p.charged.get(i).copied().unwrap_or(0));
+                    }
+                }
+            }
+        }
+
+        // The limits that apply, from the hook's config.
+        let mut limits: BTreeMap<(String, String), Limits> = BTreeMap::new();
+        for (id, s) in &slices {
+            let nvidia = environ(s.init, "NVIDIA_VISIBLE_DEVICES");
+            for uuid in &uuids {
+                let key = (id.clone(), uuid.clone());
+                let per_process: Vec<Limits> = if s.config.mentioned_ordinals().is_empty() {
+                    Vec::new()
+                } else {
+                    held.get(&key)
+                        .into_iter()
+                        .flatten()
+                        .map(|h| {
+                            let cuda = environ(h.pid, "CUDA_VISIBLE_DEVICES");
+                            judge::limits_for(
+                                &s.config,
+                                uuid,
+                                &uuids,
+                                nvidia.as_deref(),
+                                cuda.as_deref(),
+                            )
+                        })
+                        .collect()
+                };
+                let l = per_process
+                    .into_iter()
+                    .reduce(judge::strictest)
+                    .unwrap_or_else(|| {
+                        judge::limits_for(&s.config, uuid, &uuids, nvidia.as_deref(), None)
+                    });
+                limits.insert(key, l);
+            }
+        }
+
+        // Hand the slices and limits to the meter; take what it measured.
+        let usage: BTreeMap<(String, String), (judge::Usage, Vec<i32>)> = {
+            let mut st = self.shared.lock();
+            st.devices = devices.clone();
+            st.slices = slices.clone();
+            st.pids = pid_slice.clone();
+            for (key, l) in &limits {
+                let limit_pct = l.core_limit.map(f64::from);
+                if limit_pct.is_none() && !st.meters.contains_key(key) {
+                    continue;
+                }
+                let m = st.meters.entry(key.clone()).or_default();
+                m.limit_pct = limit_pct;
+                m.rate = match self.shared.enforce {
+                    Enforce::Stop => limit_pct.map(judge::enforced_rate),
+                    Enforce::Report => None,
+                };
+            }
+            st.meters.retain(|(id, _), _| slices.contains_key(id));
+            st.meters
+                .iter()
+                .filter_map(|(k, m)| {
+                    Some((
+                        k.clone(),
+                        (
+                            m.window.usage()?,
+                            m.pids.keys().map(|&p| p as i32).collect(),
+                        ),
+                    ))
+                })
+                .collect()
+        };
+
+        // Judge.
+        let mut found: Vec<(Key, Finding)> = Vec::new();
+        let now = unix_now();
+        for ((id, uuid), list) in &held {
+            let s = &slices[id];
+            let driver = judge::total(list);
+            let mut pids: Vec<i32> = list.iter().map(|h| h.pid).collect();
+            pids.sort_unstable();
+            let l = limits
+                .get(&(id.clone(), uuid.clone()))
+                .copied()
+                .unwrap_or_default();
+            if let Some(cap) = l.memory
+                && driver > cap
+            {
+                let action = match self.cfg.enforce {
+                    Enforce::Report => "none (--enforce report)".to_string(),
+                    Enforce::Stop => format!(
+                        "its processes are killed once over for {:.1} s (--grace)",
+                        self.cfg.grace.as_secs_f64()
+                    ),
+                };
+                found.push((
+                    Key {
+                        slice: id.clone(),
+                        uuid: uuid.clone(),
+                        kind: Kind::Memory,
+                    },
+                    Finding {
+                        message: format!(
+                            "{} holds {} on {uuid} by the driver's count, over its cap of {} \
+                             (pids {})",
+                            s.label(),
+                            format_size(driver),
+                            format_size(cap),
+                            join(&pids)
+                        ),
+                        driver_bytes: Some(driver),
+                        cap_bytes: Some(cap),
+                        ..finding(s, uuid, Kind::Memory, pids.clone(), action)
+                    },
+                ));
+            }
+            let ledger = ledger_used
+                .get(&(id.clone(), uuid.clone()))
+                .copied()
+                .unwrap_or(0);
+            let key = Key {
+                slice: id.clone(),
+                uuid: uuid.clone(),
+                kind: Kind::Ledger,
+            };
+            let streak = self.ledger_streak.entry(key.clone()).or_insert(0);
+            if judge::ledger_short(ledger, driver) {
+                *streak += 1;
+            } else {
+                *streak = 0;
+            }
+            if *streak >= judge::LEDGER_TICKS || (*streak > 0 && self.tracker.active(&key)) {
+                let unknown: Vec<i32> = list
+                    .iter()
+                    .filter(|h| h.driver > h.charged.unwrap_or(0) + judge::ledger_slack(0))
+                    .map(|h| h.pid)
+                    .collect();
+                found.push((
+                    key,
+                    Finding {
+                        message: format!(
+                            "{}'s ledger does not match the driver on {uuid}: the ledger says \
+                             the slice holds {}, the driver {} (pids {} hold more than their \
+                             ledger entries: they went around the library, or the ledger was \
+                             written over)",
+                            s.label(),
+                            format_size(ledger),
+                            format_size(driver),
+                            join(&unknown)
+                        ),
+                        driver_bytes: Some(driver),
+                        ledger_bytes: Some(ledger),
+                        cap_bytes: l.memory,
+                        ..finding(s, uuid, Kind::Ledger, unknown.clone(), "none".into())
+                    },
+                ));
+            }
+        }
+        self.ledger_streak
+            .retain(|k, n| *n > 0 && slices.contains_key(&k.slice));
+        for ((id, uuid), (u, pids)) in &usage {
+            let Some(s) = slices.get(id) else { continue };
+            let Some(limit) = limits
+                .get(&(id.clone(), uuid.clone()))
+                .and_then(|l| l.core_limit)
+            else {
+                continue;
+            };
+            let key = Key {
+                slice: id.clone(),
+                uuid: uuid.clone(),
+                kind: Kind::Compute,
+            };
+            let limit = f64::from(limit);
+            if !judge::compute_over(Some(*u), limit, self.tracker.active(&key)) {
+                continue;
+            }
+            let action = match (self.cfg.enforce, &s.freezer) {
+                (Enforce::Report, _) => "none (--enforce report)".to_string(),
+                (Enforce::Stop, Ok(_)) => format!(
+                    "held to {:.0}% by freezing its cgroup",
+                    judge::enforced_rate(limit) * 100.0
+                ),
+                (Enforce::Stop, Err(e)) => format!("cannot be frozen: {e}"),
+            };
+            found.push((
+                key,
+                Finding {
+                    message: format!(
+                        "{} used {:.1}% of {uuid} while not frozen over the last {:.0} s, \
+                         over its core limit of {limit:.0}% ({:.1}% of the time in all; pids {})",
+                        s.label(),
+                        u.demand * 100.0,
+                        u.span_ns as f64 / 1e9,
+                        u.share * 100.0,
+                        join(pids)
+                    ),
+                    share_pct: Some(round1(u.share * 100.0)),
+                    demand_pct: Some(round1(u.demand * 100.0)),
+                    limit_pct: Some(limit),
+                    ..finding(s, uuid, Kind::Compute, pids.clone(), action)
+                },
+            ));
+        }
+
+        // Log what started and ended.
+        let keys: Vec<Key> = found.iter().map(|(k, _)| k.clone()).collect();
+        let (started, ended) = self.tracker.update(now, &keys);
+        for k in &started {
+            if let Some((_, f)) = found.iter().find(|(x, _)| x == k) {
+                log(&format!("{}; action: {}", f.message, f.action));
+            }
+        }
+        for (k, since) in &ended {
+            let what = match k.kind {
+                Kind::Memory => "back within its memory cap",
+                Kind::Compute => "back within its core limit",
+                Kind::Ledger => "ledger matches the driver again",
+            };
+            log(&format!(
+                "slice {} on {}: {what} (after {:.1} s)",
+                short(&k.slice),
+                k.uuid,
+                now - since
+            ));
+        }
+        for (k, f) in &mut found {
+            f.since = self.tracker.since(k).unwrap_or(now);
+        }
+
+        // Stop: kill what stayed over its cap for the grace.
+        if self.cfg.enforce == Enforce::Stop {
+            // Ticks are `period` apart: a finding this close to the grace is taken as over it.
+            let slack = self.cfg.period.as_secs_f64() / 10.0;
+            for (k, f) in &mut found {
+                if k.kind != Kind::Memory || now - f.since + slack < self.cfg.grace.as_secs_f64() {
+                    continue;
+                }
+                let (Some(list), Some(cap)) =
+                    (held.get(&(k.slice.clone(), k.uuid.clone())), f.cap_bytes)
+                else {
+                    continue;
+                };
+                let victims = judge::victims(cap, list);
+                let killed = self.kill(&slices[&k.slice], &victims, list, cap, now - f.since);
+                f.action = format!("killed pids {}", join(&killed));
+            }
+        }
+
+        self.write(found.into_iter().map(|(_, f)| f).collect());
+    }
+
+    /// The live container slices under the state root.
+    fn slices(&mut self) -> BTreeMap<String, Arc<Slice>> {
+        let root = Root::new(&self.cfg.state_root);
+        let mut out = BTreeMap::new();
+        let mut records: Vec<Record> = root.records();
+        records.sort_by(|a, b| a.id.cmp(&b.id));
+        let old = self.shared.lock().slices.clone();
+        for r in records {
+            if start_time(r.pid) != Some(r.start) {
+                continue; // gone; the next hook or `cuslice-hook sweep` removes it
+            }
+            if let Some(s) = old.get(&r.id)
+                && s.init == r.pid
+            {
+                out.insert(r.id.clone(), s.clone());
+                continue;
+            }
+            let config_path = root.mnt(&r.id).join("slice/config");
+            let config = match fs::read_to_string(&config_path)
+                .map_err(|e| e.to_string())
+                .and_then(|t| {
+                    SliceConfig::from_hook_file(&t, std::iter::empty::<(&str, &str)>())
+                        .map_err(|e| e.to_string())
+                }) {
+                Ok(c) => c,
+                Err(e) => {
+                    self.once(format!(
+                        "slice {}: {}: {e}; its limits are unknown, so it is not checked",
+                        short(&r.id),
+                        config_path.display()
+                    ));
+                    continue;
+                }
+            };
+            let init = cgroup::placement(r.pid).unwrap_or_default();
+            let scope = Scope::of(&init, &self.shared.agent);
+            let own_ns = fs::read_link("/proc/self/ns/pid").ok();
+            let pidns = fs::read_link(format!("/proc/{}/ns/pid", r.pid))
+                .ok()
+                .filter(|ns| Some(ns) != own_ns.as_ref());
+            let freezer = Freezer::for_scope(&scope, &self.mounts);
+            out.insert(
+                r.id.clone(),
+                Arc::new(Slice {
+                    ledger: root
+                        .mnt(&r.id)
+                        .join("slice")
+                        .join(cuslice_state::ledger::FILE_NAME),
+                    id: r.id,
+                    name: r.name,
+                    init: r.pid,
+                    pidns,
+                    scope,
+                    freezer,
+                    config,
+                }),
+            );
+        }
+        // Slices that went away: forget their cgroups (a cgroup that is gone needs no thaw).
+        let mut st = self.shared.lock();
+        for (id, s) in &old {
+            if out.contains_key(id) {
+                continue;
+            }
+            if let Some(f) = st.frozen.remove(id) {
+                let _ = f.freezer.thaw();
+            }
+            if let Ok(f) = &s.freezer {
+                let _ = st.record.remove(f);
+            }
+            st.unfreezable.remove(id);
+        }
+        out
+    }
+
+    /// SIGKILLs `victims` (host pids of slice `s`, each checked to still be the slice's).
+    fn kill(
+        &mut self,
+        s: &Slice,
+        victims: &[i32],
+        held: &[Held],
+        cap: u64,
+        over_s: f64,
+    ) -> Vec<i32> {
+        let slices: BTreeMap<String, Arc<Slice>> = self.shared.lock().slices.clone();
+        let mut killed = Vec::new();
+        // SIGKILL stays pending on a process frozen by the v1 freezer: thaw first.
+        {
+            let mut st = self.shared.lock();
+            if let Some(f) = st.frozen.remove(&s.id) {
+                let _ = f.freezer.thaw();
+            }
+        }
+        for &pid in victims {
+            if classify(pid, &slices).as_deref() != Some(s.id.as_str()) {
+                continue; // gone, or the pid is another process's now
+            }
+            let bytes = held.iter().find(|h| h.pid == pid).map_or(0, |h| h.driver);
+            match nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            ) {
+                Ok(()) => {
+                    killed.push(pid);
+                    self.shared.lock().actions.kills += 1;
+                    log(&format!(
+                        "killed pid {pid} of {} (it held {} by the driver's count): the slice \
+                         was over its cap of {} for {over_s:.1} s",
+                        s.label(),
+                        format_size(bytes),
+                        format_size(cap)
+                    ));
+                }
+                Err(nix::errno::Errno::ESRCH) => {}
+                Err(e) => log(&format!("cannot kill pid {pid} of {}: {e}", s.label())),
+            }
+        }
+        killed
+    }
+
+    fn write(&mut self, found: Vec<Finding>) {
+        let actions = {
+            let st = self.shared.lock();
+            let mut a = st.actions.clone();
+            // Freezes still in progress count up to now.
+            let now = Instant::now();
+            a.frozen_seconds += st
+                .frozen
+                .values()
+                .map(|f| now.duration_since(f.since).as_secs_f64())
+                .sum::<f64>();
+            a.frozen_seconds = (a.frozen_seconds * 1000.0).round() / 1000.0;
+            a
+        };
+        let f = Findings {
+            time: unix_now(),
+            period_s: self.cfg.period.as_secs_f64(),
+            enforce: match self.cfg.enforce {
+                Enforce::Report => "report".into(),
+                Enforce::Stop => "stop".into(),
+            },
+            findings: found,
+            actions,
+            problems: self.problems.iter().cloned().collect(),
+        };
+        let path = self.dir.join(findings::FILE_NAME);
+        if let Err(e) = findings::write(&path, &f) {
+            self.once(format!("cannot write {}: {e}", path.display()));
+        }
+    }
+}
+
+impl Drop for Verifier {
+    fn drop(&mut self) {
+        self.stopper().stop();
+        if let Some(t) = self.meter.take() {
+            let _ = t.join();
+        }
+        let _ = fs::remove_file(self.dir.join(findings::FILE_NAME));
+    }
+}
+
+fn finding(s: &Slice, uuid: &str, kind: Kind, pids: Vec<i32>, action: String) -> Finding {
+    Finding {
+        slice: s.id.clone(),
+        name: s.name.clone(),
+        uuid: uuid.to_string(),
+        kind: kind.name().to_string(),
+        since: 0.0,
+        message: String::new(),
+        pids,
+        driver_bytes: None,
+        cap_bytes: None,
+        ledger_bytes: None,
+        share_pct: None,
+        demand_pct: None,
+        limit_pct: None,
+        action,
+    }
+}
+
+fn round1(x: f64) -> f64 {
+    (x * 10.0).round() / 10.0
+}
+
+fn join(pids: &[i32]) -> String {
+    if pids.is_empty() {
+        return "none".into();
+    }
+    pids.iter()
+        .map(|p| p.to_string())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The slice process `pid` (host pid) belongs to: the one whose init shares its pid namespace,
+/// or whose cgroup it is in.
+fn classify(pid: i32, slices: &BTreeMap<String, Arc<Slice>>) -> Option<String> {
+    let ns = fs::read_link(format!("/proc/{pid}/ns/pid")).ok()?;
+    if let Some(s) = slices.values().find(|s| s.pidns.as_ref() == Some(&ns)) {
+        return Some(s.id.clone());
+    }
+    let p = cgroup::placement(pid).ok()?;
+    slices
+        .values()
+        .find(|s| s.scope.contains(&p))
+        .map(|s| s.id.clone())
+}
+
+/// The pid process `pid` has in its own pid namespace (the last field of `NSpid`).
+fn inner_pid(pid: i32) -> Option<i32> {
+    fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))?
+        .split_whitespace()
+        .last()?
+        .parse()
+        .ok()
+}
+
+/// A variable of process `pid`'s environment as it was at exec.
+fn environ(pid: i32, name: &str) -> Option<String> {
+    let raw = fs::read(format!("/proc/{pid}/environ")).ok()?;
+    raw.split(|&b| b == 0).find_map(|kv| {
+        let kv = std::str::from_utf8(kv).ok()?;
+        let (k, v) = kv.split_once('=')?;
+        (k == name).then(|| v.to_string())
+    })
+}
+
+// ---- the meter thread -------------------------------------------------------------------------
+
+fn meter_loop(shared: &Shared) {
+    while !shared.stop.load(Ordering::SeqCst) {
+        let t0 = Instant::now();
+        poll(shared);
+        std::thread::sleep(POLL.saturating_sub(t0.elapsed()));
+    }
+}
+
+/// One meter step: new samples into each slice's window and bucket, then freezes and thaws.
+fn poll(shared: &Shared) {
+    let (nvml, devices, since) = {
+        let st = shared.lock();
+        let Some(nvml) = st.nvml.clone() else { return };
+        let since: Vec<u64> = st
+            .devices
+            .iter()
+            .map(|(_, u)| st.clocks.get(u).map_or(0, |c| c.seen_us))
+            .collect();
+        (nvml, st.devices.clone(), since)
+    };
+    let now_wall = wall_us();
+    // The driver's calls are made without the lock: `tick` may take it meanwhile.
+    let samples: Vec<(String, Vec<cuslice_node::nvml::Sample>)> = devices
+        .iter()
+        .zip(since)
+        .filter_map(|((d, uuid), since)| {
+            let since = if since == 0 { now_wall } else { since };
+            Some((uuid.clone(), nvml.samples(*d, since).ok()?))
+        })
+        .collect();
+    let now = Instant::now();
+    let now_ns = shared.mono_ns(now);
+    let mut st = shared.lock();
+    let st = &mut *st;
+    let dt = st
+        .last_poll
+        .map_or(0, |t| now.duration_since(t).as_nanos() as u64);
+    let prev = st.last_poll.unwrap_or(now);
+    st.last_poll = Some(now);
+    let mut used: BTreeMap<(String, String), u64> = BTreeMap::new();
+    for (uuid, list) in samples {
+        let clock = st
+            .clocks
+            .entry(uuid.clone())
+            .or_insert_with(|| SampleClock::new(now_wall));
+        for x in list {
+            let slice = st
+                .pids
+                .entry(x.pid)
+                .or_insert_with(|| classify(x.pid as i32, &st.slices))
+                .clone();
+            let ns = clock.take(x.pid, x.time_us, x.sm);
+            if let Some(id) = slice {
+                let key = (id, uuid.clone());
+                *used.entry(key.clone()).or_default() += ns;
+                if ns > 0 {
+                    st.meters.entry(key).or_default().pids.insert(x.pid, now_ns);
+                }
+            }
+        }
+        clock.forget_before(now_wall, 10_000_000);
+    }
+    // Time each slice spent frozen since the last step.
+    let frozen_ns = |id: &str| -> u64 {
+        st.frozen.get(id).map_or(0, |f| {
+            let from = f.since.max(prev);
+            now.saturating_duration_since(from).as_nanos() as u64
+        })
+    };
+    let mut owed: BTreeMap<String, u64> = BTreeMap::new();
+    let keys: Vec<(String, String)> = st.meters.keys().cloned().collect();
+    for key in keys {
+        let f = frozen_ns(&key.0);
+        let u = used.get(&key).copied().unwrap_or(0);
+        let m = st.meters.get_mut(&key).expect("listed above");
+        m.window.add(now_ns, u, f);
+        m.pids
+            .retain(|_, t| now_ns.saturating_sub(*t) < judge::WINDOW_NS);
+        if let Some(rate) = m.rate {
+            m.bucket.step(rate, dt, u);
+            if let Some(ns) = m.bucket.freeze_for(rate) {
+                let e = owed.entry(key.0.clone()).or_default();
+                *e = (*e).max(ns);
+            }
+        }
+    }
+    if shared.enforce != Enforce::Stop || shared.stop.load(Ordering::SeqCst) {
+        return;
+    }
+    // Thaw what has served its time; freeze what owes.
+    let ids: Vec<String> = st.frozen.keys().cloned().collect();
+    for id in ids {
+        if st.frozen[&id].until <= now {
+            let f = st.frozen.remove(&id).expect("listed above");
+            if let Err(e) = f.freezer.thaw() {
+                log(&format!("cannot thaw slice {}: {e}", short(&id)));
+            }
+            st.actions.frozen_seconds += now.duration_since(f.since).as_secs_f64();
+            // It runs for at least one step before it may be frozen again.
+            owed.remove(&id);
+        }
+    }
+    for (id, ns) in owed {
+        if st.frozen.contains_key(&id) {
+            continue;
+        }
+        let Some(s) = st.slices.get(&id).cloned() else {
+            continue;
+        };
+        let freezer = match &s.freezer {
+            Ok(f) => f.clone(),
+            Err(e) => {
+                if st.unfreezable.insert(id.clone()) {
+                    log(&format!(
+                        "{} is over its core limit but cannot be frozen: {e}",
+                        s.label()
+                    ));
+                }
+                continue;
+            }
+        };
+        if let Err(e) = st.record.add(&freezer) {
+            log(&format!(
+                "cannot record {} before freezing it: {e}; not frozen",
+                freezer.dir().display()
+            ));
+            continue;
+        }
+        match freezer.freeze() {
+            Ok(()) => {
+                st.actions.freezes += 1;
+                st.frozen.insert(
+                    id,
+                    Frozen {
+                        freezer,
+                        since: now,
+                        until: now + Duration::from_nanos(ns),
+                    },
+                );
+            }
+            Err(e) => {
+                if st.unfreezable.insert(id.clone()) {
+                    log(&format!(
+                        "cannot freeze {} ({}): {e}",
+                        s.label(),
+                        freezer.dir().display()
+                    ));
+                }
+            }
+        }
+    }
 }

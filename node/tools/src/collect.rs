@@ -82,10 +82,32 @@ pub fn collect(src: &Sources) -> Node {
             Err(e) => problems.push(e.to_string()),
         }
     }
+    let time = unix_now();
+    let findings = match crate::findings::read(&src.state_root) {
+        Ok(Some(f)) if f.stale(time) => {
+            problems.push(format!(
+                "{} is {:.0} s old: is cuslice agent running? (its checks are not shown)",
+                crate::findings::path(&src.state_root).display(),
+                time - f.time
+            ));
+            None
+        }
+        Ok(f) => {
+            if let Some(f) = &f {
+                problems.extend(f.problems.iter().map(|p| format!("cuslice agent: {p}")));
+            }
+            f
+        }
+        Err(e) => {
+            problems.push(e);
+            None
+        }
+    };
     Node {
-        time: unix_now(),
+        time,
         devices: by_device(&gpus, &found, now_mono_ns()),
         problems,
+        findings,
     }
 }
 

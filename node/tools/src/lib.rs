@@ -5,6 +5,7 @@
 
 pub mod collect;
 pub mod exporter;
+pub mod findings;
 pub mod metrics;
 pub mod nvml;
 pub mod text;

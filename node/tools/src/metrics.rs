@@ -228,6 +228,50 @@ impl Collector for NodeCollector {
                 Some(s.processes.iter().filter(|p| p.alive).count() as u64)
             }),
         )?;
+        if let Some(f) = &node.findings {
+            let violations = f
+                .findings
+                .iter()
+                .map(|x| {
+                    let labels = vec![
+                        ("uuid", x.uuid.clone()),
+                        ("slice", x.slice.clone()),
+                        ("name", x.name.clone().unwrap_or_default()),
+                        ("check", x.kind.clone()),
+                    ];
+                    (labels, 1u64)
+                })
+                .collect();
+            family(
+                e,
+                "slice_violation",
+                "1 while the node agent finds the slice over its cap (check=memory) or core limit \
+                 (compute) by the driver's count, or its ledger not matching the driver (ledger)",
+                None,
+                Gauge,
+                violations,
+            )?;
+            family(
+                e,
+                "agent_actions",
+                "What the node agent did to hold slices to their caps and limits: processes \
+                 killed over a memory cap, cgroup freezes over a core limit",
+                None,
+                Counter,
+                vec![
+                    (vec![("action", "kill".to_string())], f.actions.kills),
+                    (vec![("action", "freeze".to_string())], f.actions.freezes),
+                ],
+            )?;
+            family(
+                e,
+                "agent_frozen",
+                "Time slices' cgroups were held frozen by the node agent",
+                seconds,
+                Counter,
+                vec![(Vec::new(), f.actions.frozen_seconds)],
+            )?;
+        }
         family(
             e,
             "problems",

@@ -91,6 +91,11 @@ pub fn render(node: &Node) -> String {
             out.push_str(&line(&mut r.iter().map(String::as_str)));
         }
     }
+    if let Some(f) = &node.findings {
+        for x in &f.findings {
+            let _ = writeln!(out, "agent: {} ({})", x.message, x.action);
+        }
+    }
     for p in &node.problems {
         let _ = writeln!(out, "note: {p}");
     }

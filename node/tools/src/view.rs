@@ -10,6 +10,9 @@ pub struct Node {
     pub devices: Vec<Device>,
     /// One line per thing that could not be read (a damaged ledger, no NVML, no permission).
     pub problems: Vec<String>,
+    /// What the node agent found checking the slices against the driver (its findings.json);
+    /// None when no agent is running under this state root.
+    pub findings: Option<crate::findings::Findings>,
 }
 
 #[derive(Debug, Clone, Serialize)]

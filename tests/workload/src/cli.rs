@@ -36,6 +36,9 @@ pub enum RouteArg {
     Cudart130,
     /// the symbols the binary is linked against (cuda-workload-linked only)
     Direct,
+    /// dlsym on a renamed copy of the libcuda.so.1 the program would load: goes around an
+    /// interposer (a tenant bypassing cuslice; what the node agent catches)
+    Bypass,
 }
 
 impl RouteArg {
@@ -47,6 +50,7 @@ impl RouteArg {
             RouteArg::Cudart129 => Route::Cudart(RUNTIME_12_9),
             RouteArg::Cudart130 => Route::Cudart(RUNTIME_13_0),
             RouteArg::Direct => Route::Direct,
+            RouteArg::Bypass => Route::Bypass,
         }
     }
 }
@@ -260,7 +264,7 @@ fn resolved(opts: &ResolveOptions, driver: &Driver, r: &Resolution) {
     let cuda_version = match opts.route {
         Route::ProcV1 | Route::ProcV2 => Some(opts.cuda_version),
         Route::Cudart(rt) => Some(rt.cuda_version),
-        Route::Dlsym | Route::Direct => None,
+        Route::Dlsym | Route::Direct | Route::Bypass => None,
     };
     emit(
         "resolved",
@@ -363,6 +367,28 @@ mod tests {
         assert!(parse(&[]).is_err());
         let e = parse(&["memcpy"]).unwrap_err();
         assert_eq!(e.exit_code(), 2);
+    }
+
+    #[test]
+    fn bypass_and_zero_ledger() {
+        let cli = parse(&[
+            "--route",
+            "bypass",
+            "hold",
+            "--bytes",
+            "2GiB",
+            "--zero-ledger",
+            "/run/cuslice/slice/ledger",
+        ])
+        .unwrap();
+        assert_eq!(cli.route.map(RouteArg::route), Some(Route::Bypass));
+        let Scenario::Hold(h) = cli.scenario else {
+            panic!()
+        };
+        assert_eq!(
+            h.zero_ledger.as_deref(),
+            Some(std::path::Path::new("/run/cuslice/slice/ledger"))
+        );
     }
 
     #[test]

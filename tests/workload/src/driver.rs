@@ -140,6 +140,8 @@ pub enum Route {
     ProcV2,
     Cudart(Runtime),
     Direct,
+    /// `dlsym` on a renamed copy of the driver library (see `Library::open_copy`).
+    Bypass,
 }
 
 impl Route {
@@ -150,6 +152,7 @@ impl Route {
             Route::ProcV2 => "proc-v2",
             Route::Cudart(rt) => rt.name,
             Route::Direct => "direct",
+            Route::Bypass => "bypass",
         }
     }
 }
@@ -275,6 +278,58 @@ impl Library {
         })
     }
 
+    /// Loads `name` as the program would, then a copy of that file under another name, and
+    /// returns the copy. A tenant's way around an interposer: the copy's definitions are not the
+    /// driver library's, so an interposer that answers `dlsym` only for the real library's own
+    /// definitions (as cuslice does) passes every lookup on the copy through, and calls through
+    /// them never reach it. The real library stays loaded first, so lookups of its soname still
+    /// find it. The copy is unlinked once mapped.
+    pub fn open_copy(name: &'static CStr) -> Result<Library, LoadError> {
+        let real = Library::open(name)?;
+        let library = real.name;
+        let fail = |message: String| LoadError::Library { library, message };
+        let mut map: *mut LinkMap = null_mut();
+        // SAFETY: a live dlopen handle and an out-pointer of the type RTLD_DI_LINKMAP writes.
+        let r = unsafe {
+            libc::dlinfo(
+                real.handle,
+                libc::RTLD_DI_LINKMAP,
+                (&mut map as *mut *mut LinkMap).cast(),
+            )
+        };
+        if r != 0 || map.is_null() {
+            return Err(fail(format!("dlinfo(RTLD_DI_LINKMAP): {}", dlerror())));
+        }
+        // SAFETY: glibc's link_map for the handle, whose l_name is a NUL-terminated path that
+        // lives as long as the object stays loaded (it does: `real` is never closed).
+        let path = unsafe { CStr::from_ptr((*map).l_name) }
+            .to_string_lossy()
+            .into_owned();
+        let dir = std::env::temp_dir().join(format!("cuda-workload-bypass-{}", std::process::id()));
+        let copy = dir.join("libdriver-copy.so");
+        std::fs::create_dir_all(&dir)
+            .and_then(|()| std::fs::copy(&path, &copy))
+            .map_err(|e| fail(format!("cannot copy {path} to {}: {e}", copy.display())))?;
+        let c_copy = CString::new(copy.as_os_str().as_encoded_bytes())
+            .map_err(|_| fail(format!("{} holds a NUL byte", copy.display())))?;
+        // SAFETY: `c_copy` is NUL-terminated; dlopen has no other preconditions.
+        let handle = unsafe { libc::dlopen(c_copy.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+        let err = handle.is_null().then(dlerror);
+        let _ = std::fs::remove_file(&copy);
+        let _ = std::fs::remove_dir(&dir);
+        if let Some(e) = err {
+            return Err(fail(format!("a copy of {path}: {e}")));
+        }
+        crate::out::emit(
+            "bypass",
+            serde_json::json!({"library": path, "copy": copy.display().to_string()}),
+        );
+        Ok(Library {
+            handle,
+            name: library,
+        })
+    }
+
     /// `dlsym(handle, name)`; null when absent (or when the name has an interior NUL).
     pub fn sym(&self, name: &str) -> *mut c_void {
         let Ok(name) = CString::new(name) else {
@@ -283,6 +338,13 @@ impl Library {
         // SAFETY: `handle` is a live dlopen handle and `name` is NUL-terminated.
         unsafe { libc::dlsym(self.handle, name.as_ptr()) }
     }
+}
+
+/// The head of glibc's `struct link_map` (<link.h>), as `dlinfo(RTLD_DI_LINKMAP)` gives it.
+#[repr(C)]
+struct LinkMap {
+    l_addr: usize,
+    l_name: *const c_char,
 }
 
 fn dlerror() -> String {
@@ -394,11 +456,13 @@ pub fn resolve(
     }
     let lib = if opts.dlmopen {
         Library::open_new_namespace(LIBCUDA)?
+    } else if opts.route == Route::Bypass {
+        Library::open_copy(LIBCUDA)?
     } else {
         Library::open(LIBCUDA)?
     };
     let (addresses, res) = match opts.route {
-        Route::Dlsym => by_dlsym(&lib, opts.ptds),
+        Route::Dlsym | Route::Bypass => by_dlsym(&lib, opts.ptds),
         Route::ProcV1 | Route::ProcV2 => by_proc_address(&lib, opts)?,
         Route::Cudart(rt) => by_cudart_replay(&lib, rt, opts.ptds)?,
         Route::Direct => unreachable!("handled above"),

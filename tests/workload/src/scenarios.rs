@@ -131,6 +131,11 @@ pub struct HoldArgs {
     /// Seconds to hold; without it, hold until stdin reaches EOF
     #[arg(long, value_parser = parse_secs)]
     pub secs: Option<f64>,
+    /// Once allocated, write zeros over every 8-byte word of this file (a slice's ledger, e.g.
+    /// /run/cuslice/slice/ledger) that equals the memory the driver now reports in use: a
+    /// tenant hiding what it holds from the ledger's counters
+    #[arg(long, value_name = "LEDGER")]
+    pub zero_ledger: Option<std::path::PathBuf>,
 }
 
 #[derive(Clone, Debug, Args)]
@@ -796,6 +801,22 @@ pub fn hold(s: &Session, a: &HoldArgs) -> Result<(), Failure> {
     let mut al = Allocator::new(d, a.family, s.dev)?;
     let block = al.alloc(a.bytes)??;
     let (free, total) = mem_get_info(d)?;
+    if let Some(ledger) = &a.zero_ledger {
+        let used = total - free;
+        match zero_words(ledger, used) {
+            Ok(words) => emit(
+                "tampered",
+                json!({"ledger": ledger.display().to_string(), "value": used, "words": words}),
+            ),
+            Err(e) => {
+                emit(
+                    "error",
+                    json!({"call": "zero-ledger", "message": format!("{}: {e}", ledger.display())}),
+                );
+                return Err(Failure::Check);
+            }
+        }
+    }
     let mut f = Map::new();
     f.insert("family".into(), json!(a.family.name()));
     f.insert("bytes".into(), json!(a.bytes));
@@ -820,6 +841,49 @@ pub fn hold(s: &Session, a: &HoldArgs) -> Result<(), Failure> {
         json!({"family": a.family.name(), "bytes": a.bytes, "free": free, "total": total}),
     );
     Ok(())
+}
+
+/// Writes 0 over every 8-byte-aligned word of `path` equal to `value`, through a shared mapping
+/// (as a process that maps the file sees it at once). Returns how many it changed.
+fn zero_words(path: &std::path::Path, value: u64) -> std::io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)?;
+    let len = f.metadata()?.len() as usize;
+    if len < 8 {
+        return Ok(0);
+    }
+    // SAFETY: a fresh shared read-write mapping of the whole file, of a descriptor open for both.
+    let map = unsafe {
+        libc::mmap(
+            null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        )
+    };
+    if map == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    let words = map.cast::<std::sync::atomic::AtomicU64>();
+    let mut changed = 0;
+    for i in 0..len / 8 {
+        // SAFETY: within the mapping (8-byte aligned: mmap returns a page-aligned address), and
+        // others change these words only atomically.
+        let w = unsafe { &*words.add(i) };
+        if w.compare_exchange(value, 0, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+        {
+            changed += 1;
+        }
+    }
+    // SAFETY: the mapping made above, no longer used.
+    unsafe { libc::munmap(map, len) };
+    Ok(changed)
 }
 
 // ---------------------------------------------------------------------------------------------
