@@ -840,7 +840,8 @@ pub fn output_of(cmd: &mut Command) -> String {
 /// `cuslice install --engine ENGINE --prefix PREFIX --config CONFIG`, as a user registers
 /// cuslice with an engine: it copies cuslice-hook, cuslice-runtime, cuslice and libcuslice.so from
 /// target/release into PREFIX/bin and PREFIX/lib/cuslice and writes the engine's registration at
-/// CONFIG. Returns what it printed.
+/// CONFIG. Returns what it printed. `--no-agent`: these run against the real root, where a
+/// systemd host would get the agent's unit installed and started.
 pub fn cuslice_install(engine: &str, prefix: &Path, config: &Path) -> String {
     let installer = bin_dir().join("cuslice");
     assert!(
@@ -850,7 +851,7 @@ pub fn cuslice_install(engine: &str, prefix: &Path, config: &Path) -> String {
     );
     let out = output_of(
         Command::new(&installer)
-            .args(["install", "--engine", engine, "--prefix"])
+            .args(["install", "--no-agent", "--engine", engine, "--prefix"])
             .arg(prefix)
             .arg("--config")
             .arg(config),
