@@ -32,7 +32,9 @@ from xml.sax.saxutils import escape
 W, H = 900, 620
 LEFT, RIGHT, BOTTOM = 70, 110, 50
 GIB = 1024 ** 3
-PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f"]
+# Ordered so that the demo's trainer, notebook and batch (hashing to 0, 3 and 4) get blue, orange
+# and green.
+PALETTE = ["#1f77b4", "#9467bd", "#8c564b", "#ff7f0e", "#2ca02c", "#e377c2", "#17becf", "#7f7f7f"]
 REFUSED = "#d62728"  # kept out of the palette so the refusal markers stand out
 EXPECTED = "expected one `cuslice status --json` object per line"
 
