@@ -452,7 +452,7 @@ fn agent(cx: &Ctx<'_>, files: &[Change], plan: &mut Plan) -> Result<Vec<Change>,
                 ));
             }
             if !systemd && old.is_none() {
-                plan.notes.push(format!(
+                plan.warnings.push(format!(
                     "agent: systemd does not run this system (no {SYSTEMD_RUNNING}{under_root}), so no unit was installed: start `{cli} agent` as root at boot with the init system you use, and restart it when it exits (docs/agent.md, \"Installing it as a service\")"
                 ));
                 return Ok(changes);
@@ -482,11 +482,11 @@ fn agent(cx: &Ctx<'_>, files: &[Change], plan: &mut Plan) -> Result<Vec<Change>,
                 plan.before.extend(before);
                 plan.after.extend(after);
             } else if systemd {
-                plan.notes.push(format!(
+                plan.warnings.push(format!(
                     "agent: systemctl not run{under_root}; on the target system run: systemctl daemon-reload && systemctl enable --now {unit}"
                 ));
             } else {
-                plan.notes.push(format!(
+                plan.warnings.push(format!(
                     "agent: systemd does not run this system (no {SYSTEMD_RUNNING}{under_root}): {unit} is up to date, but nothing starts it"
                 ));
             }
@@ -531,7 +531,7 @@ fn agent(cx: &Ctx<'_>, files: &[Change], plan: &mut Plan) -> Result<Vec<Change>,
                     });
                 }
                 if systemd {
-                    plan.notes.push(format!(
+                    plan.warnings.push(format!(
                         "agent: systemctl not run{under_root}; on the target system run: systemctl stop {unit} && systemctl daemon-reload"
                     ));
                 }
