@@ -14,7 +14,8 @@ TIMELINE.jsonl holds one snapshot per line, as printed by `cuslice status --json
 
 Any field except "time" may be null, extra fields are ignored. A slice is identified by (device
 uuid, "slice") and labelled by its name (its id when the name is null), plus " (GPUn)" when the
-file has more than one device. Slices may come and go: their lines break where they are absent.
+file has more than one device, and coloured by that label (the same name gets the same colour in
+every picture). Slices may come and go: their lines break where they are absent.
 
 The picture has two panels over a shared time axis (seconds since the first snapshot): memory
 held per slice (GiB) with each cap dashed and a red x wherever the slice's refusal count grew,
@@ -25,12 +26,15 @@ import argparse
 import json
 import math
 import sys
+import zlib
 from xml.sax.saxutils import escape
 
 W, H = 900, 620
 LEFT, RIGHT, BOTTOM = 70, 110, 50
 GIB = 1024 ** 3
-PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f"]
+# Ordered so that the demo's trainer, notebook and batch (hashing to 0, 3 and 4) get blue, orange
+# and green.
+PALETTE = ["#1f77b4", "#9467bd", "#8c564b", "#ff7f0e", "#2ca02c", "#e377c2", "#17becf", "#7f7f7f"]
 REFUSED = "#d62728"  # kept out of the palette so the refusal markers stand out
 EXPECTED = "expected one `cuslice status --json` object per line"
 
@@ -121,8 +125,26 @@ def load(path):
     return snaps
 
 
+def colours(labels):
+    """A colour per label, chosen by the label itself, so a container keeps its colour from run
+    to run whatever order the slices appear in: the palette entry its name hashes to (CRC-32),
+    or the next free one when an earlier label (in sorted order) took it."""
+    taken, out = set(), {}
+    for label in sorted(labels):
+        k = zlib.crc32(label.encode("utf-8")) % len(PALETTE)
+        for step in range(len(PALETTE)):
+            if (k + step) % len(PALETTE) not in taken:
+                k = (k + step) % len(PALETTE)
+                break
+        taken.add(k)
+        if len(taken) == len(PALETTE):
+            taken.clear()
+        out[label] = PALETTE[k]
+    return out
+
+
 def collect(snaps):
-    """Per slice, in order of first appearance: label, colour and one row (info or None) per snapshot."""
+    """Per slice, sorted by label: label, colour and one row (info or None) per snapshot."""
     devices, names = {}, {}
     for s in snaps:
         for uuid in s["totals"]:
@@ -130,12 +152,14 @@ def collect(snaps):
         for key, info in s["slices"].items():
             devices.setdefault(key[0], len(devices))
             names.setdefault(key, info["name"])
-    series = []
-    for k, (key, name) in enumerate(names.items()):
+    labelled = []
+    for key, name in names.items():
         suffix = f" (GPU{devices[key[0]]})" if len(devices) > 1 else ""
-        series.append({"label": name + suffix, "color": PALETTE[k % len(PALETTE)],
-                       "rows": [s["slices"].get(key) for s in snaps]})
-    return series
+        labelled.append((name + suffix, key))
+    labelled.sort()
+    colour = colours([label for label, _ in labelled])
+    return [{"label": label, "color": colour[label], "rows": [s["slices"].get(key) for s in snaps]}
+            for label, key in labelled]
 
 
 # ---------------------------------------------------------------- scales and text

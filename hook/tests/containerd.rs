@@ -171,6 +171,7 @@ struct CtrContainer<'a> {
     out: BufReader<ChildStdout>,
     removed: bool,
     _rootfs: tempfile::TempDir,
+    err: Stderr,
 }
 
 impl CtrContainer<'_> {
@@ -218,6 +219,9 @@ impl Container for CtrContainer<'_> {
     fn stdout(&mut self) -> &mut BufReader<ChildStdout> {
         &mut self.out
     }
+    fn stderr(&self) -> String {
+        self.err.text()
+    }
     fn remove(mut self: Box<Self>) {
         if let Err(e) = self.remove_now() {
             panic!("ctr container rm {}: {e}", self.id);
@@ -244,13 +248,14 @@ impl Engine for Containerd {
     }
     fn spawn(&self, sim: &Sim, spec: &Spec<'_>) -> Box<dyn Container + '_> {
         let rootfs = fresh_rootfs();
-        let (child, out) = spawn_piped(self.run_command(sim, spec, rootfs.path(), false));
+        let (child, out, err) = spawn_piped(self.run_command(sim, spec, rootfs.path(), false));
         Box::new(CtrContainer {
             engine: self,
             id: spec.name.to_string(),
             child,
             out,
             removed: false,
+            err,
             _rootfs: rootfs,
         })
     }

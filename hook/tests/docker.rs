@@ -180,6 +180,7 @@ struct DockerContainer<'a> {
     child: Child,
     out: BufReader<ChildStdout>,
     removed: bool,
+    err: Stderr,
 }
 
 impl DockerContainer<'_> {
@@ -238,6 +239,9 @@ impl Container for DockerContainer<'_> {
     fn stdout(&mut self) -> &mut BufReader<ChildStdout> {
         &mut self.out
     }
+    fn stderr(&self) -> String {
+        self.err.text()
+    }
     fn remove(mut self: Box<Self>) {
         if let Err(e) = self.remove_now() {
             panic!("docker rm -f {}: {e}", self.name);
@@ -254,7 +258,7 @@ impl Engine for Docker {
     }
     fn spawn(&self, sim: &Sim, spec: &Spec<'_>) -> Box<dyn Container + '_> {
         let cidfile = tempfile::tempdir().unwrap();
-        let (child, out) =
+        let (child, out, err) =
             spawn_piped(self.run_command(sim, spec, Some(&cidfile.path().join("cid"))));
         Box::new(DockerContainer {
             engine: self,
@@ -263,6 +267,7 @@ impl Engine for Docker {
             child,
             out,
             removed: false,
+            err,
         })
     }
 }

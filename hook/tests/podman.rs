@@ -121,6 +121,7 @@ struct PodmanContainer<'a> {
     child: Child,
     out: BufReader<ChildStdout>,
     removed: bool,
+    err: Stderr,
 }
 
 impl PodmanContainer<'_> {
@@ -175,6 +176,9 @@ impl Container for PodmanContainer<'_> {
     fn stdout(&mut self) -> &mut BufReader<ChildStdout> {
         &mut self.out
     }
+    fn stderr(&self) -> String {
+        self.err.text()
+    }
     fn remove(mut self: Box<Self>) {
         if let Err(e) = self.remove_now() {
             panic!("podman rm -f {}: {e}", self.name);
@@ -200,7 +204,7 @@ impl Engine for Podman {
     fn spawn(&self, sim: &Sim, spec: &Spec<'_>) -> Box<dyn Container + '_> {
         let dir = tempfile::tempdir().unwrap();
         make_rootfs(&dir.path().join("rootfs"));
-        let (child, out) = spawn_piped(self.run_command(
+        let (child, out, err) = spawn_piped(self.run_command(
             sim,
             spec,
             &dir.path().join("rootfs"),
@@ -213,6 +217,7 @@ impl Engine for Podman {
             child,
             out,
             removed: false,
+            err,
         })
     }
 }

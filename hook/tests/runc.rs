@@ -61,6 +61,7 @@ struct RuncContainer {
     out: std::io::BufReader<std::process::ChildStdout>,
     id: String,
     _bundle: Bundle,
+    err: Stderr,
 }
 
 fn state_pid(id: &str) -> i32 {
@@ -79,6 +80,9 @@ impl Container for RuncContainer {
     }
     fn stdout(&mut self) -> &mut std::io::BufReader<std::process::ChildStdout> {
         &mut self.out
+    }
+    fn stderr(&self) -> String {
+        self.err.text()
     }
     fn remove(mut self: Box<Self>) {
         let _ = Command::new("runc")
@@ -109,12 +113,13 @@ impl Engine for Runc {
         let b = bundle(sim, spec, true);
         let mut cmd = Command::new("runc");
         cmd.args(["run", spec.name]).current_dir(&b.path);
-        let (child, out) = spawn_piped(cmd);
+        let (child, out, err) = spawn_piped(cmd);
         Box::new(RuncContainer {
             child,
             out,
             id: spec.name.to_string(),
             _bundle: b,
+            err,
         })
     }
 }
@@ -299,7 +304,7 @@ fn vanished_container_swept() {
         "createRuntime/prestart ran at create"
     );
     let pid = state_pid(&n);
-    let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+    let _ = Command::new("kill").args(["-9", &pid.to_string()]).output();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while std::path::Path::new(&format!("/proc/{pid}")).exists()
         && std::time::Instant::now() < deadline

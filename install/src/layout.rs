@@ -11,6 +11,13 @@ pub const RUNTIME_BIN: &str = "cuslice-runtime";
 pub const CLI_BIN: &str = "cuslice";
 pub const LIBRARY: &str = "libcuslice.so";
 
+/// Where units the administrator installs live (systemd reads it before /usr/lib/systemd).
+pub const SYSTEMD_UNIT_DIR: &str = "/etc/systemd/system";
+/// The target that starts the agent at boot.
+pub const AGENT_WANTED_BY: &str = "multi-user.target";
+/// What tells that systemd runs a system (sd_booted(3)), under `--root`.
+pub const SYSTEMD_RUNNING: &str = "/run/systemd/system";
+
 /// PREFIX and the runtime name, checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Layout {
@@ -75,6 +82,30 @@ impl Layout {
         format!("{}/lib/cuslice/{LIBRARY}", self.prefix)
     }
 
+    /// The agent's systemd unit: `NAME-agent.service` (`cuslice-agent.service`).
+    pub fn agent_unit(&self) -> String {
+        format!("{}-agent.service", self.name)
+    }
+
+    /// Where the agent's unit goes on the target system.
+    pub fn agent_unit_path(&self) -> String {
+        format!("{SYSTEMD_UNIT_DIR}/{}", self.agent_unit())
+    }
+
+    /// The link `systemctl enable` makes for the unit's `WantedBy=`.
+    pub fn agent_wants_link(&self) -> String {
+        format!(
+            "{SYSTEMD_UNIT_DIR}/{AGENT_WANTED_BY}.wants/{}",
+            self.agent_unit()
+        )
+    }
+
+    /// The administrator's settings for the agent, read by the unit if present (install never
+    /// writes it): `/etc/default/NAME-agent`.
+    pub fn agent_defaults_path(&self) -> String {
+        format!("/etc/default/{}-agent", self.name)
+    }
+
     /// The hook's argv for one stage (OCI hook `args` include argv\[0\]).
     pub fn hook_args(&self, stage: &str) -> Vec<String> {
         vec![
@@ -128,6 +159,15 @@ mod tests {
                 "/usr/local/lib/cuslice/libcuslice.so"
             ]
         );
+        assert_eq!(
+            l.agent_unit_path(),
+            "/etc/systemd/system/cuslice-agent.service"
+        );
+        assert_eq!(
+            l.agent_wants_link(),
+            "/etc/systemd/system/multi-user.target.wants/cuslice-agent.service"
+        );
+        assert_eq!(l.agent_defaults_path(), "/etc/default/cuslice-agent");
         let root = Layout::new("/", "x").expect("layout");
         assert_eq!(root.hook_path(), "/bin/cuslice-hook");
         assert_eq!(root.prefix(), "/");

@@ -241,6 +241,10 @@ struct InstallArgs {
     /// docker: also make cuslice dockerd's default runtime
     #[arg(long)]
     default_runtime: bool,
+    /// Do not install the node agent (`cuslice agent` as the systemd unit NAME-agent.service,
+    /// enabled and started); by default install does, where systemd runs the system
+    #[arg(long)]
+    no_agent: bool,
 }
 
 #[derive(Args, Debug)]
@@ -279,9 +283,16 @@ fn absolute(p: &Path) -> PathBuf {
 }
 
 fn options(command: Command) -> Result<Options, Failure> {
-    let (cmd, common, from, default_runtime, keep_files) = match command {
-        Command::Install(a) => (Cmd::Install, a.common, a.from, a.default_runtime, false),
-        Command::Uninstall(a) => (Cmd::Uninstall, a.common, None, false, a.keep_files),
+    let (cmd, common, from, default_runtime, keep_files, agent) = match command {
+        Command::Install(a) => (
+            Cmd::Install,
+            a.common,
+            a.from,
+            a.default_runtime,
+            false,
+            !a.no_agent,
+        ),
+        Command::Uninstall(a) => (Cmd::Uninstall, a.common, None, false, a.keep_files, true),
         _ => unreachable!("only install and uninstall have install options"),
     };
     let word = match cmd {
@@ -341,6 +352,7 @@ fn options(command: Command) -> Result<Options, Failure> {
         from: from.map(|f| absolute(&f)),
         default_runtime,
         keep_files,
+        agent,
         dry_run: common.dry_run,
     })
 }

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use crate::fsio;
-use crate::layout::{CLI_BIN, HOOK_BIN, LIBRARY, Layout, RUNTIME_BIN, STAGES};
+use crate::layout::{CLI_BIN, HOOK_BIN, LIBRARY, Layout, RUNTIME_BIN, STAGES, SYSTEMD_RUNNING};
 use crate::problem::Problem;
 use crate::transform::{containerd, docker, owned};
 
@@ -82,6 +82,8 @@ pub struct Options {
     pub from: Option<PathBuf>,
     pub default_runtime: bool,
     pub keep_files: bool,
+    /// install: also install and start the node agent (`--no-agent` turns it off).
+    pub agent: bool,
     pub dry_run: bool,
 }
 
@@ -132,6 +134,10 @@ pub struct Plan {
     pub warnings: Vec<String>,
     /// Said after the changes are written: how to make engines use them.
     pub notes: Vec<String>,
+    /// systemctl commands (arguments after `systemctl`) run before the changes are written...
+    pub before: Vec<Vec<String>>,
+    /// ...and after.
+    pub after: Vec<Vec<String>>,
 }
 
 struct Ctx<'a> {
@@ -364,6 +370,7 @@ pub fn plan(o: &Options) -> Result<Plan, Failure> {
             }
         }
     };
+    config_changes.extend(agent(&cx, &files, &mut plan)?);
     // Install: binaries before the configuration that names them; uninstall: the reverse.
     match o.cmd {
         Cmd::Install => {
@@ -376,6 +383,197 @@ pub fn plan(o: &Options) -> Result<Plan, Failure> {
         }
     }
     Ok(plan)
+}
+
+/// What systemctl runs for the agent's unit, on a live system that runs systemd: (before the
+/// files are written, after). `existed`: the unit was there before; `changed`: its text changes;
+/// `cli_changed`: the `cuslice` binary it runs is replaced.
+pub fn agent_commands(
+    cmd: Cmd,
+    unit: &str,
+    existed: bool,
+    changed: bool,
+    cli_changed: bool,
+) -> (Vec<Vec<String>>, Vec<Vec<String>>) {
+    let v = |args: &[&str]| args.iter().map(|a| a.to_string()).collect::<Vec<_>>();
+    match cmd {
+        Cmd::Install => {
+            let mut after = Vec::new();
+            if changed {
+                after.push(v(&["daemon-reload"]));
+            }
+            after.push(v(&["enable", "--now", unit]));
+            // A running agent keeps the old binary and unit until it restarts.
+            if existed && (changed || cli_changed) {
+                after.push(v(&["restart", unit]));
+            }
+            (Vec::new(), after)
+        }
+        Cmd::Uninstall if existed => (
+            vec![v(&["disable", "--now", unit])],
+            vec![v(&["daemon-reload"])],
+        ),
+        Cmd::Uninstall => (Vec::new(), Vec::new()),
+    }
+}
+
+/// The node agent's systemd unit (`cuslice install` installs and starts it unless
+/// `--no-agent`; uninstall stops and removes it with the last engine's registration).
+fn agent(cx: &Ctx<'_>, files: &[Change], plan: &mut Plan) -> Result<Vec<Change>, Failure> {
+    let o = cx.o;
+    let l = &o.layout;
+    if o.cmd == Cmd::Install && !o.agent {
+        return Ok(Vec::new());
+    }
+    let unit = l.agent_unit();
+    let cli = l.cli_path();
+    let systemd = fsio::host(&o.root, SYSTEMD_RUNNING).is_dir();
+    let live = o.root.canonicalize().is_ok_and(|r| r == Path::new("/"));
+    let (path, old, mode) = cx.read_text_lenient(&l.agent_unit_path())?;
+    let runs = old
+        .as_deref()
+        .and_then(|b| owned::unit_exec(&String::from_utf8_lossy(b)));
+    let foreign = runs.filter(|p| *p != cli);
+    let under_root = if live {
+        String::new()
+    } else {
+        format!(" under --root {}", o.root.display())
+    };
+    let mut changes = Vec::new();
+    match o.cmd {
+        Cmd::Install => {
+            if let Some(other) = foreign {
+                return Err(cx.refuse(
+                    &path,
+                    Problem::new(
+                        format!("the agent's unit already runs {other}, not {cli}"),
+                        "one agent serves a node: uninstall the other installation first (with its --prefix), or add --no-agent",
+                    ),
+                ));
+            }
+            if !systemd && old.is_none() {
+                plan.warnings.push(format!(
+                    "agent: systemd does not run this system (no {SYSTEMD_RUNNING}{under_root}), so no unit was installed: start `{cli} agent` as root at boot with the init system you use, and restart it when it exits (docs/agent.md, \"Installing it as a service\")"
+                ));
+                return Ok(changes);
+            }
+            let change = Change {
+                path,
+                old,
+                old_mode: mode,
+                new: Some(owned::agent_unit(l).into_bytes()),
+                mode: 0o644,
+                force_mode: false,
+                text: true,
+                source: None,
+            };
+            let cli_target = fsio::host(&o.root, &cli);
+            let cli_changed = files
+                .iter()
+                .any(|c| c.path == cli_target && c.old.is_some() && !c.is_noop());
+            if live && systemd {
+                let (before, after) = agent_commands(
+                    o.cmd,
+                    &unit,
+                    change.old.is_some(),
+                    !change.is_noop(),
+                    cli_changed,
+                );
+                plan.before.extend(before);
+                plan.after.extend(after);
+            } else if systemd {
+                plan.warnings.push(format!(
+                    "agent: systemctl not run{under_root}; on the target system run: systemctl daemon-reload && systemctl enable --now {unit}"
+                ));
+            } else {
+                plan.warnings.push(format!(
+                    "agent: systemd does not run this system (no {SYSTEMD_RUNNING}{under_root}): {unit} is up to date, but nothing starts it"
+                ));
+            }
+            changes.push(change);
+        }
+        Cmd::Uninstall => {
+            if old.is_none() {
+                return Ok(changes);
+            }
+            if let Some(other) = foreign {
+                plan.warnings.push(format!(
+                    "kept {}: it runs {other}, not {cli}; uninstall with the --prefix it was installed with",
+                    path.display()
+                ));
+                return Ok(changes);
+            }
+            let elsewhere = still_registered(o);
+            if !elsewhere.is_empty() {
+                plan.warnings.push(format!(
+                    "kept the agent ({unit}): cuslice is still registered with {}",
+                    elsewhere.join(", ")
+                ));
+                return Ok(changes);
+            }
+            if live && systemd {
+                let (before, after) = agent_commands(o.cmd, &unit, true, true, false);
+                plan.before.extend(before);
+                plan.after.extend(after);
+            } else {
+                // What `systemctl disable` would remove: the link that starts it at boot.
+                let link = fsio::host(&o.root, &l.agent_wants_link());
+                if let Ok(target) = std::fs::read_link(&link) {
+                    changes.push(Change {
+                        path: link,
+                        old: Some(target.as_os_str().as_encoded_bytes().to_vec()),
+                        old_mode: None,
+                        new: None,
+                        mode: 0o777,
+                        force_mode: false,
+                        text: false,
+                        source: None,
+                    });
+                }
+                if systemd {
+                    plan.warnings.push(format!(
+                        "agent: systemctl not run{under_root}; on the target system run: systemctl stop {unit} && systemctl daemon-reload"
+                    ));
+                }
+            }
+            changes.push(Change {
+                path,
+                old,
+                old_mode: mode,
+                new: None,
+                mode: 0o644,
+                force_mode: false,
+                text: true,
+                source: None,
+            });
+        }
+    }
+    Ok(changes)
+}
+
+/// Runs `systemctl ARGS`; Err: one line saying what failed.
+fn systemctl(o: &Options, args: &[String]) -> Result<(), Failure> {
+    let shown = format!("systemctl {}", args.join(" "));
+    let fail = |why: String| {
+        Failure::Failed(format!(
+            "cuslice {}: `{shown}` failed: {why}; the files listed above were written; fix that and run `{shown}` yourself, or run the command again",
+            o.cmd.word()
+        ))
+    };
+    let out = std::process::Command::new("systemctl")
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| fail(format!("cannot run it ({e})")))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(fail(format!(
+            "{} ({})",
+            crate::problem::one_line(&String::from_utf8_lossy(&out.stderr)),
+            out.status
+        )))
+    }
 }
 
 /// The four installed files: (file name in --from, target path, mode).
@@ -640,6 +838,9 @@ pub fn diff(c: &Change) -> String {
 /// What `--dry-run` prints.
 pub fn render_dry_run(plan: &Plan) -> String {
     let mut out = String::new();
+    for args in &plan.before {
+        let _ = writeln!(out, "would run: systemctl {}", args.join(" "));
+    }
     for c in &plan.changes {
         let p = c.path.display();
         if c.is_noop() {
@@ -671,6 +872,9 @@ pub fn render_dry_run(plan: &Plan) -> String {
             }
         }
     }
+    for args in &plan.after {
+        let _ = writeln!(out, "would run: systemctl {}", args.join(" "));
+    }
     for w in &plan.warnings {
         let _ = writeln!(out, "{w}");
     }
@@ -682,6 +886,10 @@ pub fn render_dry_run(plan: &Plan) -> String {
 pub fn apply(o: &Options, plan: &Plan) -> Result<String, Failure> {
     let mut out = String::new();
     let mut changed = 0;
+    for args in &plan.before {
+        systemctl(o, args)?;
+        let _ = writeln!(out, "systemctl {}: done", args.join(" "));
+    }
     for c in &plan.changes {
         let p = c.path.display();
         if c.is_noop() {
@@ -728,6 +936,14 @@ pub fn apply(o: &Options, plan: &Plan) -> Result<String, Failure> {
                 let _ = writeln!(out, "{p}: removed");
             }
         }
+    }
+    for args in &plan.after {
+        // Failing here leaves the files written; the message says what to run.
+        if let Err(e) = systemctl(o, args) {
+            print!("{out}");
+            return Err(e);
+        }
+        let _ = writeln!(out, "systemctl {}: done", args.join(" "));
     }
     let engines: Vec<&str> = o.engines.iter().map(|e| e.name()).collect();
     if changed == 0 {
@@ -802,5 +1018,60 @@ mod tests {
         let d = diff(&c);
         assert!(d.starts_with("--- /dev/null\n+++ /etc/f\n"), "{d}");
         assert!(d.contains("+a\n"));
+    }
+
+    #[test]
+    fn agent_systemctl_commands() {
+        let run = |cmd, existed, changed, cli| {
+            let (before, after) = agent_commands(cmd, "a.service", existed, changed, cli);
+            let show = |v: Vec<Vec<String>>| v.iter().map(|a| a.join(" ")).collect::<Vec<_>>();
+            (show(before), show(after))
+        };
+        let none: Vec<String> = Vec::new();
+        // First install: load the unit, enable and start it.
+        assert_eq!(
+            run(Cmd::Install, false, true, false),
+            (
+                none.clone(),
+                vec!["daemon-reload".into(), "enable --now a.service".into()]
+            )
+        );
+        // Nothing changed: enable --now only (a no-op if it is enabled and running).
+        assert_eq!(
+            run(Cmd::Install, true, false, false),
+            (none.clone(), vec!["enable --now a.service".into()])
+        );
+        // A new binary: the running agent restarts onto it.
+        assert_eq!(
+            run(Cmd::Install, true, false, true),
+            (
+                none.clone(),
+                vec!["enable --now a.service".into(), "restart a.service".into()]
+            )
+        );
+        // A changed unit: reloaded, then restarted.
+        assert_eq!(
+            run(Cmd::Install, true, true, false),
+            (
+                none.clone(),
+                vec![
+                    "daemon-reload".into(),
+                    "enable --now a.service".into(),
+                    "restart a.service".into()
+                ]
+            )
+        );
+        // Uninstall: stopped and disabled while its file is there, reloaded once it is gone.
+        assert_eq!(
+            run(Cmd::Uninstall, true, true, false),
+            (
+                vec!["disable --now a.service".into()],
+                vec!["daemon-reload".into()]
+            )
+        );
+        assert_eq!(
+            run(Cmd::Uninstall, false, false, false),
+            (none.clone(), none)
+        );
     }
 }

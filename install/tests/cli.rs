@@ -678,3 +678,181 @@ fn bad_arguments() {
     refused(&out, "install", "--config");
     assert!(env.snapshot().is_empty());
 }
+
+// ---- the node agent's unit ------------------------------------------------------------------
+
+const UNIT: &str = "/etc/systemd/system/cuslice-agent.service";
+const WANTS: &str = "/etc/systemd/system/multi-user.target.wants/cuslice-agent.service";
+
+/// A target root where systemd runs: /run/systemd/system exists (sd_booted(3)).
+fn systemd_env() -> Env {
+    let env = Env::new();
+    fs::create_dir_all(env.path("/run/systemd/system")).expect("mkdir");
+    env
+}
+
+#[test]
+fn the_agent_is_installed_as_a_systemd_unit_and_removed_with_the_last_engine() {
+    let env = systemd_env();
+    let before = env.snapshot();
+
+    // A dry run shows the unit as a diff and writes nothing.
+    let out = ok(&env.run("install", &["--engine", "podman", "--dry-run"]));
+    let unit_path = env.path(UNIT).display().to_string();
+    assert!(
+        out.contains(&format!("--- /dev/null\n+++ {unit_path}\n")),
+        "{out}"
+    );
+    assert!(
+        out.contains("+ExecStart=/usr/local/bin/cuslice agent $CUSLICE_AGENT_ARGS\n"),
+        "{out}"
+    );
+    assert_eq!(env.snapshot(), before);
+
+    let out = ok(&env.run("install", &["--engine", "podman,crio"]));
+    assert!(out.contains(&format!("{unit_path}: created")), "{out}");
+    // Under --root the target's systemd is not reached: the line says what to run there.
+    assert!(
+        out.contains(&format!(
+            "agent: systemctl not run under --root {}; on the target system run: systemctl daemon-reload && systemctl enable --now cuslice-agent.service",
+            env.root.display()
+        )),
+        "{out}"
+    );
+    let unit = env.get(UNIT);
+    for line in [
+        "ExecStart=/usr/local/bin/cuslice agent $CUSLICE_AGENT_ARGS\n",
+        "Restart=always\n",
+        "EnvironmentFile=-/etc/default/cuslice-agent\n",
+        "WantedBy=multi-user.target\n",
+    ] {
+        assert!(unit.contains(line), "{line:?} in\n{unit}");
+    }
+    let mode = fs::metadata(env.path(UNIT))
+        .expect("meta")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o7777, 0o644);
+
+    // Idempotent.
+    let installed = env.snapshot();
+    let out = ok(&env.run("install", &["--engine", "podman,crio"]));
+    assert!(
+        out.contains(&format!("{unit_path}: already installed, no change")),
+        "{out}"
+    );
+    assert_eq!(env.snapshot(), installed);
+
+    // What `systemctl enable` makes on the target, by hand (systemd does not run here).
+    fs::create_dir_all(env.path(WANTS).parent().expect("dir")).expect("mkdir");
+    std::os::unix::fs::symlink(UNIT, env.path(WANTS)).expect("link");
+
+    // The agent serves every engine: it stays while one is still registered.
+    let out = ok(&env.run("uninstall", &["--engine", "podman"]));
+    assert!(
+        out.contains(
+            "kept the agent (cuslice-agent.service): cuslice is still registered with crio"
+        ),
+        "{out}"
+    );
+    assert!(env.exists(UNIT));
+    // --keep-files keeps PREFIX's files; the agent's unit is a registration and goes.
+    let out = ok(&env.run("uninstall", &["--engine", "crio", "--keep-files"]));
+    assert!(out.contains(&format!("{unit_path}: removed")), "{out}");
+    assert!(
+        out.contains("systemctl stop cuslice-agent.service"),
+        "{out}"
+    );
+    assert!(!env.exists(UNIT));
+    assert!(
+        fs::symlink_metadata(env.path(WANTS)).is_err(),
+        "the link went too"
+    );
+    assert!(env.exists("/usr/local/bin/cuslice"));
+    ok(&env.run("uninstall", &["--engine", "crio"]));
+    assert_eq!(env.snapshot(), before);
+}
+
+#[test]
+fn without_systemd_install_says_how_to_start_the_agent() {
+    let env = Env::new();
+    let line = format!(
+        "agent: systemd does not run this system (no /run/systemd/system under --root {}), so no unit was installed: start `/usr/local/bin/cuslice agent` as root at boot",
+        env.root.display()
+    );
+    // Said by a dry run too: it is what the plan leaves out.
+    let out = ok(&env.run("install", &["--engine", "cdi", "--dry-run"]));
+    assert!(out.contains(&line), "{out}");
+    let out = ok(&env.run("install", &["--engine", "cdi"]));
+    assert!(out.contains(&line), "{out}");
+    assert!(!env.exists(UNIT));
+    assert!(!env.exists("/etc/systemd"));
+}
+
+#[test]
+fn no_agent_installs_no_unit_and_one_agent_serves_a_node() {
+    let env = systemd_env();
+    let out = ok(&env.run("install", &["--engine", "cdi", "--no-agent"]));
+    assert!(!out.contains("agent"), "{out}");
+    assert!(!env.exists(UNIT));
+
+    // An agent from another PREFIX: install refuses to replace it, uninstall leaves it.
+    let other = "# another installation's\n[Service]\nExecStart=/opt/other/bin/cuslice agent\n";
+    env.put(UNIT, other);
+    let before = env.snapshot();
+    let line = refused(
+        &env.run("install", &["--engine", "cdi"]),
+        "install",
+        &env.path(UNIT).display().to_string(),
+    );
+    assert!(
+        line.contains("already runs /opt/other/bin/cuslice, not /usr/local/bin/cuslice"),
+        "{line}"
+    );
+    assert!(line.contains("--no-agent"), "{line}");
+    assert_eq!(env.snapshot(), before);
+    ok(&env.run("install", &["--engine", "cdi", "--no-agent"]));
+    let out = ok(&env.run("uninstall", &["--engine", "cdi"]));
+    assert!(out.contains("it runs /opt/other/bin/cuslice"), "{out}");
+    assert_eq!(env.get(UNIT), other);
+}
+
+/// systemd's own check of the unit: every key known, the command executable. Where
+/// systemd-analyze is installed (systemd need not run).
+#[test]
+fn systemd_analyze_accepts_the_unit() {
+    let env = systemd_env();
+    ok(&env.run(
+        "install",
+        &["--engine", "cdi", "--prefix", "/opt/cuslice 1"],
+    ));
+    let unit = env.get(UNIT);
+    assert!(
+        unit.contains("ExecStart=\"/opt/cuslice 1/bin/cuslice\" agent $CUSLICE_AGENT_ARGS\n"),
+        "{unit}"
+    );
+    // The command as it lies under the scratch root, so that the check finds it.
+    let here = env.path("/opt/cuslice 1/bin/cuslice").display().to_string();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let copy = dir.path().join("cuslice-agent.service");
+    fs::write(
+        &copy,
+        unit.replace("\"/opt/cuslice 1/bin/cuslice\"", &format!("\"{here}\"")),
+    )
+    .expect("write");
+    match Command::new("systemd-analyze")
+        .args(["verify", "--man=no"])
+        .arg(&copy)
+        .output()
+    {
+        Err(e) => eprintln!("skipped: no systemd-analyze ({e})"),
+        Ok(o) => {
+            assert!(
+                o.status.success() && o.stderr.is_empty(),
+                "systemd-analyze verify: {}{}",
+                stdout(&o),
+                stderr(&o)
+            );
+        }
+    }
+}

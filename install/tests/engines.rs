@@ -68,7 +68,13 @@ fn containerd_merges_the_dropin_and_keeps_the_cri_settings() {
     .expect("write");
     let prefix = d.join("prefix");
     ok(&Command::new(BIN)
-        .args(["install", "--engine", "containerd", "--config"])
+        .args([
+            "install",
+            "--no-agent",
+            "--engine",
+            "containerd",
+            "--config",
+        ])
         .arg(&config)
         .arg("--prefix")
         .arg(&prefix)
@@ -104,7 +110,13 @@ fn containerd_merges_the_dropin_and_keeps_the_cri_settings() {
     // And with no CRI section in config.toml: runc stays the default runtime.
     fs::write(&config, "version = 2\n").expect("write");
     ok(&Command::new(BIN)
-        .args(["install", "--engine", "containerd", "--config"])
+        .args([
+            "install",
+            "--no-agent",
+            "--engine",
+            "containerd",
+            "--config",
+        ])
         .arg(&config)
         .arg("--prefix")
         .arg(&prefix)
@@ -160,7 +172,7 @@ fn podman_runs_the_hooks_from_hooks_d() {
     let hooks = d.join("hooks.d");
     let prefix = d.join("prefix");
     ok(&Command::new(BIN)
-        .args(["install", "--engine", "podman", "--config"])
+        .args(["install", "--no-agent", "--engine", "podman", "--config"])
         .arg(&hooks)
         .arg("--prefix")
         .arg(&prefix)

@@ -25,14 +25,7 @@ fn start(sim: &Sim, dir: &Path, node: &Path, env: &[&str], args: &[&str]) -> Run
         let (k, v) = kv.split_once('=').unwrap();
         c.env(k, v);
     }
-    let mut child = c
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let out = BufReader::new(child.stdout.take().unwrap());
-    Running { child, out }
+    Running::start(c)
 }
 
 /// `cuslice ARGS` run under the simulator (so NVML is simgpu's).

@@ -57,16 +57,19 @@ fn shares_on(slices: &[Vec<(&str, &str)>], kernel_us: u32, via: &str, streams: u
             );
             c.env("LD_PRELOAD", libcuslice())
                 .env("CUSLICE_NODE_DIR", node.path())
-                .stdout(std::process::Stdio::piped());
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped());
             for (k, v) in env {
                 c.env(k, v);
             }
-            c.spawn().unwrap()
+            let mut child = c.spawn().unwrap();
+            let err = Stderr::capture(&mut child);
+            (child, err)
         })
         .collect();
     let pids: Vec<u64> = procs
         .iter_mut()
-        .map(|p| {
+        .map(|(p, _)| {
             let mut line = String::new();
             std::io::BufRead::read_line(
                 &mut std::io::BufReader::new(p.stdout.as_mut().unwrap()),
@@ -82,9 +85,9 @@ fn shares_on(slices: &[Vec<(&str, &str)>], kernel_us: u32, via: &str, streams: u
     let (t0, a) = (Instant::now(), device_times(&sim));
     std::thread::sleep(WINDOW);
     let (t1, b) = (Instant::now(), device_times(&sim));
-    for p in procs {
+    for (p, err) in procs {
         let out = p.wait_with_output().unwrap();
-        assert!(out.status.success(), "{out:?}");
+        assert!(out.status.success(), "{out:?}; stderr: {}", err.finish());
     }
     let span = (t1 - t0).as_nanos() as f64;
     pids.iter()
@@ -216,8 +219,10 @@ fn requests_beyond_the_device_are_refused_at_cuinit() {
         .env("CUSLICE_NODE_DIR", node.path())
         .env("CUSLICE_CORE_REQUEST", "70")
         .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
+    let _first_err = Stderr::capture(&mut first);
     let mut line = String::new();
     std::io::BufRead::read_line(
         &mut std::io::BufReader::new(first.stdout.as_mut().unwrap()),

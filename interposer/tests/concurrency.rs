@@ -40,6 +40,7 @@ fn churn_4x8(
                     ],
                 )
                 .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
                 .spawn()
                 .unwrap()
         })

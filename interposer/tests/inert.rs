@@ -57,15 +57,20 @@ fn build_c(dir: &std::path::Path, src: &str, out: &str, shared: bool) -> std::pa
     if shared {
         c.args(["-shared", "-fPIC"]);
     }
-    let st = c
+    let done = c
         .arg("-O1")
         .arg("-o")
         .arg(&out)
         .arg(&src)
         .arg("-ldl")
-        .status()
+        .output()
         .unwrap();
-    assert!(st.success(), "cc {} failed", src.display());
+    assert!(
+        done.status.success(),
+        "cc {} failed: {}",
+        src.display(),
+        String::from_utf8_lossy(&done.stderr)
+    );
     out
 }
 

@@ -16,6 +16,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+pub use cuslice_test_harness::Stderr;
 use cuslice_test_harness::{GIB, MIB, Sim, bin_dir, parse_lines};
 use serde_json::Value;
 
@@ -41,6 +42,8 @@ pub trait Container {
     fn host_pid(&self) -> i32;
     fn id(&self) -> String;
     fn stdout(&mut self) -> &mut BufReader<std::process::ChildStdout>;
+    /// What the engine and the container's processes have written to stderr so far.
+    fn stderr(&self) -> String;
     /// Stops and removes the container the engine's usual way (poststop runs).
     fn remove(self: Box<Self>);
 }
@@ -450,6 +453,11 @@ pub fn cannot_lift(engine: &dyn Engine) {
     let (used, peak) = held_by(&sim, c.host_pid());
     assert!(peak <= GIB, "peak {peak} > 1 GiB");
     assert!(used >= GIB - 128 * MIB, "held {used}");
+    // Refused by the kernel, as the shell in the container says.
+    for file in ["/run/cuslice/slice/config", "/etc/ld.so.preload"] {
+        let want = format!("can't create {file}: Read-only file system");
+        poll(&want, || c.stderr().contains(&want).then_some(()));
+    }
     c.remove();
 }
 
@@ -490,7 +498,7 @@ pub fn state_gone(engine: &dyn Engine) {
     let id = c.id();
     let pid = c.host_pid();
     assert!(slice_dir(&id).exists());
-    let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+    let _ = Command::new("kill").args(["-9", &pid.to_string()]).output();
     // Whatever the engine does after its process dies, the state is gone once the next
     // container starts (every hook sweeps) or the operator sweeps.
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -623,15 +631,19 @@ pub fn status_shows(engine: &dyn Engine) {
 
 // ---- helpers for engine implementations -------------------------------------------------
 
-pub fn spawn_piped(mut cmd: Command) -> (Child, BufReader<std::process::ChildStdout>) {
+/// Starts `cmd` with stdout piped and stderr captured: what the engine and the container's
+/// processes write there (refusals a scenario provokes on purpose) reaches the test's output only
+/// when the test fails, and [`Container::stderr`] reads it.
+pub fn spawn_piped(mut cmd: Command) -> (Child, BufReader<std::process::ChildStdout>, Stderr) {
     let mut child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
     let out = BufReader::new(child.stdout.take().unwrap());
-    (child, out)
+    let err = Stderr::capture(&mut child);
+    (child, out, err)
 }
 
 pub fn hook() -> PathBuf {
@@ -842,7 +854,8 @@ pub fn output_of(cmd: &mut Command) -> String {
 /// `cuslice install --engine ENGINE --prefix PREFIX --config CONFIG`, as a user registers
 /// cuslice with an engine: it copies cuslice-hook, cuslice-runtime, cuslice and libcuslice.so from
 /// target/release into PREFIX/bin and PREFIX/lib/cuslice and writes the engine's registration at
-/// CONFIG. Returns what it printed.
+/// CONFIG. Returns what it printed. `--no-agent`: these run against the real root, where a
+/// systemd host would get the agent's unit installed and started.
 pub fn cuslice_install(engine: &str, prefix: &Path, config: &Path) -> String {
     let installer = bin_dir().join("cuslice");
     assert!(
@@ -852,7 +865,7 @@ pub fn cuslice_install(engine: &str, prefix: &Path, config: &Path) -> String {
     );
     let out = output_of(
         Command::new(&installer)
-            .args(["install", "--engine", engine, "--prefix"])
+            .args(["install", "--no-agent", "--engine", engine, "--prefix"])
             .arg(prefix)
             .arg("--config")
             .arg(config),

@@ -1,5 +1,6 @@
 //! Files cuslice owns outright (it writes them whole and uninstall deletes them): Podman's OCI
-//! hook descriptors, CRI-O's drop-in and the CDI spec. Each is a pure function of the layout.
+//! hook descriptors, CRI-O's drop-in, the CDI spec and the agent's systemd unit. Each is a pure
+//! function of the layout.
 
 use serde_json::{Value, json};
 
@@ -101,6 +102,92 @@ pub fn cdi_spec(l: &Layout) -> String {
     }))
 }
 
+/// The engines' units the agent starts before (and stops after), so containers an engine starts
+/// at boot find the agent serving. Units a node lacks are ignored by systemd.
+pub const AGENT_BEFORE: &str = "containerd.service docker.service crio.service podman.service";
+
+/// The agent's systemd unit. It runs as root with the hardening that leaves it what it needs:
+/// every process's /proc entries (pids, cgroups), write access to /sys/fs/cgroup (freezing a
+/// slice's cgroup), signals to any process, the GPU's device nodes (NVML) and /run (its socket
+/// under the hook's state root). So no PrivateDevices (it would hide /dev/nvidia*),
+/// ProtectControlGroups (read-only cgroups), ProtectProc/PrivatePIDs, PrivateTmp (standalone
+/// slices' state directories may be under /tmp), ProtectClock or DeviceAllow (any device rule
+/// closes the device policy), and no RuntimeDirectory (systemd would delete /run/cuslice, the
+/// hook's state, when the agent stops).
+pub fn agent_unit(l: &Layout) -> String {
+    format!(
+        "# Written by `cuslice install`; `cuslice uninstall` removes it. The agent's options go in\n\
+         # {defaults} (CUSLICE_AGENT_ARGS=\"--listen :9400 --enforce stop\"),\n\
+         # then: systemctl restart {unit}\n\
+         [Unit]\n\
+         Description=cuslice node agent (host pids for containers, slices checked against the driver)\n\
+         After=nvidia-persistenced.service\n\
+         Before={before}\n\
+         \n\
+         [Service]\n\
+         Type=simple\n\
+         EnvironmentFile=-{defaults}\n\
+         ExecStart={cli} agent $CUSLICE_AGENT_ARGS\n\
+         Restart=always\n\
+         RestartSec=2\n\
+         NoNewPrivileges=yes\n\
+         ProtectSystem=full\n\
+         ProtectHome=read-only\n\
+         ProtectKernelModules=yes\n\
+         ProtectHostname=yes\n\
+         RestrictRealtime=yes\n\
+         RestrictSUIDSGID=yes\n\
+         RestrictNamespaces=yes\n\
+         LockPersonality=yes\n\
+         SystemCallArchitectures=native\n\
+         CapabilityBoundingSet=CAP_KILL CAP_SYS_PTRACE CAP_DAC_OVERRIDE CAP_DAC_READ_SEARCH CAP_FOWNER CAP_CHOWN\n\
+         \n\
+         [Install]\n\
+         WantedBy={wanted}\n",
+        defaults = l.agent_defaults_path(),
+        unit = l.agent_unit(),
+        before = AGENT_BEFORE,
+        cli = systemd_word(&l.cli_path()),
+        wanted = crate::layout::AGENT_WANTED_BY,
+    )
+}
+
+/// A path as one word of a unit's command line: `%` and `$` doubled (systemd expands specifiers
+/// and variables there), quoted when it holds white space or quotes.
+pub fn systemd_word(path: &str) -> String {
+    let escaped = path.replace('%', "%%").replace('$', "$$");
+    if escaped.contains(|c: char| c.is_whitespace() || c == '"' || c == '\'' || c == '\\') {
+        format!("\"{}\"", escaped.replace('\\', "\\\\").replace('"', "\\\""))
+    } else {
+        escaped
+    }
+}
+
+/// The program an agent unit's last `ExecStart=` runs (its first word, unescaped), if any.
+pub fn unit_exec(unit: &str) -> Option<String> {
+    let cmd = unit
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("ExecStart="))
+        .next_back()?
+        .trim_start_matches(['-', '@', ':', '+', '!']);
+    let mut word = String::new();
+    let mut chars = cmd.chars();
+    match cmd.chars().next()? {
+        '"' => {
+            chars.next();
+            while let Some(c) = chars.next() {
+                match c {
+                    '"' => break,
+                    '\\' => word.extend(chars.next()),
+                    c => word.push(c),
+                }
+            }
+        }
+        _ => word.extend(chars.take_while(|c| !c.is_whitespace())),
+    }
+    Some(word.replace("%%", "%").replace("$$", "$"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -190,5 +277,57 @@ mod tests {
         );
         assert_eq!(cdi_device("other"), "other");
         assert_eq!(cdi_file("cuslice"), "cuslice.json");
+    }
+
+    #[test]
+    fn agent_unit_runs_the_installed_command() {
+        let unit = agent_unit(&layout());
+        for line in [
+            "[Unit]\n",
+            "\nBefore=containerd.service docker.service crio.service podman.service\n",
+            "\n[Service]\nType=simple\n",
+            "\nEnvironmentFile=-/etc/default/cuslice-agent\n",
+            "\nExecStart=/usr/local/bin/cuslice agent $CUSLICE_AGENT_ARGS\n",
+            "\nRestart=always\n",
+            "\nCapabilityBoundingSet=CAP_KILL CAP_SYS_PTRACE ",
+            "\n[Install]\nWantedBy=multi-user.target\n",
+        ] {
+            assert!(unit.contains(line), "{line:?} in\n{unit}");
+        }
+        // What would take away what it needs: /proc, cgroups, signals, the GPU's device nodes,
+        // the hook's state under /run.
+        for absent in [
+            "PrivateDevices",
+            "ProtectControlGroups",
+            "ProtectProc",
+            "PrivatePIDs",
+            "DeviceAllow",
+            "ProtectClock",
+            "RuntimeDirectory",
+            "PrivateTmp",
+            "User=",
+        ] {
+            assert!(!unit.contains(absent), "{absent} in\n{unit}");
+        }
+        assert_eq!(unit_exec(&unit).as_deref(), Some("/usr/local/bin/cuslice"));
+    }
+
+    #[test]
+    fn unit_words_are_escaped_and_read_back() {
+        assert_eq!(
+            systemd_word("/usr/local/bin/cuslice"),
+            "/usr/local/bin/cuslice"
+        );
+        assert_eq!(systemd_word("/opt/100%/bin/x"), "/opt/100%%/bin/x");
+        assert_eq!(systemd_word("/opt/my dir/x"), "\"/opt/my dir/x\"");
+        for prefix in ["/opt/my dir", "/opt/a$b%c", "/opt/q\"uote", "/opt/b\\s"] {
+            let l = Layout::new(prefix, "cuslice").expect("layout");
+            assert_eq!(unit_exec(&agent_unit(&l)), Some(l.cli_path()), "{prefix:?}");
+        }
+        assert_eq!(unit_exec("[Service]\n"), None);
+        assert_eq!(
+            unit_exec("ExecStart=/a x\nExecStart=-/b y\n").as_deref(),
+            Some("/b")
+        );
     }
 }

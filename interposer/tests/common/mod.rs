@@ -44,16 +44,9 @@ impl Slice {
         split(out)
     }
 
+    /// Starts the workload in the background (stdin and stdout piped, stderr captured).
     pub fn spawn(&self, sim: &Sim, args: &[&str]) -> Running {
-        let mut child = self
-            .command(sim, &workload(), args)
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let out = std::io::BufReader::new(child.stdout.take().unwrap());
-        Running { child, out }
+        Running::start(self.command(sim, &workload(), args))
     }
 }
 

@@ -26,6 +26,7 @@ use serde_json::{Value, json};
 struct Runc {
     child: Child,
     out: BufReader<std::process::ChildStdout>,
+    err: cuslice_test_harness::Stderr,
     id: String,
     _bundle: tempfile::TempDir,
 }
@@ -61,10 +62,11 @@ impl Runc {
         std::fs::write(path.join("config.json"), c.to_string()).unwrap();
         let mut cmd = Command::new("runc");
         cmd.args(["run", spec.name]).current_dir(path);
-        let (child, out) = common::spawn_piped(cmd);
+        let (child, out, err) = common::spawn_piped(cmd);
         Runc {
             child,
             out,
+            err,
             id: spec.name.to_string(),
             _bundle: dir,
         }
@@ -96,6 +98,9 @@ impl Container for Runc {
     }
     fn stdout(&mut self) -> &mut BufReader<std::process::ChildStdout> {
         &mut self.out
+    }
+    fn stderr(&self) -> String {
+        self.err.text()
     }
     fn remove(mut self: Box<Self>) {
         let _ = Command::new("runc")

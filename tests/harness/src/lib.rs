@@ -2,9 +2,12 @@
 //! and the interposer's). They need the release build of the whole workspace
 //! (`cargo build --release --workspace`), which `tests/run` does first.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{Receiver, channel};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -101,6 +104,7 @@ impl Sim {
         let out = self.command(&workload(), args).output().unwrap();
         let lines = parse_lines(&String::from_utf8_lossy(&out.stdout));
         if !out.status.success() {
+            // The test's own output: shown only if the test fails.
             eprintln!(
                 "workload {args:?} exited {:?}; stderr: {}",
                 out.status,
@@ -110,17 +114,10 @@ impl Sim {
         (lines, out.status.code().unwrap_or(-1))
     }
 
-    /// Starts the workload in the background with piped stdout/stdin.
+    /// Starts the workload in the background with piped stdin and stdout; its stderr is
+    /// captured (see [`Stderr`]).
     pub fn spawn(&self, args: &[&str]) -> Running {
-        let mut child = self
-            .command(&workload(), args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let out = BufReader::new(child.stdout.take().unwrap());
-        Running { child, out }
+        Running::start(self.command(&workload(), args))
     }
 
     pub fn show(&self) -> Value {
@@ -142,12 +139,101 @@ impl Sim {
     }
 }
 
+/// A child's stderr, read on a thread of its own. Each line is passed to the test's output as it
+/// comes (`eprint!`, which libtest captures per test: shown when the test fails or runs with
+/// `--nocapture`, dropped when it passes), and kept for the test to read. So the refusals and
+/// errors a scenario provokes on purpose stay out of a passing run's log, and a failing test
+/// still shows every line its processes wrote.
+pub struct Stderr {
+    text: Arc<Mutex<Vec<u8>>>,
+    done: Option<(Receiver<()>, JoinHandle<()>)>,
+}
+
+impl Stderr {
+    /// How long [`Stderr::finish`] (and drop) waits for the end of the stream once the child is
+    /// gone: a grandchild may still hold the pipe.
+    const LINGER: Duration = Duration::from_secs(5);
+
+    /// Takes `child`'s stderr (which must have been `Stdio::piped()`; otherwise there is nothing
+    /// to capture and the text stays empty).
+    pub fn capture(child: &mut Child) -> Stderr {
+        Stderr::of(child.stderr.take())
+    }
+
+    /// Captures any readable stream (a child's stderr).
+    pub fn of<R: Read + Send + 'static>(stream: Option<R>) -> Stderr {
+        let text = Arc::new(Mutex::new(Vec::new()));
+        let Some(stream) = stream else {
+            return Stderr { text, done: None };
+        };
+        let (tx, rx) = channel();
+        let kept = Arc::clone(&text);
+        // The spawned thread inherits the test's output capture.
+        let thread = std::thread::spawn(move || {
+            let mut r = BufReader::new(stream);
+            let mut line = Vec::new();
+            while matches!(r.read_until(b'\n', &mut line), Ok(n) if n > 0) {
+                eprint!("{}", String::from_utf8_lossy(&line));
+                kept.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .extend_from_slice(&line);
+                line.clear();
+            }
+            let _ = tx.send(());
+        });
+        Stderr {
+            text,
+            done: Some((rx, thread)),
+        }
+    }
+
+    /// What the child has written so far.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.text.lock().unwrap_or_else(|e| e.into_inner())).into_owned()
+    }
+
+    /// Waits for the end of the stream (call it once the child has exited; at most
+    /// [`Stderr::LINGER`]) and returns everything the child wrote.
+    pub fn finish(mut self) -> String {
+        self.wait();
+        self.text()
+    }
+
+    fn wait(&mut self) {
+        if let Some((rx, thread)) = self.done.take()
+            && rx.recv_timeout(Self::LINGER).is_ok()
+        {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for Stderr {
+    fn drop(&mut self) {
+        self.wait();
+    }
+}
+
 pub struct Running {
     pub child: Child,
     pub out: BufReader<std::process::ChildStdout>,
+    pub err: Stderr,
 }
 
 impl Running {
+    /// Spawns `cmd` with stdin and stdout piped and stderr captured.
+    pub fn start(mut cmd: Command) -> Running {
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+        let out = BufReader::new(child.stdout.take().unwrap());
+        let err = Stderr::capture(&mut child);
+        Running { child, out, err }
+    }
+
     /// Reads JSON lines until one with `"event": event` (panics after `timeout`).
     pub fn wait_for(&mut self, event: &str, timeout: Duration) -> Value {
         let start = Instant::now();
@@ -176,6 +262,7 @@ impl Drop for Running {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // `err` drops next: it waits for the last lines, so a failing test shows them.
     }
 }
 

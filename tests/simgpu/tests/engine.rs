@@ -32,15 +32,22 @@ fn two_processes_launching_1ms_kernels_get_half_the_device_each() {
     let a = sim
         .command(&workload(), &args)
         .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
     let b = sim
         .command(&workload(), &args)
         .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
     let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
-    assert!(a.status.success() && b.status.success());
+    assert!(
+        a.status.success() && b.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&a.stderr),
+        String::from_utf8_lossy(&b.stderr)
+    );
     let la = event(
         &parse_lines(&String::from_utf8_lossy(&a.stdout)),
         "launched",

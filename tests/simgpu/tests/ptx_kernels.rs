@@ -129,10 +129,11 @@ fn ptx_kernels_take_the_time_their_annotation_gives_and_check_their_arguments() 
         // A malformed annotation is refused as the driver refuses bad PTX.
         let bad = CString::new(format!("// simgpu-kernel spin block-ns=param5\n{PTX}")).unwrap();
         let mut m2 = null_mut();
-        assert_eq!(
-            load(&mut m2, bad.as_ptr() as *const c_void),
-            218,
-            "CUDA_ERROR_INVALID_PTX"
+        let (code, said) = stderr_of(|| load(&mut m2, bad.as_ptr() as *const c_void));
+        assert_eq!(code, 218, "CUDA_ERROR_INVALID_PTX");
+        assert!(
+            said.contains("PTX refused") && said.contains("block-ns=param5"),
+            "the simulator says why: {said:?}"
         );
     }
 }

@@ -39,14 +39,18 @@ pub fn setup(args: &[&str]) -> (tempfile::TempDir, Lib) {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
     let simgpu = env!("CARGO_BIN_EXE_simgpu");
-    let ok = std::process::Command::new(simgpu)
+    let out = std::process::Command::new(simgpu)
         .arg("init")
         .args(args)
         .arg("--state")
         .arg(&state)
-        .status()
+        .output()
         .unwrap();
-    assert!(ok.success());
+    assert!(
+        out.status.success(),
+        "simgpu init: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // SAFETY: each test binary using this has one test, so nothing reads the environment concurrently.
     unsafe { std::env::set_var("SIMGPU_STATE", &state) };
     let lib = Lib::open(
@@ -98,4 +102,41 @@ impl Core {
             }
         }
     }
+}
+
+/// Runs `f` with this process's stderr (fd 2) sent to a temporary file and returns what was
+/// written there. The simulated driver is loaded into the test process, so what it prints on
+/// purpose (a refusal the test provokes) would otherwise reach the test log whatever the
+/// outcome; this way the test reads it, and shows it if it fails. For single-test binaries only:
+/// fd 2 belongs to the whole process.
+pub fn stderr_of<T>(f: impl FnOnce() -> T) -> (T, String) {
+    use std::io::{Read, Seek};
+    use std::os::fd::AsRawFd;
+
+    struct Restore(c_int);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            // SAFETY: self.0 is the dup of fd 2 made below; putting it back and closing it.
+            unsafe {
+                libc::dup2(self.0, 2);
+                libc::close(self.0);
+            }
+        }
+    }
+
+    let mut file = tempfile::tempfile().unwrap();
+    // SAFETY: dup of the process's fd 2, which stays open for the whole test.
+    let saved = unsafe { libc::dup(2) };
+    assert!(saved >= 0, "dup(2): {}", std::io::Error::last_os_error());
+    let restore = Restore(saved);
+    // SAFETY: file's descriptor is open for writing; fd 2 now writes to it until restored.
+    let r = unsafe { libc::dup2(file.as_raw_fd(), 2) };
+    assert!(r == 2, "dup2: {}", std::io::Error::last_os_error());
+    let out = f();
+    drop(restore);
+    let mut text = String::new();
+    file.rewind().unwrap();
+    file.read_to_string(&mut text).unwrap();
+    eprint!("{text}");
+    (out, text)
 }

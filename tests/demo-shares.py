@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""Each slice's compute share over a window: `cuslice status` beside the simulator's ground truth.
+
+Usage: python3 tests/demo-shares.py BIN STATE [--secs 10] [--json OUT]
+
+BIN is target/release, STATE the simulated GPU's state file. It reads every process's device
+time from `simgpu show` (the simulator's count), waits SECS, reads it again and runs
+`cuslice status --json` (under the simulator, so it reads the simulated NVML). Per slice of
+device 0 it prints the request and limit, the configured share, the share over the last 10 s
+that `cuslice status` reports (from the slice's own meter) and the share the simulator gave the
+slice's processes over the window.
+
+The configured share assumes every slice is busy the whole window (as in tests/demo): a slice with
+a core limit gets its limit, and the slices without one split what the limits leave equally
+(cuslice gives best-effort slices the time the others leave). --json writes the rows to OUT, for
+tests/bench-demo.
+"""
+import argparse
+import json
+import subprocess
+import sys
+import time
+
+
+def sim(bin_dir, state):
+    at = time.monotonic()
+    out = subprocess.check_output([f"{bin_dir}/simgpu", "show", "--json", "--state", state])
+    dev = json.loads(out)["devices"][0]
+    times = {p["pid"]: p["device_time_ns"] for p in dev["processes"]}
+    times.update({p["pid"]: p["device_time_ns"] for p in dev.get("exited", [])})
+    return at, times
+
+
+def configured(slices):
+    """Configured share per slice, all busy: its limit, or an equal part of what limits leave."""
+    limits = [s["compute"]["limit_pct"] for s in slices]
+    free = max(0.0, 100.0 - sum(v for v in limits if v is not None))
+    unlimited = sum(1 for v in limits if v is None)
+    return [v if v is not None else free / unlimited for v in limits]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("bin")
+    ap.add_argument("state")
+    ap.add_argument("--secs", type=float, default=10.0)
+    ap.add_argument("--json", dest="json_out")
+    a = ap.parse_args()
+
+    t0, before = sim(a.bin, a.state)
+    time.sleep(a.secs)
+    t1, after = sim(a.bin, a.state)
+    status = json.loads(subprocess.check_output(
+        [f"{a.bin}/simgpu", "run", "--state", a.state, "--", f"{a.bin}/cuslice", "status", "--json"]))
+    slices = status["devices"][0]["slices"] if status["devices"] else []
+    # A stable order: by name.
+    slices.sort(key=lambda s: s["name"] or s["slice"])
+    rows = []
+    for s, want in zip(slices, configured(slices)):
+        pids = [p["pid"] for p in s["processes"]]
+        used = sum(after.get(p, 0) - before.get(p, 0) for p in pids)
+        c = s["compute"]
+        rows.append({
+            "name": s["name"] or s["slice"][:12],
+            "request_pct": c["request_pct"],
+            "limit_pct": c["limit_pct"],
+            "configured_pct": want,
+            "status_pct": c["share_10s_pct"],
+            "estimated": bool(c["estimated"]),
+            "simulator_pct": 100 * used / ((t1 - t0) * 1e9),
+        })
+
+    pct = lambda v: f"{v:.0f}%" if v is not None else "none"
+    print(f"  {'container':<10} {'request':>7} {'limit':>6} {'configured':>10} {'cuslice status':>15} "
+          f"{'simulator':>10}")
+    for r in rows:
+        share = f"{r['status_pct']:.1f}%" if r["status_pct"] is not None else "-"
+        if r["estimated"]:
+            share = "(est.) " + share
+        print(f"  {r['name']:<10} {pct(r['request_pct']):>7} {pct(r['limit_pct']):>6} "
+              f"{r['configured_pct']:>9.0f}% {share:>15} {r['simulator_pct']:>9.1f}%")
+    if a.json_out:
+        with open(a.json_out, "w", encoding="utf-8") as f:
+            json.dump({"window_s": t1 - t0, "slices": rows}, f, indent=1)
+            f.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
