@@ -10,9 +10,10 @@ device 0 it prints the request and limit, the configured share, the share over t
 that `cuslice status` reports (from the slice's own meter) and the share the simulator gave the
 slice's processes over the window.
 
-The configured share assumes every slice is busy the whole window (as in tests/demo): a slice with
-a core limit gets its limit, and the slices without one split what the limits leave equally
-(cuslice gives best-effort slices the time the others leave). --json writes the rows to OUT, for
+The configured share assumes every slice is busy the whole window (as in tests/demo), and follows
+the allotment's stages (docs/compute.md): in the demo, notebook 50% (its request 40 comes first
+and it is lent up to its limit), trainer and batch 25% each (equal parts of what is left; the
+trainer's limit is 30). --json writes the rows to OUT, for
 tests/bench-demo.
 """
 import argparse
@@ -32,11 +33,31 @@ def sim(bin_dir, state):
 
 
 def configured(slices):
-    """Configured share per slice, all busy: its limit, or an equal part of what limits leave."""
-    limits = [s["compute"]["limit_pct"] for s in slices]
-    free = max(0.0, 100.0 - sum(v for v in limits if v is not None))
-    unlimited = sum(1 for v in limits if v is None)
-    return [v if v is not None else free / unlimited for v in limits]
+    """Configured share per slice when every slice is busy, by the stages docs/compute.md gives:
+    requests first; 1% for each slice without a request; time nobody is guaranteed to slices with
+    a request, in proportion to their requests, up to their limits; what is left in equal parts to
+    slices without a request, up to their limits; then to anyone, up to limits."""
+    req = [s["compute"]["request_pct"] or 0.0 for s in slices]
+    lim = [s["compute"]["limit_pct"] or 100.0 for s in slices]
+    got = list(req)
+    for i, r in enumerate(req):
+        if r == 0:
+            got[i] = min(1.0, lim[i], max(0.0, 100.0 - sum(got)))
+
+    def fill(weights):
+        while True:
+            left = 100.0 - sum(got)
+            open_ = [i for i, w in enumerate(weights) if w > 0 and got[i] < lim[i] - 1e-9]
+            total = sum(weights[i] for i in open_)
+            if left <= 1e-9 or not open_:
+                return
+            for i in open_:
+                got[i] = min(lim[i], got[i] + left * weights[i] / total)
+
+    fill(req)
+    fill([1.0 if r == 0 else 0.0 for r in req])
+    fill([1.0] * len(req))
+    return got
 
 
 def main():
