@@ -104,6 +104,27 @@ struct AgentArgs {
     /// Also serve /metrics at HOST:PORT (`:9400` for every address)
     #[arg(long, value_name = "ADDR")]
     listen: Option<String>,
+    /// What to do about a slice over its cap or limit by the driver's count: `report` (a log
+    /// line, status and a metric) or `stop` (also kill over the memory cap, freeze over the
+    /// core limit)
+    #[arg(long, default_value = "report", value_name = "MODE")]
+    enforce: String,
+    /// Seconds between checks against the driver
+    #[arg(
+        long,
+        default_value_t = 1.0,
+        value_name = "SECS",
+        allow_negative_numbers = true
+    )]
+    period: f64,
+    /// Seconds a slice may stay over its memory cap before `--enforce stop` acts
+    #[arg(
+        long,
+        default_value_t = 2.0,
+        value_name = "SECS",
+        allow_negative_numbers = true
+    )]
+    grace: f64,
 }
 
 fn sources(a: SourceArgs) -> cuslice_node::collect::Sources {
@@ -218,20 +239,43 @@ struct UninstallArgs {
 }
 
 fn agent(a: AgentArgs) -> Result<(), Failure> {
+    let refuse = |msg: String| Failure::Refused(format!("cuslice agent: {msg}"));
     let listen = a
         .listen
         .as_deref()
         .map(cuslice_node::exporter::parse_listen)
         .transpose()
-        .map_err(|e| Failure::Refused(format!("cuslice agent: {e}")))?;
+        .map_err(refuse)?;
+    let enforce = match a.enforce.as_str() {
+        "report" => cuslice_agent::Enforce::Report,
+        "stop" => cuslice_agent::Enforce::Stop,
+        other => {
+            return Err(refuse(format!(
+                "--enforce {other:?} is not a mode; write --enforce report (say what is over) \
+                 or --enforce stop (also stop it)"
+            )));
+        }
+    };
+    if !(a.period.is_finite() && (0.1..=3600.0).contains(&a.period)) {
+        return Err(refuse(format!(
+            "--period {} is not a check period; give seconds from 0.1 to 3600 (e.g. --period 1)",
+            a.period
+        )));
+    }
+    if !(a.grace.is_finite() && (0.0..=3600.0).contains(&a.grace)) {
+        return Err(refuse(format!(
+            "--grace {} is not a grace time; give seconds from 0 to 3600 (e.g. --grace 2)",
+            a.grace
+        )));
+    }
     let src = sources(a.sources);
     cuslice_agent::run(cuslice_agent::Config {
         state_root: src.state_root,
         state_dirs: src.state_dirs,
         listen,
-        period: std::time::Duration::from_secs(1),
-        enforce: cuslice_agent::Enforce::Report,
-        grace: std::time::Duration::from_secs(2),
+        period: std::time::Duration::from_secs_f64(a.period),
+        enforce,
+        grace: std::time::Duration::from_secs_f64(a.grace),
     })
     .map_err(|e| Failure::Failed(format!("cuslice agent: {e}")))
 }

@@ -8,6 +8,7 @@
 //!   to slices and compared with each slice's cap and limit from the hook's records, not from
 //!   the slice's ledger (which tenants can write). `enforce` acts on what it finds.
 
+pub mod hostpid;
 pub mod verify;
 
 use std::path::PathBuf;
@@ -40,11 +41,45 @@ pub struct Config {
 
 /// The socket's directory under the state root (the hook mounts it into containers).
 pub fn socket_dir(state_root: &std::path::Path) -> PathBuf {
-    state_root.join("agent")
+    cuslice_hook::state::Root::new(state_root).agent()
 }
 
 /// Runs until killed. Err: one line saying why the agent cannot run.
 pub fn run(cfg: Config) -> Result<(), String> {
-    let _ = cfg;
-    Err("not built yet".into())
+    let server = hostpid::Server::bind(&socket_dir(&cfg.state_root))?;
+    let exporter = cfg
+        .listen
+        .map(cuslice_node::exporter::Exporter::bind)
+        .transpose()?;
+    // Tests and scripts wait for these lines to know the agent is up.
+    println!("cuslice agent: listening on {}", server.path().display());
+    std::thread::Builder::new()
+        .name("hostpid".into())
+        .spawn(move || server.serve())
+        .map_err(|e| format!("cannot start a thread: {e}"))?;
+    if let Some(exporter) = exporter {
+        println!("{}", exporter.banner());
+        let sources = cuslice_node::collect::Sources {
+            state_root: cfg.state_root.clone(),
+            state_dirs: cfg.state_dirs.clone(),
+        };
+        std::thread::Builder::new()
+            .name("exporter".into())
+            .spawn(move || exporter.serve(sources))
+            .map_err(|e| format!("cannot start a thread: {e}"))?;
+    }
+    let mut verifier = verify::Verifier::new(&cfg);
+    let mut said: Vec<String> = Vec::new();
+    loop {
+        let began = std::time::Instant::now();
+        // Processes that started before the agent, or could not reach its socket, are told
+        // their host pids here (the way `cuslice status` does).
+        let problems = cuslice_node::collect::tell_host_pids(&cfg.state_root);
+        for p in problems.iter().filter(|p| !said.contains(p)) {
+            eprintln!("cuslice agent: {p}");
+        }
+        said = problems;
+        verifier.tick();
+        std::thread::sleep(cfg.period.saturating_sub(began.elapsed()));
+    }
 }
