@@ -10,6 +10,18 @@ pub struct Node {
     pub devices: Vec<Device>,
     /// One line per thing that could not be read (a damaged ledger, no NVML, no permission).
     pub problems: Vec<String>,
+    pub agent: Agent,
+}
+
+/// Whether the node agent answers on its socket (docs/agent.md).
+#[derive(Debug, Clone, Serialize)]
+pub struct Agent {
+    /// `<state root>/agent/agent.sock`.
+    pub socket: String,
+    pub running: bool,
+    /// When it is not running and the node has container slices to care: what that means and
+    /// how to start it (one line).
+    pub note: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
