@@ -477,7 +477,11 @@ impl Ledger {
             if p.state.load(Ordering::Acquire) != LIVE || Some(s as u32) == me || self.alive(s) {
                 continue;
             }
-            let pid = p.pid.load(Ordering::Relaxed);
+            // The pid the driver lists the process under: its host pid where it was told it.
+            let pid = match p.host_pid.load(Ordering::Relaxed) {
+                h if h > 0 => h,
+                _ => p.pid.load(Ordering::Relaxed),
+            };
             let mut kept = false;
             for (d, rec) in self.header().devices.iter().enumerate() {
                 let Some(c) = p.charged.get(d) else { continue };
