@@ -163,6 +163,7 @@ pub fn create(opts: &Options, state_json: &str) -> Result<Outcome, String> {
         ));
     }
     make_node_dir(&opts.node_dir)?;
+    make_agent_dir(&root.agent())?;
     let mnt = root.create(id, &found.config_file(id)).map_err(|e| {
         format!(
             "cannot write the slice state under {}: {e}",
@@ -174,6 +175,7 @@ pub fn create(opts: &Options, state_json: &str) -> Result<Outcome, String> {
         rootfs: &rootfs,
         mnt: &mnt,
         node_dir: &opts.node_dir,
+        agent_dir: &root.agent(),
         library: &library,
     }) {
         Ok(c) => c,
@@ -203,6 +205,18 @@ fn make_node_dir(dir: &Path) -> Result<(), String> {
         std::fs::create_dir_all(dir)
             .and_then(|()| std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o1777)))
             .map_err(|e| format!("cannot make the node directory {}: {e}", dir.display()))?;
+    }
+    Ok(())
+}
+
+/// The agent's directory, made if the agent has not run yet: mounted into the container now,
+/// it shows the socket once the agent starts.
+fn make_agent_dir(dir: &Path) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    if !dir.is_dir() {
+        std::fs::create_dir_all(dir)
+            .and_then(|()| std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)))
+            .map_err(|e| format!("cannot make the agent's directory {}: {e}", dir.display()))?;
     }
     Ok(())
 }

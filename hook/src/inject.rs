@@ -9,6 +9,7 @@
 //! | `/run/cuslice/slice/ledger` | the same file | read-write: the one thing processes update |
 //! | `/run/cuslice/node` | the node's compute regions (`/dev/shm/cuslice`) | read-write |
 //! | `/run/cuslice/lib/libcuslice.so` | the interposer | read-only |
+//! | `/run/cuslice/agent` | `<state root>/agent`: the node agent's socket | read-only (a socket still connects) |
 //! | `/etc/ld.so.preload` | `mnt/ld.so.preload`: the image's own file, then the interposer | read-only |
 //!
 //! All of them nosuid,nodev. Without CAP_SYS_ADMIN (which containers do not get unless
@@ -32,6 +33,8 @@ pub struct Plan<'a> {
     /// `<state root>/containers/<id>/mnt`.
     pub mnt: &'a Path,
     pub node_dir: &'a Path,
+    /// `<state root>/agent`, the node agent's socket directory.
+    pub agent_dir: &'a Path,
     pub library: &'a Path,
 }
 
@@ -75,7 +78,7 @@ fn mount_all(r: &Rootfs, plan: &Plan<'_>, created: &mut Vec<String>) -> Result<(
     if r.ensure_file(PRELOAD).map_err(|e| cant_make(PRELOAD, e))? {
         created.push(PRELOAD.to_string());
     }
-    let binds: [(PathBuf, &str, bool); 5] = [
+    let binds: [(PathBuf, &str, bool); 6] = [
         (plan.mnt.to_path_buf(), "run/cuslice", true),
         (
             plan.mnt.join("slice/ledger"),
@@ -83,6 +86,10 @@ fn mount_all(r: &Rootfs, plan: &Plan<'_>, created: &mut Vec<String>) -> Result<(
             false,
         ),
         (plan.node_dir.to_path_buf(), "run/cuslice/node", false),
+        // Read-only, yet the agent's socket in it still connects: connect(2) needs write
+        // permission on the socket file, and read-only mounts spare sockets (as they spare
+        // device nodes and fifos); it writes nothing to the file system.
+        (plan.agent_dir.to_path_buf(), "run/cuslice/agent", true),
         (
             plan.library.to_path_buf(),
             "run/cuslice/lib/libcuslice.so",

@@ -2,6 +2,8 @@
 //!
 //! ```text
 //! /run/cuslice/lock                          serialises the hooks of concurrent containers
+//! /run/cuslice/agent/               (0755)   the node agent's socket (agent.sock), mounted
+//!                                            read-only at /run/cuslice/agent in containers
 //! /run/cuslice/containers/          (0700)
 //!   <id>/record.json                         the hook's record: init pid + start time, rootfs,
 //!                                            the mount points it had to make in the rootfs
@@ -10,6 +12,7 @@
 //!     slice/ledger                  (0666)   the slice's memory ledger (the one writable file)
 //!     node/                                  mount point: the node's compute regions
 //!     lib/libcuslice.so                      mount point: the interposer (read-only)
+//!     agent/                                 mount point: the node agent's directory
 //!     ld.so.preload                 (0644)   bind-mounted read-only at /etc/ld.so.preload
 //! ```
 //!
@@ -102,6 +105,12 @@ impl Root {
         self.containers().join(id)
     }
 
+    /// The node agent's directory (its socket, `agent.sock`), mounted read-only at
+    /// /run/cuslice/agent in every container.
+    pub fn agent(&self) -> PathBuf {
+        self.path.join("agent")
+    }
+
     /// The directory mounted at /run/cuslice in the container.
     pub fn mnt(&self, id: &str) -> PathBuf {
         self.dir(id).join("mnt")
@@ -152,7 +161,7 @@ impl Root {
         }
         let mnt = self.mnt(id);
         let made = (|| {
-            for sub in ["slice", "node", "lib"] {
+            for sub in ["slice", "node", "lib", "agent"] {
                 fs::create_dir_all(mnt.join(sub))?;
             }
             for d in [
@@ -161,6 +170,7 @@ impl Root {
                 &mnt.join("slice"),
                 &mnt.join("node"),
                 &mnt.join("lib"),
+                &mnt.join("agent"),
             ] {
                 fs::set_permissions(d, fs::Permissions::from_mode(0o755))?;
             }

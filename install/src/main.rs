@@ -104,41 +104,27 @@ struct AgentArgs {
     /// Also serve /metrics at HOST:PORT (`:9400` for every address)
     #[arg(long, value_name = "ADDR")]
     listen: Option<String>,
-    /// What to do about a slice over its cap or core limit by the driver's count: report (a
-    /// log line, status, metrics), or stop (also kill over the memory cap, freeze over the core
-    /// limit)
-    #[arg(long, value_enum, default_value = "report")]
-    enforce: EnforceArg,
-    /// Seconds between checks
-    #[arg(long, default_value_t = 1.0, value_name = "SECS", value_parser = positive_secs)]
+    /// What to do about a slice over its cap or limit by the driver's count: `report` (a log
+    /// line, status and a metric) or `stop` (also kill over the memory cap, freeze over the
+    /// core limit)
+    #[arg(long, default_value = "report", value_name = "MODE")]
+    enforce: String,
+    /// Seconds between checks against the driver
+    #[arg(
+        long,
+        default_value_t = 1.0,
+        value_name = "SECS",
+        allow_negative_numbers = true
+    )]
     period: f64,
-    /// Seconds a slice may stay over its memory cap before --enforce stop kills its processes
-    #[arg(long, default_value_t = 2.0, value_name = "SECS", value_parser = nonnegative_secs)]
+    /// Seconds a slice may stay over its memory cap before `--enforce stop` acts
+    #[arg(
+        long,
+        default_value_t = 2.0,
+        value_name = "SECS",
+        allow_negative_numbers = true
+    )]
     grace: f64,
-}
-
-#[derive(clap::ValueEnum, Debug, Clone, Copy)]
-enum EnforceArg {
-    Report,
-    Stop,
-}
-
-fn positive_secs(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v.is_finite() && v > 0.0 && v <= 3600.0 => Ok(v),
-        _ => Err(format!(
-            "{s:?} is not a number of seconds above 0 (up to 3600); write e.g. 1 or 0.5"
-        )),
-    }
-}
-
-fn nonnegative_secs(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v.is_finite() && (0.0..=3600.0).contains(&v) => Ok(v),
-        _ => Err(format!(
-            "{s:?} is not a number of seconds from 0 to 3600; write e.g. 2"
-        )),
-    }
 }
 
 fn sources(a: SourceArgs) -> cuslice_node::collect::Sources {
@@ -257,22 +243,42 @@ struct UninstallArgs {
 }
 
 fn agent(a: AgentArgs) -> Result<(), Failure> {
+    let refuse = |msg: String| Failure::Refused(format!("cuslice agent: {msg}"));
     let listen = a
         .listen
         .as_deref()
         .map(cuslice_node::exporter::parse_listen)
         .transpose()
-        .map_err(|e| Failure::Refused(format!("cuslice agent: {e}")))?;
+        .map_err(refuse)?;
+    let enforce = match a.enforce.as_str() {
+        "report" => cuslice_agent::Enforce::Report,
+        "stop" => cuslice_agent::Enforce::Stop,
+        other => {
+            return Err(refuse(format!(
+                "--enforce {other:?} is not a mode; write --enforce report (say what is over) \
+                 or --enforce stop (also stop it)"
+            )));
+        }
+    };
+    if !(a.period.is_finite() && (0.1..=3600.0).contains(&a.period)) {
+        return Err(refuse(format!(
+            "--period {} is not a check period; give seconds from 0.1 to 3600 (e.g. --period 1)",
+            a.period
+        )));
+    }
+    if !(a.grace.is_finite() && (0.0..=3600.0).contains(&a.grace)) {
+        return Err(refuse(format!(
+            "--grace {} is not a grace time; give seconds from 0 to 3600 (e.g. --grace 2)",
+            a.grace
+        )));
+    }
     let src = sources(a.sources);
     cuslice_agent::run(cuslice_agent::Config {
         state_root: src.state_root,
         state_dirs: src.state_dirs,
         listen,
         period: std::time::Duration::from_secs_f64(a.period),
-        enforce: match a.enforce {
-            EnforceArg::Report => cuslice_agent::Enforce::Report,
-            EnforceArg::Stop => cuslice_agent::Enforce::Stop,
-        },
+        enforce,
         grace: std::time::Duration::from_secs_f64(a.grace),
     })
     .map_err(|e| Failure::Failed(format!("cuslice agent: {e}")))

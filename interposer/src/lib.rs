@@ -20,6 +20,7 @@
 
 mod log;
 
+pub mod agent;
 pub mod array;
 pub mod compute;
 pub mod context;

@@ -455,7 +455,7 @@ fn filtered<T: Copy>(
         Ok(all) => all,
         Err(r) => return r,
     };
-    let pids = s.ledger.pids();
+    let pids = listed_as(&s.ledger.pids_with_host());
     let mine: Vec<T> = all
         .into_iter()
         .filter(|p| pids.contains(&(pid_of(p) as i32)))
@@ -475,6 +475,14 @@ fn filtered<T: Copy>(
         unsafe { std::ptr::copy_nonoverlapping(mine.as_ptr(), infos, mine.len()) };
     }
     nvmlReturn_t::NVML_SUCCESS
+}
+
+/// The pids NVML lists the slice's processes under: a driver names processes by host pid, so
+/// each process's host pid where the agent (or a node tool) told it, else its own pid (outside a
+/// container they are the same). Not both: in a container, the container's pids are other
+/// processes' pids on the host.
+fn listed_as(procs: &[(i32, Option<i32>)]) -> Vec<i32> {
+    procs.iter().map(|&(p, h)| h.unwrap_or(p)).collect()
 }
 
 /// # Safety
@@ -527,6 +535,14 @@ mod tests {
     use super::*;
 
     const OTHER: Option<u32> = None;
+
+    #[test]
+    fn processes_are_listed_by_host_pid_where_known() {
+        // A container's processes 1 and 7, the first told its host pid 40123.
+        assert_eq!(listed_as(&[(1, Some(40123)), (7, None)]), [40123, 7]);
+        // Outside a container nobody is told: the own pids.
+        assert_eq!(listed_as(&[(500, None), (501, None)]), [500, 501]);
+    }
 
     #[test]
     fn each_sample_covers_one_period_back_to_the_previous_one() {

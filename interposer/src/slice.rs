@@ -95,17 +95,18 @@ fn refuse(msg: std::fmt::Arguments<'_>) {
     MODE.store(REFUSED, Ordering::Release);
 }
 
-fn read_config() -> Result<(Config, Option<PathBuf>), String> {
+/// The configuration, the slice's directory, and whether the OCI hook set them (a container).
+fn read_config() -> Result<(Config, Option<PathBuf>, bool), String> {
     let env = std::env::vars_os()
         .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)));
     match std::fs::read_to_string(HOOK_CONFIG) {
         Ok(text) => Config::from_hook_file(&text, env)
-            .map(|c| (c, Some(PathBuf::from(HOOK_SLICE_DIR))))
+            .map(|c| (c, Some(PathBuf::from(HOOK_SLICE_DIR)), true))
             .map_err(|e| format!("{HOOK_CONFIG}: {e}")),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Config::from_vars(env)
             .map(|c| {
                 let dir = c.state_dir.clone();
-                (c, dir)
+                (c, dir, false)
             })
             .map_err(|e| e.to_string()),
         Err(e) => Err(format!("cannot read {HOOK_CONFIG}: {e}")),
@@ -122,7 +123,7 @@ pub fn prepare() -> bool {
         return MODE.load(Ordering::Acquire) != REFUSED;
     }
     register_fork_handlers();
-    let (config, dir) = match read_config() {
+    let (config, dir, in_container) = match read_config() {
         Ok(c) => c,
         Err(e) => {
             refuse(format_args!("{e}"));
@@ -163,6 +164,10 @@ pub fn prepare() -> bool {
         devs: OnceLock::new(),
         meters: OnceLock::new(),
     });
+    if in_container {
+        // NVML names this process by its host pid, which only the node agent can tell it.
+        crate::agent::tell_slot(&slice);
+    }
     SLICE.store(Box::into_raw(slice), Ordering::Release);
     MODE.store(ON, Ordering::Release);
     true

@@ -135,8 +135,8 @@ pub struct ProcRec {
     state: AtomicU32,
     generation: AtomicU32,
     pid: AtomicI32,
-    /// The process's pid in the host's pid namespace, when the node tools have told it (0: not
-    /// known). NVML names processes by host pid, which a process in a container cannot learn
+    /// The process's pid in the host's pid namespace, when the node agent (or a node tool) has
+    /// told it (0: not known). NVML names processes by host pid, which a process in a container cannot learn
     /// itself; its compute meter needs it to find its own utilisation samples.
     host_pid: AtomicI32,
     charged: [AtomicU64; MAX_DEVICES],
@@ -477,7 +477,11 @@ impl Ledger {
             if p.state.load(Ordering::Acquire) != LIVE || Some(s as u32) == me || self.alive(s) {
                 continue;
             }
-            let pid = p.pid.load(Ordering::Relaxed);
+            // The pid the driver lists the process under: its host pid where it was told it.
+            let pid = match p.host_pid.load(Ordering::Relaxed) {
+                h if h > 0 => h,
+                _ => p.pid.load(Ordering::Relaxed),
+            };
             let mut kept = false;
             for (d, rec) in self.header().devices.iter().enumerate() {
                 let Some(c) = p.charged.get(d) else { continue };
@@ -686,13 +690,36 @@ impl Ledger {
             .collect()
     }
 
-    /// Process slot `s`'s pid in the host's pid namespace, if the node tools have told it.
+    /// Process slot `s`'s pid in the host's pid namespace, if the agent or a node tool told it.
     pub fn host_pid(&self, s: u32) -> Option<i32> {
         self.header()
             .procs
             .get(s as usize)
             .map(|p| p.host_pid.load(Ordering::Relaxed))
             .filter(|&p| p > 0)
+    }
+
+    /// Records slot `s`'s host pid, as the node agent told the process itself (SO_PEERCRED;
+    /// docs/agent.md). Only the process in the slot calls this, for its own slot.
+    pub fn set_host_pid(&self, s: u32, pid: i32) {
+        if let Some(p) = self.header().procs.get(s as usize)
+            && pid > 0
+        {
+            p.host_pid.store(pid, Ordering::Relaxed);
+        }
+    }
+
+    /// The slice's processes as in `pids`, each with its host pid where it is known.
+    pub fn pids_with_host(&self) -> Vec<(i32, Option<i32>)> {
+        self.header()
+            .procs
+            .iter()
+            .filter(|p| p.state.load(Ordering::Acquire) == LIVE)
+            .map(|p| {
+                let host = p.host_pid.load(Ordering::Relaxed);
+                (p.pid.load(Ordering::Relaxed), (host > 0).then_some(host))
+            })
+            .collect()
     }
 
     /// Tells the processes of the ledger at `path` their host pids: `host(pid)` maps a pid as a
@@ -803,6 +830,7 @@ impl Ledger {
             .filter(|(_, p)| p.state.load(Ordering::Acquire) == LIVE)
             .map(|(s, p)| ProcSnapshot {
                 pid: p.pid.load(Ordering::Relaxed),
+                host_pid: Some(p.host_pid.load(Ordering::Relaxed)).filter(|&h| h > 0),
                 alive: self.alive(s),
                 charged: devices
                     .iter()

@@ -2,8 +2,10 @@
 //! caps, holdings, peaks and refusals per device, the processes that belong to it) and the compute
 //! region (one per device, node-wide: each slice's demand and allotment). The interposer maps them
 //! on every CUDA process's behalf; the OCI hook creates a container's ledger; the node tools read
-//! both.
+//! both. `agent` is the node agent's socket protocol, which tells container processes their host
+//! pids.
 
+pub mod agent;
 pub mod ledger;
 pub mod region;
 pub mod snapshot;

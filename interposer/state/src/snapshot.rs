@@ -54,6 +54,8 @@ pub struct Mark {
 pub struct ProcSnapshot {
     /// The pid as the process saw itself (in a container: in its pid namespace).
     pub pid: i32,
+    /// Its pid in the host's pid namespace, once the node agent or a node tool told it.
+    pub host_pid: Option<i32>,
     /// Whether the process still holds its slot (it is running).
     pub alive: bool,
     /// Bytes charged to it, per device, in the order of `Snapshot::devices`.

@@ -10,6 +10,7 @@
 //!   freezes a container's cgroup. Under `--enforce stop` it kills and freezes.
 
 pub mod cgroup;
+pub mod hostpid;
 pub mod judge;
 pub mod verify;
 
@@ -43,28 +44,32 @@ pub struct Config {
 
 /// The socket's directory under the state root (the hook mounts it into containers).
 pub fn socket_dir(state_root: &std::path::Path) -> PathBuf {
-    state_root.join("agent")
+    cuslice_hook::state::Root::new(state_root).agent()
 }
 
 /// Runs until SIGTERM or SIGINT. Err: one line saying why the agent cannot run.
-///
-/// TEMPORARY (wt-verify): only the checks, every period; the host-pid service and the exporter
-/// come with the agent's own loop, which calls the same `Verifier` and `Stopper`.
 pub fn run(cfg: Config) -> Result<(), String> {
     use nix::sys::signal::{SigSet, Signal};
-    // The signals are taken by a thread of ours (sigwait), so every thread blocks them first.
+    // The signals are taken by a thread of ours (sigwait), so every thread blocks them first:
+    // the mask is set before any thread is started, and threads inherit it.
     let mut signals = SigSet::empty();
     signals.add(Signal::SIGTERM);
     signals.add(Signal::SIGINT);
     signals
         .thread_block()
         .map_err(|e| format!("cannot block SIGTERM and SIGINT: {e}"))?;
+    let server = hostpid::Server::bind(&socket_dir(&cfg.state_root))?;
+    let exporter = cfg
+        .listen
+        .map(cuslice_node::exporter::Exporter::bind)
+        .transpose()?;
     let mut verifier = verify::Verifier::new(&cfg);
     let stopper = verifier.stopper();
     std::thread::Builder::new()
         .name("cuslice-signals".into())
         .spawn(move || {
             let signal = signals.wait();
+            // Thaws every cgroup the agent froze before it goes.
             stopper.stop();
             eprintln!(
                 "cuslice agent: {}: stopped; nothing left frozen",
@@ -73,6 +78,23 @@ pub fn run(cfg: Config) -> Result<(), String> {
             std::process::exit(0);
         })
         .map_err(|e| format!("cannot start the signal thread: {e}"))?;
+    // Tests and scripts wait for these lines to know the agent is up.
+    println!("cuslice agent: listening on {}", server.path().display());
+    std::thread::Builder::new()
+        .name("hostpid".into())
+        .spawn(move || server.serve())
+        .map_err(|e| format!("cannot start a thread: {e}"))?;
+    if let Some(exporter) = exporter {
+        println!("{}", exporter.banner());
+        let sources = cuslice_node::collect::Sources {
+            state_root: cfg.state_root.clone(),
+            state_dirs: cfg.state_dirs.clone(),
+        };
+        std::thread::Builder::new()
+            .name("exporter".into())
+            .spawn(move || exporter.serve(sources))
+            .map_err(|e| format!("cannot start a thread: {e}"))?;
+    }
     eprintln!(
         "cuslice agent: checking slices under {} every {:.1} s (--enforce {})",
         cfg.state_root.display(),
@@ -82,9 +104,17 @@ pub fn run(cfg: Config) -> Result<(), String> {
             Enforce::Stop => "stop",
         }
     );
+    let mut said: Vec<String> = Vec::new();
     loop {
-        let t0 = std::time::Instant::now();
+        let began = std::time::Instant::now();
+        // Processes that started before the agent, or could not reach its socket, are told
+        // their host pids here (the way `cuslice status` does).
+        let problems = cuslice_node::collect::tell_host_pids(&cfg.state_root);
+        for p in problems.iter().filter(|p| !said.contains(p)) {
+            eprintln!("cuslice agent: {p}");
+        }
+        said = problems;
         verifier.tick();
-        std::thread::sleep(cfg.period.saturating_sub(t0.elapsed()));
+        std::thread::sleep(cfg.period.saturating_sub(began.elapsed()));
     }
 }

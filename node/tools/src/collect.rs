@@ -10,12 +10,13 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use cuslice_hook::state::{Record, Root, start_time};
+use cuslice_state::agent;
 use cuslice_state::ledger::{self, Ledger};
 use cuslice_state::snapshot::Snapshot;
 use cuslice_state::uuid_string;
 
 use crate::nvml::{self, Gpu};
-use crate::view::{Compute, Device, Memory, Node, Process, Slice};
+use crate::view::{Agent, Compute, Device, Memory, Node, Process, Slice};
 
 /// Where to look for slices.
 #[derive(Debug, Clone)]
@@ -108,11 +109,71 @@ pub fn collect(src: &Sources) -> Node {
         devices: by_device(&gpus, &found, now_mono_ns()),
         problems,
         findings,
+        agent: agent(&src.state_root),
+    }
+}
+
+/// Whether an agent answers on the state root's socket. Without one, the hook's containers'
+/// processes cannot learn their host pids, and their compute meters use launch estimates.
+fn agent(state_root: &Path) -> Agent {
+    let socket = state_root.join("agent").join(agent::SOCKET_NAME);
+    let answer = agent::ask(&socket, std::time::Duration::from_secs(1));
+    let note = match &answer {
+        // Only where the hook keeps containers: a node of standalone slices needs no agent.
+        Err(e) if state_root.join("containers").is_dir() => Some(format!(
+            "{e}: compute meters of container slices use launch estimates (est.) until it runs; \
+             start it with `cuslice agent` (or `systemctl start cuslice-agent.service`)"
+        )),
+        _ => None,
+    };
+    Agent {
+        socket: socket.display().to_string(),
+        running: answer.is_ok(),
+        note,
     }
 }
 
 /// The container slices the hook keeps under `root`.
 fn containers(root: &Path, problems: &mut Vec<String>) -> Vec<Found> {
+    let mut out = Vec::new();
+    for c in live_containers(root, problems) {
+        match Ledger::read(&c.ledger) {
+            Ok(snap) => out.push(Found {
+                slice: c.id,
+                kind: "container",
+                name: c.record.name,
+                ledger: c.ledger,
+                snap,
+                host_pids: Some(c.pids),
+            }),
+            Err(e) => problems.push(e.to_string()),
+        }
+    }
+    out
+}
+
+/// Tells every running container's processes their host pids (as `collect` does on its way),
+/// and nothing else: what the agent does every period, so that a process that started before
+/// the agent, or could not reach its socket, is told too. Returns what could not be done, one
+/// line each.
+pub fn tell_host_pids(root: &Path) -> Vec<String> {
+    let mut problems = Vec::new();
+    live_containers(root, &mut problems);
+    problems
+}
+
+/// A running container the hook keeps state for.
+struct Live {
+    id: String,
+    record: Record,
+    ledger: PathBuf,
+    /// Its pids -> host pids.
+    pids: HashMap<i32, i32>,
+}
+
+/// The running containers under `root`, in id order, each told its processes' host pids on
+/// the way (see `Ledger::tell_host_pids`).
+fn live_containers(root: &Path, problems: &mut Vec<String>) -> Vec<Live> {
     let root = Root::new(root);
     let dir = match fs::read_dir(root.containers()) {
         Ok(d) => d,
@@ -161,21 +222,17 @@ fn containers(root: &Path, problems: &mut Vec<String>) -> Vec<Found> {
             .and_then(|ns| namespaces.get_or_insert_with(pid_namespaces).remove(&ns))
             .unwrap_or_default();
         // The container's processes cannot learn their host pids, which NVML names them by and
-        // their compute meters need: tell them (docs/status.md).
+        // their compute meters need: tell them (docs/status.md). The agent tells each process
+        // as it starts too (docs/agent.md); this covers the ones that could not ask.
         if let Err(e) = Ledger::tell_host_pids(&path, &|p| pids.get(&p).copied()) {
             problems.push(format!("cannot tell container {id} its host pids: {e}"));
         }
-        match Ledger::read(&path) {
-            Ok(snap) => out.push(Found {
-                slice: id,
-                kind: "container",
-                name: record.name,
-                ledger: path,
-                snap,
-                host_pids: Some(pids),
-            }),
-            Err(e) => problems.push(e.to_string()),
-        }
+        out.push(Live {
+            id,
+            record,
+            ledger: path,
+            pids,
+        });
     }
     out
 }

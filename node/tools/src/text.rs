@@ -99,6 +99,11 @@ pub fn render(node: &Node) -> String {
     for p in &node.problems {
         let _ = writeln!(out, "note: {p}");
     }
+    if node.agent.running {
+        let _ = writeln!(out, "agent: running ({})", node.agent.socket);
+    } else if let Some(n) = &node.agent.note {
+        let _ = writeln!(out, "note: {n}");
+    }
     out
 }
 

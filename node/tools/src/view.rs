@@ -13,6 +13,18 @@ pub struct Node {
     /// What the node agent found checking the slices against the driver (its findings.json);
     /// None when no agent is running under this state root.
     pub findings: Option<crate::findings::Findings>,
+    pub agent: Agent,
+}
+
+/// Whether the node agent answers on its socket (docs/agent.md).
+#[derive(Debug, Clone, Serialize)]
+pub struct Agent {
+    /// `<state root>/agent/agent.sock`.
+    pub socket: String,
+    pub running: bool,
+    /// When it is not running and the node has container slices to care: what that means and
+    /// how to start it (one line).
+    pub note: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]

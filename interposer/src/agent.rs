@@ -1,0 +1,43 @@
+//! Asking the node agent for this process's host pid (docs/agent.md). NVML names processes by
+//! host pid, which a process in a container's pid namespace cannot learn; the compute meter needs
+//! it to find its own utilisation samples. In a container (the slice config came from the hook)
+//! the process asks once when it joins the slice, and a forked child asks again when it joins
+//! (it has a pid of its own). A standalone process never asks: its pid is the host's.
+//!
+//! The agent may not be running: then one warning, the meter uses launch estimates (and the
+//! agent, once it runs, tells the process its host pid through the ledger anyway), and nothing
+//! else changes. Asking never takes more than `TIMEOUT`.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use cuslice_state::agent::{self, CONTAINER_SOCKET};
+
+use crate::log::{debug, warning};
+use crate::slice::Slice;
+
+/// The most one question may take, connect and answer together.
+const TIMEOUT: Duration = Duration::from_millis(100);
+
+/// Said once per program (a forked child inherits it: a shell's children do not repeat it).
+static WARNED: AtomicBool = AtomicBool::new(false);
+
+/// Asks the agent for this process's host pid and records it in the process's slot.
+pub fn tell_slot(s: &Slice) {
+    match agent::ask(Path::new(CONTAINER_SOCKET), TIMEOUT) {
+        Ok(pid) => {
+            s.ledger.set_host_pid(s.slot, pid);
+            debug!("the node agent says this process is host pid {pid}");
+        }
+        Err(e) => {
+            if !WARNED.swap(true, Ordering::Relaxed) {
+                warning!(
+                    "{e}: this container's compute meter uses launch estimates until the agent \
+                     runs (memory caps are unaffected); start it on the host with `cuslice agent` \
+                     or `systemctl start cuslice-agent.service`"
+                );
+            }
+        }
+    }
+}
