@@ -661,6 +661,8 @@ pub fn agent_turn() -> std::sync::MutexGuard<'static, ()> {
 /// `agent_turn` while it runs.
 pub struct NodeAgent {
     child: Child,
+    /// Its log, shown with a failing test's output.
+    _err: cuslice_test_harness::Stderr,
 }
 
 impl NodeAgent {
@@ -672,9 +674,10 @@ impl NodeAgent {
             )
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::piped())
             .spawn()
             .unwrap();
+        let err = cuslice_test_harness::Stderr::capture(&mut child);
         let mut line = String::new();
         BufReader::new(child.stdout.take().unwrap())
             .read_line(&mut line)
@@ -683,9 +686,12 @@ impl NodeAgent {
         if line.trim_end() != want {
             let _ = child.kill();
             let _ = child.wait();
-            panic!("cuslice agent did not start (its stderr is above); it printed {line:?}");
+            panic!(
+                "cuslice agent did not start; it printed {line:?}; stderr: {}",
+                err.text()
+            );
         }
-        NodeAgent { child }
+        NodeAgent { child, _err: err }
     }
 }
 

@@ -10,14 +10,13 @@
 //!   use: trainer 25 (its limit is 30), batch 25. Before batch starts, the device is not
 //!   contended: trainer 30 (its limit), notebook 50 (its limit).
 
-use std::io::BufRead;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use cuslice_test_harness::{Sim, bin_dir};
 use serde_json::Value;
 
-use super::{Container, Engine, Spec, name};
+use super::{Container, Engine, NodeAgent, Spec, agent_turn, name};
 
 /// 1 ms kernels back to back.
 const KERNELS: &str = "cuda-workload launch --ns-per-block 1000 --blocks 1000";
@@ -66,38 +65,10 @@ fn device_times(sim: &Sim) -> std::collections::HashMap<i64, u64> {
         .collect()
 }
 
-/// The running agent, killed when dropped.
-pub struct Agent(std::process::Child);
-
-impl Agent {
-    /// `cuslice agent` on the default state root (the one the engines' hook uses), under the
-    /// simulator; waits until it serves its socket.
-    pub fn start(sim: &Sim) -> Agent {
-        let mut c = sim
-            .command(&bin_dir().join("cuslice"), &["agent"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        std::io::BufReader::new(c.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        assert!(line.contains("listening"), "cuslice agent said {line:?}");
-        Agent(c)
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 pub fn shares_hold(engine: &dyn Engine) {
+    let _turn = agent_turn();
     let sim = Sim::new(&["--memory", "8GiB"]);
-    let _agent = Agent::start(&sim);
+    let _agent = NodeAgent::start(&sim);
     let secs = 18;
     let top = sim
         .command(

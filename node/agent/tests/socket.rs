@@ -19,6 +19,8 @@ struct Agent {
     child: Child,
     out: BufReader<ChildStdout>,
     socket: PathBuf,
+    /// Its log, shown with a failing test's output.
+    _err: cuslice_test_harness::Stderr,
 }
 
 impl Drop for Agent {
@@ -40,9 +42,10 @@ fn start(root: &Path, args: &[&str]) -> Agent {
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    let err = cuslice_test_harness::Stderr::capture(&mut child);
     let mut out = BufReader::new(child.stdout.take().unwrap());
     let mut line = String::new();
     out.read_line(&mut line).unwrap();
@@ -51,7 +54,12 @@ fn start(root: &Path, args: &[&str]) -> Agent {
         line.trim_end(),
         format!("cuslice agent: listening on {}", socket.display())
     );
-    Agent { child, out, socket }
+    Agent {
+        child,
+        out,
+        socket,
+        _err: err,
+    }
 }
 
 fn root_required() {
