@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use cuslice_test_harness::{Sim, bin_dir};
 use serde_json::Value;
 
-use super::{Container, Engine, NodeAgent, Spec, agent_turn, name};
+use super::{Container, Engine, NodeAgent, Spec, agent_turn, name, wait_for};
 
 /// 1 ms kernels back to back.
 const KERNELS: &str = "cuda-workload launch --ns-per-block 1000 --blocks 1000";
@@ -89,7 +89,7 @@ pub fn shares_hold(engine: &dyn Engine) {
         }
         let env: Vec<&str> = env.iter().map(String::as_str).collect();
         let script = format!("exec {KERNELS} --secs {secs}");
-        engine.spawn(
+        let mut c = engine.spawn(
             &sim,
             &Spec {
                 name: &n,
@@ -97,7 +97,10 @@ pub fn shares_hold(engine: &dyn Engine) {
                 cmd: &["sh", "-c", &script],
                 read_only: false,
             },
-        )
+        );
+        // The workload has started (and the engine knows the container) once it says so.
+        wait_for(c.as_mut(), "start");
+        c
     };
     let t0 = Instant::now();
     let mut containers = vec![spawn(&SLICES[0], secs), spawn(&SLICES[1], secs)];
