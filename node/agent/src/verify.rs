@@ -360,12 +360,19 @@ impl Verifier {
                 ledger_used.insert((id.clone(), uuid.clone()), dev.used);
                 if let Some(list) = held.get_mut(&(id.clone(), uuid)) {
                     for h in list.iter_mut() {
-                        let inner = inner_pid(h.pid);
-                        h.charged = snap
+                        // By the host pid the agent told the process (no /proc read), else by
+                        // its pid in its own namespace.
+                        let told = snap
                             .procs
                             .iter()
-                            .find(|p| p.alive && Some(p.pid) == inner)
-                            .map(|p| p.charged.get(i).copied().unwrap_or(0));
+                            .find(|p| p.alive && p.host_pid == Some(h.pid));
+                        let entry = told.or_else(|| {
+                            let inner = inner_pid(h.pid);
+                            snap.procs
+                                .iter()
+                                .find(|p| p.alive && p.host_pid.is_none() && Some(p.pid) == inner)
+                        });
+                        h.charged = entry.map(|p| p.charged.get(i).copied().unwrap_or(0));
                     }
                 }
             }

@@ -136,7 +136,7 @@ fn agent(state_root: &Path) -> Agent {
 /// The container slices the hook keeps under `root`.
 fn containers(root: &Path, problems: &mut Vec<String>) -> Vec<Found> {
     let mut out = Vec::new();
-    for c in live_containers(root, problems) {
+    for c in live_containers(root, problems, false) {
         match Ledger::read(&c.ledger) {
             Ok(snap) => out.push(Found {
                 slice: c.id,
@@ -158,7 +158,7 @@ fn containers(root: &Path, problems: &mut Vec<String>) -> Vec<Found> {
 /// line each.
 pub fn tell_host_pids(root: &Path) -> Vec<String> {
     let mut problems = Vec::new();
-    live_containers(root, &mut problems);
+    live_containers(root, &mut problems, true);
     problems
 }
 
@@ -172,8 +172,10 @@ struct Live {
 }
 
 /// The running containers under `root`, in id order, each told its processes' host pids on
-/// the way (see `Ledger::tell_host_pids`).
-fn live_containers(root: &Path, problems: &mut Vec<String>) -> Vec<Live> {
+/// the way (see `Ledger::tell_host_pids`). With `untold_only`, only containers with a running
+/// process that has no host pid yet are looked up in /proc (and returned): most processes learn
+/// theirs from the agent's socket, and the scan of /proc is what costs.
+fn live_containers(root: &Path, problems: &mut Vec<String>, untold_only: bool) -> Vec<Live> {
     let root = Root::new(root);
     let dir = match fs::read_dir(root.containers()) {
         Ok(d) => d,
@@ -216,6 +218,12 @@ fn live_containers(root: &Path, problems: &mut Vec<String>) -> Vec<Live> {
             continue;
         }
         let path = root.mnt(&id).join("slice").join(ledger::FILE_NAME);
+        if untold_only
+            && Ledger::read(&path)
+                .is_ok_and(|l| l.procs.iter().all(|p| !p.alive || p.host_pid.is_some()))
+        {
+            continue;
+        }
         // The container's pids -> host pids, from the init's pid namespace.
         let pids = fs::read_link(format!("/proc/{}/ns/pid", record.pid))
             .ok()
