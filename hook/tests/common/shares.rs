@@ -128,7 +128,7 @@ pub fn shares_hold(engine: &dyn Engine) {
         String::from_utf8_lossy(&out.stdout)
             .lines()
             .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .last()
+            .next_back()
             .expect("cuslice top printed nothing")
     };
     for c in containers {

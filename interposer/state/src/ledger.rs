@@ -272,13 +272,7 @@ impl Ledger {
     /// A snapshot of the ledger at `path`, read without joining the slice or changing the file
     /// (a read-only mapping). For the node tools.
     pub fn read(path: &Path) -> Result<Snapshot, LedgerError> {
-        let io = |err| LedgerError::Io {
-            path: path.to_path_buf(),
-            err,
-        };
-        let f = File::open(path).map_err(io)?;
-        let l = Ledger::check(f, path.to_path_buf(), libc::PROT_READ)?;
-        Ok(l.snapshot())
+        Ok(ReadOnly::open(path)?.snapshot())
     }
 
     fn map_file(f: &File, path: &Path) -> io::Result<Ledger> {
@@ -859,6 +853,27 @@ impl Drop for Ledger {
     fn drop(&mut self) {
         // SAFETY: unmapping our own mapping; nothing borrowed from it outlives `self`.
         unsafe { libc::munmap(self.map.cast(), self.len) };
+    }
+}
+
+/// A ledger mapped read-only, to take snapshots of as often as needed: for the node agent, which
+/// reads every slice's ledger every period. Mapping afresh each time would fault in the file's
+/// pages each time.
+pub struct ReadOnly(Ledger);
+
+impl ReadOnly {
+    pub fn open(path: &Path) -> Result<ReadOnly, LedgerError> {
+        let io = |err| LedgerError::Io {
+            path: path.to_path_buf(),
+            err,
+        };
+        let f = File::open(path).map_err(io)?;
+        Ledger::check(f, path.to_path_buf(), libc::PROT_READ).map(ReadOnly)
+    }
+
+    /// What the ledger holds now, copied out.
+    pub fn snapshot(&self) -> Snapshot {
+        self.0.snapshot()
     }
 }
 

@@ -108,12 +108,14 @@ pub fn run(cfg: Config) -> Result<(), String> {
     loop {
         let began = std::time::Instant::now();
         // Processes that started before the agent, or could not reach its socket, are told
-        // their host pids here (the way `cuslice status` does).
-        let problems = cuslice_node::collect::tell_host_pids(&cfg.state_root);
-        for p in problems.iter().filter(|p| !said.contains(p)) {
-            eprintln!("cuslice agent: {p}");
+        // their host pids here (the way `cuslice status` does), when the last check saw one.
+        if verifier.untold() {
+            let problems = cuslice_node::collect::tell_host_pids(&cfg.state_root);
+            for p in problems.iter().filter(|p| !said.contains(p)) {
+                eprintln!("cuslice agent: {p}");
+            }
+            said = problems;
         }
-        said = problems;
         verifier.tick();
         std::thread::sleep(cfg.period.saturating_sub(began.elapsed()));
     }

@@ -12,7 +12,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -24,7 +24,7 @@ use cuslice_node::findings::{self, Actions, Finding, Findings};
 use cuslice_node::nvml::{Device, Nvml};
 use cuslice_policy::config::{Config as SliceConfig, Limits};
 use cuslice_policy::format_size;
-use cuslice_state::ledger::Ledger;
+use cuslice_state::ledger::ReadOnly;
 use cuslice_state::uuid_string;
 
 use crate::cgroup::{self, Freezer, Mounts, Placement, Scope};
@@ -171,6 +171,11 @@ pub struct Verifier {
     mounts: Mounts,
     tracker: Tracker<Key>,
     ledger_streak: BTreeMap<Key, u32>,
+    /// Each slice's ledger, mapped once (with the file's inode: a new file is mapped afresh).
+    ledgers: HashMap<PathBuf, (u64, ReadOnly)>,
+    /// A process in a slice whose ledger was read has no host pid yet (it started before the
+    /// agent, or could not reach its socket): the agent's loop tells host pids from /proc.
+    untold: bool,
     /// Problems seen in the last tick and in this one: each is logged when it first appears,
     /// not again while it lasts.
     logged: BTreeSet<String>,
@@ -256,6 +261,8 @@ impl Verifier {
             mounts: cgroup::mounts(),
             tracker: Tracker::default(),
             ledger_streak: BTreeMap::new(),
+            ledgers: HashMap::new(),
+            untold: true,
             logged: BTreeSet::new(),
             problems: BTreeSet::new(),
         }
@@ -275,6 +282,11 @@ impl Verifier {
     }
 
     /// One period's check (and, under `Enforce::Stop`, its enforcement).
+    /// Whether the last check found a slice process with no host pid yet (or could not look).
+    pub fn untold(&self) -> bool {
+        self.untold
+    }
+
     pub fn tick(&mut self) {
         if self.shared.stop.load(Ordering::SeqCst) {
             return;
@@ -344,17 +356,29 @@ impl Verifier {
 
         // What each slice's ledger says.
         let mut ledger_used: HashMap<(String, String), u64> = HashMap::new();
+        let mut mapped = HashMap::new();
+        let mut untold = false;
         for (id, s) in &slices {
             if !held.keys().any(|(x, _)| x == id) {
                 continue;
             }
-            let snap = match Ledger::read(&s.ledger) {
-                Ok(snap) => snap,
+            let ino = fs::metadata(&s.ledger).map_or(0, |m| m.ino());
+            let ledger = match self.ledgers.remove(&s.ledger) {
+                Some((i, l)) if i == ino => Ok(l),
+                _ => ReadOnly::open(&s.ledger),
+            };
+            let snap = match ledger {
+                Ok(l) => {
+                    let snap = l.snapshot();
+                    mapped.insert(s.ledger.clone(), (ino, l));
+                    snap
+                }
                 Err(e) => {
                     self.once(format!("{}: {e}", s.label()));
                     continue;
                 }
             };
+            untold |= snap.procs.iter().any(|p| p.alive && p.host_pid.is_none());
             for (i, dev) in snap.devices.iter().enumerate() {
                 let uuid = uuid_string(&dev.uuid);
                 ledger_used.insert((id.clone(), uuid.clone()), dev.used);
@@ -377,6 +401,10 @@ impl Verifier {
                 }
             }
         }
+
+        // Ledgers of slices gone (or with nothing on a device) are unmapped.
+        self.ledgers = mapped;
+        self.untold = untold;
 
         // The limits that apply, from the hook's config.
         let mut limits: BTreeMap<(String, String), Limits> = BTreeMap::new();
