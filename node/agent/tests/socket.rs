@@ -13,7 +13,7 @@ use cuslice_state::agent::{self, AskError};
 use cuslice_test_harness::bin_dir;
 
 /// Set in the child the namespace test starts: the socket it asks.
-const ASK_ENV: &str = "CUSLICE_TEST_ASK";
+const ASK_ENV: &str = "AGENT_TEST_ASK";
 
 struct Agent {
     child: Child,
