@@ -70,7 +70,7 @@ pub fn shares_hold(engine: &dyn Engine) {
     let sim = Sim::new(&["--memory", "8GiB"]);
     let _agent = NodeAgent::start(&sim);
     let secs = 18;
-    let top = sim
+    let mut top = sim
         .command(
             &bin_dir().join("cuslice"),
             &["top", "--json", "--interval", "0.5"],
@@ -78,6 +78,14 @@ pub fn shares_hold(engine: &dyn Engine) {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
+    // Read as it comes: a pipe nobody reads fills up (64 KiB) and stops `top` mid-run.
+    let top_out = top.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || -> Vec<Value> {
+        std::io::BufRead::lines(std::io::BufReader::new(top_out))
+            .map_while(Result::ok)
+            .filter_map(|l| serde_json::from_str::<Value>(&l).ok())
+            .collect()
+    });
     let spawn = |s: &Slice, secs: u32| -> Box<dyn Container + '_> {
         let n = name(s.what);
         let mut env = vec!["CUSLICE_MEMORY_LIMIT=1GiB".to_string()];
@@ -121,16 +129,16 @@ pub fn shares_hold(engine: &dyn Engine) {
         ));
         std::thread::sleep(Duration::from_millis(500));
     }
-    let last_top = {
+    let timeline: Vec<Value> = {
         let mut top = top;
         let _ = top.kill();
-        let out = top.wait_with_output().unwrap();
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .next_back()
-            .expect("cuslice top printed nothing")
+        let _ = top.wait();
+        reader.join().unwrap()
     };
+    let last_top = timeline
+        .last()
+        .expect("cuslice top printed nothing")
+        .clone();
     for c in containers {
         c.remove();
     }
@@ -188,7 +196,28 @@ pub fn shares_hold(engine: &dyn Engine) {
         );
         match seen {
             Some(seen) if (truth - s.share).abs() <= 3.0 && (seen - truth).abs() <= 3.0 => {}
-            _ => problems.push(line),
+            _ => {
+                // What cuslice top saw of this slice, line by line: share over 1 s and 10 s,
+                // device seconds, (est.) where launch estimates stood in for readings.
+                let seen: Vec<String> = timeline
+                    .iter()
+                    .filter_map(|v| {
+                        let c = v["devices"][0]["slices"]
+                            .as_array()?
+                            .iter()
+                            .find(|x| x["slice"] == ids[k].as_str())?["compute"]
+                            .clone();
+                        Some(format!(
+                            "{}/{}/{}{}",
+                            c["share_1s_pct"],
+                            c["share_10s_pct"],
+                            c["device_seconds"],
+                            if c["estimated"] == true { " est" } else { "" }
+                        ))
+                    })
+                    .collect();
+                problems.push(format!("{line}; cuslice top (1 s/10 s/device s): {seen:?}"));
+            }
         }
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
