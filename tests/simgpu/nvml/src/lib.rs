@@ -287,6 +287,8 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
     out: *mut nvmlMemory_t,
 ) -> nvmlReturn_t {
     status(dev_of(dev).and_then(|(s, i)| {
+        // A real driver always knows host pids; a reader on the host lets simgpu learn them.
+        s.resolve_host_pids();
         let (total, used) = memory(s, i);
         // SAFETY: out-pointer from the caller.
         unsafe {
@@ -308,6 +310,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     out: *mut nvmlMemory_v2_t,
 ) -> nvmlReturn_t {
     status(dev_of(dev).and_then(|(s, i)| {
+        s.resolve_host_pids();
         if out.is_null() {
             return Err(BAD_ARG);
         }
@@ -436,6 +439,7 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
         if !s.process_samples() {
             return Err(nvmlReturn_t::NVML_ERROR_NOT_SUPPORTED);
         }
+        s.resolve_host_pids();
         // Time stamps are wall-clock microseconds, the period ends turned into wall time with
         // the offset fixed when the state was made, so every process stamps a period alike.
         let c = s.config();
