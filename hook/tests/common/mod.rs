@@ -874,7 +874,11 @@ pub fn agent_tells_host_pids(engine: &dyn Engine) {
             .find(|s| s["slice"] == id.as_str())
             .unwrap_or_else(|| panic!("container {id} not in {view}"))
             .clone();
-        if slice["compute"]["estimated"] == false || Instant::now() > deadline {
+        // Measured device time: some noted, and not by estimate (a slice that has noted
+        // nothing yet is not "estimated" either).
+        let measured = slice["compute"]["estimated"] == false
+            && slice["compute"]["device_seconds"].as_f64() > Some(0.0);
+        if measured || Instant::now() > deadline {
             break (view, slice);
         }
         std::thread::sleep(Duration::from_millis(200));
