@@ -3,101 +3,18 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
 
+use common::runc::{RuncContainer, bundle, state_pid};
 use common::*;
 use cuslice_test_harness::Sim;
-use serde_json::{Value, json};
 
 struct Runc;
 
-struct Bundle {
-    _dir: tempfile::TempDir,
-    path: PathBuf,
-}
-
-fn bundle(sim: &Sim, spec: &Spec<'_>, hooks: bool) -> Bundle {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().to_path_buf();
-    make_rootfs(&path.join("rootfs"));
-    let out = Command::new("runc")
-        .arg("spec")
-        .current_dir(&path)
-        .output()
-        .expect("runc is missing: apt-get install runc (tests/ensure-tools does)");
-    assert!(
-        out.status.success(),
-        "runc spec: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = std::fs::read_to_string(path.join("config.json")).unwrap();
-    let mut c: Value = serde_json::from_str(&text).unwrap();
-    c["process"]["terminal"] = json!(false);
-    c["process"]["args"] = json!(spec.cmd);
-    c["process"]["env"] = json!(all_env(spec));
-    c["root"]["readonly"] = json!(spec.read_only);
-    let mounts = c["mounts"].as_array_mut().unwrap();
-    for (src, dst, rw) in gpu_mounts(sim) {
-        mounts.push(json!({"destination": dst, "type": "bind", "source": src, "options": ["rbind", if rw {"rw"} else {"ro"}]}));
-    }
-    if hooks {
-        let h = hook().display().to_string();
-        c["hooks"] = json!({
-            "prestart": [{"path": h, "args": ["cuslice-hook", "prestart"]}],
-            "poststop": [{"path": h, "args": ["cuslice-hook", "poststop"]}],
-        });
-    }
-    std::fs::write(
-        path.join("config.json"),
-        serde_json::to_string_pretty(&c).unwrap(),
-    )
-    .unwrap();
-    Bundle { _dir: dir, path }
-}
-
-struct RuncContainer {
-    child: Child,
-    out: std::io::BufReader<std::process::ChildStdout>,
-    id: String,
-    _bundle: Bundle,
-    err: Stderr,
-}
-
-fn state_pid(id: &str) -> i32 {
-    let out = Command::new("runc").args(["state", id]).output().unwrap();
-    let v: Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|_| panic!("runc state {id}: {}", String::from_utf8_lossy(&out.stderr)));
-    v["pid"].as_i64().unwrap() as i32
-}
-
-impl Container for RuncContainer {
-    fn host_pid(&self) -> i32 {
-        state_pid(&self.id)
-    }
-    fn id(&self) -> String {
-        self.id.clone()
-    }
-    fn stdout(&mut self) -> &mut std::io::BufReader<std::process::ChildStdout> {
-        &mut self.out
-    }
-    fn stderr(&self) -> String {
-        self.err.text()
-    }
-    fn remove(mut self: Box<Self>) {
-        let _ = Command::new("runc")
-            .args(["kill", &self.id, "KILL"])
-            .output();
-        let _ = self.child.wait();
-        let _ = Command::new("runc")
-            .args(["delete", "--force", &self.id])
-            .output();
-    }
-}
-
 impl Engine for Runc {
     fn run(&self, sim: &Sim, spec: &Spec<'_>) -> Output {
-        let b = bundle(sim, spec, true);
+        let b = bundle(sim, spec, &[]);
         let out = Command::new("runc")
             .args(["run", spec.name])
             .current_dir(&b.path)
@@ -110,17 +27,7 @@ impl Engine for Runc {
         out
     }
     fn spawn(&self, sim: &Sim, spec: &Spec<'_>) -> Box<dyn Container + '_> {
-        let b = bundle(sim, spec, true);
-        let mut cmd = Command::new("runc");
-        cmd.args(["run", spec.name]).current_dir(&b.path);
-        let (child, out, err) = spawn_piped(cmd);
-        Box::new(RuncContainer {
-            child,
-            out,
-            id: spec.name.to_string(),
-            _bundle: b,
-            err,
-        })
+        Box::new(RuncContainer::start(sim, spec, &[]))
     }
 }
 
@@ -147,7 +54,7 @@ fn rootfs_left_as_it_was() {
             cmd: &["cat", "/etc/ld.so.preload"],
             read_only: true,
         },
-        true,
+        &[],
     );
     let before = listing(&b.path.join("rootfs"));
     let out = Command::new("runc")
@@ -195,7 +102,7 @@ fn image_preload_entries_kept() {
             cmd: &["cat", "/etc/ld.so.preload"],
             read_only: false,
         },
-        true,
+        &[],
     );
     std::fs::create_dir_all(b.path.join("rootfs/etc")).unwrap();
     std::fs::write(
@@ -287,7 +194,7 @@ fn vanished_container_swept() {
             cmd: &["sleep", "60"],
             read_only: false,
         },
-        true,
+        &[],
     );
     // The container's process inherits runc's stdio: no pipes, or reading them never ends.
     let status = Command::new("runc")

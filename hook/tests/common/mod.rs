@@ -8,6 +8,7 @@
 
 #![allow(dead_code)]
 
+pub mod runc;
 pub mod shares;
 
 use std::io::{BufRead, BufReader};

@@ -13,114 +13,18 @@ mod common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{Container, Spec, all_env, gpu_mounts, hook, make_rootfs, name, root_required};
+use common::runc::RuncContainer;
+use common::{Container, Spec, name, root_required};
 use cuslice_test_harness::{GIB, MIB, Sim, bin_dir};
 use serde_json::{Value, json};
 
-// ---- a runc container whose hooks use the test's state root ----------------------------------
-
-struct Runc {
-    child: Child,
-    out: BufReader<std::process::ChildStdout>,
-    err: cuslice_test_harness::Stderr,
-    id: String,
-    _bundle: tempfile::TempDir,
-}
-
-impl Runc {
-    fn start(sim: &Sim, root: &Path, spec: &Spec<'_>) -> Runc {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path();
-        make_rootfs(&path.join("rootfs"));
-        let out = Command::new("runc")
-            .arg("spec")
-            .current_dir(path)
-            .output()
-            .expect("runc is missing: apt-get install runc (tests/ensure-tools does)");
-        assert!(out.status.success());
-        let text = std::fs::read_to_string(path.join("config.json")).unwrap();
-        let mut c: Value = serde_json::from_str(&text).unwrap();
-        c["process"]["terminal"] = json!(false);
-        c["process"]["args"] = json!(spec.cmd);
-        c["process"]["env"] = json!(all_env(spec));
-        c["root"]["readonly"] = json!(spec.read_only);
-        let mounts = c["mounts"].as_array_mut().unwrap();
-        for (src, dst, rw) in gpu_mounts(sim) {
-            mounts.push(json!({"destination": dst, "type": "bind", "source": src,
-                "options": ["rbind", if rw {"rw"} else {"ro"}]}));
-        }
-        let h = hook().display().to_string();
-        let root = root.display().to_string();
-        c["hooks"] = json!({
-            "prestart": [{"path": h, "args": ["cuslice-hook", "prestart", "--state-root", root]}],
-            "poststop": [{"path": h, "args": ["cuslice-hook", "poststop", "--state-root", root]}],
-        });
-        std::fs::write(path.join("config.json"), c.to_string()).unwrap();
-        let mut cmd = Command::new("runc");
-        cmd.args(["run", spec.name]).current_dir(path);
-        let (child, out, err) = common::spawn_piped(cmd);
-        Runc {
-            child,
-            out,
-            err,
-            id: spec.name.to_string(),
-            _bundle: dir,
-        }
-    }
-
-    /// Whether runc has reported the container's exit, and with what status.
-    fn exited(&mut self) -> Option<std::process::ExitStatus> {
-        self.child.try_wait().ok().flatten()
-    }
-}
-
-impl Container for Runc {
-    fn host_pid(&self) -> i32 {
-        let out = Command::new("runc")
-            .args(["state", &self.id])
-            .output()
-            .unwrap();
-        let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| {
-            panic!(
-                "runc state {}: {}",
-                self.id,
-                String::from_utf8_lossy(&out.stderr)
-            )
-        });
-        v["pid"].as_i64().unwrap() as i32
-    }
-    fn id(&self) -> String {
-        self.id.clone()
-    }
-    fn stdout(&mut self) -> &mut BufReader<std::process::ChildStdout> {
-        &mut self.out
-    }
-    fn stderr(&self) -> String {
-        self.err.text()
-    }
-    fn remove(mut self: Box<Self>) {
-        let _ = Command::new("runc")
-            .args(["kill", &self.id, "KILL"])
-            .output();
-        let _ = self.child.wait();
-        let _ = Command::new("runc")
-            .args(["delete", "--force", &self.id])
-            .output();
-    }
-}
-
-impl Drop for Runc {
-    fn drop(&mut self) {
-        let _ = Command::new("runc")
-            .args(["delete", "--force", &self.id])
-            .output();
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// A runc container whose hooks use the test's state root `root`.
+fn runc(sim: &Sim, root: &Path, spec: &Spec<'_>) -> RuncContainer {
+    RuncContainer::start(sim, spec, &["--state-root", root.to_str().unwrap()])
 }
 
 // ---- the agent -------------------------------------------------------------------------------
@@ -263,7 +167,7 @@ fn stop_kills_a_slice_over_its_memory_cap() {
         &["--enforce", "stop", "--period", "1", "--grace", "2"],
     );
     let n = name("stopmem");
-    let mut c = Runc::start(
+    let mut c = runc(
         &sim,
         root.path(),
         &Spec {
@@ -324,7 +228,7 @@ fn stop_holds_a_slice_to_its_core_limit_by_freezing() {
     let root = state_root();
     let mut agent = Agent::start(&sim, root.path(), &["--enforce", "stop"]);
     let n = name("stopcpu");
-    let mut c = Runc::start(
+    let mut c = runc(
         &sim,
         root.path(),
         &Spec {
@@ -428,7 +332,7 @@ fn report_shows_the_overuse_and_kills_nothing() {
     let root = state_root();
     let agent = Agent::start(&sim, root.path(), &["--enforce", "report", "--grace", "1"]);
     let (n, honest) = (name("report"), name("honest"));
-    let mut c = Runc::start(
+    let mut c = runc(
         &sim,
         root.path(),
         &Spec {
@@ -438,7 +342,7 @@ fn report_shows_the_overuse_and_kills_nothing() {
             read_only: false,
         },
     );
-    let mut h = Runc::start(
+    let mut h = runc(
         &sim,
         root.path(),
         &Spec {
@@ -536,7 +440,7 @@ fn a_ledger_written_over_is_found() {
     let root = state_root();
     let agent = Agent::start(&sim, root.path(), &["--enforce", "report"]);
     let n = name("tamper");
-    let mut c = Runc::start(
+    let mut c = runc(
         &sim,
         root.path(),
         &Spec {
@@ -616,7 +520,7 @@ fn stop_leaves_a_slice_the_library_holds_alone() {
     let root = state_root();
     let agent = Agent::start(&sim, root.path(), &["--enforce", "stop"]);
     let n = name("honestcpu");
-    let mut c = Runc::start(
+    let mut c = runc(
         &sim,
         root.path(),
         &Spec {
