@@ -4,7 +4,7 @@
 //! run time: a node tool must work, and say so, where no driver is installed. Only calls every
 //! NVML since 2013 has are required; the `_v2`/`_v3` process lists are used where present.
 
-use std::ffi::{CStr, c_char, c_uint};
+use std::ffi::{CStr, c_char, c_int, c_uint};
 
 use cuda_abi::{
     NVML_VALUE_NOT_AVAILABLE, nvmlDevice_t, nvmlMemory_t, nvmlProcessInfo_v1_t,
@@ -19,6 +19,22 @@ pub struct Gpu {
     pub name: String,
     pub total: u64,
     pub used: u64,
+}
+
+/// What the DRA plugin publishes of a GPU: everything a scheduler or a claim's selector may ask
+/// about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Description {
+    /// NVML's index of the device.
+    pub index: u32,
+    pub uuid: String,
+    pub name: String,
+    /// Total device memory in bytes.
+    pub total: u64,
+    /// N of the device node /dev/nvidiaN; None where this NVML cannot say.
+    pub minor: Option<u32>,
+    /// CUDA compute capability (major, minor); None where this NVML cannot say.
+    pub compute_capability: Option<(i32, i32)>,
 }
 
 /// A compute process on a device, as the driver counts it.
@@ -48,6 +64,9 @@ type Count = unsafe extern "C" fn(*mut c_uint) -> nvmlReturn_t;
 type ByIndex = unsafe extern "C" fn(c_uint, *mut nvmlDevice_t) -> nvmlReturn_t;
 type Text = unsafe extern "C" fn(nvmlDevice_t, *mut c_char, c_uint) -> nvmlReturn_t;
 type Memory = unsafe extern "C" fn(nvmlDevice_t, *mut nvmlMemory_t) -> nvmlReturn_t;
+type Minor = unsafe extern "C" fn(nvmlDevice_t, *mut c_uint) -> nvmlReturn_t;
+type Capability = unsafe extern "C" fn(nvmlDevice_t, *mut c_int, *mut c_int) -> nvmlReturn_t;
+type SystemText = unsafe extern "C" fn(*mut c_char, c_uint) -> nvmlReturn_t;
 type ProcsV1 =
     unsafe extern "C" fn(nvmlDevice_t, *mut c_uint, *mut nvmlProcessInfo_v1_t) -> nvmlReturn_t;
 type ProcsV2 =
@@ -78,6 +97,9 @@ pub struct Nvml {
     procs_v1: Option<ProcsV1>,
     procs_v2: Option<ProcsV2>,
     utilisation: Option<Util>,
+    minor: Option<Minor>,
+    capability: Option<Capability>,
+    driver_version: SystemText,
     /// Keeps the entry points above valid; dropped last.
     _lib: Library,
 }
@@ -116,6 +138,9 @@ impl Nvml {
                 .or_else(|_| get(&lib, b"nvmlDeviceGetComputeRunningProcesses_v2\0"))
                 .ok(),
             utilisation: get(&lib, b"nvmlDeviceGetProcessUtilization\0").ok(),
+            minor: get(&lib, b"nvmlDeviceGetMinorNumber\0").ok(),
+            capability: get(&lib, b"nvmlDeviceGetCudaComputeCapability\0").ok(),
+            driver_version: get(&lib, b"nvmlSystemGetDriverVersion\0")?,
             _lib: lib,
         };
         // SAFETY: nvmlInit_v2 takes no arguments.
@@ -150,6 +175,59 @@ impl Nvml {
         Ok(unsafe { CStr::from_ptr(buf.as_ptr()) }
             .to_string_lossy()
             .into_owned())
+    }
+
+    /// The kernel driver's version, e.g. `580.95.05`.
+    pub fn driver_version(&self) -> Result<String, String> {
+        let mut buf = [0 as c_char; 96];
+        // SAFETY: a buffer of the size passed.
+        check("nvmlSystemGetDriverVersion", unsafe {
+            (self.driver_version)(buf.as_mut_ptr(), buf.len() as c_uint)
+        })?;
+        buf[buf.len() - 1] = 0;
+        // SAFETY: NUL-terminated within the buffer (the last byte is forced to NUL).
+        Ok(unsafe { CStr::from_ptr(buf.as_ptr()) }
+            .to_string_lossy()
+            .into_owned())
+    }
+
+    /// One device as the DRA plugin publishes it, or one line saying why NVML cannot describe
+    /// it (a GPU that fell off the bus answers GPU_IS_LOST, 15).
+    pub fn describe(&self, d: Device) -> Result<Description, String> {
+        let h = self.handle(d)?;
+        let mut m = nvmlMemory_t::default();
+        // SAFETY: a handle from NVML and an out-pointer to a local.
+        check("nvmlDeviceGetMemoryInfo", unsafe {
+            (self.memory)(h, &mut m)
+        })?;
+        let minor = match self.minor {
+            Some(f) => {
+                let mut n: c_uint = 0;
+                // SAFETY: a handle from NVML and an out-pointer to a local.
+                check("nvmlDeviceGetMinorNumber", unsafe { f(h, &mut n) })?;
+                Some(n)
+            }
+            None => None,
+        };
+        let compute_capability = match self.capability {
+            Some(f) => {
+                let (mut major, mut minor): (c_int, c_int) = (0, 0);
+                // SAFETY: a handle from NVML and two out-pointers to locals.
+                check("nvmlDeviceGetCudaComputeCapability", unsafe {
+                    f(h, &mut major, &mut minor)
+                })?;
+                Some((major, minor))
+            }
+            None => None,
+        };
+        Ok(Description {
+            index: d.0,
+            uuid: self.uuid(d)?,
+            name: self.text(self.name, d, "nvmlDeviceGetName")?,
+            total: m.total,
+            minor,
+            compute_capability,
+        })
     }
 
     pub fn uuid(&self, d: Device) -> Result<String, String> {

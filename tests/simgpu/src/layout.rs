@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64};
 use crate::robust::RobustMutex;
 
 pub const MAGIC: [u8; 8] = *b"SIMGPU\0\0";
-pub const LAYOUT_VERSION: u32 = 5;
+pub const LAYOUT_VERSION: u32 = 6;
 
 /// Allocation granularity: every allocation takes whole 2 MiB granules.
 pub const GRANULE: u64 = 2 << 20;
@@ -69,7 +69,10 @@ pub struct Header {
     /// `nvmlDeviceGetProcessUtilization` with NOT_SUPPORTED, as on MIG instances and some vGPU
     /// profiles (`simgpu init --no-process-samples`, `simgpu set --process-samples on|off`).
     pub process_samples: AtomicU32,
-    pub _pad2: u32,
+    /// Bit `i` set while device `i` has fallen off the bus (Xid 79): NVML answers every query
+    /// about it with GPU_IS_LOST, as the real driver does until the node is repaired
+    /// (`simgpu set --device I --lost on|off`). CUDA is not affected.
+    pub lost: AtomicU32,
     /// What each device is; fixed when the file is made, read without locks.
     pub devices: [DeviceInfo; MAX_DEVICES],
     pub procs_lock: RobustMutex,

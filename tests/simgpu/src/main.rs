@@ -45,6 +45,13 @@ enum Cmd {
         /// Per-process utilisation samples in NVML: `on`, or `off` (NOT_SUPPORTED)
         #[arg(long, value_name = "on|off", value_parser = on_off)]
         process_samples: Option<bool>,
+        /// The device `--lost` applies to (its index)
+        #[arg(long, requires = "lost")]
+        device: Option<u32>,
+        /// Device `--device` falls off the bus (`on`: NVML answers GPU_IS_LOST about it) or
+        /// comes back (`off`)
+        #[arg(long, value_name = "on|off", value_parser = on_off, requires = "device")]
+        lost: Option<bool>,
     },
     /// Print the ground truth: devices, memory, and per-process holdings and device time.
     Show {
@@ -324,11 +331,24 @@ fn main() -> ExitCode {
         Cmd::Set {
             state,
             process_samples,
-        } => State::open(&state).map_err(Into::into).map(|s| {
+            device,
+            lost,
+        } => State::open(&state).map_err(Into::into).and_then(|s| {
+            if let (Some(i), Some(lost)) = (device, lost) {
+                if i >= s.ndev() {
+                    return Err(format!(
+                        "--device {i}: {} has {} device(s), numbered from 0",
+                        state.display(),
+                        s.ndev()
+                    )
+                    .into());
+                }
+                s.set_lost(i, lost);
+            }
             if let Some(on) = process_samples {
                 s.set_process_samples(on);
             }
-            0
+            Ok(0)
         }),
         Cmd::Show { state, json } => show(&state, json).map(|_| 0),
         Cmd::LibDir { out } => make_lib_dir(&out).map(|_| {

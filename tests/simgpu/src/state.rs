@@ -368,6 +368,22 @@ impl State {
             .store(on as u32, Ordering::Relaxed);
     }
 
+    /// Whether device `i` has fallen off the bus (NVML answers GPU_IS_LOST for it).
+    pub fn lost(&self, i: u32) -> bool {
+        i < 32 && self.header().lost.load(Ordering::Relaxed) & (1 << i) != 0
+    }
+
+    /// Marks device `i` lost or back, for every process at once.
+    pub fn set_lost(&self, i: u32, lost: bool) {
+        let bit = 1u32 << i;
+        let l = &self.header().lost;
+        if lost {
+            l.fetch_or(bit, Ordering::Relaxed);
+        } else {
+            l.fetch_and(!bit, Ordering::Relaxed);
+        }
+    }
+
     pub fn ndev(&self) -> u32 {
         self.header().ndev
     }

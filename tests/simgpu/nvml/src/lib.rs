@@ -4,7 +4,7 @@
 //! Processes are reported by host PID where known (see docs/simgpu.md).
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
-use std::ffi::{CStr, c_char, c_uint};
+use std::ffi::{CStr, c_char, c_int, c_uint};
 use std::sync::Mutex;
 use std::sync::OnceLock;
 
@@ -84,6 +84,7 @@ pub unsafe extern "C" fn nvmlErrorString(r: nvmlReturn_t) -> *const c_char {
         7 => c"Insufficient Size",
         9 => c"Driver Not Loaded",
         13 => c"Function Not Found",
+        15 => c"GPU is lost",
         25 => c"Argument Version Mismatch",
         _ => c"Unknown Error",
     };
@@ -96,6 +97,9 @@ fn dev_of(h: nvmlDevice_t) -> Result<(&'static State, u32), nvmlReturn_t> {
     let i = (h as usize).checked_sub(1).ok_or(BAD_ARG)? as u32;
     if i >= s.ndev() {
         return Err(BAD_ARG);
+    }
+    if s.lost(i) {
+        return Err(nvmlReturn_t::NVML_ERROR_GPU_IS_LOST);
     }
     Ok((s, i))
 }
@@ -150,6 +154,9 @@ fn by_index(i: c_uint, out: *mut nvmlDevice_t) -> nvmlReturn_t {
         if i >= s.ndev() {
             return Err(BAD_ARG);
         }
+        if s.lost(i) {
+            return Err(nvmlReturn_t::NVML_ERROR_GPU_IS_LOST);
+        }
         // SAFETY: out-pointer from the caller.
         unsafe { put(out, handle(i)) }
     }))
@@ -187,6 +194,9 @@ fn find(
         let i = (0..s.ndev())
             .find(|&i| f(s, i).to_ascii_lowercase() == want)
             .ok_or(nvmlReturn_t::NVML_ERROR_NOT_FOUND)?;
+        if s.lost(i) {
+            return Err(nvmlReturn_t::NVML_ERROR_GPU_IS_LOST);
+        }
         // SAFETY: out-pointer from the caller.
         unsafe { put(out, handle(i)) }
     }))
@@ -221,6 +231,36 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(
     len: c_uint,
 ) -> nvmlReturn_t {
     status(dev_of(dev).and_then(|(s, i)| put_str(out, len, &s.uuid_string(i))))
+}
+
+/// The device's minor number: N of /dev/nvidiaN. simgpu's devices are numbered as they are
+/// listed.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMinorNumber(
+    dev: nvmlDevice_t,
+    out: *mut c_uint,
+) -> nvmlReturn_t {
+    // SAFETY: out-pointer from the caller.
+    status(dev_of(dev).and_then(|(_, i)| unsafe { put(out, i) }))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetCudaComputeCapability(
+    dev: nvmlDevice_t,
+    major: *mut c_int,
+    minor: *mut c_int,
+) -> nvmlReturn_t {
+    status(dev_of(dev).and_then(|(s, _)| {
+        if major.is_null() || minor.is_null() {
+            return Err(BAD_ARG);
+        }
+        let c = s.config();
+        // SAFETY: both out-pointers from the caller, checked non-NULL.
+        unsafe {
+            put(major, c.cc_major as c_int)?;
+            put(minor, c.cc_minor as c_int)
+        }
+    }))
 }
 
 #[unsafe(no_mangle)]

@@ -1,0 +1,388 @@
+//! What an allocated ResourceClaim gives each of its gpu.cuslice.io devices: the memory cap (the
+//! consumed `memory`), the core request (the consumed `cores`) and the core limit (the claim's
+//! opaque `coreLimit`, or the request). Pure: from the claim as the API server returns it and the
+//! GPUs this node has now. Every refusal is one line naming the claim and the reason.
+
+use k8s_openapi::api::resource::v1::{DeviceAllocationConfiguration, ResourceClaim};
+use serde::{Deserialize, Serialize};
+
+use crate::quantity;
+use crate::slice::{DRIVER, Gpu, MEMORY_STEP};
+
+/// The claim the kubelet names.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimRef {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+}
+
+impl std::fmt::Display for ClaimRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "claim {}/{} (uid {})",
+            self.namespace, self.name, self.uid
+        )
+    }
+}
+
+/// The opaque configuration a claim (or its DeviceClass) may give a gpu.cuslice.io device.
+pub const CONFIG_API_VERSION: &str = "gpu.cuslice.io/v1alpha1";
+pub const CONFIG_KIND: &str = "SliceConfig";
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct SliceConfig {
+    pub api_version: String,
+    pub kind: String,
+    /// The most of the GPU's time the slice may use when others want it too, percent; at least
+    /// the core request.
+    pub core_limit: Option<u32>,
+}
+
+/// One device of the claim, with the slice's settings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Allotted {
+    /// The claim's request this device was allocated for.
+    pub request: String,
+    /// The device's name in this node's ResourceSlice (`gpu-0`).
+    pub device: String,
+    /// The GPU's UUID, as NVML gave it when the claim was prepared.
+    pub uuid: String,
+    /// Memory cap, bytes.
+    pub memory: u64,
+    /// Core request and limit, percent of the GPU's time.
+    pub core_request: u32,
+    pub core_limit: u32,
+}
+
+fn config_applies(c: &DeviceAllocationConfiguration, request: &str) -> bool {
+    let parent = request.split('/').next().unwrap_or(request);
+    match &c.requests {
+        None => true,
+        Some(r) if r.is_empty() => true,
+        Some(r) => r.iter().any(|x| x == request || x == parent),
+    }
+}
+
+fn read_config(claim: &ClaimRef, value: &serde_json::Value) -> Result<SliceConfig, String> {
+    let c: SliceConfig = serde_json::from_value(value.clone()).map_err(|e| {
+        format!(
+            "{claim}: its {DRIVER} configuration is not a {CONFIG_API_VERSION} {CONFIG_KIND}: {e} \
+             (known fields: apiVersion, kind, coreLimit)"
+        )
+    })?;
+    if c.api_version != CONFIG_API_VERSION || c.kind != CONFIG_KIND {
+        return Err(format!(
+            "{claim}: its {DRIVER} configuration is {}/{}; this driver takes apiVersion: \
+             {CONFIG_API_VERSION}, kind: {CONFIG_KIND}",
+            c.api_version, c.kind
+        ));
+    }
+    Ok(c)
+}
+
+fn consumed(
+    claim: &ClaimRef,
+    device: &str,
+    what: &str,
+    q: Option<&str>,
+) -> Result<Option<u64>, String> {
+    q.map(|q| {
+        quantity::parse(q).map_err(|e| format!("{claim}: device {device}: consumed {what}: {e}"))
+    })
+    .transpose()
+}
+
+/// The claim's gpu.cuslice.io devices on this node (`pool` is the node's pool), each with its
+/// settings; `gpus` are the GPUs NVML describes now. Devices of other drivers or pools are not
+/// this plugin's and are left out.
+pub fn allotments(
+    claim: &ClaimRef,
+    object: &ResourceClaim,
+    pool: &str,
+    gpus: &[Gpu],
+) -> Result<Vec<Allotted>, String> {
+    let uid = object.metadata.uid.as_deref().unwrap_or("");
+    if uid != claim.uid {
+        return Err(format!(
+            "{claim}: the API server's claim of that name has uid {uid:?}: it was deleted and made \
+             again; the kubelet will ask for the new one"
+        ));
+    }
+    let Some(devices) = object
+        .status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.devices.as_ref())
+    else {
+        return Err(format!(
+            "{claim}: it is not allocated (no status.allocation.devices); the scheduler allocates \
+             a claim before the kubelet prepares it"
+        ));
+    };
+    let configs: Vec<&DeviceAllocationConfiguration> = devices
+        .config
+        .iter()
+        .flatten()
+        .filter(|c| c.opaque.as_ref().is_some_and(|o| o.driver == DRIVER))
+        .collect();
+    let mut out = Vec::new();
+    for r in devices.results.iter().flatten() {
+        if r.driver != DRIVER || r.pool != pool {
+            continue;
+        }
+        let Some(gpu) = gpus.iter().find(|g| g.name() == r.device) else {
+            return Err(format!(
+                "{claim}: device {} was allocated to it, but this node has no such GPU now \
+                 (NVML lists {}); the GPU has gone from the node since the scheduler placed the pod",
+                r.device,
+                if gpus.is_empty() {
+                    "none".to_owned()
+                } else {
+                    gpus.iter().map(Gpu::name).collect::<Vec<_>>().join(", ")
+                }
+            ));
+        };
+        let cap = r.consumed_capacity.as_ref();
+        let get = |k: &str| cap.and_then(|c| c.get(k)).map(|q| q.0.as_str());
+        // Without consumed capacity (the DRAConsumableCapacity feature off), the scheduler gave
+        // the whole device to this claim alone.
+        let whole = gpu.description.total / MEMORY_STEP * MEMORY_STEP;
+        let memory = consumed(claim, &r.device, "memory", get("memory"))?.unwrap_or(whole);
+        let cores = consumed(claim, &r.device, "cores", get("cores"))?.unwrap_or(100);
+        if memory == 0 || cores == 0 || cores > 100 {
+            return Err(format!(
+                "{claim}: device {}: consumed memory {memory} bytes and cores {cores}; a slice \
+                 needs more than 0 bytes and 1 to 100 cores",
+                r.device
+            ));
+        }
+        let cores = cores as u32;
+        let mut limit = cores;
+        // Class configurations come first, the claim's own after them and win.
+        let mut ordered: Vec<&&DeviceAllocationConfiguration> = configs
+            .iter()
+            .filter(|c| config_applies(c, &r.request))
+            .collect();
+        ordered.sort_by_key(|c| c.source != "FromClass");
+        for c in ordered {
+            let params = &c.opaque.as_ref().expect("filtered on opaque").parameters.0;
+            let sc = read_config(claim, params)?;
+            if let Some(l) = sc.core_limit {
+                if !(1..=100).contains(&l) {
+                    return Err(format!(
+                        "{claim}: coreLimit {l} is not a percent from 1 to 100; write e.g. coreLimit: 60"
+                    ));
+                }
+                limit = l;
+            }
+        }
+        if limit < cores {
+            return Err(format!(
+                "{claim}: coreLimit {limit} is below the {cores} cores the claim takes of {}; a \
+                 limit is at least the request: ask for fewer cores or raise coreLimit",
+                r.device
+            ));
+        }
+        out.push(Allotted {
+            request: r.request.clone(),
+            device: r.device.clone(),
+            uuid: gpu.description.uuid.clone(),
+            memory,
+            core_request: cores,
+            core_limit: limit,
+        });
+    }
+    if out.len() > 1 {
+        return Err(format!(
+            "{claim}: it holds {} {DRIVER} devices ({}); a claim may hold one, as a container's \
+             settings cover every GPU it sees: ask for each GPU in a claim of its own",
+            out.len(),
+            out.iter()
+                .map(|a| a.device.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    Ok(out)
+}
+
+/// The slice's settings, as the container's environment (the hook reads them from there).
+pub fn settings(a: &Allotted) -> Vec<(String, String)> {
+    vec![
+        ("CUSLICE_MEMORY_LIMIT".into(), a.memory.to_string()),
+        ("CUSLICE_CORE_REQUEST".into(), a.core_request.to_string()),
+        ("CUSLICE_CORE_LIMIT".into(), a.core_limit.to_string()),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cuslice_node::nvml::Description;
+    use serde_json::json;
+
+    fn gpus() -> Vec<Gpu> {
+        (0..2)
+            .map(|i| Gpu {
+                description: Description {
+                    index: i,
+                    uuid: format!("GPU-{i}"),
+                    name: "sim".into(),
+                    total: 16 << 30,
+                    minor: Some(i),
+                    compute_capability: Some((9, 0)),
+                },
+                driver_version: "580.95.05".into(),
+            })
+            .collect()
+    }
+
+    fn claim(results: serde_json::Value, config: serde_json::Value) -> ResourceClaim {
+        serde_json::from_value(json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": "c", "namespace": "ns", "uid": "u1"},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.cuslice.io"}}]}},
+            "status": {"allocation": {"devices": {"results": results, "config": config}}}
+        }))
+        .unwrap()
+    }
+
+    fn r() -> ClaimRef {
+        ClaimRef {
+            namespace: "ns".into(),
+            name: "c".into(),
+            uid: "u1".into(),
+        }
+    }
+
+    fn result(device: &str, memory: &str, cores: &str) -> serde_json::Value {
+        json!({"request": "gpu", "driver": DRIVER, "pool": "node-a", "device": device,
+               "shareID": "s1", "consumedCapacity": {"memory": memory, "cores": cores}})
+    }
+
+    fn opaque(source: &str, params: serde_json::Value) -> serde_json::Value {
+        json!({"source": source, "opaque": {"driver": DRIVER, "parameters": params}})
+    }
+
+    #[test]
+    fn consumed_capacity_becomes_the_slice() {
+        let c = claim(json!([result("gpu-1", "8Gi", "30")]), json!([]));
+        let a = allotments(&r(), &c, "node-a", &gpus()).unwrap();
+        assert_eq!(a.len(), 1);
+        assert_eq!(
+            (a[0].memory, a[0].core_request, a[0].core_limit),
+            (8 << 30, 30, 30)
+        );
+        assert_eq!(a[0].uuid, "GPU-1");
+        assert_eq!(
+            settings(&a[0])[0],
+            ("CUSLICE_MEMORY_LIMIT".to_owned(), (8u64 << 30).to_string())
+        );
+    }
+
+    #[test]
+    fn core_limit_comes_from_the_claim_over_the_class() {
+        let params =
+            |l: u32| json!({"apiVersion": CONFIG_API_VERSION, "kind": CONFIG_KIND, "coreLimit": l});
+        let c = claim(
+            json!([result("gpu-0", "1Gi", "30")]),
+            json!([
+                opaque("FromClaim", params(60)),
+                opaque("FromClass", params(40))
+            ]),
+        );
+        let a = allotments(&r(), &c, "node-a", &gpus()).unwrap();
+        assert_eq!(a[0].core_limit, 60);
+    }
+
+    #[test]
+    fn other_drivers_and_pools_are_not_ours() {
+        let mut other = result("gpu-0", "1Gi", "10");
+        other["driver"] = json!("gpu.nvidia.com");
+        let mut elsewhere = result("gpu-0", "1Gi", "10");
+        elsewhere["pool"] = json!("node-b");
+        let c = claim(json!([other, elsewhere]), json!([]));
+        assert_eq!(allotments(&r(), &c, "node-a", &gpus()).unwrap(), vec![]);
+    }
+
+    #[test]
+    fn without_consumed_capacity_the_whole_device_is_the_claims() {
+        let mut x = result("gpu-0", "", "");
+        x.as_object_mut().unwrap().remove("consumedCapacity");
+        let a = allotments(&r(), &claim(json!([x]), json!([])), "node-a", &gpus()).unwrap();
+        assert_eq!((a[0].memory, a[0].core_request), (16 << 30, 100));
+    }
+
+    #[test]
+    fn refusals_name_the_claim_and_the_reason() {
+        let ok = json!([result("gpu-0", "1Gi", "30")]);
+        let cases: Vec<(ResourceClaim, &str)> = vec![
+            (
+                claim(
+                    ok.clone(),
+                    json!([opaque(
+                        "FromClaim",
+                        json!({"apiVersion": CONFIG_API_VERSION, "kind": CONFIG_KIND, "corelimit": 50})
+                    )]),
+                ),
+                "unknown field `corelimit`",
+            ),
+            (
+                claim(
+                    ok.clone(),
+                    json!([opaque(
+                        "FromClaim",
+                        json!({"apiVersion": CONFIG_API_VERSION, "kind": CONFIG_KIND, "coreLimit": 20})
+                    )]),
+                ),
+                "coreLimit 20 is below the 30 cores",
+            ),
+            (
+                claim(
+                    ok.clone(),
+                    json!([opaque(
+                        "FromClaim",
+                        json!({"apiVersion": "v1", "kind": "Pod"})
+                    )]),
+                ),
+                "this driver takes apiVersion: gpu.cuslice.io/v1alpha1",
+            ),
+            (
+                claim(json!([result("gpu-7", "1Gi", "30")]), json!([])),
+                "device gpu-7 was allocated to it, but this node has no such GPU now (NVML lists gpu-0, gpu-1)",
+            ),
+            (
+                claim(json!([result("gpu-0", "1.5", "30")]), json!([])),
+                "consumed memory",
+            ),
+            (
+                claim(json!([result("gpu-0", "1Gi", "300")]), json!([])),
+                "1 to 100 cores",
+            ),
+            (
+                claim(
+                    json!([result("gpu-0", "1Gi", "30"), result("gpu-1", "1Gi", "30")]),
+                    json!([]),
+                ),
+                "a claim may hold one",
+            ),
+        ];
+        for (c, want) in cases {
+            let e = allotments(&r(), &c, "node-a", &gpus()).unwrap_err();
+            assert!(e.starts_with("claim ns/c (uid u1): "), "{e}");
+            assert!(e.contains(want), "want {want:?} in {e}");
+            assert!(!e.contains('\n'), "{e}");
+        }
+        let mut unallocated = claim(ok, json!([]));
+        unallocated.status = None;
+        let e = allotments(&r(), &unallocated, "node-a", &gpus()).unwrap_err();
+        assert!(e.contains("not allocated"), "{e}");
+        let mut other = r();
+        other.uid = "u2".into();
+        let e = allotments(&other, &claim(json!([]), json!([])), "node-a", &gpus()).unwrap_err();
+        assert!(e.contains("deleted and made again"), "{e}");
+    }
+}

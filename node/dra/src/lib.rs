@@ -1,0 +1,78 @@
+//! `cuslice-dra-plugin`: the Kubernetes DRA kubelet plugin for the driver `gpu.cuslice.io`.
+//!
+//! - It publishes one ResourceSlice for its node: every GPU NVML describes is a device that
+//!   several claims may share, each taking an amount of its `memory` and `cores` (consumable
+//!   capacity). It reads NVML again every `--rescan` seconds and publishes again when the GPUs
+//!   changed.
+//! - It serves the kubelet's plugin registration API and the DRA v1 API on unix sockets.
+//!   NodePrepareResources reads the allocated claim from the API server and writes one CDI spec
+//!   per claim: the GPU's device nodes and driver libraries, the slice's settings as
+//!   `CUSLICE_*` variables, and the cuslice hooks. The container runtime applies it.
+//! - Prepared claims are kept in a checkpoint file, so that a restarted plugin unprepares (or
+//!   prepares again, idempotently) claims an earlier run prepared.
+//!
+//! Policy (what a claim gets, what a slice publishes) is pure, in `claim` and `slice`; this file
+//! and `service` do the I/O.
+
+pub mod cdi;
+pub mod checkpoint;
+pub mod claim;
+pub mod discover;
+pub mod quantity;
+pub mod service;
+pub mod slice;
+
+/// The kubelet's DRA v1 API (proto/dra/v1/api.proto).
+pub mod dra {
+    tonic::include_proto!("k8s.io.kubelet.pkg.apis.dra.v1");
+}
+
+/// The kubelet's plugin registration API (proto/pluginregistration/v1/api.proto).
+pub mod registration {
+    tonic::include_proto!("pluginregistration");
+}
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// What the plugin is told on its command line.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub node_name: String,
+    /// dra.sock and checkpoint.json.
+    pub plugin_dir: PathBuf,
+    /// The kubelet's plugin watcher directory (the registration socket).
+    pub registry_dir: PathBuf,
+    /// Where CDI specs are written for the container runtime.
+    pub cdi_dir: PathBuf,
+    pub roots: discover::Roots,
+    /// cuslice-hook and libcuslice.so, as paths on the host.
+    pub hook: String,
+    pub library: String,
+    pub kubeconfig: Option<PathBuf>,
+    pub rescan: Duration,
+}
+
+impl Options {
+    pub fn dra_socket(&self) -> PathBuf {
+        self.plugin_dir.join("dra.sock")
+    }
+
+    pub fn registration_socket(&self) -> PathBuf {
+        self.registry_dir
+            .join(format!("{}-reg.sock", slice::DRIVER))
+    }
+
+    pub fn checkpoint(&self) -> PathBuf {
+        self.plugin_dir.join("checkpoint.json")
+    }
+}
+
+/// Runs the plugin until SIGTERM or SIGINT; Err: one line saying why it cannot run.
+pub fn run(opts: Options) -> Result<(), String> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the async runtime: {e}"))?
+        .block_on(service::serve(opts))
+}
