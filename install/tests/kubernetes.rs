@@ -14,7 +14,7 @@
 //!   /metrics on the port its Prometheus annotations name; its DRA plugin runs a command line
 //!   `cuslice-dra-plugin` accepts (where that binary is built), with the kubelet's plugin and
 //!   registry directories and the CDI directory at their host paths and the host's / read-only at
-//!   its driver root;
+//!   its host root (--host-root);
 //! - RBAC grants the plugin what it needs (PLUGIN_NEEDS, the one list of it) and nothing more, to
 //!   the ServiceAccount the DaemonSet runs as;
 //! - the examples name the DeviceClass, ask only for capacities the plugin publishes, carry config
@@ -74,6 +74,7 @@ const PLUGIN_FLAGS: &[(&str, Option<&str>)] = &[
     ("--registry-dir", Some("/var/lib/kubelet/plugins_registry")),
     ("--cdi-dir", Some("/var/run/cdi")),
     ("--driver-root", Some("/")),
+    ("--host-root", Some("/")),
     ("--hook", Some("/usr/local/bin/cuslice-hook")),
     ("--library", Some("/usr/local/lib/cuslice/libcuslice.so")),
     ("--kubeconfig", None),
@@ -771,12 +772,12 @@ fn daemonset_runs_the_dra_plugin_with_the_kubelet_dirs_cdi_dir_and_the_hosts_roo
         "the plugin dir is named after the driver: {}",
         opt("--plugin-dir")
     );
-    // The host's / read-only at the driver root.
-    let root = opt("--driver-root");
+    // The host's / read-only at the host root.
+    let root = opt("--host-root");
     assert_eq!(
         host_path_of(pod, plugin, &root),
         Some((PathBuf::from("/"), true)),
-        "--driver-root {root}: the host's /, read-only"
+        "--host-root {root}: the host's /, read-only"
     );
     // The hook and library the CDI specs name are where the install step puts them.
     let install = strings(&container(pod, "initContainers", "install")["args"]);
