@@ -336,12 +336,11 @@ fn main() -> ExitCode {
         } => State::open(&state).map_err(Into::into).and_then(|s| {
             if let (Some(i), Some(lost)) = (device, lost) {
                 if i >= s.ndev() {
-                    return Err(format!(
+                    anyhow::bail!(
                         "--device {i}: {} has {} device(s), numbered from 0",
                         state.display(),
                         s.ndev()
-                    )
-                    .into());
+                    );
                 }
                 s.set_lost(i, lost);
             }
