@@ -61,7 +61,7 @@ pub fn bytes(n: u64) -> String {
         ("Mi", 20),
         ("Ki", 10),
     ] {
-        if n != 0 && n % (1u64 << shift) == 0 {
+        if n != 0 && n.is_multiple_of(1u64 << shift) {
             return format!("{}{unit}", n >> shift);
         }
     }

@@ -103,10 +103,11 @@ pub fn device(gpu: &Gpu) -> Device {
     if let Some(v) = semver(&gpu.driver_version) {
         attributes.insert("driverVersion".to_owned(), version(v));
     }
-    if let Some((major, minor)) = d.compute_capability {
-        if let Some(v) = semver(&format!("{major}.{minor}")) {
-            attributes.insert("cudaComputeCapability".to_owned(), version(v));
-        }
+    if let Some(v) = d
+        .compute_capability
+        .and_then(|(major, minor)| semver(&format!("{major}.{minor}")))
+    {
+        attributes.insert("cudaComputeCapability".to_owned(), version(v));
     }
     // Memory in whole steps: a remainder under one step could never be taken.
     let memory = d.total / MEMORY_STEP * MEMORY_STEP;

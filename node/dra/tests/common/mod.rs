@@ -381,7 +381,10 @@ impl PluginProcess {
     pub fn stop(mut self) -> (std::process::ExitStatus, String) {
         self.signal(libc::SIGTERM);
         let s = self.child.wait().unwrap();
-        (s, self.stderr.take().map(Stderr::finish).unwrap_or_default())
+        (
+            s,
+            self.stderr.take().map(Stderr::finish).unwrap_or_default(),
+        )
     }
 
     /// SIGKILL: a crash, nothing cleaned up.
