@@ -817,7 +817,9 @@ fn child_arr<'a>(
 /// type, major and minor read from the host node (`stat` of hostPath, else path) where the edit
 /// leaves them out, and an allow rule in `linux.resources.devices`; mounts go into `mounts`
 /// (replacing one at the same destination; then sorted by depth, stably, as CDI does); hooks are
-/// appended to `hooks.<hookName>`; additional gids to `process.user.additionalGids`.
+/// appended to `hooks.<hookName>`; additional gids to `process.user.additionalGids`. Applying
+/// the same edits twice gives the same config (an identical hook or allow rule is not added
+/// again).
 pub fn apply_edits(
     config: &mut Value,
     edits: &ContainerEdits,
@@ -926,7 +928,12 @@ pub fn apply_edits(
             }
         }
         let resources = child_obj(linux, "resources", "linux.resources")?;
-        child_arr(resources, "devices", "linux.resources.devices")?.extend(rules);
+        let existing = child_arr(resources, "devices", "linux.resources.devices")?;
+        for r in rules {
+            if !existing.contains(&r) {
+                existing.push(r);
+            }
+        }
     }
 
     if !edits.mounts.is_empty() {
@@ -969,7 +976,12 @@ pub fn apply_edits(
             if let Some(t) = h.timeout {
                 entry.insert("timeout".into(), Value::from(t));
             }
-            list.push(Value::Object(entry));
+            // The same hook twice would run twice: applying edits again (a retried `create`
+            // on the same bundle) changes nothing.
+            let entry = Value::Object(entry);
+            if !list.contains(&entry) {
+                list.push(entry);
+            }
         }
     }
     Ok(())
@@ -1359,7 +1371,6 @@ mod tests {
             config["linux"]["resources"]["devices"],
             json!([
                 {"allow": false, "access": "rwm"},
-                {"allow": true, "type": "c", "major": 1, "minor": 3, "access": "rwm"},
                 {"allow": true, "type": "c", "major": 1, "minor": 3, "access": "rwm"}
             ])
         );
@@ -1396,6 +1407,10 @@ mod tests {
             config["hooks"]["createRuntime"][0]["path"],
             "/usr/local/bin/cuslice-hook"
         );
+        // Twice is once: no second hook, rule, env entry, node or mount.
+        let once = config.clone();
+        apply_edits(&mut config, &edits, &stat).unwrap();
+        assert_eq!(config, once);
     }
 
     #[test]
