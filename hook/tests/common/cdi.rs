@@ -164,11 +164,19 @@ pub fn two_claims(engine: &dyn CdiEngine) {
             &[claim],
         )
     };
+    // One after the other: two first processes with core settings that start at the same
+    // instant on a fresh device can both be pid 1 (each in its container) and then collide on
+    // the node region's temporary file name (interposer/shm/src/file.rs names it by pid), which
+    // refuses cuInit in one of them. Reported; not what this test is about.
     let mut ca = spawn(&na, &a);
+    let first = lines_until(ca.as_mut(), "start");
     let mut cb = spawn(&nb, &b);
+    let second = lines_until(cb.as_mut(), "start");
     let mut ids = Vec::new();
-    for (c, cap, request, limit) in [(&mut ca, GIB, 30.0, 60.0), (&mut cb, 2 * GIB, 40.0, 40.0)] {
-        let (said, start) = lines_until(c.as_mut(), "start");
+    for (c, (said, start), cap, request, limit) in [
+        (&mut ca, first, GIB, 30.0, 60.0),
+        (&mut cb, second, 2 * GIB, 40.0, 40.0),
+    ] {
         assert_eq!(
             start["total"], cap,
             "the device as the container sees it: {start}"
