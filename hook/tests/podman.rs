@@ -27,6 +27,8 @@ use cuslice_test_harness::Sim;
 struct Podman {
     podman: PathBuf,
     dir: PathBuf,
+    /// /var/run/cdi if it was not there before (the CDI tests make it; removed if empty).
+    made: Vec<PathBuf>,
 }
 
 static ENGINE: OnceLock<Podman> = OnceLock::new();
@@ -37,12 +39,13 @@ fn engine() -> &'static Podman {
         tool("conmon", "conmon");
         tool("runc", "runc");
         let dir = state_dir("podman");
+        let made = new_paths(&["/var/run/cdi"]);
         or_undo(
             || cuslice_install("podman", &dir.join("prefix"), &dir.join("hooks.d")),
             || remove_dir(&dir),
         );
         at_exit(stop);
-        Podman { podman, dir }
+        Podman { podman, dir, made }
     })
 }
 
@@ -54,6 +57,7 @@ fn stop() {
         .args(["rm", "--all", "--force", "--time", "0"])
         .output();
     remove_dir(&p.dir);
+    remove_new(&p.made);
 }
 
 impl Podman {
