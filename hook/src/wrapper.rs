@@ -1,23 +1,31 @@
 //! `cuslice-runtime`: a runtime for engines that cannot be given a hook by configuration (Docker's
-//! `runtimes`, containerd's runtime `BinaryName`). On `create` and `run` it adds `cuslice-hook` to
-//! the bundle's config.json when the container mentions cuslice; then, for every command, it
+//! `runtimes`, containerd's runtime `BinaryName`). On `create` and `run` it applies the CDI
+//! devices the container's `cdi.k8s.io/*` annotations name (for engines without CDI support,
+//! such as containerd 1.6), then adds `cuslice-hook` to the bundle's config.json when the
+//! container mentions cuslice and no cuslice-hook is there yet; then, for every command, it
 //! execs the real runtime (runc by default) with the arguments it was given, untouched.
 //!
 //! Its own options come first and are removed before the real runtime sees the arguments:
 //! `--cuslice-runtime=PATH` (the real runtime), `--cuslice-hook=PATH` (default: `cuslice-hook`
 //! beside this executable), `--cuslice-hook-arg=ARG` (repeatable: extra hook arguments, e.g.
-//! `--library=/opt/cuslice/libcuslice.so`). Docker passes them with `runtimeArgs`.
+//! `--library=/opt/cuslice/libcuslice.so`), `--cuslice-cdi-spec-dir=DIR` (repeatable, lowest
+//! priority first; default `/etc/cdi` and `/var/run/cdi`). Docker passes them with
+//! `runtimeArgs`.
 
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 
+use crate::cdi::{self, HOOK_BIN, HOOK_STAGES};
+
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Args {
     pub runtime: Option<OsString>,
     pub hook: Option<PathBuf>,
     pub hook_args: Vec<String>,
+    /// `--cuslice-cdi-spec-dir`, in order; empty: [`cdi::DEFAULT_SPEC_DIRS`].
+    pub cdi_spec_dirs: Vec<PathBuf>,
     /// Everything else, for the real runtime, in order.
     pub rest: Vec<OsString>,
 }
@@ -32,11 +40,24 @@ pub fn split_args(argv: impl IntoIterator<Item = OsString>) -> Args {
             a.hook = Some(v.into());
         } else if let Some(v) = s.strip_prefix("--cuslice-hook-arg=") {
             a.hook_args.push(v.into());
+        } else if let Some(v) = s.strip_prefix("--cuslice-cdi-spec-dir=") {
+            a.cdi_spec_dirs.push(v.into());
         } else {
             a.rest.push(arg);
         }
     }
     a
+}
+
+impl Args {
+    /// The CDI spec directories to search, lowest priority first.
+    pub fn spec_dirs(&self) -> Vec<PathBuf> {
+        if self.cdi_spec_dirs.is_empty() {
+            cdi::DEFAULT_SPEC_DIRS.iter().map(PathBuf::from).collect()
+        } else {
+            self.cdi_spec_dirs.clone()
+        }
+    }
 }
 
 /// runc's global options that take a value (`runc --help`).
@@ -79,18 +100,17 @@ pub fn bundle_of(rest: &[OsString]) -> Option<PathBuf> {
 }
 
 fn hook_entry(hook: &Path, stage: &str, extra: &[String]) -> Value {
-    let mut args = vec![Value::from("cuslice-hook"), Value::from(stage)];
+    let mut args = vec![Value::from(HOOK_BIN), Value::from(stage)];
     args.extend(extra.iter().map(|a| Value::from(a.as_str())));
     json!({ "path": hook.to_string_lossy(), "args": args })
 }
 
-/// Adds the hook (createRuntime and poststop) to a spec that mentions cuslice. `Ok(None)`: leave
-/// the file as it is (no cuslice settings, or the hook is already there).
-pub fn add_hooks(spec: &str, hook: &Path, extra: &[String]) -> Result<Option<String>, String> {
-    let mut v: Value =
-        serde_json::from_str(spec).map_err(|e| format!("config.json is not JSON: {e}"))?;
-    if !crate::hook::spec_mentions(&v) {
-        return Ok(None);
+/// Adds the hook (createRuntime and poststop) to a spec that mentions cuslice, at each stage
+/// that runs no cuslice-hook yet (one added by a CDI spec, or by an earlier run, counts: see
+/// [`cdi::is_cuslice_hook`]). `Ok(false)`: nothing changed.
+pub fn add_hooks_to(v: &mut Value, hook: &Path, extra: &[String]) -> Result<bool, String> {
+    if !crate::hook::spec_mentions(v) {
+        return Ok(false);
     }
     let Some(obj) = v.as_object_mut() else {
         return Err("config.json is not a JSON object".into());
@@ -100,25 +120,165 @@ pub fn add_hooks(spec: &str, hook: &Path, extra: &[String]) -> Result<Option<Str
         return Err("config.json: \"hooks\" is not an object".into());
     };
     let mut changed = false;
-    for stage in ["createRuntime", "poststop"] {
+    for stage in HOOK_STAGES {
         let list = hooks.entry(stage).or_insert_with(|| json!([]));
         let Some(list) = list.as_array_mut() else {
             return Err(format!("config.json: hooks.{stage} is not an array"));
         };
-        let present = list
-            .iter()
-            .any(|h| h.get("path").and_then(Value::as_str) == Some(&*hook.to_string_lossy()));
+        let mine = &*hook.to_string_lossy();
+        let present = list.iter().any(|h| {
+            cdi::is_cuslice_hook(h) || h.get("path").and_then(Value::as_str) == Some(mine)
+        });
         if !present {
             list.push(hook_entry(hook, stage, extra));
             changed = true;
         }
     }
-    if !changed {
+    Ok(changed)
+}
+
+/// [`add_hooks_to`] on config.json's text. `Ok(None)`: leave the file as it is (no cuslice
+/// settings, or the hook is already there).
+pub fn add_hooks(spec: &str, hook: &Path, extra: &[String]) -> Result<Option<String>, String> {
+    let mut v: Value =
+        serde_json::from_str(spec).map_err(|e| format!("config.json is not JSON: {e}"))?;
+    if !add_hooks_to(&mut v, hook, extra)? {
         return Ok(None);
     }
     serde_json::to_string(&v)
         .map(Some)
         .map_err(|e| e.to_string())
+}
+
+/// What `create`/`run` does to config.json's text: applies the CDI devices its `cdi.k8s.io/*`
+/// annotations name, resolved from `cdi_dirs`, then [`add_hooks_to`]. `Ok(None)`: leave the
+/// file as it is (nothing asked for, or text the real runtime will refuse itself). `Err`: one
+/// line saying why the container must not be created (an annotation that names a device that is
+/// malformed, not defined, or whose edits cannot be applied).
+pub fn prepare_config(
+    text: &str,
+    hook: &Path,
+    extra: &[String],
+    cdi_dirs: &[PathBuf],
+) -> Result<Option<String>, String> {
+    // Not JSON: the runtime reports that itself.
+    let Ok(mut v) = serde_json::from_str::<Value>(text) else {
+        return Ok(None);
+    };
+    let asked = cdi::annotated_devices(&v)?;
+    if asked.is_empty() {
+        // As before CDI: a spec the hook cannot be added to is left for the runtime to judge.
+        return match add_hooks_to(&mut v, hook, extra) {
+            Ok(true) => serde_json::to_string(&v)
+                .map(Some)
+                .map_err(|e| e.to_string()),
+            Ok(false) | Err(_) => Ok(None),
+        };
+    }
+    let registry = cdi::Registry::load(cdi_dirs);
+    let ids: Vec<&str> = asked.iter().map(|(_, id)| id.as_str()).collect();
+    let key_of = |id: &str| {
+        asked
+            .iter()
+            .find(|(_, i)| i == id)
+            .map_or("", |(k, _)| k.as_str())
+            .to_owned()
+    };
+    let edits = registry.resolve(&ids).map_err(|u| {
+        format!(
+            "annotation {}: {u} (cuslice-runtime --cuslice-cdi-spec-dir=DIR searches other \
+             directories); the container is not created",
+            key_of(&u.id)
+        )
+    })?;
+    let keys: Vec<String> = {
+        let mut k: Vec<String> = asked.iter().map(|(k, _)| k.clone()).collect();
+        k.dedup();
+        k
+    };
+    cdi::apply_edits(&mut v, &edits, &cdi::host_node).map_err(|e| {
+        format!(
+            "annotation {}: cannot apply CDI devices {}: {e}; the container is not created",
+            keys.join(", "),
+            ids.join(",")
+        )
+    })?;
+    add_hooks_to(&mut v, hook, extra).map_err(|e| format!("{e}; the container is not created"))?;
+    serde_json::to_string(&v)
+        .map(Some)
+        .map_err(|e| e.to_string())
+}
+
+/// The runtime's log (`--log PATH`) and whether it is JSON (`--log-format json`), from the
+/// global options before the command: containerd's shim reports the last error logged there
+/// when `create` fails.
+pub fn runtime_log(rest: &[OsString]) -> Option<(PathBuf, bool)> {
+    let (mut log, mut json) = (None, false);
+    let mut i = 0;
+    while i < rest.len() {
+        let s = rest[i].to_string_lossy();
+        if !s.starts_with('-') {
+            break;
+        }
+        let (name, value) = match s.split_once('=') {
+            Some((n, v)) => (n.to_owned(), Some(v.to_owned())),
+            None => (s.to_string(), None),
+        };
+        let takes = GLOBAL_WITH_VALUE.contains(&name.as_str());
+        let value = match (takes, value) {
+            (true, None) => {
+                i += 1;
+                rest.get(i).map(|v| v.to_string_lossy().into_owned())
+            }
+            (_, v) => v,
+        };
+        match name.as_str() {
+            "--log" => log = value.map(PathBuf::from),
+            "--log-format" => json = value.as_deref() == Some("json"),
+            _ => {}
+        }
+        i += 1;
+    }
+    log.map(|l| (l, json))
+}
+
+/// One line for the runtime's log: logrus's JSON (`{"level":"error","msg":...,"time":...}`,
+/// as runc writes it) or text.
+pub fn log_line(msg: &str, json: bool, now: std::time::SystemTime) -> String {
+    let secs = now
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let time = rfc3339(secs);
+    if json {
+        format!(
+            "{}\n",
+            json!({ "level": "error", "msg": msg, "time": time })
+        )
+    } else {
+        format!("time=\"{time}\" level=error msg={msg:?}\n")
+    }
+}
+
+/// `YYYY-MM-DDTHH:MM:SSZ` for seconds since the epoch (UTC; days to civil date after Howard
+/// Hinnant's algorithm).
+fn rfc3339(secs: u64) -> String {
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
 }
 
 /// The real runtime: `--cuslice-runtime`, else `runc`.
@@ -139,6 +299,8 @@ mod tests {
         let a = split_args(os(&[
             "--cuslice-runtime=/usr/sbin/runc",
             "--cuslice-hook-arg=--library=/x.so",
+            "--cuslice-cdi-spec-dir=/a",
+            "--cuslice-cdi-spec-dir=/b",
             "--root",
             "/run/r",
             "create",
@@ -148,6 +310,11 @@ mod tests {
         ]));
         assert_eq!(a.runtime.as_deref(), Some(OsStr::new("/usr/sbin/runc")));
         assert_eq!(a.hook_args, ["--library=/x.so"]);
+        assert_eq!(a.spec_dirs(), [PathBuf::from("/a"), PathBuf::from("/b")]);
+        assert_eq!(
+            Args::default().spec_dirs(),
+            [PathBuf::from("/etc/cdi"), PathBuf::from("/var/run/cdi")]
+        );
         assert_eq!(
             a.rest,
             os(&["--root", "/run/r", "create", "--bundle", "/b", "id"])
@@ -208,5 +375,151 @@ mod tests {
         assert!(add_hooks(annotated, hook, &[]).unwrap().is_some());
         assert!(add_hooks("[1]", hook, &[]).is_ok());
         assert!(add_hooks("{", hook, &[]).is_err());
+    }
+
+    fn claim_dir() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = cdi::claim_spec(
+            &[cdi::ClaimDevice {
+                name: "uid1-gpu-0".into(),
+                env: vec![("CUSLICE_MEMORY_LIMIT".into(), "1073741824".into())],
+                device_nodes: vec![("/dev/nvidia0".into(), "/dev/null".into())],
+                library_mounts: vec![],
+            }],
+            "/usr/local/bin/cuslice-hook",
+            "/usr/local/lib/cuslice/libcuslice.so",
+        );
+        cdi::write_spec(dir.path(), &cdi::claim_spec_file("uid1"), &spec).unwrap();
+        dir
+    }
+
+    #[test]
+    fn cdi_annotations_applied_with_one_hook() {
+        let dir = claim_dir();
+        let dirs = [dir.path().to_path_buf()];
+        let hook = Path::new("/opt/other/cuslice-hook");
+        let config = r#"{"process":{"env":["PATH=/bin"]},"annotations":{"cdi.k8s.io/gpu.cuslice.io_uid1":"gpu.cuslice.io/claim=uid1-gpu-0"}}"#;
+        let out = prepare_config(config, hook, &[], &dirs).unwrap().unwrap();
+        let v: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(
+            v["process"]["env"],
+            json!(["PATH=/bin", "CUSLICE_MEMORY_LIMIT=1073741824"])
+        );
+        assert_eq!(
+            v["linux"]["devices"],
+            json!([{"path": "/dev/nvidia0", "type": "c", "major": 1, "minor": 3, "fileMode": 0o666}])
+        );
+        // The spec's hook only: the runtime's own (another path) is not added too.
+        for stage in HOOK_STAGES {
+            let list = v["hooks"][stage].as_array().unwrap();
+            assert_eq!(list.len(), 1, "{stage}: {list:?}");
+            assert_eq!(list[0]["path"], "/usr/local/bin/cuslice-hook");
+        }
+        // Without annotations: as before.
+        let plain = r#"{"process":{"env":["CUSLICE_MEMORY_LIMIT=1GiB"]}}"#;
+        let out = prepare_config(plain, hook, &[], &dirs).unwrap().unwrap();
+        let v: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(
+            v["hooks"]["createRuntime"][0]["path"],
+            "/opt/other/cuslice-hook"
+        );
+        assert_eq!(
+            prepare_config(r#"{"process":{}}"#, hook, &[], &dirs),
+            Ok(None)
+        );
+        assert_eq!(prepare_config("{", hook, &[], &dirs), Ok(None));
+        // A spec without hooks: the runtime adds its own once the env mentions cuslice.
+        let bare = tempfile::tempdir().unwrap();
+        std::fs::write(
+            bare.path().join("v.json"),
+            r#"{"cdiVersion":"0.5.0","kind":"v.com/c","devices":[{"name":"d","containerEdits":{"env":["CUSLICE_CORE_LIMIT=50"]}}]}"#,
+        )
+        .unwrap();
+        let config = r#"{"annotations":{"cdi.k8s.io/x":"v.com/c=d"}}"#;
+        let out = prepare_config(config, hook, &[], &[bare.path().to_path_buf()])
+            .unwrap()
+            .unwrap();
+        let v: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["hooks"]["poststop"][0]["path"], "/opt/other/cuslice-hook");
+    }
+
+    #[test]
+    fn unresolvable_cdi_annotation_stops_the_container() {
+        let dir = claim_dir();
+        let dirs = [dir.path().to_path_buf(), PathBuf::from("/nonexistent/cdi")];
+        let hook = Path::new("/h/cuslice-hook");
+        let config = r#"{"annotations":{"cdi.k8s.io/gpu.cuslice.io_uid9":"gpu.cuslice.io/claim=uid9-gpu-0"}}"#;
+        let e = prepare_config(config, hook, &[], &dirs).unwrap_err();
+        assert_eq!(
+            e,
+            format!(
+                "annotation cdi.k8s.io/gpu.cuslice.io_uid9: CDI device gpu.cuslice.io/claim=uid9-gpu-0 \
+                 is not defined in any spec under {}, /nonexistent/cdi (cuslice-runtime \
+                 --cuslice-cdi-spec-dir=DIR searches other directories); the container is not created",
+                dir.path().display()
+            )
+        );
+        let config = r#"{"annotations":{"cdi.k8s.io/k":"gpu-0"}}"#;
+        let e = prepare_config(config, hook, &[], &dirs).unwrap_err();
+        assert!(
+            e.starts_with("annotation cdi.k8s.io/k: \"gpu-0\" is not a fully-qualified"),
+            "{e}"
+        );
+        // A device node that is not there on the host.
+        let spec = cdi::claim_spec(
+            &[cdi::ClaimDevice {
+                name: "gone".into(),
+                env: vec![],
+                device_nodes: vec![("/dev/nvidia9".into(), "/nonexistent/nvidia9".into())],
+                library_mounts: vec![],
+            }],
+            "/h/cuslice-hook",
+            "/l.so",
+        );
+        cdi::write_spec(dir.path(), "gone.json", &spec).unwrap();
+        let config = r#"{"annotations":{"cdi.k8s.io/k":"gpu.cuslice.io/claim=gone"}}"#;
+        let e = prepare_config(config, hook, &[], &dirs).unwrap_err();
+        assert_eq!(
+            e,
+            "annotation cdi.k8s.io/k: cannot apply CDI devices gpu.cuslice.io/claim=gone: device \
+             node /dev/nvidia9: cannot stat /nonexistent/nvidia9: No such file or directory (os \
+             error 2); the container is not created"
+        );
+    }
+
+    #[test]
+    fn runtime_log_for_errors() {
+        let containerd = os(&[
+            "--root",
+            "/r",
+            "--log",
+            "/b/log.json",
+            "--log-format",
+            "json",
+            "create",
+            "--bundle",
+            "/b",
+            "id",
+        ]);
+        assert_eq!(runtime_log(&containerd), Some(("/b/log.json".into(), true)));
+        assert_eq!(
+            runtime_log(&os(&["--log=/l", "run", "--log", "/x", "id"])),
+            Some(("/l".into(), false))
+        );
+        assert_eq!(runtime_log(&os(&["create", "id"])), None);
+        let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_709_251_200 + 3_723);
+        let line = log_line("no \"device\"", true, t);
+        let v: Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(
+            v,
+            json!({"level": "error", "msg": "no \"device\"", "time": "2024-03-01T01:02:03Z"})
+        );
+        assert!(line.ends_with("}\n"));
+        assert_eq!(
+            log_line("x", false, std::time::UNIX_EPOCH),
+            "time=\"1970-01-01T00:00:00Z\" level=error msg=\"x\"\n"
+        );
+        assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(rfc3339(4_107_542_399), "2100-02-28T23:59:59Z");
     }
 }

@@ -5,6 +5,11 @@
 //! (`ctr run --rootfs`), one fresh per container; `ctr run --read-only` makes one read-only. One containerd serves every test of this
 //! binary, with its own root, state, socket and runc root under a temporary directory; it is
 //! stopped and the directory removed when the test process exits.
+//!
+//! CDI (`cdi_*` tests): containerd 1.6 has no CDI, so containers carry the kubelet's
+//! annotations (`ctr run --annotation cdi.k8s.io/gpu.cuslice.io_<claim uid>=<device id>`) and
+//! cuslice-runtime applies the devices: it runs as the runc binary through a two-line script
+//! that adds `--cuslice-cdi-spec-dir=DIR`, the test's spec directory.
 
 mod common;
 
@@ -112,15 +117,66 @@ impl Containerd {
         c
     }
 
-    /// `ctr run [--rm] ... ROOTFS ID CMD...`
-    fn run_command(&self, sim: &Sim, spec: &Spec<'_>, rootfs: &Path, rm: bool) -> Command {
+    /// The CDI tests' spec directory, and the runc binary that reads it: a script that runs
+    /// cuslice-runtime with `--cuslice-cdi-spec-dir`, and with its own hook at another path
+    /// than the specs' (a link to it), as on a node where the plugin's `--hook` and the
+    /// runtime's differ: the runtime must still not add a second hook.
+    fn cdi_runtime(&self) -> (PathBuf, PathBuf) {
+        let dir = self.daemon.dir.join("cdi");
+        let script = self.daemon.dir.join("cuslice-runtime-cdi");
+        if !script.exists() {
+            let own = self.daemon.dir.join("runtime-hook");
+            std::fs::create_dir_all(&own).unwrap();
+            let _ = std::os::unix::fs::symlink(
+                bin_dir().join("cuslice-hook"),
+                own.join("cuslice-hook"),
+            );
+            let text = format!(
+                "#!/bin/sh\nexec '{}' '--cuslice-cdi-spec-dir={}' '--cuslice-hook={}' \"$@\"\n",
+                bin_dir().join("cuslice-runtime").display(),
+                dir.display(),
+                own.join("cuslice-hook").display(),
+            );
+            let tmp = script.with_extension("tmp");
+            std::fs::write(&tmp, text).unwrap();
+            std::fs::set_permissions(&tmp, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+                .unwrap();
+            std::fs::rename(&tmp, &script).unwrap();
+        }
+        (dir, script)
+    }
+
+    /// `ctr run [--rm] ... ROOTFS ID CMD...`; `cdi`: the annotations naming CDI devices (then
+    /// the runtime reads the test's spec directory, and the engine mounts only the simulator's
+    /// state: the specs bring the rest).
+    fn run_command(
+        &self,
+        sim: &Sim,
+        spec: &Spec<'_>,
+        rootfs: &Path,
+        rm: bool,
+        cdi: Option<&[(String, String)]>,
+    ) -> Command {
         let mut a: Vec<OsString> = vec!["run".into()];
         if rm {
             a.push("--rm".into());
         }
         a.push("--rootfs".into());
         a.push("--runc-binary".into());
-        a.push(bin_dir().join("cuslice-runtime").into());
+        let mounts = match cdi {
+            None => {
+                a.push(bin_dir().join("cuslice-runtime").into());
+                gpu_mounts(sim)
+            }
+            Some(annotations) => {
+                a.push(self.cdi_runtime().1.into());
+                for (key, id) in annotations {
+                    a.push("--annotation".into());
+                    a.push(format!("{key}={id}").into());
+                }
+                vec![sim_state_mount(sim)]
+            }
+        };
         a.push("--runc-root".into());
         a.push(self.daemon.dir.join("runc").into());
         a.push("--fifo-dir".into());
@@ -132,7 +188,7 @@ impl Containerd {
             a.push("--env".into());
             a.push(e.into());
         }
-        for (src, dst, rw) in gpu_mounts(sim) {
+        for (src, dst, rw) in mounts {
             a.push("--mount".into());
             a.push(
                 format!(
@@ -235,20 +291,26 @@ fn fresh_rootfs() -> tempfile::TempDir {
     dir
 }
 
-impl Engine for Containerd {
-    fn run(&self, sim: &Sim, spec: &Spec<'_>) -> Output {
+impl Containerd {
+    fn run_cdi(&self, sim: &Sim, spec: &Spec<'_>, cdi: Option<&[(String, String)]>) -> Output {
         let rootfs = fresh_rootfs();
         let out = self
-            .run_command(sim, spec, rootfs.path(), true)
+            .run_command(sim, spec, rootfs.path(), true, cdi)
             .output()
             .unwrap();
         // `--rm` removes the container unless it never started a task; make sure.
         let _ = self.ctr().args(["container", "rm", spec.name]).output();
         out
     }
-    fn spawn(&self, sim: &Sim, spec: &Spec<'_>) -> Box<dyn Container + '_> {
+
+    fn spawn_cdi(
+        &self,
+        sim: &Sim,
+        spec: &Spec<'_>,
+        cdi: Option<&[(String, String)]>,
+    ) -> Box<dyn Container + '_> {
         let rootfs = fresh_rootfs();
-        let (child, out, err) = spawn_piped(self.run_command(sim, spec, rootfs.path(), false));
+        let (child, out, err) = spawn_piped(self.run_command(sim, spec, rootfs.path(), false, cdi));
         Box::new(CtrContainer {
             engine: self,
             id: spec.name.to_string(),
@@ -261,4 +323,73 @@ impl Engine for Containerd {
     }
 }
 
+impl Engine for Containerd {
+    fn run(&self, sim: &Sim, spec: &Spec<'_>) -> Output {
+        self.run_cdi(sim, spec, None)
+    }
+    fn spawn(&self, sim: &Sim, spec: &Spec<'_>) -> Box<dyn Container + '_> {
+        self.spawn_cdi(sim, spec, None)
+    }
+}
+
+impl common::cdi::CdiEngine for Containerd {
+    fn spec_dir(&self) -> PathBuf {
+        self.cdi_runtime().0
+    }
+    fn spawn_with(
+        &self,
+        sim: &Sim,
+        spec: &Spec<'_>,
+        claims: &[&common::cdi::Claim],
+    ) -> Box<dyn Container + '_> {
+        let annotations: Vec<(String, String)> = claims.iter().map(|c| c.annotation()).collect();
+        self.spawn_cdi(sim, spec, Some(&annotations))
+    }
+    fn run_with(&self, sim: &Sim, spec: &Spec<'_>, ids: &[(String, String)]) -> Output {
+        self.run_cdi(sim, spec, Some(ids))
+    }
+    fn bundle_config(&self, c: &dyn Container) -> serde_json::Value {
+        // The bundle the shim made for the task, with the config.json the runtime rewrote.
+        let path = self
+            .daemon
+            .dir
+            .join("state/io.containerd.runtime.v2.task")
+            .join(NAMESPACE)
+            .join(c.id())
+            .join("config.json");
+        let text =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        serde_json::from_str(&text).unwrap()
+    }
+    fn knows(&self, name: &str) -> bool {
+        let out = self.ctr().args(["container", "ls", "-q"]).output().unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .any(|l| l == name)
+    }
+}
+
 engine_scenarios!(engine());
+
+/// Two claims' CDI devices on one simulated device, applied by cuslice-runtime from the
+/// containers' annotations; each container held to its claim's cap.
+#[test]
+fn cdi_two_claims_on_one_device() {
+    root_required();
+    common::cdi::two_claims(engine());
+}
+
+/// An annotation naming a device no spec defines: cuslice-runtime's one line (the annotation,
+/// the id, the directory searched) reaches ctr through the shim; no task, no container.
+#[test]
+fn cdi_unknown_device_is_refused() {
+    root_required();
+    let e = engine();
+    let key = "cdi.k8s.io/gpu.cuslice.io_nope";
+    let line = common::cdi::unknown_device(e, key);
+    let dir = common::cdi::CdiEngine::spec_dir(e);
+    assert!(
+        line.contains(&format!("annotation {key}: CDI device gpu.cuslice.io/claim=nope-gpu-0 is not defined in any spec under {}", dir.display())),
+        "{line}"
+    );
+}

@@ -6,6 +6,12 @@
 //! has no daemon: its root, runroot, tmpdir and network configuration live under one temporary
 //! directory per test binary, removed (after every container left in it) when the test process
 //! exits.
+//!
+//! CDI (`cdi_*` tests): claim specs as the DRA plugin writes them, given with `podman run
+//! --device gpu.cuslice.io/claim=NAME`; these containers get no hooks.d descriptors (an empty
+//! `--hooks-dir`), so cuslice-hook comes from the spec alone. Podman 4.3 has no
+//! `--cdi-spec-dir` and no `cdi_spec_dirs` setting: it reads /etc/cdi and /var/run/cdi, so the
+//! specs go to /var/run/cdi under unique names and are removed after each test.
 
 mod common;
 
@@ -21,6 +27,8 @@ use cuslice_test_harness::Sim;
 struct Podman {
     podman: PathBuf,
     dir: PathBuf,
+    /// /var/run/cdi if it was not there before (the CDI tests make it; removed if empty).
+    made: Vec<PathBuf>,
 }
 
 static ENGINE: OnceLock<Podman> = OnceLock::new();
@@ -31,12 +39,13 @@ fn engine() -> &'static Podman {
         tool("conmon", "conmon");
         tool("runc", "runc");
         let dir = state_dir("podman");
+        let made = new_paths(&["/var/run/cdi"]);
         or_undo(
             || cuslice_install("podman", &dir.join("prefix"), &dir.join("hooks.d")),
             || remove_dir(&dir),
         );
         at_exit(stop);
-        Podman { podman, dir }
+        Podman { podman, dir, made }
     })
 }
 
@@ -48,10 +57,16 @@ fn stop() {
         .args(["rm", "--all", "--force", "--time", "0"])
         .output();
     remove_dir(&p.dir);
+    remove_new(&p.made);
 }
 
 impl Podman {
     fn podman(&self) -> Command {
+        self.podman_with_hooks(&self.dir.join("hooks.d"))
+    }
+
+    /// With `--hooks-dir hooks`.
+    fn podman_with_hooks(&self, hooks: &Path) -> Command {
         let mut c = Command::new(&self.podman);
         let d = &self.dir;
         c.arg("--root")
@@ -63,7 +78,7 @@ impl Podman {
             .arg("--network-config-dir")
             .arg(d.join("networks"))
             .arg("--hooks-dir")
-            .arg(d.join("hooks.d"))
+            .arg(hooks)
             .args(["--storage-driver=vfs", "--events-backend=file"])
             // crun refuses this machine kind's hybrid cgroup layout; systemd may not be there.
             .args(["--cgroup-manager=cgroupfs", "--runtime=runc"])
@@ -71,13 +86,16 @@ impl Podman {
         c
     }
 
-    /// `podman run ... --rootfs ROOTFS CMD...`; `cidfile`: where podman writes the id.
+    /// `podman run ... --rootfs ROOTFS CMD...`; `cidfile`: where podman writes the id; `cdi`:
+    /// CDI device ids for `--device` (then no hooks.d and no GPU mounts but the simulator's
+    /// state: the specs bring the rest).
     fn run_command(
         &self,
         sim: &Sim,
         spec: &Spec<'_>,
         rootfs: &Path,
         cidfile: Option<&Path>,
+        cdi: Option<&[String]>,
     ) -> Command {
         let mut a: Vec<OsString> = vec!["run".into(), "--name".into(), spec.name.into()];
         match cidfile {
@@ -100,14 +118,31 @@ impl Podman {
             a.push("-e".into());
             a.push(e.into());
         }
-        for (src, dst, rw) in gpu_mounts(sim) {
+        let mounts = match cdi {
+            None => gpu_mounts(sim),
+            Some(ids) => {
+                for id in ids {
+                    a.push("--device".into());
+                    a.push(id.into());
+                }
+                vec![sim_state_mount(sim)]
+            }
+        };
+        for (src, dst, rw) in mounts {
             a.push("-v".into());
             a.push(format!("{}:{dst}:{}", src.display(), if rw { "rw" } else { "ro" }).into());
         }
         a.push("--rootfs".into());
         a.push(rootfs.into());
         a.extend(spec.cmd.iter().map(OsString::from));
-        let mut c = self.podman();
+        let mut c = match cdi {
+            None => self.podman(),
+            Some(_) => {
+                let none = self.dir.join("no-hooks.d");
+                std::fs::create_dir_all(&none).unwrap();
+                self.podman_with_hooks(&none)
+            }
+        };
         c.args(a);
         c
     }
@@ -186,12 +221,12 @@ impl Container for PodmanContainer<'_> {
     }
 }
 
-impl Engine for Podman {
-    fn run(&self, sim: &Sim, spec: &Spec<'_>) -> Output {
+impl Podman {
+    fn run_cdi(&self, sim: &Sim, spec: &Spec<'_>, cdi: Option<&[String]>) -> Output {
         let dir = tempfile::tempdir().unwrap();
         make_rootfs(&dir.path().join("rootfs"));
         let out = self
-            .run_command(sim, spec, &dir.path().join("rootfs"), None)
+            .run_command(sim, spec, &dir.path().join("rootfs"), None, cdi)
             .output()
             .unwrap();
         // `--rm` removes it; make sure, whatever happened.
@@ -201,7 +236,13 @@ impl Engine for Podman {
             .output();
         out
     }
-    fn spawn(&self, sim: &Sim, spec: &Spec<'_>) -> Box<dyn Container + '_> {
+
+    fn spawn_cdi(
+        &self,
+        sim: &Sim,
+        spec: &Spec<'_>,
+        cdi: Option<&[String]>,
+    ) -> Box<dyn Container + '_> {
         let dir = tempfile::tempdir().unwrap();
         make_rootfs(&dir.path().join("rootfs"));
         let (child, out, err) = spawn_piped(self.run_command(
@@ -209,6 +250,7 @@ impl Engine for Podman {
             spec,
             &dir.path().join("rootfs"),
             Some(&dir.path().join("cid")),
+            cdi,
         ));
         Box::new(PodmanContainer {
             engine: self,
@@ -222,7 +264,66 @@ impl Engine for Podman {
     }
 }
 
+impl Engine for Podman {
+    fn run(&self, sim: &Sim, spec: &Spec<'_>) -> Output {
+        self.run_cdi(sim, spec, None)
+    }
+    fn spawn(&self, sim: &Sim, spec: &Spec<'_>) -> Box<dyn Container + '_> {
+        self.spawn_cdi(sim, spec, None)
+    }
+}
+
+impl common::cdi::CdiEngine for Podman {
+    fn spec_dir(&self) -> PathBuf {
+        PathBuf::from("/var/run/cdi")
+    }
+    fn spawn_with(
+        &self,
+        sim: &Sim,
+        spec: &Spec<'_>,
+        claims: &[&common::cdi::Claim],
+    ) -> Box<dyn Container + '_> {
+        let ids: Vec<String> = claims.iter().map(|c| c.id.clone()).collect();
+        self.spawn_cdi(sim, spec, Some(&ids))
+    }
+    fn run_with(&self, sim: &Sim, spec: &Spec<'_>, ids: &[(String, String)]) -> Output {
+        let ids: Vec<String> = ids.iter().map(|(_, id)| id.clone()).collect();
+        self.run_cdi(sim, spec, Some(&ids))
+    }
+    fn bundle_config(&self, c: &dyn Container) -> serde_json::Value {
+        let path = self
+            .dir
+            .join("root/vfs-containers")
+            .join(c.id())
+            .join("userdata/config.json");
+        let text =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        serde_json::from_str(&text).unwrap()
+    }
+    fn knows(&self, name: &str) -> bool {
+        self.podman()
+            .args(["container", "exists", name])
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+}
+
 engine_scenarios!(engine());
+
+/// Two claims' CDI devices on one simulated device, each container held to its claim's cap.
+#[test]
+fn cdi_two_claims_on_one_device() {
+    root_required();
+    common::cdi::two_claims(engine());
+}
+
+/// `--device` naming a claim no spec defines: Podman's one line, no container.
+#[test]
+fn cdi_unknown_device_is_refused() {
+    root_required();
+    let line = common::cdi::unknown_device(engine(), "unused");
+    assert!(line.contains("unresolvable CDI devices"), "{line}");
+}
 
 /// The demo's three containers, with the node agent: shares hold (checked against the simulator).
 #[test]

@@ -2,11 +2,11 @@
 //! and the hook command every registration names. Paths here are the ones written INTO
 //! configuration files, so they never carry the `--root` prefix.
 
-/// The hook stages cuslice registers, in the order they run.
-pub const STAGES: [&str; 2] = ["createRuntime", "poststop"];
+/// The hook stages cuslice registers, in the order they run (one definition, in the hook crate).
+pub const STAGES: [&str; 2] = cuslice_hook::cdi::HOOK_STAGES;
 
 /// The installed file names.
-pub const HOOK_BIN: &str = "cuslice-hook";
+pub const HOOK_BIN: &str = cuslice_hook::cdi::HOOK_BIN;
 pub const RUNTIME_BIN: &str = "cuslice-runtime";
 pub const CLI_BIN: &str = "cuslice";
 pub const LIBRARY: &str = "libcuslice.so";
@@ -108,12 +108,7 @@ impl Layout {
 
     /// The hook's argv for one stage (OCI hook `args` include argv\[0\]).
     pub fn hook_args(&self, stage: &str) -> Vec<String> {
-        vec![
-            HOOK_BIN.to_owned(),
-            stage.to_owned(),
-            "--library".to_owned(),
-            self.library_path(),
-        ]
+        cuslice_hook::cdi::hook_args(stage, &self.library_path())
     }
 }
 

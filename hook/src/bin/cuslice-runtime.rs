@@ -1,13 +1,17 @@
 //! `cuslice-runtime [--cuslice-runtime=PATH] [--cuslice-hook=PATH] [--cuslice-hook-arg=ARG]...
-//! RUNC-ARGS...`: adds cuslice-hook to the bundle of a container that mentions cuslice, then
-//! execs the real runtime (runc by default) with RUNC-ARGS. See `cuslice_hook::wrapper`.
+//! [--cuslice-cdi-spec-dir=DIR]... RUNC-ARGS...`: applies the CDI devices a container's
+//! `cdi.k8s.io/*` annotations name and adds cuslice-hook to the bundle of a container that
+//! mentions cuslice, then execs the real runtime (runc by default) with RUNC-ARGS. See
+//! `cuslice_hook::wrapper`.
 
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
-use cuslice_hook::wrapper::{add_hooks, bundle_of, runtime, split_args};
+use cuslice_hook::wrapper::{
+    bundle_of, log_line, prepare_config, runtime, runtime_log, split_args,
+};
 
 fn hook_beside_me() -> PathBuf {
     std::env::current_exe()
@@ -16,18 +20,20 @@ fn hook_beside_me() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/usr/local/bin/cuslice-hook"))
 }
 
-/// Rewrites the bundle's config.json when the container mentions cuslice.
-fn prepare(bundle: &Path, hook: &Path, extra: &[String]) -> Result<(), String> {
+/// Rewrites the bundle's config.json when the container names CDI devices or mentions cuslice.
+fn prepare(
+    bundle: &Path,
+    hook: &Path,
+    extra: &[String],
+    cdi_dirs: &[PathBuf],
+) -> Result<(), String> {
     let path = bundle.join("config.json");
     // A bundle the runtime cannot read either: let it say so.
     let Ok(text) = std::fs::read_to_string(&path) else {
         return Ok(());
     };
-    let new = match add_hooks(&text, hook, extra) {
-        Ok(Some(new)) => new,
-        Ok(None) => return Ok(()),
-        // Not JSON: the runtime reports that itself.
-        Err(_) => return Ok(()),
+    let Some(new) = prepare_config(&text, hook, extra, cdi_dirs)? else {
+        return Ok(());
     };
     let tmp = bundle.join(format!(".config.json.cuslice{}", std::process::id()));
     let mode = std::fs::metadata(&path)
@@ -49,8 +55,19 @@ fn main() -> ExitCode {
     let args = split_args(std::env::args_os().skip(1));
     if let Some(bundle) = bundle_of(&args.rest) {
         let hook = args.hook.clone().unwrap_or_else(hook_beside_me);
-        if let Err(e) = prepare(&bundle, &hook, &args.hook_args) {
-            eprintln!("cuslice-runtime: {e}");
+        if let Err(e) = prepare(&bundle, &hook, &args.hook_args, &args.spec_dirs()) {
+            let msg = format!("cuslice-runtime: {e}");
+            eprintln!("{msg}");
+            // containerd's shim reports the last error in the runtime's log (runc's own errors
+            // reach it that way), so the message reaches `ctr` and the kubelet's pod events.
+            if let Some((log, json)) = runtime_log(&args.rest) {
+                let line = log_line(&msg, json, std::time::SystemTime::now());
+                let _ = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(log)
+                    .and_then(|mut f| std::io::Write::write_all(&mut f, line.as_bytes()));
+            }
             return ExitCode::FAILURE;
         }
     }

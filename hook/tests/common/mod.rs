@@ -8,6 +8,7 @@
 
 #![allow(dead_code)]
 
+pub mod cdi;
 pub mod runc;
 pub mod shares;
 
@@ -170,6 +171,12 @@ pub fn gpu_mounts(sim: &Sim) -> Vec<(PathBuf, &'static str, bool)> {
 }
 
 pub const GPU_ENV: &str = "SIMGPU_STATE=/run/simgpu/state";
+
+/// Of [`gpu_mounts`], the simulator's state file only: with CDI, the libraries come from the
+/// claim's spec and the state stands in for the GPU itself.
+pub fn sim_state_mount(sim: &Sim) -> (PathBuf, &'static str, bool) {
+    (sim.state.clone(), "/run/simgpu/state", true)
+}
 
 pub fn all_env<'a>(spec: &Spec<'a>) -> Vec<&'a str> {
     let mut v = vec![GPU_ENV, "PATH=/bin"];

@@ -2,6 +2,7 @@
 //! hook descriptors, CRI-O's drop-in, the CDI spec and the agent's systemd unit. Each is a pure
 //! function of the layout.
 
+use cuslice_hook::cdi;
 use serde_json::{Value, json};
 
 use crate::layout::{Layout, STAGES};
@@ -80,26 +81,24 @@ pub fn cdi_file(name: &str) -> String {
     format!("{name}.json")
 }
 
-/// The CDI spec: one device whose container edits are the two hooks.
+/// The CDI spec: one device whose container edits are cuslice-hook at its stages (the shared
+/// types and hook convention of `cuslice_hook::cdi`, which the DRA plugin's claim specs use too).
 pub fn cdi_spec(l: &Layout) -> String {
-    let hooks: Vec<Value> = STAGES
-        .iter()
-        .map(|s| {
-            json!({
-                "hookName": s,
-                "path": l.hook_path(),
-                "args": l.hook_args(s),
-            })
-        })
-        .collect();
-    json_file(&json!({
-        "cdiVersion": "0.5.0",
-        "kind": CDI_KIND,
-        "devices": [{
-            "name": cdi_device(l.name()),
-            "containerEdits": { "hooks": hooks },
+    let spec = cdi::Spec {
+        cdi_version: cdi::CDI_VERSION.to_owned(),
+        kind: CDI_KIND.to_owned(),
+        annotations: Default::default(),
+        devices: vec![cdi::Device {
+            name: cdi_device(l.name()),
+            annotations: Default::default(),
+            container_edits: cdi::ContainerEdits {
+                hooks: cdi::cuslice_hooks(&l.hook_path(), &l.library_path()),
+                ..Default::default()
+            },
         }],
-    }))
+        container_edits: Default::default(),
+    };
+    json_file(&serde_json::to_value(&spec).unwrap_or_default())
 }
 
 /// The engines' units the agent starts before (and stops after), so containers an engine starts
@@ -258,7 +257,47 @@ mod tests {
 
     #[test]
     fn cdi() {
-        let v: Value = serde_json::from_str(&cdi_spec(&layout())).expect("json");
+        let text = cdi_spec(&layout());
+        assert_eq!(
+            text,
+            r#"{
+  "cdiVersion": "0.5.0",
+  "kind": "cuslice.io/slice",
+  "devices": [
+    {
+      "name": "default",
+      "containerEdits": {
+        "hooks": [
+          {
+            "hookName": "createRuntime",
+            "path": "/usr/local/bin/cuslice-hook",
+            "args": [
+              "cuslice-hook",
+              "createRuntime",
+              "--library",
+              "/usr/local/lib/cuslice/libcuslice.so"
+            ]
+          },
+          {
+            "hookName": "poststop",
+            "path": "/usr/local/bin/cuslice-hook",
+            "args": [
+              "cuslice-hook",
+              "poststop",
+              "--library",
+              "/usr/local/lib/cuslice/libcuslice.so"
+            ]
+          }
+        ]
+      }
+    }
+  ]
+}
+"#
+        );
+        let parsed = cdi::parse_spec(std::path::Path::new("cuslice.json"), &text).expect("spec");
+        assert_eq!(parsed.container_edits, cdi::ContainerEdits::default());
+        let v: Value = serde_json::from_str(&text).expect("json");
         assert_eq!(v["cdiVersion"], "0.5.0");
         assert_eq!(v["kind"], "cuslice.io/slice");
         assert_eq!(v["devices"][0]["name"], "default");
