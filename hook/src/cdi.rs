@@ -424,29 +424,44 @@ pub fn write_spec(dir: &Path, file_name: &str, spec: &Spec) -> Result<PathBuf, S
     spec.validate()
         .map_err(|e| format!("CDI spec {file_name} not written: {e}"))?;
     let path = dir.join(file_name);
-    let tmp = dir.join(format!(".{file_name}.{}.tmp", std::process::id()));
-    let fail = |what: &str, e: std::io::Error| {
-        let _ = std::fs::remove_file(&tmp);
-        format!("cannot write CDI spec {} ({what}: {e})", path.display())
-    };
-    std::fs::create_dir_all(dir).map_err(|e| fail("making its directory", e))?;
-    let mut f = {
-        use std::os::unix::fs::OpenOptionsExt;
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o644)
-            .open(&tmp)
-            .map_err(|e| fail("creating a temporary file", e))?
-    };
-    f.write_all(spec.to_json().as_bytes())
-        .and_then(|()| f.sync_all())
-        .map_err(|e| fail("writing", e))?;
-    drop(f);
-    std::fs::rename(&tmp, &path).map_err(|e| fail("renaming", e))?;
-    sync_dir(dir).map_err(|e| format!("cannot sync {} ({e})", dir.display()))?;
+    std::fs::create_dir_all(dir).map_err(|e| {
+        format!(
+            "cannot write CDI spec {} (making its directory: {e})",
+            path.display()
+        )
+    })?;
+    write_atomic(&path, spec.to_json().as_bytes(), 0o644)
+        .map_err(|e| format!("cannot write CDI spec {} ({e})", path.display()))?;
     Ok(path)
+}
+
+/// Writes `bytes` to `path` atomically, with `mode`: a temporary file beside it (named after it,
+/// this process and the time, so two writers never share one), written and fsynced, renamed over
+/// `path`, then the directory fsynced. A reader sees the old file or the new one, never a part.
+pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let tmp = dir.join(format!(".{name}.{}.{nanos}.tmp", std::process::id()));
+    let result = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        drop(f);
+        std::fs::rename(&tmp, path)?;
+        sync_dir(dir)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
 }
 
 /// Removes `dir/file_name` if it is there (then fsyncs `dir`). `Ok(false)`: it was not there.

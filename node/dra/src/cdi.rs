@@ -1,60 +1,44 @@
-//! The CDI spec of a prepared claim: one device, `gpu.cuslice.io/claim=<claim uid>-<device>`.
+//! The CDI spec of a prepared claim, built with the hook crate's CDI definitions (the same types,
+//! hook stages and arguments `cuslice install --engine cdi` and `cuslice-runtime` use): one CDI
+//! device, `gpu.cuslice.io/claim=<claim uid>-<device>`.
 
-use serde_json::{Value, json};
+use cuslice_hook::cdi::{self as spec, ClaimDevice, Spec};
 
 use crate::claim::{Allotted, ClaimRef, settings};
 use crate::discover::{self, Roots};
-use crate::slice::{DRIVER, Gpu};
-
-pub const KIND: &str = "gpu.cuslice.io/claim";
+use crate::slice::Gpu;
 
 /// The spec file of a claim, in the CDI directory.
 pub fn file_name(claim: &ClaimRef) -> String {
-    format!("{DRIVER}-{}.json", claim.uid)
-}
-
-pub fn device_name(claim: &ClaimRef, a: &Allotted) -> String {
-    format!("{}-{}", claim.uid, a.device)
+    spec::claim_spec_file(&claim.uid)
 }
 
 /// The fully qualified CDI id the kubelet passes on.
 pub fn id(claim: &ClaimRef, a: &Allotted) -> String {
-    format!("{KIND}={}", device_name(claim, a))
+    format!(
+        "{}={}",
+        spec::CLAIM_KIND,
+        spec::claim_device_name(&claim.uid, &a.device)
+    )
 }
 
 /// The spec: the GPU's device nodes and driver libraries, the slice's settings, the hooks.
-pub fn spec(
+pub fn build(
     claim: &ClaimRef,
     a: &Allotted,
     gpu: &Gpu,
     roots: &Roots,
     hook: &str,
     library: &str,
-) -> Value {
-    let env: Vec<String> = settings(a)
-        .into_iter()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect();
-    let nodes: Vec<Value> = discover::device_nodes(roots, gpu.description.minor)
-        .into_iter()
-        .map(|(path, host)| json!({"path": path, "hostPath": host}))
-        .collect();
-    let mounts: Vec<Value> = discover::libraries(roots)
-        .into_iter()
-        .map(|(host, path)| {
-            json!({"hostPath": host, "containerPath": path, "options": ["ro", "nosuid", "nodev", "bind"]})
-        })
-        .collect();
-    let hooks: Vec<Value> = ["createRuntime", "poststop"]
-        .iter()
-        .map(|s| json!({"hookName": s, "path": hook, "args": ["cuslice-hook", s, "--library", library]}))
-        .collect();
-    json!({
-        "cdiVersion": "0.5.0",
-        "kind": KIND,
-        "devices": [{
-            "name": device_name(claim, a),
-            "containerEdits": {"env": env, "deviceNodes": nodes, "mounts": mounts, "hooks": hooks},
+) -> Spec {
+    spec::claim_spec(
+        &[ClaimDevice {
+            name: spec::claim_device_name(&claim.uid, &a.device),
+            env: settings(a),
+            device_nodes: discover::device_nodes(roots, gpu.description.minor),
+            library_mounts: discover::libraries(roots),
         }],
-    })
+        hook,
+        library,
+    )
 }

@@ -6,7 +6,6 @@
 //! and says which file and why.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -31,7 +30,7 @@ pub struct PreparedDevice {
     pub cdi_ids: Vec<String>,
     /// The CDI spec file, and what it holds (written again if it went missing).
     pub spec_file: PathBuf,
-    pub spec: serde_json::Value,
+    pub spec: cuslice_hook::cdi::Spec,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -73,39 +72,12 @@ pub fn load(path: &Path) -> Result<Checkpoint, String> {
     Ok(c)
 }
 
-/// Writes `bytes` to `path` atomically.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), String> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let fail = |e: std::io::Error| format!("{}: {e}", path.display());
-    let mut tmp = tempfile_in(dir, path).map_err(fail)?;
-    let result = (|| {
-        tmp.1.write_all(bytes)?;
-        tmp.1.sync_all()?;
-        std::fs::rename(&tmp.0, path)?;
-        std::fs::File::open(dir)?.sync_all()
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp.0);
-    }
-    result.map_err(fail)
-}
-
-/// A new file beside `path`, named after it and this process.
-fn tempfile_in(dir: &Path, path: &Path) -> std::io::Result<(PathBuf, std::fs::File)> {
-    let name = path.file_name().unwrap_or_default().to_string_lossy();
-    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-    let f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&tmp)?;
-    Ok((tmp, f))
-}
-
+/// Writes the checkpoint atomically (see `cuslice_hook::cdi::write_atomic`), readable by root only.
 pub fn save(path: &Path, c: &Checkpoint) -> Result<(), String> {
     let mut text = serde_json::to_string_pretty(c).expect("a checkpoint is JSON");
     text.push('\n');
-    write_atomic(path, text.as_bytes())
+    cuslice_hook::cdi::write_atomic(path, text.as_bytes(), 0o600)
+        .map_err(|e| format!("{}: {e}", path.display()))
 }
 
 #[cfg(test)]
@@ -137,7 +109,7 @@ mod tests {
                     pool: "node-a".into(),
                     cdi_ids: vec!["gpu.cuslice.io/claim=u1-gpu-0".into()],
                     spec_file: "/var/run/cdi/gpu.cuslice.io-u1.json".into(),
-                    spec: serde_json::json!({"cdiVersion": "0.5.0"}),
+                    spec: cuslice_hook::cdi::claim_spec(&[], "/h", "/l"),
                 }],
             },
         );

@@ -121,7 +121,7 @@ impl Plugin {
             // written again if it went missing.
             for d in &p.devices {
                 if !d.spec_file.exists() {
-                    write_spec(&d.spec_file, &d.spec)?;
+                    write_spec(&d.spec_file, &d.spec).map_err(|e| format!("{c}: {e}"))?;
                 }
             }
             return Ok(Self::devices_of(p));
@@ -140,7 +140,7 @@ impl Plugin {
                 .iter()
                 .find(|g| g.name() == a.device)
                 .expect("allotments are of usable GPUs");
-            let spec = cdi::spec(
+            let spec = cdi::build(
                 &c,
                 &a,
                 gpu,
@@ -192,11 +192,14 @@ impl Plugin {
             return Ok(());
         };
         for d in &p.devices {
-            match std::fs::remove_file(&d.spec_file) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(format!("{c}: {}: {e}", d.spec_file.display())),
-            }
+            let (dir, name) = (
+                d.spec_file.parent().unwrap_or(Path::new(".")),
+                d.spec_file
+                    .file_name()
+                    .unwrap_or_default()
+                    .to_string_lossy(),
+            );
+            cuslice_hook::cdi::remove_spec(dir, &name).map_err(|e| format!("{c}: {e}"))?;
         }
         st.checkpoint.claims.remove(&c.uid);
         if let Err(e) = checkpoint::save(&self.opts.checkpoint(), &st.checkpoint) {
@@ -208,10 +211,12 @@ impl Plugin {
     }
 }
 
-fn write_spec(path: &Path, spec: &serde_json::Value) -> Result<(), String> {
-    let mut text = serde_json::to_string_pretty(spec).expect("a spec is JSON");
-    text.push('\n');
-    checkpoint::write_atomic(path, text.as_bytes())
+fn write_spec(path: &Path, spec: &cuslice_hook::cdi::Spec) -> Result<(), String> {
+    let (dir, name) = (
+        path.parent().unwrap_or(Path::new(".")),
+        path.file_name().unwrap_or_default().to_string_lossy(),
+    );
+    cuslice_hook::cdi::write_spec(dir, &name, spec).map(|_| ())
 }
 
 fn claim_ref(c: crate::dra::Claim) -> ClaimRef {

@@ -256,7 +256,9 @@ fn prepares_claims_as_cdi_devices_across_restarts() {
             "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
         ]
     );
-    let hooks: Vec<(&str, &str)> = edits["hooks"]
+    // The hooks once for the whole spec (a container with several of the claim's devices still
+    // runs each stage once).
+    let hooks: Vec<(&str, &str)> = a_spec["containerEdits"]["hooks"]
         .as_array()
         .unwrap()
         .iter()
