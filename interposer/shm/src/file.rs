@@ -23,14 +23,24 @@ pub fn open_or_create(
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(e),
         }
-        let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-        let f = OpenOptions::new()
+        // The pid alone does not make the name unique: the first processes of two containers
+        // sharing the directory are both pid 1 in their own pid namespaces, and threads share
+        // a pid. So the name also carries the time, and a name already taken is never reused.
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let tmp = dir.join(format!(".{name}.{}.{nanos}.tmp", std::process::id()));
+        let f = match OpenOptions::new()
             .read(true)
             .write(true)
-            .create(true)
-            .truncate(true)
+            .create_new(true)
             .mode(mode)
-            .open(&tmp)?;
+            .open(&tmp)
+        {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        };
         let made = (|| {
             // The umask may have narrowed `mode`.
             f.set_permissions(std::fs::Permissions::from_mode(mode))?;
@@ -43,6 +53,44 @@ pub fn open_or_create(
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
             Err(e) => return Err(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Makers racing in one directory under the same pid (threads here; the first processes of
+    /// two containers, each pid 1, on a node) all end with the one file, and none fails.
+    #[test]
+    fn racing_makers_with_one_pid_all_open_the_same_file() {
+        for round in 0..20 {
+            let dir = std::env::temp_dir().join(format!(
+                "cuslice-shm-race-{}-{round}",
+                std::process::id()
+            ));
+            std::fs::create_dir_all(&dir).unwrap();
+            let barrier = std::sync::Barrier::new(8);
+            std::thread::scope(|s| {
+                for _ in 0..8 {
+                    s.spawn(|| {
+                        barrier.wait();
+                        open_or_create(&dir, "region", 4096, 0o600, |f, _| {
+                            std::thread::sleep(std::time::Duration::from_millis(2));
+                            use std::io::Write;
+                            (&mut &*f).write_all(b"made")
+                        })
+                        .unwrap_or_else(|e| panic!("round {round}: {e}"));
+                    });
+                }
+            });
+            let left: Vec<_> = std::fs::read_dir(&dir)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .collect();
+            assert_eq!(left, vec!["region".to_owned()], "round {round}");
+            std::fs::remove_dir_all(&dir).unwrap();
         }
     }
 }
