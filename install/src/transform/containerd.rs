@@ -252,9 +252,13 @@ fn dropin(c: &Containerd<'_>, version: i64, cri: Option<&Item>) -> Result<String
         out.push('\n');
         out.push_str(doc.to_string().trim_start_matches('\n'));
     }
+    // container_annotations: the CRI passes a container's `cdi.k8s.io/` annotations into its
+    // OCI spec only for a runtime that lists them; cuslice-runtime applies the CDI devices they
+    // name (containerd 1.6 does not apply CDI itself).
     out.push_str(&format!(
-        "\n[{}]\n  runtime_type = \"io.containerd.runc.v2\"\n\n[{}.options]\n  BinaryName = {}\n",
+        "\n[{}]\n  runtime_type = \"io.containerd.runc.v2\"\n  container_annotations = [\"{}*\"]\n\n[{}.options]\n  BinaryName = {}\n",
         table(c.name),
+        cuslice_hook::cdi::ANNOTATION_PREFIX,
         table(c.name),
         toml_str(c.runtime_path)
     ));
@@ -508,6 +512,10 @@ root = "/var/lib/containerd"   # where images live
             "/usr/local/bin/cuslice-runtime"
         );
         assert_eq!(rt["cuslice"]["runtime_type"], "io.containerd.runc.v2");
+        assert_eq!(
+            rt["cuslice"]["container_annotations"],
+            serde_json::json!(["cdi.k8s.io/*"])
+        );
         let doc: DocumentMut = after.dropin.parse().expect("parses");
         assert_eq!(
             doc["plugins"]["io.containerd.grpc.v1.cri"]["sandbox_image"].as_str(),
@@ -624,6 +632,7 @@ root = "/var/lib/containerd"   # where images live
              \n\
              [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.cuslice]\n\
              \x20 runtime_type = \"io.containerd.runc.v2\"\n\
+             \x20 container_annotations = [\"cdi.k8s.io/*\"]\n\
              \n\
              [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.cuslice.options]\n\
              \x20 BinaryName = \"/usr/local/bin/cuslice-runtime\"\n\
