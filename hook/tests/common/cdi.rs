@@ -151,32 +151,39 @@ pub fn two_claims(engine: &dyn CdiEngine) {
     let mut specs = ClaimSpecs::new(&engine.spec_dir());
     let a = specs.claim(GIB, 30, 60);
     let b = specs.claim(2 * GIB, 40, 40);
-    let (na, nb) = (name("cdi-a"), name("cdi-b"));
-    let spawn = |n: &str, claim: &Claim| {
-        engine.spawn_with(
-            &sim,
+    held_to_claims(
+        engine,
+        &sim,
+        &[(&a, GIB, 30.0, 60.0), (&b, 2 * GIB, 40.0, 40.0)],
+    );
+}
+
+/// Containers with the claims' devices (claim, memory cap, core request, core limit), one each,
+/// on simulated device 0: each container sees its cap and the simulator says it held no more;
+/// its device nodes are there, with an allow rule; the hook ran once per stage (from the spec);
+/// `cuslice status` shows each slice's cap, core request and limit; every slice is gone after
+/// its container.
+pub fn held_to_claims(engine: &dyn CdiEngine, sim: &Sim, claims: &[(&Claim, u64, f64, f64)]) {
+    let mut started = Vec::new();
+    // One after the other, as a kubelet starts containers.
+    for (claim, cap, request, limit) in claims {
+        let n = name("cdi");
+        let mut c = engine.spawn_with(
+            sim,
             &Spec {
-                name: n,
+                name: &n,
                 env: &[],
                 cmd: &["sh", "-c", SCRIPT],
                 read_only: false,
             },
             &[claim],
-        )
-    };
-    // One after the other: two first processes with core settings that start at the same
-    // instant on a fresh device can both be pid 1 (each in its container) and then collide on
-    // the node region's temporary file name (interposer/shm/src/file.rs names it by pid), which
-    // refuses cuInit in one of them. Reported; not what this test is about.
-    let mut ca = spawn(&na, &a);
-    let first = lines_until(ca.as_mut(), "start");
-    let mut cb = spawn(&nb, &b);
-    let second = lines_until(cb.as_mut(), "start");
+        );
+        let first = lines_until(c.as_mut(), "start");
+        started.push((c, first, *cap, *request, *limit));
+    }
     let mut ids = Vec::new();
-    for (c, (said, start), cap, request, limit) in [
-        (&mut ca, first, GIB, 30.0, 60.0),
-        (&mut cb, second, 2 * GIB, 40.0, 40.0),
-    ] {
+    for (c, (said, start), cap, request, limit) in started.iter_mut() {
+        let (cap, request, limit) = (*cap, *request, *limit);
         assert_eq!(
             start["total"], cap,
             "the device as the container sees it: {start}"
@@ -189,7 +196,7 @@ pub fn two_claims(engine: &dyn CdiEngine) {
             );
         }
         wait_for(c.as_mut(), "holding");
-        let (used, peak) = held_by(&sim, c.host_pid());
+        let (used, peak) = held_by(sim, c.host_pid());
         assert!(
             peak <= cap && used >= cap - 128 * MIB,
             "cap {cap}: held {used}, peak {peak}"
@@ -238,8 +245,9 @@ pub fn two_claims(engine: &dyn CdiEngine) {
         assert_eq!(slice["compute"]["request_pct"], *request, "{slice}");
         assert_eq!(slice["compute"]["limit_pct"], *limit, "{slice}");
     }
-    ca.remove();
-    cb.remove();
+    for (c, ..) in started {
+        c.remove();
+    }
     for (id, ..) in &ids {
         assert!(!slice_dir(id).exists(), "state of {id} left after removal");
     }

@@ -9,6 +9,8 @@
 #![allow(dead_code)]
 
 pub mod cdi;
+pub mod containerd;
+pub mod podman;
 pub mod runc;
 pub mod shares;
 

@@ -66,10 +66,8 @@ mod tests {
     #[test]
     fn racing_makers_with_one_pid_all_open_the_same_file() {
         for round in 0..20 {
-            let dir = std::env::temp_dir().join(format!(
-                "cuslice-shm-race-{}-{round}",
-                std::process::id()
-            ));
+            let dir = std::env::temp_dir()
+                .join(format!("cuslice-shm-race-{}-{round}", std::process::id()));
             std::fs::create_dir_all(&dir).unwrap();
             let barrier = std::sync::Barrier::new(8);
             std::thread::scope(|s| {

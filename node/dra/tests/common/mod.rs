@@ -226,6 +226,8 @@ pub struct Node {
     pub sim: Sim,
     pub api: ApiServer,
     pub dir: tempfile::TempDir,
+    /// Where the plugin writes CDI specs (default: a directory of this node's own).
+    cdi: Option<PathBuf>,
 }
 
 /// Makes a character device node at `path` with /dev/null's numbers: a stand-in for a GPU's
@@ -249,6 +251,11 @@ pub fn stand_in_device(path: &Path) {
 impl Node {
     /// `devices` simulated GPUs of `memory` each.
     pub fn new(devices: u32, memory: &str) -> Node {
+        Node::with_cdi_dir(devices, memory, None)
+    }
+
+    /// The same, with the plugin writing its CDI specs to `cdi` (a container engine's).
+    pub fn with_cdi_dir(devices: u32, memory: &str, cdi: Option<PathBuf>) -> Node {
         let sim = Sim::new(&["--devices", &devices.to_string(), "--memory", memory]);
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().join("driver");
@@ -273,7 +280,7 @@ impl Node {
             api.url
         );
         std::fs::write(dir.path().join("kubeconfig"), kubeconfig).unwrap();
-        Node { sim, api, dir }
+        Node { sim, api, dir, cdi }
     }
 
     pub fn driver_root(&self) -> PathBuf {
@@ -289,7 +296,9 @@ impl Node {
     }
 
     pub fn cdi_dir(&self) -> PathBuf {
-        self.dir.path().join("cdi")
+        self.cdi
+            .clone()
+            .unwrap_or_else(|| self.dir.path().join("cdi"))
     }
 
     pub fn checkpoint(&self) -> PathBuf {

@@ -1,0 +1,229 @@
+//! The CDI specs the plugin writes, consumed by real container engines on simgpu: Podman 4.3
+//! resolves `--device gpu.cuslice.io/claim=...` itself; containerd 1.6 has no CDI, so
+//! cuslice-runtime applies the devices. Claims are prepared through the kubelet's API on the
+//! plugin's socket, from claims the test API server returns; each container then gets only what
+//! the plugin's spec gives it (device nodes, the driver's libraries, the settings, the hook).
+//! Ground truth: the simulator (what each container's process held; device time per process).
+//! Needs root, podman, containerd, runc and busybox (`tests/ensure-tools`), and the release build.
+
+mod common;
+#[path = "../../../hook/tests/common/mod.rs"]
+mod engines;
+
+use std::time::Duration;
+
+use common::*;
+use cuslice_test_harness::{GIB, bin_dir};
+use engines::cdi::{CdiEngine, Claim, held_to_claims};
+use engines::{Container, Spec, root_required};
+use serde_json::Value;
+
+/// The plugin on a node of one simulated 8 GiB GPU, writing specs where `engine` reads them,
+/// naming this build's hook and library.
+fn node_for(engine: &dyn CdiEngine) -> (Node, PluginProcess) {
+    let node = Node::with_cdi_dir(1, "8GiB", Some(engine.spec_dir()));
+    let hook = bin_dir().join("cuslice-hook");
+    let library = bin_dir().join("libcuslice.so");
+    let plugin = node.start_plugin(&[
+        "--hook",
+        hook.to_str().unwrap(),
+        "--library",
+        library.to_str().unwrap(),
+    ]);
+    (node, plugin)
+}
+
+/// Unprepares the claims when dropped (their specs are in a shared directory).
+struct Prepared<'a> {
+    node: &'a Node,
+    claims: Vec<Value>,
+}
+
+impl Drop for Prepared<'_> {
+    fn drop(&mut self) {
+        let all = self.claims.iter().map(claim_of).collect();
+        let r = unprepare(&self.node.dra_socket(), all);
+        for c in &self.claims {
+            let uid = c["metadata"]["uid"].as_str().unwrap();
+            if !std::thread::panicking() {
+                assert_eq!(r.claims[uid].error, "", "unprepare {uid}");
+            }
+            let spec = self
+                .node
+                .cdi_dir()
+                .join(format!("gpu.cuslice.io-{uid}.json"));
+            assert!(
+                !spec.exists() || std::thread::panicking(),
+                "{} left",
+                spec.display()
+            );
+        }
+    }
+}
+
+/// Claims on gpu-0 of `memory`, `cores` and core limit (None: none), prepared by the plugin: each
+/// becomes a Claim the engine tests take (its uid and the CDI id the plugin answered).
+fn prepare_claims<'a>(
+    node: &'a Node,
+    wanted: &[(&str, &str, Option<u32>)],
+) -> (Prepared<'a>, Vec<Claim>) {
+    let mut objects = Vec::new();
+    for (i, (memory, cores, limit)) in wanted.iter().enumerate() {
+        let uid = format!("{:08x}-0000-4000-8000-{:012x}", std::process::id(), i + 1);
+        let c = claim(
+            &engines::name("claim"),
+            &uid,
+            "gpu-0",
+            memory,
+            cores,
+            limit.map(slice_config),
+        );
+        node.api.put_claim(&c);
+        objects.push(c);
+    }
+    let r = prepare(&node.dra_socket(), objects.iter().map(claim_of).collect());
+    let claims = objects
+        .iter()
+        .map(|c| {
+            let uid = c["metadata"]["uid"].as_str().unwrap().to_owned();
+            let answer = &r.claims[&uid];
+            assert_eq!(answer.error, "", "{uid}");
+            Claim {
+                id: answer.devices[0].cdi_device_ids[0].clone(),
+                uid,
+            }
+        })
+        .collect();
+    (
+        Prepared {
+            node,
+            claims: objects,
+        },
+        claims,
+    )
+}
+
+fn caps_hold(engine: &dyn CdiEngine) {
+    let (node, _plugin) = node_for(engine);
+    let (_prepared, claims) =
+        prepare_claims(&node, &[("1Gi", "30", Some(60)), ("2Gi", "40", None)]);
+    held_to_claims(
+        engine,
+        &node.sim,
+        &[
+            (&claims[0], GIB, 30.0, 60.0),
+            (&claims[1], 2 * GIB, 40.0, 40.0),
+        ],
+    );
+}
+
+/// 1 ms kernels back to back.
+const KERNELS: &[&str] = &[
+    "cuda-workload",
+    "launch",
+    "--ns-per-block",
+    "1000",
+    "--blocks",
+    "1000",
+    "--secs",
+    "30",
+];
+
+/// Device time (ns) of host pid `pid`, from the simulator.
+fn device_time(node: &Node, pid: i32) -> u64 {
+    let d = node.sim.device(0);
+    d["processes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|p| p["pid"] == pid)
+        .and_then(|p| p["device_time_ns"].as_u64())
+        .unwrap_or(0)
+}
+
+/// Two busy claims, 30 and 60 cores: over 6 s with both running, the simulator's device time
+/// gives each its claim's share within 5 points, with the node agent running as on a node.
+fn shares_hold(engine: &dyn CdiEngine) {
+    let (node, _plugin) = node_for(engine);
+    let (_prepared, claims) = prepare_claims(&node, &[("1Gi", "30", None), ("1Gi", "60", None)]);
+    let _turn = engines::agent_turn();
+    let _agent = engines::NodeAgent::start(&node.sim);
+    let mut running: Vec<Box<dyn Container + '_>> = Vec::new();
+    for c in &claims {
+        let n = engines::name("share");
+        let mut k = engine.spawn_with(
+            &node.sim,
+            &Spec {
+                name: &n,
+                env: &[],
+                cmd: KERNELS,
+                read_only: false,
+            },
+            &[c],
+        );
+        engines::wait_for(k.as_mut(), "start");
+        running.push(k);
+    }
+    // Settle, then measure.
+    std::thread::sleep(Duration::from_secs(2));
+    let pids: Vec<i32> = running.iter().map(|c| c.host_pid()).collect();
+    let before: Vec<u64> = pids.iter().map(|p| device_time(&node, *p)).collect();
+    let t = std::time::Instant::now();
+    std::thread::sleep(Duration::from_secs(6));
+    let after: Vec<u64> = pids.iter().map(|p| device_time(&node, *p)).collect();
+    let wall = t.elapsed().as_nanos() as f64;
+    let shares: Vec<f64> = before
+        .iter()
+        .zip(&after)
+        .map(|(b, a)| 100.0 * (a - b) as f64 / wall)
+        .collect();
+    for c in running {
+        c.remove();
+    }
+    eprintln!("shares of GPU time by the simulator's count: {shares:.1?} (claims: 30, 60 cores)");
+    for (share, want) in shares.iter().zip([30.0, 60.0]) {
+        assert!(
+            (share - want).abs() <= 5.0,
+            "shares {shares:?}, claims 30 and 60 cores"
+        );
+    }
+}
+
+fn podman() -> &'static dyn CdiEngine {
+    engines::podman::engine()
+}
+
+fn containerd() -> &'static dyn CdiEngine {
+    engines::containerd::engine()
+}
+
+// Each test runs alone (cuslice_test_harness::serial): shares measured on 2 CPUs while another
+// test's containers run would measure the CPUs, not the claims.
+
+#[test]
+fn podman_holds_each_claim_to_its_cap() {
+    root_required();
+    let _one = cuslice_test_harness::serial();
+    caps_hold(podman());
+}
+
+#[test]
+fn podman_gives_each_claim_its_share() {
+    root_required();
+    let _one = cuslice_test_harness::serial();
+    shares_hold(podman());
+}
+
+#[test]
+fn containerd_holds_each_claim_to_its_cap() {
+    root_required();
+    let _one = cuslice_test_harness::serial();
+    caps_hold(containerd());
+}
+
+#[test]
+fn containerd_gives_each_claim_its_share() {
+    root_required();
+    let _one = cuslice_test_harness::serial();
+    shares_hold(containerd());
+}
