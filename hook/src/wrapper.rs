@@ -1,7 +1,8 @@
 //! `cuslice-runtime`: a runtime for engines that cannot be given a hook by configuration (Docker's
 //! `runtimes`, containerd's runtime `BinaryName`). On `create` and `run` it applies the CDI
-//! devices the container's `cdi.k8s.io/*` annotations name (for engines without CDI support,
-//! such as containerd 1.6), then adds `cuslice-hook` to the bundle's config.json when the
+//! devices the container's `cdi.k8s.io/*` annotations name, and those the DRA plugin's container
+//! index gives a Kubernetes container (for engines without CDI support, such as containerd
+//! 1.6; see [`cdi::indexed_devices`]), then adds `cuslice-hook` to the bundle's config.json when the
 //! container mentions cuslice and no cuslice-hook is there yet; then, for every command, it
 //! execs the real runtime (runc by default) with the arguments it was given, untouched.
 //!
@@ -9,8 +10,8 @@
 //! `--cuslice-runtime=PATH` (the real runtime), `--cuslice-hook=PATH` (default: `cuslice-hook`
 //! beside this executable), `--cuslice-hook-arg=ARG` (repeatable: extra hook arguments, e.g.
 //! `--library=/opt/cuslice/libcuslice.so`), `--cuslice-cdi-spec-dir=DIR` (repeatable, lowest
-//! priority first; default `/etc/cdi` and `/var/run/cdi`). Docker passes them with
-//! `runtimeArgs`.
+//! priority first; default `/etc/cdi` and `/var/run/cdi`), `--cuslice-container-index=DIR`
+//! (default [`cdi::DEFAULT_CONTAINER_INDEX`]). Docker passes them with `runtimeArgs`.
 
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
@@ -26,6 +27,8 @@ pub struct Args {
     pub hook_args: Vec<String>,
     /// `--cuslice-cdi-spec-dir`, in order; empty: [`cdi::DEFAULT_SPEC_DIRS`].
     pub cdi_spec_dirs: Vec<PathBuf>,
+    /// `--cuslice-container-index`; None: [`cdi::DEFAULT_CONTAINER_INDEX`].
+    pub container_index: Option<PathBuf>,
     /// Everything else, for the real runtime, in order.
     pub rest: Vec<OsString>,
 }
@@ -42,6 +45,8 @@ pub fn split_args(argv: impl IntoIterator<Item = OsString>) -> Args {
             a.hook_args.push(v.into());
         } else if let Some(v) = s.strip_prefix("--cuslice-cdi-spec-dir=") {
             a.cdi_spec_dirs.push(v.into());
+        } else if let Some(v) = s.strip_prefix("--cuslice-container-index=") {
+            a.container_index = Some(v.into());
         } else {
             a.rest.push(arg);
         }
@@ -57,6 +62,13 @@ impl Args {
         } else {
             self.cdi_spec_dirs.clone()
         }
+    }
+
+    /// The DRA plugin's container index.
+    pub fn container_index(&self) -> PathBuf {
+        self.container_index
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(cdi::DEFAULT_CONTAINER_INDEX))
     }
 }
 
@@ -151,7 +163,8 @@ pub fn add_hooks(spec: &str, hook: &Path, extra: &[String]) -> Result<Option<Str
 }
 
 /// What `create`/`run` does to config.json's text: applies the CDI devices its `cdi.k8s.io/*`
-/// annotations name, resolved from `cdi_dirs`, then [`add_hooks_to`]. `Ok(None)`: leave the
+/// annotations name and those the container index `index` gives it, resolved from `cdi_dirs`,
+/// then [`add_hooks_to`]. `Ok(None)`: leave the
 /// file as it is (nothing asked for, or text the real runtime will refuse itself). `Err`: one
 /// line saying why the container must not be created (an annotation that names a device that is
 /// malformed, not defined, or whose edits cannot be applied).
@@ -160,12 +173,26 @@ pub fn prepare_config(
     hook: &Path,
     extra: &[String],
     cdi_dirs: &[PathBuf],
+    index: &Path,
 ) -> Result<Option<String>, String> {
     // Not JSON: the runtime reports that itself.
     let Ok(mut v) = serde_json::from_str::<Value>(text) else {
         return Ok(None);
     };
-    let asked = cdi::annotated_devices(&v)?;
+    let mut asked = cdi::annotated_devices(&v)?;
+    for d in cdi::indexed_devices(index, &v)? {
+        if !asked.iter().any(|(_, id)| *id == d.1) {
+            asked.push(d);
+        }
+    }
+    // Where an id came from, for messages: an annotation, or the container index.
+    let source = |k: &str| {
+        if k.starts_with(cdi::ANNOTATION_PREFIX) {
+            format!("annotation {k}")
+        } else {
+            k.to_owned()
+        }
+    };
     if asked.is_empty() {
         // As before CDI: a spec the hook cannot be added to is left for the runtime to judge.
         return match add_hooks_to(&mut v, hook, extra) {
@@ -186,9 +213,9 @@ pub fn prepare_config(
     };
     let edits = registry.resolve(&ids).map_err(|u| {
         format!(
-            "annotation {}: {u} (cuslice-runtime --cuslice-cdi-spec-dir=DIR searches other \
+            "{}: {u} (cuslice-runtime --cuslice-cdi-spec-dir=DIR searches other \
              directories); the container is not created",
-            key_of(&u.id)
+            source(&key_of(&u.id))
         )
     })?;
     let keys: Vec<String> = {
@@ -198,8 +225,11 @@ pub fn prepare_config(
     };
     cdi::apply_edits(&mut v, &edits, &cdi::host_node).map_err(|e| {
         format!(
-            "annotation {}: cannot apply CDI devices {}: {e}; the container is not created",
-            keys.join(", "),
+            "{}: cannot apply CDI devices {}: {e}; the container is not created",
+            keys.iter()
+                .map(|k| source(k))
+                .collect::<Vec<_>>()
+                .join(", "),
             ids.join(",")
         )
     })?;
@@ -290,6 +320,8 @@ pub fn runtime(a: &Args) -> &OsStr {
 mod tests {
     use super::*;
 
+    const NO_INDEX: &str = "/nonexistent/index";
+
     fn os(v: &[&str]) -> Vec<OsString> {
         v.iter().map(OsString::from).collect()
     }
@@ -298,6 +330,7 @@ mod tests {
     fn own_options_are_removed() {
         let a = split_args(os(&[
             "--cuslice-runtime=/usr/sbin/runc",
+            "--cuslice-container-index=/idx",
             "--cuslice-hook-arg=--library=/x.so",
             "--cuslice-cdi-spec-dir=/a",
             "--cuslice-cdi-spec-dir=/b",
@@ -311,6 +344,11 @@ mod tests {
         assert_eq!(a.runtime.as_deref(), Some(OsStr::new("/usr/sbin/runc")));
         assert_eq!(a.hook_args, ["--library=/x.so"]);
         assert_eq!(a.spec_dirs(), [PathBuf::from("/a"), PathBuf::from("/b")]);
+        assert_eq!(a.container_index(), PathBuf::from("/idx"));
+        assert_eq!(
+            Args::default().container_index(),
+            PathBuf::from(cdi::DEFAULT_CONTAINER_INDEX)
+        );
         assert_eq!(
             Args::default().spec_dirs(),
             [PathBuf::from("/etc/cdi"), PathBuf::from("/var/run/cdi")]
@@ -399,7 +437,9 @@ mod tests {
         let dirs = [dir.path().to_path_buf()];
         let hook = Path::new("/opt/other/cuslice-hook");
         let config = r#"{"process":{"env":["PATH=/bin"]},"annotations":{"cdi.k8s.io/gpu.cuslice.io_uid1":"gpu.cuslice.io/claim=uid1-gpu-0"}}"#;
-        let out = prepare_config(config, hook, &[], &dirs).unwrap().unwrap();
+        let out = prepare_config(config, hook, &[], &dirs, Path::new(NO_INDEX))
+            .unwrap()
+            .unwrap();
         let v: Value = serde_json::from_str(&out).unwrap();
         assert_eq!(
             v["process"]["env"],
@@ -417,17 +457,22 @@ mod tests {
         }
         // Without annotations: as before.
         let plain = r#"{"process":{"env":["CUSLICE_MEMORY_LIMIT=1GiB"]}}"#;
-        let out = prepare_config(plain, hook, &[], &dirs).unwrap().unwrap();
+        let out = prepare_config(plain, hook, &[], &dirs, Path::new(NO_INDEX))
+            .unwrap()
+            .unwrap();
         let v: Value = serde_json::from_str(&out).unwrap();
         assert_eq!(
             v["hooks"]["createRuntime"][0]["path"],
             "/opt/other/cuslice-hook"
         );
         assert_eq!(
-            prepare_config(r#"{"process":{}}"#, hook, &[], &dirs),
+            prepare_config(r#"{"process":{}}"#, hook, &[], &dirs, Path::new(NO_INDEX)),
             Ok(None)
         );
-        assert_eq!(prepare_config("{", hook, &[], &dirs), Ok(None));
+        assert_eq!(
+            prepare_config("{", hook, &[], &dirs, Path::new(NO_INDEX)),
+            Ok(None)
+        );
         // A spec without hooks: the runtime adds its own once the env mentions cuslice.
         let bare = tempfile::tempdir().unwrap();
         std::fs::write(
@@ -436,9 +481,15 @@ mod tests {
         )
         .unwrap();
         let config = r#"{"annotations":{"cdi.k8s.io/x":"v.com/c=d"}}"#;
-        let out = prepare_config(config, hook, &[], &[bare.path().to_path_buf()])
-            .unwrap()
-            .unwrap();
+        let out = prepare_config(
+            config,
+            hook,
+            &[],
+            &[bare.path().to_path_buf()],
+            Path::new(NO_INDEX),
+        )
+        .unwrap()
+        .unwrap();
         let v: Value = serde_json::from_str(&out).unwrap();
         assert_eq!(v["hooks"]["poststop"][0]["path"], "/opt/other/cuslice-hook");
     }
@@ -449,7 +500,7 @@ mod tests {
         let dirs = [dir.path().to_path_buf(), PathBuf::from("/nonexistent/cdi")];
         let hook = Path::new("/h/cuslice-hook");
         let config = r#"{"annotations":{"cdi.k8s.io/gpu.cuslice.io_uid9":"gpu.cuslice.io/claim=uid9-gpu-0"}}"#;
-        let e = prepare_config(config, hook, &[], &dirs).unwrap_err();
+        let e = prepare_config(config, hook, &[], &dirs, Path::new(NO_INDEX)).unwrap_err();
         assert_eq!(
             e,
             format!(
@@ -460,7 +511,7 @@ mod tests {
             )
         );
         let config = r#"{"annotations":{"cdi.k8s.io/k":"gpu-0"}}"#;
-        let e = prepare_config(config, hook, &[], &dirs).unwrap_err();
+        let e = prepare_config(config, hook, &[], &dirs, Path::new(NO_INDEX)).unwrap_err();
         assert!(
             e.starts_with("annotation cdi.k8s.io/k: \"gpu-0\" is not a fully-qualified"),
             "{e}"
@@ -478,7 +529,7 @@ mod tests {
         );
         cdi::write_spec(dir.path(), "gone.json", &spec).unwrap();
         let config = r#"{"annotations":{"cdi.k8s.io/k":"gpu.cuslice.io/claim=gone"}}"#;
-        let e = prepare_config(config, hook, &[], &dirs).unwrap_err();
+        let e = prepare_config(config, hook, &[], &dirs, Path::new(NO_INDEX)).unwrap_err();
         assert_eq!(
             e,
             "annotation cdi.k8s.io/k: cannot apply CDI devices gpu.cuslice.io/claim=gone: device \
@@ -521,5 +572,67 @@ mod tests {
         );
         assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
         assert_eq!(rfc3339(4_107_542_399), "2100-02-28T23:59:59Z");
+    }
+
+    /// A Kubernetes container on containerd 1.6 carries no CDI annotation for its DRA claim; its
+    /// CRI annotations find the DRA plugin's index entry, whose devices are applied, once.
+    #[test]
+    fn container_index_devices_applied() {
+        let dir = claim_dir();
+        let dirs = [dir.path().to_path_buf()];
+        let index = tempfile::tempdir().unwrap();
+        let entry = cdi::IndexEntry {
+            pod_uid: "p1".into(),
+            cdi_devices: vec!["gpu.cuslice.io/claim=uid1-gpu-0".into()],
+        };
+        std::fs::write(
+            index
+                .path()
+                .join(cdi::index_file("default", "inference", "main", "uid1").unwrap()),
+            serde_json::to_string(&entry).unwrap(),
+        )
+        .unwrap();
+        let hook = Path::new("/opt/cuslice/bin/cuslice-hook");
+        let config = serde_json::json!({"process": {"env": ["PATH=/bin"]}, "annotations": {
+            cdi::CRI_CONTAINER_TYPE: "container", cdi::CRI_NAMESPACE: "default",
+            cdi::CRI_POD: "inference", cdi::CRI_POD_UID: "p1", cdi::CRI_CONTAINER: "main"}})
+        .to_string();
+        let out = prepare_config(&config, hook, &[], &dirs, index.path())
+            .unwrap()
+            .unwrap();
+        let v: Value = serde_json::from_str(&out).unwrap();
+        let env: Vec<&str> = v["process"]["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e.as_str().unwrap())
+            .collect();
+        assert!(
+            env.iter().any(|e| e.starts_with("CUSLICE_MEMORY_LIMIT=")),
+            "{env:?}"
+        );
+        for stage in HOOK_STAGES {
+            assert_eq!(v["hooks"][stage].as_array().unwrap().len(), 1, "{stage}");
+        }
+        // Another pod of the same name: not its entry, nothing applied.
+        let other = config.replace("\"p1\"", "\"p2\"");
+        let out = prepare_config(&other, hook, &[], &dirs, index.path()).unwrap();
+        assert_eq!(out, None);
+        // An entry naming a device no spec defines: one line naming the container and the file.
+        let entry = cdi::IndexEntry {
+            pod_uid: "p1".into(),
+            cdi_devices: vec!["gpu.cuslice.io/claim=gone-gpu-0".into()],
+        };
+        std::fs::write(
+            index.path().join("default_inference_main_uid1.json"),
+            serde_json::to_string(&entry).unwrap(),
+        )
+        .unwrap();
+        let e = prepare_config(&config, hook, &[], &dirs, index.path()).unwrap_err();
+        assert!(
+            e.starts_with("container default/inference/main in ")
+                && e.contains("default_inference_main_uid1.json: CDI device gpu.cuslice.io/claim=gone-gpu-0 is not defined"),
+            "{e}"
+        );
     }
 }

@@ -1,6 +1,7 @@
 //! `cuslice-runtime [--cuslice-runtime=PATH] [--cuslice-hook=PATH] [--cuslice-hook-arg=ARG]...
-//! [--cuslice-cdi-spec-dir=DIR]... RUNC-ARGS...`: applies the CDI devices a container's
-//! `cdi.k8s.io/*` annotations name and adds cuslice-hook to the bundle of a container that
+//! [--cuslice-cdi-spec-dir=DIR]... [--cuslice-container-index=DIR] RUNC-ARGS...`: applies the
+//! CDI devices a container's `cdi.k8s.io/*` annotations and the DRA plugin's container index
+//! name and adds cuslice-hook to the bundle of a container that
 //! mentions cuslice, then execs the real runtime (runc by default) with RUNC-ARGS. See
 //! `cuslice_hook::wrapper`.
 
@@ -26,13 +27,14 @@ fn prepare(
     hook: &Path,
     extra: &[String],
     cdi_dirs: &[PathBuf],
+    index: &Path,
 ) -> Result<(), String> {
     let path = bundle.join("config.json");
     // A bundle the runtime cannot read either: let it say so.
     let Ok(text) = std::fs::read_to_string(&path) else {
         return Ok(());
     };
-    let Some(new) = prepare_config(&text, hook, extra, cdi_dirs)? else {
+    let Some(new) = prepare_config(&text, hook, extra, cdi_dirs, index)? else {
         return Ok(());
     };
     let tmp = bundle.join(format!(".config.json.cuslice{}", std::process::id()));
@@ -55,7 +57,13 @@ fn main() -> ExitCode {
     let args = split_args(std::env::args_os().skip(1));
     if let Some(bundle) = bundle_of(&args.rest) {
         let hook = args.hook.clone().unwrap_or_else(hook_beside_me);
-        if let Err(e) = prepare(&bundle, &hook, &args.hook_args, &args.spec_dirs()) {
+        if let Err(e) = prepare(
+            &bundle,
+            &hook,
+            &args.hook_args,
+            &args.spec_dirs(),
+            &args.container_index(),
+        ) {
             let msg = format!("cuslice-runtime: {e}");
             eprintln!("{msg}");
             // containerd's shim reports the last error in the runtime's log (runc's own errors
