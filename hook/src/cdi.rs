@@ -790,6 +790,7 @@ pub const CRI_CONTAINER: &str = "io.kubernetes.cri.container-name";
 pub struct IndexEntry {
     /// The pod's uid: an entry of another pod of the same name (deleted and made again) is not
     /// this container's.
+    #[serde(rename = "podUID")]
     pub pod_uid: String,
     pub cdi_devices: Vec<String>,
 }

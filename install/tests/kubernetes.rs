@@ -46,22 +46,20 @@ const DRIVER: &str = "gpu.cuslice.io";
 /// What the DRA plugin does in the API server, as (API group, resource, verbs): the ClusterRole
 /// must grant all of it and nothing else.
 const PLUGIN_NEEDS: &[(&str, &str, &[&str])] = &[
-    // Its node's ResourceSlice: published, kept current, removed.
+    // Its node's ResourceSlice: read (the pool generation at start), applied server-side (which
+    // creates it the first time).
     (
         "resource.k8s.io",
         "resourceslices",
-        &[
-            "get", "list", "watch", "create", "update", "patch", "delete",
-        ],
+        &["get", "create", "patch"],
     ),
     // The claims the kubelet asks it to prepare: allocation, consumed capacity, opaque config.
-    (
-        "resource.k8s.io",
-        "resourceclaims",
-        &["get", "list", "watch"],
-    ),
+    ("resource.k8s.io", "resourceclaims", &["get"]),
     // The Node, the ResourceSlice's owner reference.
     ("", "nodes", &["get"]),
+    // The pods a claim is reserved for: which of their containers use it (the container index
+    // for cuslice-runtime on containerd 1.6).
+    ("", "pods", &["get"]),
 ];
 
 /// `cuslice-dra-plugin`'s options and their defaults (None: no default).
@@ -78,6 +76,11 @@ const PLUGIN_FLAGS: &[(&str, Option<&str>)] = &[
     ("--hook", Some("/usr/local/bin/cuslice-hook")),
     ("--library", Some("/usr/local/lib/cuslice/libcuslice.so")),
     ("--kubeconfig", None),
+    (
+        "--container-index",
+        Some("/var/lib/kubelet/plugins/gpu.cuslice.io/containers"),
+    ),
+    ("--no-container-index", None),
     ("--rescan", Some("30")),
 ];
 
@@ -759,7 +762,18 @@ fn daemonset_runs_the_dra_plugin_with_the_kubelet_dirs_cdi_dir_and_the_hosts_roo
     // The kubelet connects to the sockets at the paths the plugin registers, and the runtime
     // reads the CDI specs from the host's CDI directory: each is mounted at its own host path,
     // writable.
-    for flag in ["--plugin-dir", "--registry-dir", "--cdi-dir"] {
+    // The container index, too: cuslice-runtime reads it on the host, at the same path (its
+    // default, cuslice_hook::cdi::DEFAULT_CONTAINER_INDEX).
+    assert_eq!(
+        opt("--container-index"),
+        cuslice_hook::cdi::DEFAULT_CONTAINER_INDEX
+    );
+    for flag in [
+        "--plugin-dir",
+        "--registry-dir",
+        "--cdi-dir",
+        "--container-index",
+    ] {
         let dir = opt(flag);
         assert_eq!(
             host_path_of(pod, plugin, &dir),

@@ -115,6 +115,11 @@ impl Containerd {
         c
     }
 
+    /// The DRA plugin's container index the CDI runtime reads.
+    pub fn container_index(&self) -> PathBuf {
+        self.daemon.dir.join("container-index")
+    }
+
     /// The CDI tests' spec directory, and the runc binary that reads it: a script that runs
     /// cuslice-runtime with `--cuslice-cdi-spec-dir`, and with its own hook at another path
     /// than the specs' (a link to it), as on a node where the plugin's `--hook` and the
@@ -130,10 +135,11 @@ impl Containerd {
                 own.join("cuslice-hook"),
             );
             let text = format!(
-                "#!/bin/sh\nexec '{}' '--cuslice-cdi-spec-dir={}' '--cuslice-hook={}' \"$@\"\n",
+                "#!/bin/sh\nexec '{}' '--cuslice-cdi-spec-dir={}' '--cuslice-hook={}' '--cuslice-container-index={}' \"$@\"\n",
                 bin_dir().join("cuslice-runtime").display(),
                 dir.display(),
                 own.join("cuslice-hook").display(),
+                self.container_index().display(),
             );
             // Tests run in parallel: each writes its own temporary file, renamed over the script.
             let tmp = script.with_extension(format!("{:?}.tmp", std::thread::current().id()));

@@ -19,6 +19,9 @@ pub const VERSION: u32 = 1;
 pub struct Prepared {
     pub claim: ClaimRef,
     pub devices: Vec<PreparedDevice>,
+    /// The claim's entries in the container index.
+    #[serde(default)]
+    pub index_files: Vec<PathBuf>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -111,6 +114,7 @@ mod tests {
                     spec_file: "/var/run/cdi/gpu.cuslice.io-u1.json".into(),
                     spec: cuslice_hook::cdi::claim_spec(&[], "/h", "/l"),
                 }],
+                index_files: vec!["/idx/default_p_main_u1.json".into()],
             },
         );
         c

@@ -18,6 +18,7 @@ pub mod cdi;
 pub mod checkpoint;
 pub mod claim;
 pub mod discover;
+pub mod index;
 pub mod quantity;
 pub mod service;
 pub mod slice;
@@ -51,6 +52,8 @@ pub struct Options {
     pub library: String,
     pub kubeconfig: Option<PathBuf>,
     pub rescan: Duration,
+    /// The container index for cuslice-runtime on containerd 1.6 (None: not kept).
+    pub container_index: Option<PathBuf>,
 }
 
 impl Options {

@@ -40,6 +40,15 @@ struct Cli {
     /// The API server's kubeconfig (default: $KUBECONFIG, else the pod's service account)
     #[arg(long)]
     kubeconfig: Option<PathBuf>,
+    /// Where to keep the container index: for each container that uses a prepared claim, its
+    /// CDI devices, which cuslice-runtime applies on containerd 1.6 (whose CRI does not pass
+    /// them on)
+    #[arg(long, default_value = cuslice_hook::cdi::DEFAULT_CONTAINER_INDEX)]
+    container_index: PathBuf,
+    /// Keep no container index (every node's runtime applies CDI itself: containerd >= 1.7,
+    /// CRI-O); the plugin then reads no pods
+    #[arg(long)]
+    no_container_index: bool,
     /// Seconds between reads of the GPUs (published again when they changed)
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
     rescan: u64,
@@ -68,6 +77,7 @@ fn main() -> ExitCode {
         library: c.library,
         kubeconfig: c.kubeconfig,
         rescan: Duration::from_secs(c.rescan),
+        container_index: (!c.no_container_index).then_some(c.container_index),
     };
     match run(opts) {
         Ok(()) => ExitCode::SUCCESS,

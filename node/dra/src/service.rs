@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::api::{Api, Patch, PatchParams};
 use tokio::sync::Mutex;
@@ -158,15 +158,28 @@ impl Plugin {
                 spec,
             });
         }
+        let index_files = match &self.opts.container_index {
+            Some(dir) => match self.write_index(dir, &c, &object, &devices).await {
+                Ok(files) => files,
+                Err(e) => {
+                    for d in &devices {
+                        let _ = std::fs::remove_file(&d.spec_file);
+                    }
+                    return Err(format!("{c}: {e}"));
+                }
+            },
+            None => Vec::new(),
+        };
         let p = Prepared {
             claim: c.clone(),
             devices,
+            index_files,
         };
         st.checkpoint.claims.insert(c.uid.clone(), p.clone());
         if let Err(e) = checkpoint::save(&self.opts.checkpoint(), &st.checkpoint) {
             st.checkpoint.claims.remove(&c.uid);
-            for d in &p.devices {
-                let _ = std::fs::remove_file(&d.spec_file);
+            for f in p.devices.iter().map(|d| &d.spec_file).chain(&p.index_files) {
+                let _ = std::fs::remove_file(f);
             }
             return Err(format!("{c}: {e}"));
         }
@@ -185,12 +198,85 @@ impl Plugin {
         Ok(Self::devices_of(&p))
     }
 
+    /// Writes the claim's container index entries: for each pod the claim is reserved for, each
+    /// of its containers that uses the claim gets the CDI ids of the devices it names.
+    async fn write_index(
+        &self,
+        dir: &Path,
+        c: &ClaimRef,
+        object: &ResourceClaim,
+        devices: &[PreparedDevice],
+    ) -> Result<Vec<std::path::PathBuf>, String> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &c.namespace);
+        // Every entry first (reading the pods), then the files.
+        let mut entries = Vec::new();
+        let reserved = object
+            .status
+            .iter()
+            .flat_map(|s| s.reserved_for.iter().flatten())
+            .filter(|r| r.resource == "pods" && r.api_group.as_deref().unwrap_or("").is_empty());
+        for r in reserved {
+            let pod = pods.get(&r.name).await.map_err(|e| {
+                format!(
+                    "reading pod {}/{} it is reserved for: {e}",
+                    c.namespace, r.name
+                )
+            })?;
+            let uid = pod.metadata.uid.clone().unwrap_or_default();
+            if uid != r.uid {
+                // That pod is gone and another of its name was made: not this claim's.
+                continue;
+            }
+            for (container, request) in crate::index::containers_using(&pod, &c.name) {
+                let ids: Vec<String> = devices
+                    .iter()
+                    .filter(|d| request.as_ref().is_none_or(|q| *q == d.allotted.request))
+                    .flat_map(|d| d.cdi_ids.clone())
+                    .collect();
+                let name =
+                    cuslice_hook::cdi::index_file(&c.namespace, &r.name, &container, &c.uid)?;
+                let entry = cuslice_hook::cdi::IndexEntry {
+                    pod_uid: uid.clone(),
+                    cdi_devices: ids,
+                };
+                entries.push((dir.join(name), entry));
+            }
+        }
+        let mut files = Vec::new();
+        for (path, entry) in entries {
+            let written = std::fs::create_dir_all(dir).and_then(|()| {
+                cuslice_hook::cdi::write_atomic(
+                    &path,
+                    serde_json::to_string(&entry).expect("JSON").as_bytes(),
+                    0o644,
+                )
+            });
+            if let Err(e) = written {
+                for f in &files {
+                    let _ = std::fs::remove_file(f);
+                }
+                return Err(format!("{}: {e}", path.display()));
+            }
+            files.push(path);
+        }
+        Ok(files)
+    }
+
     async fn unprepare(&self, c: ClaimRef) -> Result<(), String> {
         let mut st = self.state.lock().await;
         let Some(p) = st.checkpoint.claims.get(&c.uid).cloned() else {
             // Never prepared here, or already unprepared: nothing to undo.
             return Ok(());
         };
+        // The index entries first: a container starting meanwhile finds no entry rather than
+        // an entry whose spec is gone.
+        for f in &p.index_files {
+            match std::fs::remove_file(f) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(format!("{c}: {}: {e}", f.display())),
+            }
+        }
         for d in &p.devices {
             let (dir, name) = (
                 d.spec_file.parent().unwrap_or(Path::new(".")),

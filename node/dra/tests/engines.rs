@@ -189,6 +189,98 @@ fn shares_hold(engine: &dyn CdiEngine) {
     }
 }
 
+/// containerd 1.6 with a kubelet since 1.31: no CDI annotation reaches the container, only the
+/// CRI's own annotations (namespace, pod, uid, container). The plugin's container index gives
+/// the pod's `main` container the claim's device, and cuslice-runtime applies it: the
+/// container sees its cap. The pod's `sidecar`, which does not name the claim, gets no GPU.
+#[test]
+fn containerd_16_gives_a_pods_container_its_claim_through_the_index() {
+    root_required();
+    let _one = cuslice_test_harness::serial();
+    let engine = engines::containerd::engine();
+    let mut node = Node::with_cdi_dir(1, "8GiB", Some(CdiEngine::spec_dir(engine)));
+    node.index = Some(engine.container_index());
+    let hook = bin_dir().join("cuslice-hook");
+    let library = bin_dir().join("libcuslice.so");
+    let _plugin = node.start_plugin(&[
+        "--hook",
+        hook.to_str().unwrap(),
+        "--library",
+        library.to_str().unwrap(),
+    ]);
+    // The recorded claim (the pod's, through its template), 1 GiB and 30 cores.
+    let mut c = data("resourceclaim.json");
+    c["metadata"]["uid"] = serde_json::json!(format!(
+        "{:08x}-0000-4000-8000-00000000aaaa",
+        std::process::id()
+    ));
+    c["status"]["allocation"]["devices"]["results"][0]["consumedCapacity"] =
+        serde_json::json!({"memory": "1Gi", "cores": "30"});
+    node.api.put_claim(&c);
+    let prepared = Prepared {
+        node: &node,
+        claims: vec![c.clone()],
+    };
+    let r = prepare(&node.dra_socket(), vec![claim_of(&c)]);
+    assert!(r.claims.values().all(|x| x.error.is_empty()), "{r:?}");
+    let pod_uid = data("pod.json")["metadata"]["uid"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let run = |container: &str| {
+        let n = engines::name("indexed");
+        let cri = [
+            (cuslice_hook::cdi::CRI_CONTAINER_TYPE, "container"),
+            (cuslice_hook::cdi::CRI_NAMESPACE, "default"),
+            (cuslice_hook::cdi::CRI_POD, "inference"),
+            (cuslice_hook::cdi::CRI_POD_UID, pod_uid.as_str()),
+            (cuslice_hook::cdi::CRI_CONTAINER, container),
+        ]
+        .map(|(k, v)| (k.to_owned(), v.to_owned()));
+        engine.run_with(
+            &node.sim,
+            &Spec {
+                name: &n,
+                env: &[],
+                cmd: &[
+                    "cuda-workload",
+                    "fill",
+                    "--family",
+                    "mem",
+                    "--chunk",
+                    "64MiB",
+                ],
+                read_only: false,
+            },
+            &cri,
+        )
+    };
+    let out = run("main");
+    let lines = cuslice_test_harness::parse_lines(&String::from_utf8_lossy(&out.stdout));
+    let start = cuslice_test_harness::event(&lines, "start");
+    assert_eq!(start["total"], GIB, "{lines:?}");
+    let exited = node.sim.device(0)["exited"].clone();
+    let peak = exited
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| p["peak"].as_u64())
+        .max()
+        .unwrap();
+    assert!(peak <= GIB, "peak {peak} over the 1 GiB cap: {exited}");
+    let out = run("sidecar");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(!said.contains("\"start\""), "the sidecar saw a GPU: {said}");
+    drop(prepared);
+    let left: Vec<_> = std::fs::read_dir(engine.container_index())
+        .map(|d| d.map(|e| e.unwrap().file_name()).collect())
+        .unwrap_or_default();
+    assert!(
+        left.is_empty(),
+        "index entries left after unprepare: {left:?}"
+    );
+}
+
 fn podman() -> &'static dyn CdiEngine {
     engines::podman::engine()
 }

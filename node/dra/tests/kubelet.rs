@@ -272,6 +272,24 @@ fn prepares_claims_as_cdi_devices_across_restarts() {
         ]
     );
 
+    // The container index (for cuslice-runtime on containerd 1.6): the recorded claim's pod
+    // names it, through its template, for container main, not for the sidecar; the other claim
+    // is reserved for that pod too but no container of it names the claim.
+    let index: Vec<String> = std::fs::read_dir(node.container_index())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(index, vec![format!("default_inference_main_{a_uid}.json")]);
+    let entry: Value = serde_json::from_str(
+        &std::fs::read_to_string(node.container_index().join(&index[0])).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        entry,
+        json!({"podUID": data("pod.json")["metadata"]["uid"],
+               "cdiDevices": [format!("gpu.cuslice.io/claim={a_uid}-gpu-0")]})
+    );
+
     // Again: the same devices, the same spec, no second read of the claim.
     let gets = node.api.requests("GET", "/resourceclaims/").len();
     let spec_text = std::fs::read_to_string(spec_file(&node, a_uid)).unwrap();
@@ -296,6 +314,10 @@ fn prepares_claims_as_cdi_devices_across_restarts() {
     let u = unprepare(&node.dra_socket(), vec![claim_of(&recorded)]);
     assert_eq!(u.claims[a_uid].error, "");
     assert!(!spec_file(&node, a_uid).exists());
+    assert_eq!(
+        std::fs::read_dir(node.container_index()).unwrap().count(),
+        0
+    );
     assert!(spec_file(&node, b_uid).exists());
     // Twice, and a claim never prepared here: nothing to undo, no error.
     let never = claim(
@@ -389,12 +411,29 @@ fn refuses_claims_it_cannot_honour() {
         "10",
         None,
     );
+    let mut podless = claim(
+        "podless",
+        "00000000-0000-4000-8000-000000000006",
+        "gpu-0",
+        "1Gi",
+        "10",
+        None,
+    );
+    podless["status"]["reservedFor"][0]["name"] = json!("gone");
+    node.api.put_claim(&podless);
 
     let _plugin = node.start_plugin(&[]);
     let mut all: Vec<_> = cases.iter().map(|(c, _)| claim_of(c)).collect();
     all.push(claim_of(&good));
     all.push(claim_of(&missing));
+    all.push(claim_of(&podless));
     let r = prepare(&node.dra_socket(), all);
+    let e = &r.claims["00000000-0000-4000-8000-000000000006"].error;
+    assert!(
+        e.starts_with("claim default/podless (uid 00000000-0000-4000-8000-000000000006): reading pod default/gone it is reserved for: "),
+        "{e}"
+    );
+    assert!(!spec_file(&node, "00000000-0000-4000-8000-000000000006").exists());
     for (c, want) in &cases {
         let uid = c["metadata"]["uid"].as_str().unwrap();
         let name = c["metadata"]["name"].as_str().unwrap();

@@ -53,6 +53,8 @@ pub struct Req {
 pub struct ApiState {
     /// (namespace, name) -> the ResourceClaim the server returns.
     pub claims: BTreeMap<(String, String), Value>,
+    /// (namespace, name) -> the Pod the server returns.
+    pub pods: BTreeMap<(String, String), Value>,
     /// name -> the ResourceSlice as last applied.
     pub slices: BTreeMap<String, Value>,
     pub log: Vec<Req>,
@@ -126,6 +128,12 @@ fn answer(st: &mut ApiState, r: &Req) -> (u16, Value) {
             Some(c) => (200, c.clone()),
             None => (404, not_found("resourceclaims", "resource.k8s.io", name)),
         },
+        ("GET", ["api", "v1", "namespaces", ns, "pods", name]) => {
+            match st.pods.get(&(ns.to_string(), name.to_string())) {
+                Some(p) => (200, p.clone()),
+                None => (404, not_found("pods", "", name)),
+            }
+        }
         _ => (404, not_found("unknown", "", &r.path)),
     }
 }
@@ -134,7 +142,17 @@ impl ApiServer {
     pub fn start() -> ApiServer {
         let server = Arc::new(tiny_http::Server::http("127.0.0.1:0").unwrap());
         let url = format!("http://{}", server.server_addr().to_ip().unwrap());
-        let state = Arc::new(Mutex::new(ApiState::default()));
+        let mut st = ApiState::default();
+        // The pod of the recorded claim.
+        let pod = data("pod.json");
+        st.pods.insert(
+            (
+                pod["metadata"]["namespace"].as_str().unwrap().to_owned(),
+                pod["metadata"]["name"].as_str().unwrap().to_owned(),
+            ),
+            pod,
+        );
+        let state = Arc::new(Mutex::new(st));
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
             let (state, stop) = (state.clone(), stop.clone());
@@ -228,6 +246,8 @@ pub struct Node {
     pub dir: tempfile::TempDir,
     /// Where the plugin writes CDI specs (default: a directory of this node's own).
     cdi: Option<PathBuf>,
+    /// Where it keeps its container index (likewise).
+    pub index: Option<PathBuf>,
 }
 
 /// Makes a character device node at `path` with /dev/null's numbers: a stand-in for a GPU's
@@ -280,7 +300,13 @@ impl Node {
             api.url
         );
         std::fs::write(dir.path().join("kubeconfig"), kubeconfig).unwrap();
-        Node { sim, api, dir, cdi }
+        Node {
+            sim,
+            api,
+            dir,
+            cdi,
+            index: None,
+        }
     }
 
     pub fn driver_root(&self) -> PathBuf {
@@ -299,6 +325,13 @@ impl Node {
         self.cdi
             .clone()
             .unwrap_or_else(|| self.dir.path().join("cdi"))
+    }
+
+    /// The container index the plugin keeps (default: a directory of this node's own).
+    pub fn container_index(&self) -> PathBuf {
+        self.index
+            .clone()
+            .unwrap_or_else(|| self.dir.path().join("container-index"))
     }
 
     pub fn checkpoint(&self) -> PathBuf {
@@ -333,6 +366,8 @@ impl Node {
             .arg(self.driver_root())
             .arg("--kubeconfig")
             .arg(self.dir.path().join("kubeconfig"))
+            .arg("--container-index")
+            .arg(self.container_index())
             .args(extra)
             // NVML: simgpu's, as the driver root holds it.
             .env("SIMGPU_STATE", &self.sim.state)
