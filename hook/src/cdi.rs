@@ -878,10 +878,8 @@ pub fn indexed_devices(dir: &Path, config: &Value) -> Result<Vec<(String, String
                 f.display()
             )
         })?;
-        if let Some(uid) = a(CRI_POD_UID) {
-            if !entry.pod_uid.is_empty() && entry.pod_uid != uid {
-                continue;
-            }
+        if a(CRI_POD_UID).is_some_and(|uid| !entry.pod_uid.is_empty() && entry.pod_uid != uid) {
+            continue;
         }
         let source = format!("container {ns}/{pod}/{container} in {}", f.display());
         for id in entry.cdi_devices {
