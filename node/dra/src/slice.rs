@@ -14,8 +14,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 
 use crate::quantity;
 
-/// The DRA driver name: the DeviceClass, the ResourceSlice's driver, the opaque config's driver.
-pub const DRIVER: &str = "gpu.cuslice.io";
+/// The DRA driver name: the DeviceClass, the ResourceSlice's driver, the opaque config's driver
+/// (one definition with the CDI specs' vendor).
+pub const DRIVER: &str = cuslice_hook::cdi::DRIVER;
 
 /// Memory is taken in steps of this many bytes (and at least one step).
 pub const MEMORY_STEP: u64 = 256 << 20;
