@@ -4,6 +4,7 @@
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
+use std::mem::ManuallyDrop;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -128,10 +129,18 @@ pub struct Driver {
 static DRIVER: OnceLock<Result<Driver, CUresult>> = OnceLock::new();
 static FORKED: AtomicBool = AtomicBool::new(false);
 
+// The per-thread state has no destructor (ManuallyDrop), so it stays usable while a thread is
+// torn down: a `thread_local` destructor of the program (cuda.core releases its contexts from
+// one) may run after ours would have, and the real driver permits driver calls there. Nothing
+// leaks from a thread whose context stack is empty when it ends (an emptied stack gives its
+// buffer back); one that ends with contexts current, or after using the per-thread default
+// stream, leaves a few bytes, as the real driver's per-thread state does.
 thread_local! {
-    static CTX_STACK: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
+    static CTX_STACK: ManuallyDrop<RefCell<Vec<u64>>> =
+        const { ManuallyDrop::new(RefCell::new(Vec::new())) };
     /// Per-thread default streams: ctx handle -> last sequence number queued on it.
-    pub static PER_THREAD: RefCell<HashMap<u64, u64>> = RefCell::new(HashMap::new());
+    pub static PER_THREAD: ManuallyDrop<RefCell<BTreeMap<u64, u64>>> =
+        const { ManuallyDrop::new(RefCell::new(BTreeMap::new())) };
 }
 
 extern "C" fn after_fork_in_child() {
@@ -268,6 +277,7 @@ pub fn set_current(h: Option<u64>) {
                 s.pop();
             }
         }
+        give_back_if_empty(&mut s);
     })
 }
 
@@ -276,12 +286,28 @@ pub fn push_current(h: u64) {
 }
 
 pub fn pop_current() -> Option<u64> {
-    CTX_STACK.with(|s| s.borrow_mut().pop())
+    CTX_STACK.with(|s| {
+        let mut s = s.borrow_mut();
+        let h = s.pop();
+        give_back_if_empty(&mut s);
+        h
+    })
 }
 
 /// Drops a destroyed context from this thread's stack.
 pub fn forget_current(h: u64) {
-    CTX_STACK.with(|s| s.borrow_mut().retain(|&c| c != h))
+    CTX_STACK.with(|s| {
+        let mut s = s.borrow_mut();
+        s.retain(|&c| c != h);
+        give_back_if_empty(&mut s);
+    })
+}
+
+/// Frees an empty stack's buffer (the stack itself is never dropped).
+fn give_back_if_empty(s: &mut Vec<u64>) {
+    if s.is_empty() {
+        *s = Vec::new();
+    }
 }
 
 impl Inner {
