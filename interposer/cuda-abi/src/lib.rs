@@ -403,6 +403,18 @@ pub struct nvmlProcessInfo_v2_t {
     pub computeInstanceId: u32,
 }
 
+/// `nvmlBAR1Memory_t`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct nvmlBAR1Memory_t {
+    pub bar1Total: u64,
+    pub bar1Free: u64,
+    pub bar1Used: u64,
+}
+
+/// `NVML_TEMPERATURE_GPU`, the one `nvmlTemperatureSensors_t` value.
+pub const NVML_TEMPERATURE_GPU: u32 = 0;
+
 /// `nvmlUtilization_t`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]

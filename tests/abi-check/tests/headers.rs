@@ -169,6 +169,11 @@ fn checks() -> Vec<Check> {
         "computeInstanceId" => computeInstanceId,
     });
     layout!(c, nvmlUtilization_t { "gpu" => gpu, "memory" => memory });
+    layout!(c, nvmlBAR1Memory_t {
+        "bar1Total" => bar1Total,
+        "bar1Free" => bar1Free,
+        "bar1Used" => bar1Used,
+    });
     layout!(c, nvmlProcessUtilizationSample_t {
         "pid" => pid,
         "timeStamp" => timeStamp,
@@ -367,6 +372,12 @@ fn checks() -> Vec<Check> {
         key: "nvmlMemory_v2".into(),
         c_expr: "nvmlMemory_v2".into(),
         rust: NVML_MEMORY_V2 as i64,
+        only: None,
+    });
+    c.push(Check {
+        key: "NVML_TEMPERATURE_GPU".into(),
+        c_expr: "NVML_TEMPERATURE_GPU".into(),
+        rust: NVML_TEMPERATURE_GPU as i64,
         only: None,
     });
     c

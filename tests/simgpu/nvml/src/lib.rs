@@ -513,3 +513,223 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
         Ok(())
     }))
 }
+
+// ---- what monitoring tools ask besides (gpustat, nvitop): H100-like answers ------------------
+
+/// NVML's own version: the CUDA major version, then the driver version ("13.580.95.05").
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlSystemGetNVMLVersion(out: *mut c_char, len: c_uint) -> nvmlReturn_t {
+    status(state().and_then(|s| {
+        let c = s.config();
+        let v = format!(
+            "{}.{}",
+            c.driver_version / 1000,
+            field_str(&c.nvml_driver_version)
+        );
+        put_str(out, len, &v)
+    }))
+}
+
+/// BAR1 (the host's window onto device memory): resizable BAR sized to the next power of two
+/// of device memory (an H100 80GB has 128 GiB), with 1 MiB in use, as an idle node shows.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetBAR1MemoryInfo(
+    dev: nvmlDevice_t,
+    out: *mut nvmlBAR1Memory_t,
+) -> nvmlReturn_t {
+    status(dev_of(dev).and_then(|(s, i)| {
+        let (total, _) = memory(s, i);
+        let bar1 = total.next_power_of_two();
+        let used = 1 << 20;
+        // SAFETY: out-pointer from the caller.
+        unsafe {
+            put(
+                out,
+                nvmlBAR1Memory_t {
+                    bar1Total: bar1,
+                    bar1Free: bar1 - used,
+                    bar1Used: used,
+                },
+            )
+        }
+    }))
+}
+
+/// Graphics processes: none. simgpu's devices run compute contexts only, as a data-centre GPU
+/// without a display does; the list protocol is NVML's (count 0, success).
+fn no_graphics(dev: nvmlDevice_t, count: *mut c_uint) -> nvmlReturn_t {
+    status(dev_of(dev).and_then(|_| {
+        // SAFETY: out-pointer from the caller.
+        unsafe { put(count, 0) }
+    }))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses(
+    dev: nvmlDevice_t,
+    count: *mut c_uint,
+    _infos: *mut nvmlProcessInfo_v1_t,
+) -> nvmlReturn_t {
+    no_graphics(dev, count)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v2(
+    dev: nvmlDevice_t,
+    count: *mut c_uint,
+    _infos: *mut nvmlProcessInfo_v2_t,
+) -> nvmlReturn_t {
+    no_graphics(dev, count)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v3(
+    dev: nvmlDevice_t,
+    count: *mut c_uint,
+    _infos: *mut nvmlProcessInfo_v2_t,
+) -> nvmlReturn_t {
+    no_graphics(dev, count)
+}
+
+/// Engine utilisation (percent of the last second busy) of device `i`.
+fn busy(s: &State, i: u32) -> u32 {
+    s.utilization(i).min(100)
+}
+
+/// The GPU core temperature (`NVML_TEMPERATURE_GPU`, the only sensor): 30 C idle, rising with
+/// utilisation to 75 C at 100%. Another sensor: NVML_ERROR_INVALID_ARGUMENT.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetTemperature(
+    dev: nvmlDevice_t,
+    sensor: c_uint,
+    out: *mut c_uint,
+) -> nvmlReturn_t {
+    status(dev_of(dev).and_then(|(s, i)| {
+        if sensor != NVML_TEMPERATURE_GPU {
+            return Err(BAD_ARG);
+        }
+        // SAFETY: out-pointer from the caller.
+        unsafe { put(out, 30 + busy(s, i) * 45 / 100) }
+    }))
+}
+
+/// An H100 SXM is cooled by the chassis: no fans of its own. NVML says so as on such a node:
+/// zero fans, and fan speed NVML_ERROR_NOT_SUPPORTED (tools print N/A).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetNumFans(dev: nvmlDevice_t, out: *mut c_uint) -> nvmlReturn_t {
+    // SAFETY: out-pointer from the caller.
+    status(dev_of(dev).and_then(|_| unsafe { put(out, 0) }))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetFanSpeed(
+    dev: nvmlDevice_t,
+    _out: *mut c_uint,
+) -> nvmlReturn_t {
+    status(dev_of(dev).and_then(|_| Err(nvmlReturn_t::NVML_ERROR_NOT_SUPPORTED)))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetFanSpeed_v2(
+    dev: nvmlDevice_t,
+    _fan: c_uint,
+    _out: *mut c_uint,
+) -> nvmlReturn_t {
+    status(dev_of(dev).and_then(|_| Err(nvmlReturn_t::NVML_ERROR_NOT_SUPPORTED)))
+}
+
+/// The board's power limit: 700 W (H100 SXM), in milliwatts.
+const POWER_LIMIT_MW: c_uint = 700_000;
+
+/// Power draw in milliwatts: 70 W idle, rising with utilisation to the 700 W limit.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetPowerUsage(
+    dev: nvmlDevice_t,
+    out: *mut c_uint,
+) -> nvmlReturn_t {
+    status(dev_of(dev).and_then(|(s, i)| {
+        let mw = 70_000 + busy(s, i) * (POWER_LIMIT_MW - 70_000) / 100;
+        // SAFETY: out-pointer from the caller.
+        unsafe { put(out, mw) }
+    }))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetEnforcedPowerLimit(
+    dev: nvmlDevice_t,
+    out: *mut c_uint,
+) -> nvmlReturn_t {
+    // SAFETY: out-pointer from the caller.
+    status(dev_of(dev).and_then(|_| unsafe { put(out, POWER_LIMIT_MW) }))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetPowerManagementLimit(
+    dev: nvmlDevice_t,
+    out: *mut c_uint,
+) -> nvmlReturn_t {
+    // SAFETY: out-pointer from the caller.
+    status(dev_of(dev).and_then(|_| unsafe { put(out, POWER_LIMIT_MW) }))
+}
+
+/// Video encoder and decoder: idle (simgpu runs no video work), sampled over one second.
+fn codec_idle(dev: nvmlDevice_t, util: *mut c_uint, period_us: *mut c_uint) -> nvmlReturn_t {
+    status(dev_of(dev).and_then(|_| {
+        if util.is_null() || period_us.is_null() {
+            return Err(BAD_ARG);
+        }
+        // SAFETY: both out-pointers from the caller, checked non-NULL.
+        unsafe {
+            put(util, 0)?;
+            put(period_us, 1_000_000)
+        }
+    }))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetEncoderUtilization(
+    dev: nvmlDevice_t,
+    util: *mut c_uint,
+    period_us: *mut c_uint,
+) -> nvmlReturn_t {
+    codec_idle(dev, util, period_us)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetDecoderUtilization(
+    dev: nvmlDevice_t,
+    util: *mut c_uint,
+    period_us: *mut c_uint,
+) -> nvmlReturn_t {
+    codec_idle(dev, util, period_us)
+}
+
+/// Performance state P0 (maximum performance), as a data-centre GPU with a context reports.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetPerformanceState(
+    dev: nvmlDevice_t,
+    out: *mut c_uint,
+) -> nvmlReturn_t {
+    // SAFETY: out-pointer from the caller.
+    status(dev_of(dev).and_then(|_| unsafe { put(out, 0) }))
+}
+
+/// Persistence mode enabled (1), as on a node that runs nvidia-persistenced.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetPersistenceMode(
+    dev: nvmlDevice_t,
+    out: *mut c_uint,
+) -> nvmlReturn_t {
+    // SAFETY: out-pointer from the caller.
+    status(dev_of(dev).and_then(|_| unsafe { put(out, 1) }))
+}
+
+/// Compute mode DEFAULT (0): several processes may use the device at once.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetComputeMode(
+    dev: nvmlDevice_t,
+    out: *mut c_uint,
+) -> nvmlReturn_t {
+    // SAFETY: out-pointer from the caller.
+    status(dev_of(dev).and_then(|_| unsafe { put(out, 0) }))
+}
