@@ -1,0 +1,260 @@
+#!/usr/bin/env python3
+"""A CUDA client written as users write them: NVIDIA's own driver bindings (`cuda-bindings`,
+`from cuda.bindings import driver`) and NVML bindings (`nvidia-ml-py`, `import pynvml`).
+tests/clients/tests/clients.rs runs it on simgpu, with and without cuslice, and checks what it
+prints (one JSON object a line) against the simulator's ground truth.
+
+    cuda_client.py fill FAMILY CHUNK_MIB     allocate CHUNK_MIB chunks of FAMILY (mem, async,
+                                             vmm, managed) until refused, then free them all
+    cuda_client.py async-free MIB            cuMemAllocAsync MIB, cuMemFreeAsync, synchronise;
+                                             then hold the context until stdin closes
+    cuda_client.py hold MIB                  cuMemAlloc MIB and hold it until stdin closes
+    cuda_client.py nvml                      NVML's view of device 0: memory, processes, and the
+                                             other queries tools make (gpustat, nvitop)
+    cuda_client.py launch PTX NS SECS        load the PTX spin kernel (cuModuleLoadData) and
+                                             launch 1-block kernels of NS ns for SECS seconds
+"""
+import ctypes
+import json
+import os
+import sys
+import time
+
+MIB = 1 << 20
+
+
+def out(**kv):
+    print(json.dumps(kv), flush=True)
+
+
+def cuda():
+    from cuda.bindings import driver as cu
+    return cu
+
+
+def ok(r):
+    """The value(s) of a binding call; exits with a JSON line on an error."""
+    cu = cuda()
+    err, rest = r[0], r[1:]
+    if err != cu.CUresult.CUDA_SUCCESS:
+        out(event="error", code=int(err), name=err.name)
+        sys.exit(3)
+    if not rest:
+        return None
+    return rest[0] if len(rest) == 1 else rest
+
+
+def code(r):
+    return int(r[0])
+
+
+def setup():
+    cu = cuda()
+    ok(cu.cuInit(0))
+    dev = ok(cu.cuDeviceGet(0))
+    ctx = ok(cu.cuDevicePrimaryCtxRetain(dev))
+    ok(cu.cuCtxSetCurrent(ctx))
+    free, total = ok(cu.cuMemGetInfo())
+    out(event="start", pid=os.getpid(), free=int(free), total=int(total))
+    return cu, dev, ctx
+
+
+def mem_info(cu):
+    free, total = ok(cu.cuMemGetInfo())
+    return int(free), int(total)
+
+
+class Families:
+    """Allocation and free of one family through the official bindings."""
+
+    def __init__(self, cu, dev, family):
+        self.cu, self.dev, self.family = cu, dev, family
+        self.stream = ok(cu.cuStreamCreate(0)) if family == "async" else None
+        if family == "vmm":
+            prop = cu.CUmemAllocationProp()
+            prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+            prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+            prop.location.id = int(dev)
+            self.prop = prop
+            self.gran = int(ok(cu.cuMemGetAllocationGranularity(
+                prop, cu.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM)))
+
+    def alloc(self, size):
+        """(result code, handle) of one allocation."""
+        cu = self.cu
+        if self.family == "mem":
+            r = cu.cuMemAlloc(size)
+        elif self.family == "managed":
+            r = cu.cuMemAllocManaged(size, cu.CUmemAttach_flags.CU_MEM_ATTACH_GLOBAL.value)
+        elif self.family == "async":
+            r = cu.cuMemAllocAsync(size, self.stream)
+            if code(r) == 0:
+                ok(cu.cuStreamSynchronize(self.stream))
+        elif self.family == "vmm":
+            size = -(-size // self.gran) * self.gran
+            r = cu.cuMemCreate(size, self.prop, 0)
+            if code(r) != 0:
+                return code(r), None
+            handle = r[1]
+            va = ok(cu.cuMemAddressReserve(size, 0, 0, 0))
+            ok(cu.cuMemMap(va, size, 0, handle, 0))
+            access = cu.CUmemAccessDesc()
+            access.location = self.prop.location
+            access.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+            ok(cu.cuMemSetAccess(va, size, [access], 1))
+            return 0, (va, size, handle)
+        else:
+            raise SystemExit(f"unknown family {self.family}; use mem, async, vmm or managed")
+        return code(r), (r[1] if code(r) == 0 else None)
+
+    def free(self, h):
+        cu = self.cu
+        if self.family == "vmm":
+            va, size, handle = h
+            ok(cu.cuMemUnmap(va, size))
+            ok(cu.cuMemRelease(handle))
+            ok(cu.cuMemAddressFree(va, size))
+        elif self.family == "async":
+            ok(cu.cuMemFreeAsync(h, self.stream))
+        else:
+            ok(cu.cuMemFree(h))
+
+    def sync(self):
+        if self.stream is not None:
+            ok(self.cu.cuStreamSynchronize(self.stream))
+
+
+def fill(family, chunk_mib):
+    cu, dev, _ = setup()
+    fam = Families(cu, dev, family)
+    chunk = int(chunk_mib) * MIB
+    held = []
+    while True:
+        c, h = fam.alloc(chunk)
+        if c != 0:
+            free, _ = mem_info(cu)
+            out(event="refused", code=c, allocated=len(held) * chunk, chunk=chunk, free=free)
+            break
+        held.append(h)
+        if len(held) * chunk > (64 << 30):
+            out(event="never_refused")
+            sys.exit(4)
+    for h in held:
+        fam.free(h)
+    fam.sync()
+    free, _ = mem_info(cu)
+    out(event="freed", free=free)
+
+
+def wait_stdin():
+    sys.stdin.read()
+
+
+def async_free(mib):
+    cu, _, _ = setup()
+    stream = ok(cu.cuStreamCreate(0))
+    size = int(mib) * MIB
+    p = ok(cu.cuMemAllocAsync(size, stream))
+    ok(cu.cuStreamSynchronize(stream))
+    during, _ = mem_info(cu)
+    ok(cu.cuMemFreeAsync(p, stream))
+    ok(cu.cuStreamSynchronize(stream))
+    after, _ = mem_info(cu)
+    out(event="holding", pid=os.getpid(), free_allocated=during, free_after=after)
+    wait_stdin()
+
+
+def hold(mib):
+    cu, _, _ = setup()
+    size = int(mib) * MIB
+    p = ok(cu.cuMemAlloc(size)) if size else None
+    free, _ = mem_info(cu)
+    out(event="holding", pid=os.getpid(), free=free)
+    wait_stdin()
+    if p is not None:
+        ok(cu.cuMemFree(p))
+
+
+def nvml():
+    import pynvml as N
+    N.nvmlInit()
+    h = N.nvmlDeviceGetHandleByIndex(0)
+    m = N.nvmlDeviceGetMemoryInfo(h)
+    m2 = N.nvmlDeviceGetMemoryInfo(h, version=N.nvmlMemory_v2)
+    procs = [{"pid": p.pid, "used": p.usedGpuMemory}
+             for p in N.nvmlDeviceGetComputeRunningProcesses(h)]
+    out(event="nvml", total=m.total, free=m.free, used=m.used,
+        v2_total=m2.total, v2_free=m2.free, v2_used=m2.used, v2_reserved=m2.reserved,
+        processes=procs)
+    # What monitoring tools ask besides (gpustat 1.1.1, nvitop): every answer or its NVML error.
+    def ask(name, f):
+        try:
+            v = f()
+        except N.NVMLError as e:
+            return {"error": int(e.value), "text": str(e)}
+        except Exception as e:  # pynvml's own errors (a library mismatch): what the tool sees
+            return {"error": type(e).__name__, "text": str(e)}
+        if isinstance(v, bytes):
+            v = v.decode()
+        if hasattr(v, "_fields_"):
+            v = {k: getattr(v, k) for k, _ in v._fields_}
+        if isinstance(v, list) and v and hasattr(v[0], "pid"):
+            v = [{"pid": p.pid, "used": p.usedGpuMemory} for p in v]
+        return v
+    tools = {
+        "nvml_version": ask("nvml_version", N.nvmlSystemGetNVMLVersion),
+        "driver_version": ask("driver_version", N.nvmlSystemGetDriverVersion),
+        "cuda_driver_version": ask("cuda", N.nvmlSystemGetCudaDriverVersion),
+        "name": ask("name", lambda: N.nvmlDeviceGetName(h)),
+        "bar1": ask("bar1", lambda: N.nvmlDeviceGetBAR1MemoryInfo(h)),
+        "graphics_v3": ask("graphics_v3", lambda: N.nvmlDeviceGetGraphicsRunningProcesses_v3(h)),
+        "graphics_v2": ask("graphics_v2", lambda: N.nvmlDeviceGetGraphicsRunningProcesses_v2(h)),
+        "graphics": ask("graphics", lambda: N.nvmlDeviceGetGraphicsRunningProcesses(h)),
+        "temperature": ask("temperature",
+                           lambda: N.nvmlDeviceGetTemperature(h, N.NVML_TEMPERATURE_GPU)),
+        "fan_speed": ask("fan_speed", lambda: N.nvmlDeviceGetFanSpeed(h)),
+        "num_fans": ask("num_fans", lambda: N.nvmlDeviceGetNumFans(h)),
+        "power_usage": ask("power_usage", lambda: N.nvmlDeviceGetPowerUsage(h)),
+        "power_limit": ask("power_limit", lambda: N.nvmlDeviceGetEnforcedPowerLimit(h)),
+        "encoder": ask("encoder", lambda: list(N.nvmlDeviceGetEncoderUtilization(h))),
+        "decoder": ask("decoder", lambda: list(N.nvmlDeviceGetDecoderUtilization(h))),
+        "utilization": ask("utilization",
+                           lambda: {"gpu": N.nvmlDeviceGetUtilizationRates(h).gpu}),
+    }
+    out(event="tools", **tools)
+    N.nvmlShutdown()
+
+
+def launch(ptx_path, ns, secs):
+    cu, _, _ = setup()
+    with open(ptx_path, "rb") as f:
+        image = f.read() + b"\0"
+    module = ok(cu.cuModuleLoadData(image))
+    fn = ok(cu.cuModuleGetFunction(module, b"cuslice_spin"))
+    stream = ok(cu.cuStreamCreate(0))
+    args = ((int(ns),), (ctypes.c_uint64,))
+    end = time.monotonic() + float(secs)
+    n = 0
+    while time.monotonic() < end:
+        ok(cu.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, stream, args, 0))
+        n += 1
+        if n % 8 == 0:
+            # Keep a few kernels queued, as a training loop does between synchronisations.
+            ok(cu.cuStreamSynchronize(stream))
+    ok(cu.cuStreamSynchronize(stream))
+    out(event="launched", kernels=n)
+
+
+def main(argv):
+    if len(argv) < 2:
+        raise SystemExit(__doc__)
+    cmd, args = argv[1], argv[2:]
+    table = {"fill": fill, "async-free": async_free, "hold": hold, "nvml": nvml,
+             "launch": launch}
+    if cmd not in table:
+        raise SystemExit(f"unknown command {cmd!r}; use one of {', '.join(table)}")
+    table[cmd](*args)
+
+
+if __name__ == "__main__":
+    main(sys.argv)

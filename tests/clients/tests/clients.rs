@@ -1,0 +1,459 @@
+//! Clients nobody here wrote, used as their users use them: `tests/clients/cuda_client.py` calls
+//! the driver through NVIDIA's `cuda-bindings` (`cuda.bindings.driver`) and NVML through
+//! `nvidia-ml-py` (`pynvml`), both pinned in tests/requirements.txt. Each test runs it on simgpu,
+//! with and without libcuslice.so preloaded, and checks what it printed against the simulator's
+//! ground truth (`simgpu show`).
+//!
+//! Without python3 or those packages the tests print one skip line and pass, except under `CI`,
+//! where they fail (tests/ensure-tools installs them).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use cuslice_test_harness::*;
+use serde_json::Value;
+
+const CAP: u64 = GIB;
+/// simgpu's default hidden memory per context.
+const CTX: u64 = 300 * MIB;
+
+fn client() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("cuda_client.py")
+}
+
+fn spin_ptx() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../workload/src/spin.ptx")
+}
+
+/// Whether python3 with both bindings is here; outside CI a missing one skips (one line).
+fn have_python() -> bool {
+    static HAVE: OnceLock<Result<(), String>> = OnceLock::new();
+    let r = HAVE.get_or_init(|| {
+        let out = Command::new("python3")
+            .args(["-c", "import cuda.bindings.driver, pynvml"])
+            .output()
+            .map_err(|e| format!("no python3 ({e})"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "python3 lacks cuda-bindings or nvidia-ml-py: {}",
+                String::from_utf8_lossy(&out.stderr)
+                    .lines()
+                    .last()
+                    .unwrap_or("")
+            ))
+        }
+    });
+    match r {
+        Ok(()) => true,
+        Err(why) => {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "{why}; tests/ensure-tools installs tests/requirements.txt"
+            );
+            eprintln!("skipped: {why}; tests/ensure-tools installs tests/requirements.txt");
+            false
+        }
+    }
+}
+
+/// A slice: its state folder and the environment its processes get.
+struct Slice {
+    _dir: tempfile::TempDir,
+    env: Vec<(String, String)>,
+}
+
+impl Slice {
+    fn new(env: &[(&str, &str)]) -> Slice {
+        let dir = tempfile::tempdir().unwrap();
+        let mut env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        env.push(("CUSLICE_STATE_DIR".into(), dir.path().display().to_string()));
+        Slice { _dir: dir, env }
+    }
+
+    fn capped() -> Slice {
+        Slice::new(&[("CUSLICE_MEMORY_LIMIT", "1GiB")])
+    }
+}
+
+/// `cuda_client.py args` on `sim`, inside `slice` (libcuslice.so preloaded) or outside.
+fn client_cmd(sim: &Sim, slice: Option<&Slice>, args: &[&str]) -> Command {
+    let mut all = vec![client().display().to_string()];
+    all.extend(args.iter().map(|a| a.to_string()));
+    let all: Vec<&str> = all.iter().map(String::as_str).collect();
+    let mut c = sim.command(Path::new("python3"), &all);
+    if let Some(s) = slice {
+        c.env("LD_PRELOAD", libcuslice());
+        for (k, v) in &s.env {
+            c.env(k, v);
+        }
+    }
+    c
+}
+
+/// Runs the client to completion; panics (with its stderr) unless it exits 0.
+fn run(sim: &Sim, slice: Option<&Slice>, args: &[&str]) -> Vec<Value> {
+    let out = client_cmd(sim, slice, args).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "cuda_client.py {args:?} exited {:?}; stdout: {stdout}; stderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    parse_lines(&stdout)
+}
+
+/// Starts a client that holds what it made until its stdin closes; waits for "holding".
+fn hold(sim: &Sim, slice: Option<&Slice>, args: &[&str]) -> (Running, Value) {
+    let mut r = Running::start(client_cmd(sim, slice, args));
+    let v = r.wait_for("holding", Duration::from_secs(60));
+    (r, v)
+}
+
+fn process<'a>(dev: &'a Value, pid: u64) -> &'a Value {
+    dev["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"] == pid)
+        .unwrap_or_else(|| panic!("pid {pid} not on the device: {dev}"))
+}
+
+fn held(sim: &Sim, pid: u64) -> u64 {
+    u(&process(&sim.device(0), pid)["held"])
+}
+
+fn mib(b: u64) -> f64 {
+    b as f64 / MIB as f64
+}
+
+// ---- memory families through the official bindings ---------------------------------------
+
+/// Fills an 8 GiB device with `chunk_mib` chunks of `family`; checks the refusal, the figures the
+/// client read, and that everything went back, against the simulator.
+fn fill(family: &str, slice: Option<&Slice>, chunk_mib: u64) {
+    let sim = Sim::new(&["--memory", "8GiB"]);
+    let chunk = chunk_mib * MIB;
+    let lines = run(&sim, slice, &["fill", family, &chunk_mib.to_string()]);
+    let start = event(&lines, "start");
+    let refused = event(&lines, "refused");
+    let freed = event(&lines, "freed");
+    let limit = if slice.is_some() { CAP } else { 8 * GIB };
+    assert_eq!(u(&start["total"]), limit, "{family}: total the client read");
+    assert_eq!(
+        u(&start["free"]),
+        limit - CTX,
+        "{family}: free at start (the context took {} MiB)",
+        mib(CTX)
+    );
+    assert_eq!(
+        refused["code"], 2,
+        "{family}: refused with CUDA_ERROR_OUT_OF_MEMORY"
+    );
+    // Ground truth: the device never held more than the limit, and the refusal came with less
+    // than a chunk of it unused.
+    let peak = u(&sim.device(0)["peak_used"]);
+    assert!(
+        peak <= limit,
+        "{family}: the device held {} MiB under a {} MiB limit",
+        mib(peak),
+        mib(limit)
+    );
+    assert!(
+        limit - peak < chunk,
+        "{family}: refused with {} MiB of {} MiB unused (chunk {chunk_mib} MiB)",
+        mib(limit - peak),
+        mib(limit)
+    );
+    assert_eq!(
+        u(&refused["allocated"]) + CTX,
+        peak,
+        "{family}: what the client got is what the device held"
+    );
+    // Everything freed (cuMemFreeAsync and a synchronise for the async family) is free again,
+    // for the client as for the device.
+    assert_eq!(
+        u(&freed["free"]),
+        u(&start["free"]),
+        "{family}: free after freeing everything ({} MiB, started with {} MiB)",
+        mib(u(&freed["free"])),
+        mib(u(&start["free"]))
+    );
+    assert_eq!(u(&sim.device(0)["used"]), 0, "{family}: memory left behind");
+}
+
+#[test]
+fn memory_families_through_the_bindings_on_the_bare_device() {
+    if !have_python() {
+        return;
+    }
+    for family in ["mem", "async", "vmm", "managed"] {
+        fill(family, None, 512);
+    }
+}
+
+#[test]
+fn cumemalloc_through_the_bindings_is_held_to_a_cap() {
+    if have_python() {
+        fill("mem", Some(&Slice::capped()), 64);
+    }
+}
+
+/// Needs the pool accounting of issue #20 (defect 1): memory given back by cuMemFreeAsync and a
+/// synchronise must leave the slice's charge.
+#[test]
+fn cumemallocasync_with_frees_through_the_bindings_is_held_to_a_cap() {
+    if have_python() {
+        fill("async", Some(&Slice::capped()), 64);
+    }
+}
+
+#[test]
+fn cumemcreate_and_cumemmap_through_the_bindings_are_held_to_a_cap() {
+    if have_python() {
+        fill("vmm", Some(&Slice::capped()), 64);
+    }
+}
+
+#[test]
+fn managed_memory_through_the_bindings_is_held_to_a_cap() {
+    if have_python() {
+        fill("managed", Some(&Slice::capped()), 64);
+    }
+}
+
+/// Issue #20's case: one process of a slice frees 320 MiB with cuMemFreeAsync and synchronises;
+/// the driver gives the pool's memory back, so the slice's other process can use it. Needs the
+/// pool accounting of defect 1.
+#[test]
+fn an_async_free_leaves_the_memory_to_the_slice_s_other_process() {
+    if !have_python() {
+        return;
+    }
+    let sim = Sim::new(&["--memory", "8GiB"]);
+    let slice = Slice::capped();
+    let (a, h) = hold(&sim, Some(&slice), &["async-free", "320"]);
+    let a_pid = u(&h["pid"]);
+    // The driver holds nothing for A's pool any more: only its context.
+    assert_eq!(
+        held(&sim, a_pid),
+        CTX,
+        "simgpu: what A holds after its free"
+    );
+    let chunk = 32 * MIB;
+    let lines = run(&sim, Some(&slice), &["fill", "mem", "32"]);
+    let got = u(&event(&lines, "refused")["allocated"]);
+    let peak = u(&sim.device(0)["peak_used"]);
+    assert!(peak <= CAP, "the slice held {} MiB", mib(peak));
+    // B may use all the cap that A's context and its own leave: 424 MiB.
+    let room = CAP - 2 * CTX;
+    assert!(
+        got + chunk > room,
+        "B got {} MiB beside A's async-freed pool; {} MiB of the cap were free by the simulator's count",
+        mib(got),
+        mib(room)
+    );
+    // A's own view is unchanged by the free and synchronise, as without cuslice.
+    assert_eq!(
+        u(&h["free_after"]),
+        CAP - CTX,
+        "A's cuMemGetInfo free after cuMemFreeAsync + synchronise: {} MiB",
+        mib(u(&h["free_after"]))
+    );
+    assert_eq!(a.release(), 0);
+}
+
+// ---- NVML under a cap ----------------------------------------------------------------------
+
+/// NVML in a slice beside a process outside it: the slice's memory and its processes, held to the
+/// cap, by the simulator's count; and outside the slice, the whole device.
+#[test]
+fn nvml_memory_and_processes_under_a_cap_beside_a_process_outside() {
+    if !have_python() {
+        return;
+    }
+    let sim = Sim::new(&["--memory", "8GiB"]);
+    let slice = Slice::capped();
+    let (inside, hi) = hold(&sim, Some(&slice), &["hold", "256"]);
+    let (outside, ho) = hold(&sim, None, &["hold", "1024"]);
+    let (pi, po) = (u(&hi["pid"]), u(&ho["pid"]));
+    let dev = sim.device(0);
+    let in_held = u(&process(&dev, pi)["held"]);
+    assert_eq!(in_held, CTX + 256 * MIB, "simgpu: the slice's process");
+
+    let n = run(&sim, Some(&slice), &["nvml"]);
+    let m = event(&n, "nvml");
+    assert_eq!(u(&m["total"]), CAP, "NVML total in the slice: {m}");
+    assert_eq!(u(&m["used"]), in_held, "NVML used in the slice: {m}");
+    assert_eq!(u(&m["free"]), CAP - in_held, "NVML free in the slice: {m}");
+    for k in ["total", "used", "free"] {
+        assert_eq!(m[k], m[format!("v2_{k}")], "nvmlMemory_v2 {k}: {m}");
+    }
+    let procs = m["processes"].as_array().unwrap();
+    assert_eq!(
+        procs.len(),
+        1,
+        "the slice's NVML lists its own process only: {m}"
+    );
+    assert_eq!(u(&procs[0]["pid"]), pi, "{m}");
+    assert_eq!(u(&procs[0]["used"]), in_held, "{m}");
+    let sum: u64 = procs.iter().map(|p| u(&p["used"])).sum();
+    assert_eq!(sum, u(&m["used"]), "processes sum to used: {m}");
+    // What the capped process's cuMemGetInfo said agrees.
+    assert_eq!(u(&hi["free"]), u(&m["free"]), "cuMemGetInfo vs NVML free");
+
+    // Outside the slice: the whole device, every process, as the simulator has it.
+    let n = run(&sim, None, &["nvml"]);
+    let m = event(&n, "nvml");
+    let dev = sim.device(0);
+    assert_eq!(u(&m["total"]), 8 * GIB, "{m}");
+    assert_eq!(u(&m["used"]), u(&dev["used"]), "{m} vs {dev}");
+    let mut got: Vec<(u64, u64)> = m["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (u(&p["pid"]), u(&p["used"])))
+        .collect();
+    got.sort();
+    let mut want = vec![(pi, in_held), (po, u(&process(&dev, po)["held"]))];
+    want.sort();
+    assert_eq!(got, want, "NVML's processes outside the slice");
+    assert_eq!(inside.release(), 0);
+    assert_eq!(outside.release(), 0);
+}
+
+/// A process outside the slice holds most of the device: the slice's NVML free is what can
+/// really be had, min(cap - used, physical free), as its cuMemGetInfo says. Needs defect 2's fix.
+#[test]
+fn nvml_free_in_a_slice_on_a_fuller_device_is_what_can_be_had() {
+    if !have_python() {
+        return;
+    }
+    let sim = Sim::new(&["--memory", "8GiB"]);
+    let slice = Slice::capped();
+    let (outside, _) = hold(&sim, None, &["hold", "7168"]);
+    let (inside, hi) = hold(&sim, Some(&slice), &["hold", "0"]);
+    let dev = sim.device(0);
+    let physical_free = u(&dev["free"]);
+    let in_held = held(&sim, u(&hi["pid"]));
+    let want = (CAP - in_held).min(physical_free);
+    assert_eq!(
+        u(&hi["free"]),
+        want,
+        "cuMemGetInfo free in the slice (cap {} MiB, physical free {} MiB)",
+        mib(CAP - in_held),
+        mib(physical_free)
+    );
+    let n = run(&sim, Some(&slice), &["nvml"]);
+    let m = event(&n, "nvml");
+    assert_eq!(
+        u(&m["free"]),
+        want,
+        "NVML free in the slice: {} MiB, cuMemGetInfo {} MiB: {m}",
+        mib(u(&m["free"])),
+        mib(want)
+    );
+    assert_eq!(u(&m["v2_free"]), want, "nvmlMemory_v2 free: {m}");
+    assert_eq!(inside.release(), 0);
+    assert_eq!(outside.release(), 0);
+}
+
+// ---- compute ------------------------------------------------------------------------------
+
+/// A process limited to 30% launches 1 ms PTX kernels back to back through the bindings
+/// (cuModuleLoadData, cuLaunchKernel); the simulator's device time gives its share.
+#[test]
+fn a_compute_limited_client_gets_30_percent_of_the_device() {
+    if !have_python() {
+        return;
+    }
+    let _turn = serial();
+    let sim = Sim::new(&[]);
+    let node = tempfile::tempdir().unwrap();
+    let slice = Slice::new(&[
+        ("CUSLICE_CORE_LIMIT", "30"),
+        ("CUSLICE_NODE_DIR", &node.path().display().to_string()),
+    ]);
+    let (settle, window) = (Duration::from_secs(3), Duration::from_secs(4));
+    let secs = (settle + window).as_secs_f64() + 1.5;
+    let ptx = spin_ptx().display().to_string();
+    let mut r = Running::start({
+        let mut c = client_cmd(
+            &sim,
+            Some(&slice),
+            &["launch", &ptx, "1000000", &secs.to_string()],
+        );
+        c.stdin(Stdio::null());
+        c
+    });
+    let pid = u(&r.wait_for("start", Duration::from_secs(60))["pid"]);
+    std::thread::sleep(settle);
+    let time = |sim: &Sim| {
+        let d = sim.device(0);
+        (Instant::now(), u(&process(&d, pid)["device_time_ns"]))
+    };
+    let (t0, a) = time(&sim);
+    std::thread::sleep(window);
+    let (t1, b) = time(&sim);
+    let share = 100.0 * (b - a) as f64 / (t1 - t0).as_nanos() as f64;
+    let launched = r.wait_for("launched", Duration::from_secs(60));
+    assert!(u(&launched["kernels"]) > 0, "{launched}");
+    assert!(
+        (share - 30.0).abs() <= 3.0,
+        "a client limited to 30% had {share:.1}% of the device by the simulator's count"
+    );
+}
+
+// ---- what monitoring tools ask NVML --------------------------------------------------------
+
+/// The NVML queries of gpustat and nvitop answer as on an H100 node, in and outside a slice.
+#[test]
+fn nvml_answers_what_monitoring_tools_ask() {
+    if !have_python() {
+        return;
+    }
+    let sim = Sim::new(&["--memory", "8GiB"]);
+    let slice = Slice::capped();
+    for s in [None, Some(&slice)] {
+        let n = run(&sim, s, &["nvml"]);
+        let t = event(&n, "tools");
+        let text = |k: &str| {
+            t[k].as_str()
+                .unwrap_or_else(|| panic!("{k}: {}", t[k]))
+                .to_string()
+        };
+        let driver = text("driver_version");
+        assert_eq!(
+            text("nvml_version"),
+            format!("{}.{driver}", u(&t["cuda_driver_version"]) / 1000),
+            "{t}"
+        );
+        let bar1 = &t["bar1"];
+        assert_eq!(u(&bar1["bar1Total"]), 8 * GIB, "BAR1: {t}");
+        assert_eq!(
+            u(&bar1["bar1Free"]) + u(&bar1["bar1Used"]),
+            u(&bar1["bar1Total"]),
+            "{t}"
+        );
+        for g in ["graphics", "graphics_v2", "graphics_v3"] {
+            assert_eq!(t[g], serde_json::json!([]), "{g}: {t}");
+        }
+        let temp = u(&t["temperature"]);
+        assert!((30..=75).contains(&temp), "temperature: {t}");
+        // Passively cooled, as an H100 SXM: no fans, and fan speed "Not Supported" (3).
+        assert_eq!(t["fan_speed"]["error"], 3, "{t}");
+        assert_eq!(t["num_fans"], 0, "{t}");
+        assert_eq!(u(&t["power_limit"]), 700_000, "{t}");
+        let power = u(&t["power_usage"]);
+        assert!((70_000..=700_000).contains(&power), "power: {t}");
+        assert_eq!(t["encoder"], serde_json::json!([0, 1_000_000]), "{t}");
+        assert_eq!(t["decoder"], serde_json::json!([0, 1_000_000]), "{t}");
+    }
+}
