@@ -218,6 +218,16 @@ def nvml():
         "power_limit": ask("power_limit", lambda: N.nvmlDeviceGetEnforcedPowerLimit(h)),
         "encoder": ask("encoder", lambda: list(N.nvmlDeviceGetEncoderUtilization(h))),
         "decoder": ask("decoder", lambda: list(N.nvmlDeviceGetDecoderUtilization(h))),
+        "performance_state": ask("pstate", lambda: N.nvmlDeviceGetPerformanceState(h)),
+        "persistence_mode": ask("persistence", lambda: N.nvmlDeviceGetPersistenceMode(h)),
+        "compute_mode": ask("compute_mode", lambda: N.nvmlDeviceGetComputeMode(h)),
+        "power_management_limit": ask("pml", lambda: N.nvmlDeviceGetPowerManagementLimit(h)),
+        "display_active": ask("display_active", lambda: N.nvmlDeviceGetDisplayActive(h)),
+        "display_mode": ask("display_mode", lambda: N.nvmlDeviceGetDisplayMode(h)),
+        "ecc_mode": ask("ecc_mode", lambda: list(N.nvmlDeviceGetEccMode(h))),
+        "ecc_errors": ask("ecc_errors", lambda: N.nvmlDeviceGetTotalEccErrors(
+            h, N.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, N.NVML_VOLATILE_ECC)),
+        "driver_model": ask("driver_model", lambda: N.nvmlDeviceGetCurrentDriverModel(h)),
         "utilization": ask("utilization",
                            lambda: {"gpu": N.nvmlDeviceGetUtilizationRates(h).gpu}),
     }

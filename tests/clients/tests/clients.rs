@@ -455,5 +455,16 @@ fn nvml_answers_what_monitoring_tools_ask() {
         assert!((70_000..=700_000).contains(&power), "power: {t}");
         assert_eq!(t["encoder"], serde_json::json!([0, 1_000_000]), "{t}");
         assert_eq!(t["decoder"], serde_json::json!([0, 1_000_000]), "{t}");
+        // nvitop's header: persistence on, P0, default compute mode, no display, ECC on with
+        // no errors, no driver model (Windows only: "Not Supported").
+        assert_eq!(t["persistence_mode"], 1, "{t}");
+        assert_eq!(t["performance_state"], 0, "{t}");
+        assert_eq!(t["compute_mode"], 0, "{t}");
+        assert_eq!(t["power_management_limit"], 700_000, "{t}");
+        assert_eq!(t["display_active"], 0, "{t}");
+        assert_eq!(t["display_mode"], 0, "{t}");
+        assert_eq!(t["ecc_mode"], serde_json::json!([1, 1]), "{t}");
+        assert_eq!(t["ecc_errors"], 0, "{t}");
+        assert_eq!(t["driver_model"]["error"], 3, "{t}");
     }
 }

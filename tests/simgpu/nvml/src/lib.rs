@@ -733,3 +733,79 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeMode(
     // SAFETY: out-pointer from the caller.
     status(dev_of(dev).and_then(|_| unsafe { put(out, 0) }))
 }
+
+/// No display attached or initialised (0), as on a data-centre GPU.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetDisplayActive(
+    dev: nvmlDevice_t,
+    out: *mut c_uint,
+) -> nvmlReturn_t {
+    // SAFETY: out-pointer from the caller.
+    status(dev_of(dev).and_then(|_| unsafe { put(out, 0) }))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetDisplayMode(
+    dev: nvmlDevice_t,
+    out: *mut c_uint,
+) -> nvmlReturn_t {
+    // SAFETY: out-pointer from the caller.
+    status(dev_of(dev).and_then(|_| unsafe { put(out, 0) }))
+}
+
+/// ECC enabled, now and after the next reboot (1, 1), as on an H100.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetEccMode(
+    dev: nvmlDevice_t,
+    current: *mut c_uint,
+    pending: *mut c_uint,
+) -> nvmlReturn_t {
+    status(dev_of(dev).and_then(|_| {
+        if current.is_null() || pending.is_null() {
+            return Err(BAD_ARG);
+        }
+        // SAFETY: both out-pointers from the caller, checked non-NULL.
+        unsafe {
+            put(current, 1)?;
+            put(pending, 1)
+        }
+    }))
+}
+
+/// ECC error counts (any error type, volatile or aggregate): none; simgpu's memory has no errors.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetTotalEccErrors(
+    dev: nvmlDevice_t,
+    error_type: c_uint,
+    counter_type: c_uint,
+    out: *mut u64,
+) -> nvmlReturn_t {
+    status(dev_of(dev).and_then(|_| {
+        // nvmlMemoryErrorType_t: corrected (0), uncorrected (1); nvmlEccCounterType_t:
+        // volatile (0), aggregate (1).
+        if error_type > 1 || counter_type > 1 {
+            return Err(BAD_ARG);
+        }
+        // SAFETY: out-pointer from the caller.
+        unsafe { put(out, 0) }
+    }))
+}
+
+/// The driver model (WDDM/TCC) exists on Windows only: NVML_ERROR_NOT_SUPPORTED on Linux.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetDriverModel(
+    dev: nvmlDevice_t,
+    _current: *mut c_uint,
+    _pending: *mut c_uint,
+) -> nvmlReturn_t {
+    status(dev_of(dev).and_then(|_| Err(nvmlReturn_t::NVML_ERROR_NOT_SUPPORTED)))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetDriverModel_v2(
+    dev: nvmlDevice_t,
+    _current: *mut c_uint,
+    _pending: *mut c_uint,
+) -> nvmlReturn_t {
+    status(dev_of(dev).and_then(|_| Err(nvmlReturn_t::NVML_ERROR_NOT_SUPPORTED)))
+}
