@@ -117,7 +117,7 @@ fn hold(sim: &Sim, slice: Option<&Slice>, args: &[&str]) -> (Running, Value) {
     (r, v)
 }
 
-fn process<'a>(dev: &'a Value, pid: u64) -> &'a Value {
+fn process(dev: &Value, pid: u64) -> &Value {
     dev["processes"]
         .as_array()
         .unwrap()

@@ -626,7 +626,7 @@ pub unsafe extern "C" fn nvmlDeviceGetFanSpeed(
     dev: nvmlDevice_t,
     _out: *mut c_uint,
 ) -> nvmlReturn_t {
-    status(dev_of(dev).and_then(|_| Err(nvmlReturn_t::NVML_ERROR_NOT_SUPPORTED)))
+    not_supported(dev)
 }
 
 #[unsafe(no_mangle)]
@@ -635,7 +635,7 @@ pub unsafe extern "C" fn nvmlDeviceGetFanSpeed_v2(
     _fan: c_uint,
     _out: *mut c_uint,
 ) -> nvmlReturn_t {
-    status(dev_of(dev).and_then(|_| Err(nvmlReturn_t::NVML_ERROR_NOT_SUPPORTED)))
+    not_supported(dev)
 }
 
 /// The board's power limit: 700 W (H100 SXM), in milliwatts.
@@ -798,7 +798,7 @@ pub unsafe extern "C" fn nvmlDeviceGetDriverModel(
     _current: *mut c_uint,
     _pending: *mut c_uint,
 ) -> nvmlReturn_t {
-    status(dev_of(dev).and_then(|_| Err(nvmlReturn_t::NVML_ERROR_NOT_SUPPORTED)))
+    not_supported(dev)
 }
 
 #[unsafe(no_mangle)]
@@ -807,5 +807,10 @@ pub unsafe extern "C" fn nvmlDeviceGetDriverModel_v2(
     _current: *mut c_uint,
     _pending: *mut c_uint,
 ) -> nvmlReturn_t {
-    status(dev_of(dev).and_then(|_| Err(nvmlReturn_t::NVML_ERROR_NOT_SUPPORTED)))
+    not_supported(dev)
+}
+
+/// NVML_ERROR_NOT_SUPPORTED for a valid device (its handle's own errors first).
+fn not_supported(dev: nvmlDevice_t) -> nvmlReturn_t {
+    status(dev_of(dev).and(Err(nvmlReturn_t::NVML_ERROR_NOT_SUPPORTED)))
 }
