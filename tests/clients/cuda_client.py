@@ -13,6 +13,7 @@ prints (one JSON object a line) against the simulator's ground truth.
                                              other queries tools make (gpustat, nvitop)
     cuda_client.py launch PTX NS SECS        load the PTX spin kernel (cuModuleLoadData) and
                                              launch 1-block kernels of NS ns for SECS seconds
+    cuda_client.py null-outs                 cuMemGetInfo_v2(NULL, &total) and (&free, NULL)
 """
 import ctypes
 import json
@@ -255,12 +256,26 @@ def launch(ptx_path, ns, secs):
     out(event="launched", kernels=n)
 
 
+def null_outs():
+    """cuMemGetInfo_v2 with one NULL out-parameter, through ctypes as C clients (HAMi-core's
+    driver tests) call it; the bindings set up the context."""
+    cu, _, _ = setup()
+    lib = ctypes.CDLL("libcuda.so.1")
+    f = lib.cuMemGetInfo_v2
+    f.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+    rc_total = f(None, ctypes.byref(total))
+    rc_free = f(ctypes.byref(free), None)
+    out(event="null_outs", rc_total_only=rc_total, total=total.value,
+        rc_free_only=rc_free, free=free.value)
+
+
 def main(argv):
     if len(argv) < 2:
         raise SystemExit(__doc__)
     cmd, args = argv[1], argv[2:]
     table = {"fill": fill, "async-free": async_free, "hold": hold, "nvml": nvml,
-             "launch": launch}
+             "launch": launch, "null-outs": null_outs}
     if cmd not in table:
         raise SystemExit(f"unknown command {cmd!r}; use one of {', '.join(table)}")
     table[cmd](*args)
