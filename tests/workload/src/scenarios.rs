@@ -136,6 +136,10 @@ pub struct HoldArgs {
     /// tenant hiding what it holds from the ledger's counters
     #[arg(long, value_name = "LEDGER")]
     pub zero_ledger: Option<std::path::PathBuf>,
+    /// Free the allocation as soon as it is made (async and pool: cuMemFreeAsync, then
+    /// cuStreamSynchronize) and hold only the context; `holding` reports free after the free
+    #[arg(long)]
+    pub free_at_once: bool,
 }
 
 #[derive(Clone, Debug, Args)]
@@ -295,6 +299,22 @@ fn mem_get_info(d: &Driver) -> Result<(u64, u64), CuError> {
     Ok((free as u64, total as u64))
 }
 
+/// cuMemGetInfo_v2 with one out-pointer NULL, each way round (the driver accepts either):
+/// `{"free_only": {"code", "free"}, "total_only": {"code", "total"}}`.
+fn mem_get_info_one(d: &Driver) -> Value {
+    let code = |r: Result<(), CuError>| r.err().map_or(0, |e| e.code.0);
+    let mut free = 0usize;
+    // SAFETY: an out-pointer to a local, and NULL for the total.
+    let free_rc = code(unsafe { d.cuMemGetInfo_v2(&mut free, null_mut()) });
+    let mut total = 0usize;
+    // SAFETY: NULL for the free figure, and an out-pointer to a local.
+    let total_rc = code(unsafe { d.cuMemGetInfo_v2(null_mut(), &mut total) });
+    json!({
+        "free_only": {"code": free_rc, "free": free},
+        "total_only": {"code": total_rc, "total": total},
+    })
+}
+
 /// cuDeviceTotalMem_v2.
 fn total_mem(d: &Driver, dev: CUdevice) -> Result<u64, CuError> {
     let mut total = 0usize;
@@ -372,6 +392,7 @@ pub fn info(s: &Session) -> Result<(), Failure> {
             "devices": devices,
             "current_device": s.ordinal,
             "mem_get_info": {"free": free, "total": total},
+            "mem_get_info_one": mem_get_info_one(d),
             "nvml": crate::nvml::report(),
         }),
     );
@@ -800,6 +821,12 @@ pub fn hold(s: &Session, a: &HoldArgs) -> Result<(), Failure> {
     let d = s.d;
     let mut al = Allocator::new(d, a.family, s.dev)?;
     let block = al.alloc(a.bytes)??;
+    let block = if a.free_at_once {
+        al.free(block)?;
+        None
+    } else {
+        Some(block)
+    };
     let (free, total) = mem_get_info(d)?;
     if let Some(ledger) = &a.zero_ledger {
         let used = total - free;
@@ -824,6 +851,7 @@ pub fn hold(s: &Session, a: &HoldArgs) -> Result<(), Failure> {
     f.insert("free".into(), json!(free));
     f.insert("total".into(), json!(total));
     f.insert("secs".into(), json!(a.secs));
+    f.insert("freed_at_once".into(), json!(a.free_at_once));
     al.details(&mut f)?;
     emit("holding", Value::Object(f));
     match a.secs {
@@ -833,7 +861,9 @@ pub fn hold(s: &Session, a: &HoldArgs) -> Result<(), Failure> {
             let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
         }
     }
-    al.free(block)?;
+    if let Some(block) = block {
+        al.free(block)?;
+    }
     al.close()?;
     let (free, total) = mem_get_info(d)?;
     emit(

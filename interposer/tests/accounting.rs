@@ -1,0 +1,120 @@
+//! What the slice charges and reports where the driver's own figures move under it: pool memory
+//! the driver gave back at a synchronisation, a device physically fuller than the cap, and
+//! cuMemGetInfo with one out-pointer NULL. Ground truth is the simulator's.
+
+mod common;
+use common::*;
+
+use std::time::Duration;
+
+const WAIT: Duration = Duration::from_secs(20);
+
+#[test]
+fn memory_freed_by_cu_mem_free_async_goes_back_to_the_slice_at_synchronisation() {
+    let sim = Sim::new(&["--memory", "8GiB"]);
+    let slice = Slice::new(&[("CUSLICE_MEMORY_LIMIT", "1GiB")]);
+    // cuMemAllocAsync 320 MiB, cuMemFreeAsync, cuStreamSynchronize; then the context only.
+    let mut a = slice.spawn(
+        &sim,
+        &[
+            "hold",
+            "--family",
+            "async",
+            "--bytes",
+            "320MiB",
+            "--free-at-once",
+        ],
+    );
+    let start = a.wait_for("start", WAIT);
+    let holding = a.wait_for("holding", WAIT);
+    // The driver gave the default pool's memory back at the synchronisation (release threshold
+    // 0): the device holds the context only.
+    let overhead = u(&sim.show()["context_overhead"]);
+    assert_eq!(
+        used(&sim, 0),
+        overhead,
+        "the simulator still holds pool memory"
+    );
+    assert_eq!(
+        u(&holding["free"]) / MIB,
+        u(&start["free"]) / MIB,
+        "free (MiB) after the async free and the synchronisation vs before the allocation"
+    );
+    // A second process of the slice gets what cuMemFree would have left it: the cap less two
+    // contexts.
+    let left = GIB - 2 * overhead;
+    let size = format!("{}MiB", left / MIB);
+    let (lines, code, stderr) = slice.run(&sim, &["hold", "--bytes", &size, "--secs", "0"]);
+    assert_eq!(
+        u(&event(&lines, "start")["free"]) / MIB,
+        left / MIB,
+        "the second process's free (MiB)"
+    );
+    assert_eq!(code, 0, "the second process could not hold {size}: {stderr}");
+    assert!(peak_used(&sim, 0) <= GIB, "peak {}", peak_used(&sim, 0));
+    a.release();
+}
+
+#[test]
+fn nvml_free_is_what_cuda_reports_when_a_process_outside_the_slice_fills_the_device() {
+    let sim = Sim::new(&["--memory", "8GiB"]);
+    // Not in any slice: 7 GiB of the 8 GiB device.
+    let mut outside = sim.spawn(&["hold", "--bytes", "7GiB"]);
+    outside.wait_for("holding", WAIT);
+    let slice = Slice::new(&[("CUSLICE_MEMORY_LIMIT", "1GiB")]);
+    let (lines, code, stderr) = slice.run(&sim, &["info"]);
+    assert_eq!(code, 0, "{stderr}");
+    let info = event(&lines, "info");
+    // While `info` ran the device held the outside process and `info`'s own context.
+    let overhead = u(&sim.show()["context_overhead"]);
+    let physical_free = 8 * GIB - used(&sim, 0) - overhead;
+    let cuda_free = u(&info["mem_get_info"]["free"]);
+    assert_eq!(cuda_free / MIB, physical_free / MIB, "cuMemGetInfo free (MiB)");
+    let nvml = &info["nvml"]["devices"][0];
+    for v in ["memory", "memory_v2"] {
+        let m = &nvml[v];
+        assert_eq!(u(&m["free"]) / MIB, cuda_free / MIB, "NVML {v} free (MiB)");
+        assert_eq!(u(&m["total"]), GIB, "NVML {v} total");
+        assert_eq!(
+            u(&m["used"]) + u(&m["free"]),
+            u(&m["total"]),
+            "NVML {v}: used + free = total"
+        );
+    }
+    outside.release();
+}
+
+#[test]
+fn mem_get_info_with_one_null_pointer_writes_the_other_capped() {
+    let sim = Sim::new(&["--memory", "8GiB"]);
+    // Without cuslice: the driver accepts either pointer NULL and writes the other.
+    let (lines, code) = sim.workload(&["info"]);
+    assert_eq!(code, 0);
+    let info = event(&lines, "info");
+    let one = &info["mem_get_info_one"];
+    assert_eq!(one["free_only"]["code"], 0, "driver, (&free, NULL): {one}");
+    assert_eq!(one["total_only"]["code"], 0, "driver, (NULL, &total): {one}");
+    assert_eq!(u(&one["total_only"]["total"]), 8 * GIB);
+    assert_eq!(
+        u(&one["free_only"]["free"]),
+        u(&info["mem_get_info"]["free"])
+    );
+    // Under a 1 GiB cap: the same calls get the capped figures.
+    let slice = Slice::new(&[("CUSLICE_MEMORY_LIMIT", "1GiB")]);
+    let (lines, code, stderr) = slice.run(&sim, &["info"]);
+    assert_eq!(code, 0, "{stderr}");
+    let info = event(&lines, "info");
+    let one = &info["mem_get_info_one"];
+    assert_eq!(one["free_only"]["code"], 0, "capped, (&free, NULL): {one}");
+    assert_eq!(one["total_only"]["code"], 0, "capped, (NULL, &total): {one}");
+    assert_eq!(
+        u(&one["total_only"]["total"]) / MIB,
+        GIB / MIB,
+        "capped, (NULL, &total): total (MiB)"
+    );
+    assert_eq!(
+        u(&one["free_only"]["free"]) / MIB,
+        u(&info["mem_get_info"]["free"]) / MIB,
+        "capped, (&free, NULL): free (MiB)"
+    );
+}
