@@ -50,7 +50,10 @@ fn memory_freed_by_cu_mem_free_async_goes_back_to_the_slice_at_synchronisation()
         left / MIB,
         "the second process's free (MiB)"
     );
-    assert_eq!(code, 0, "the second process could not hold {size}: {stderr}");
+    assert_eq!(
+        code, 0,
+        "the second process could not hold {size}: {stderr}"
+    );
     assert!(peak_used(&sim, 0) <= GIB, "peak {}", peak_used(&sim, 0));
     a.release();
 }
@@ -69,7 +72,11 @@ fn nvml_free_is_what_cuda_reports_when_a_process_outside_the_slice_fills_the_dev
     let overhead = u(&sim.show()["context_overhead"]);
     let physical_free = 8 * GIB - used(&sim, 0) - overhead;
     let cuda_free = u(&info["mem_get_info"]["free"]);
-    assert_eq!(cuda_free / MIB, physical_free / MIB, "cuMemGetInfo free (MiB)");
+    assert_eq!(
+        cuda_free / MIB,
+        physical_free / MIB,
+        "cuMemGetInfo free (MiB)"
+    );
     let nvml = &info["nvml"]["devices"][0];
     for v in ["memory", "memory_v2"] {
         let m = &nvml[v];
@@ -93,7 +100,10 @@ fn mem_get_info_with_one_null_pointer_writes_the_other_capped() {
     let info = event(&lines, "info");
     let one = &info["mem_get_info_one"];
     assert_eq!(one["free_only"]["code"], 0, "driver, (&free, NULL): {one}");
-    assert_eq!(one["total_only"]["code"], 0, "driver, (NULL, &total): {one}");
+    assert_eq!(
+        one["total_only"]["code"], 0,
+        "driver, (NULL, &total): {one}"
+    );
     assert_eq!(u(&one["total_only"]["total"]), 8 * GIB);
     assert_eq!(
         u(&one["free_only"]["free"]),
@@ -106,7 +116,10 @@ fn mem_get_info_with_one_null_pointer_writes_the_other_capped() {
     let info = event(&lines, "info");
     let one = &info["mem_get_info_one"];
     assert_eq!(one["free_only"]["code"], 0, "capped, (&free, NULL): {one}");
-    assert_eq!(one["total_only"]["code"], 0, "capped, (NULL, &total): {one}");
+    assert_eq!(
+        one["total_only"]["code"], 0,
+        "capped, (NULL, &total): {one}"
+    );
     assert_eq!(
         u(&one["total_only"]["total"]) / MIB,
         GIB / MIB,
