@@ -9,53 +9,74 @@ use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(20);
 
-#[test]
-fn memory_freed_by_cu_mem_free_async_goes_back_to_the_slice_at_synchronisation() {
+/// Through `route` (`--ptds`: the per-thread-stream variants), one process allocates 320 MiB with
+/// cuMemAllocAsync, frees it with cuMemFreeAsync and synchronises its stream, and reads no figure
+/// afterwards: its synchronisation alone must give the memory back to the slice. Another process
+/// of the slice then allocates what cuMemFree would have left it, and a third one sees its own
+/// free figure come back after the same sequence.
+fn async_free_goes_back_at_synchronisation(route: &[&str]) {
     let sim = Sim::new(&["--memory", "8GiB"]);
     let slice = Slice::new(&[("CUSLICE_MEMORY_LIMIT", "1GiB")]);
-    // cuMemAllocAsync 320 MiB, cuMemFreeAsync, cuStreamSynchronize; then the context only.
-    let mut a = slice.spawn(
-        &sim,
-        &[
-            "hold",
-            "--family",
-            "async",
-            "--bytes",
-            "320MiB",
-            "--free-at-once",
-        ],
-    );
-    let start = a.wait_for("start", WAIT);
-    let holding = a.wait_for("holding", WAIT);
+    let with = |scenario: &[&'static str]| -> Vec<&str> {
+        route.iter().chain(scenario).copied().collect()
+    };
+    let async_free = [
+        "hold",
+        "--family",
+        "async",
+        "--bytes",
+        "320MiB",
+        "--free-at-once",
+    ];
+    let mut a = slice.spawn(&sim, &with(&[&async_free[..], &["--no-mem-info"]].concat()));
+    a.wait_for("holding", WAIT);
     // The driver gave the default pool's memory back at the synchronisation (release threshold
     // 0): the device holds the context only.
     let overhead = u(&sim.show()["context_overhead"]);
     assert_eq!(
         used(&sim, 0),
         overhead,
-        "the simulator still holds pool memory"
+        "{route:?}: the simulator still holds pool memory"
     );
-    assert_eq!(
-        u(&holding["free"]) / MIB,
-        u(&start["free"]) / MIB,
-        "free (MiB) after the async free and the synchronisation vs before the allocation"
-    );
-    // A second process of the slice gets what cuMemFree would have left it: the cap less two
-    // contexts.
+    // The second process gets the cap less two contexts.
     let left = GIB - 2 * overhead;
     let size = format!("{}MiB", left / MIB);
     let (lines, code, stderr) = slice.run(&sim, &["hold", "--bytes", &size, "--secs", "0"]);
     assert_eq!(
         u(&event(&lines, "start")["free"]) / MIB,
         left / MIB,
-        "the second process's free (MiB)"
+        "{route:?}: the second process's free (MiB)"
     );
     assert_eq!(
         code, 0,
-        "the second process could not hold {size}: {stderr}"
+        "{route:?}: the second process could not hold {size}: {stderr}"
+    );
+    // The third process's free figure after its own async free and synchronisation is what it
+    // was before its allocation.
+    let (lines, code, stderr) =
+        slice.run(&sim, &with(&[&async_free[..], &["--secs", "0"]].concat()));
+    assert_eq!(code, 0, "{route:?}: {stderr}");
+    assert_eq!(
+        u(&event(&lines, "holding")["free"]) / MIB,
+        u(&event(&lines, "start")["free"]) / MIB,
+        "{route:?}: free (MiB) after the async free and the synchronisation vs before the allocation"
     );
     assert!(peak_used(&sim, 0) <= GIB, "peak {}", peak_used(&sim, 0));
     a.release();
+}
+
+#[test]
+fn memory_freed_by_cu_mem_free_async_goes_back_to_the_slice_at_synchronisation() {
+    for route in [
+        &["--route", "dlsym"][..],
+        &["--route", "dlsym", "--ptds"],
+        &["--route", "proc-v1"],
+        &["--route", "proc-v2", "--ptds"],
+        &["--route", "cudart-12.9"],
+        &["--route", "cudart-13.0"],
+    ] {
+        async_free_goes_back_at_synchronisation(route);
+    }
 }
 
 #[test]

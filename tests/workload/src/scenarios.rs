@@ -140,6 +140,10 @@ pub struct HoldArgs {
     /// cuStreamSynchronize) and hold only the context; `holding` reports free after the free
     #[arg(long)]
     pub free_at_once: bool,
+    /// Do not call cuMemGetInfo before `holding` (its free and total are null): what other
+    /// processes see then comes from the allocation calls and synchronisations alone
+    #[arg(long, conflicts_with = "zero_ledger")]
+    pub no_mem_info: bool,
 }
 
 #[derive(Clone, Debug, Args)]
@@ -827,8 +831,13 @@ pub fn hold(s: &Session, a: &HoldArgs) -> Result<(), Failure> {
     } else {
         Some(block)
     };
-    let (free, total) = mem_get_info(d)?;
-    if let Some(ledger) = &a.zero_ledger {
+    let (free, total) = if a.no_mem_info {
+        (None, None)
+    } else {
+        let (free, total) = mem_get_info(d)?;
+        (Some(free), Some(total))
+    };
+    if let (Some(ledger), Some(free), Some(total)) = (&a.zero_ledger, free, total) {
         let used = total - free;
         match zero_words(ledger, used) {
             Ok(words) => emit(
