@@ -10,24 +10,29 @@ use std::time::Duration;
 const WAIT: Duration = Duration::from_secs(20);
 
 /// Through `route` (`--ptds`: the per-thread-stream variants), one process allocates 320 MiB with
-/// cuMemAllocAsync, frees it with cuMemFreeAsync and synchronises its stream, and reads no figure
+/// cuMemAllocAsync, frees it with cuMemFreeAsync and synchronises its stream (with an event where
+/// `hold` says `--sync-event`), and reads no figure
 /// afterwards: its synchronisation alone must give the memory back to the slice. Another process
 /// of the slice then allocates what cuMemFree would have left it, and a third one sees its own
 /// free figure come back after the same sequence.
-fn async_free_goes_back_at_synchronisation(route: &[&str]) {
+fn async_free_goes_back_at_synchronisation(route: &[&'static str], hold: &[&'static str]) {
     let sim = Sim::new(&["--memory", "8GiB"]);
     let slice = Slice::new(&[("CUSLICE_MEMORY_LIMIT", "1GiB")]);
     let with = |scenario: &[&'static str]| -> Vec<&str> {
         route.iter().chain(scenario).copied().collect()
     };
     let async_free = [
-        "hold",
-        "--family",
-        "async",
-        "--bytes",
-        "320MiB",
-        "--free-at-once",
-    ];
+        &[
+            "hold",
+            "--family",
+            "async",
+            "--bytes",
+            "320MiB",
+            "--free-at-once",
+        ],
+        hold,
+    ]
+    .concat();
     let mut a = slice.spawn(&sim, &with(&[&async_free[..], &["--no-mem-info"]].concat()));
     a.wait_for("holding", WAIT);
     // The driver gave the default pool's memory back at the synchronisation (release threshold
@@ -36,7 +41,7 @@ fn async_free_goes_back_at_synchronisation(route: &[&str]) {
     assert_eq!(
         used(&sim, 0),
         overhead,
-        "{route:?}: the simulator still holds pool memory"
+        "{route:?} {hold:?}: the simulator still holds pool memory"
     );
     // The second process gets the cap less two contexts.
     let left = GIB - 2 * overhead;
@@ -45,21 +50,21 @@ fn async_free_goes_back_at_synchronisation(route: &[&str]) {
     assert_eq!(
         u(&event(&lines, "start")["free"]) / MIB,
         left / MIB,
-        "{route:?}: the second process's free (MiB)"
+        "{route:?} {hold:?}: the second process's free (MiB)"
     );
     assert_eq!(
         code, 0,
-        "{route:?}: the second process could not hold {size}: {stderr}"
+        "{route:?} {hold:?}: the second process could not hold {size}: {stderr}"
     );
     // The third process's free figure after its own async free and synchronisation is what it
     // was before its allocation.
     let (lines, code, stderr) =
         slice.run(&sim, &with(&[&async_free[..], &["--secs", "0"]].concat()));
-    assert_eq!(code, 0, "{route:?}: {stderr}");
+    assert_eq!(code, 0, "{route:?} {hold:?}: {stderr}");
     assert_eq!(
         u(&event(&lines, "holding")["free"]) / MIB,
         u(&event(&lines, "start")["free"]) / MIB,
-        "{route:?}: free (MiB) after the async free and the synchronisation vs before the allocation"
+        "{route:?} {hold:?}: free (MiB) after the async free and the synchronisation vs before the allocation"
     );
     assert!(peak_used(&sim, 0) <= GIB, "peak {}", peak_used(&sim, 0));
     a.release();
@@ -67,15 +72,17 @@ fn async_free_goes_back_at_synchronisation(route: &[&str]) {
 
 #[test]
 fn memory_freed_by_cu_mem_free_async_goes_back_to_the_slice_at_synchronisation() {
-    for route in [
-        &["--route", "dlsym"][..],
-        &["--route", "dlsym", "--ptds"],
-        &["--route", "proc-v1"],
-        &["--route", "proc-v2", "--ptds"],
-        &["--route", "cudart-12.9"],
-        &["--route", "cudart-13.0"],
+    let stream: &[&str] = &[];
+    for (route, hold) in [
+        (&["--route", "dlsym"][..], stream),
+        (&["--route", "dlsym"], &["--sync-event"]),
+        (&["--route", "dlsym", "--ptds"], stream),
+        (&["--route", "proc-v1"], stream),
+        (&["--route", "proc-v2", "--ptds"], stream),
+        (&["--route", "cudart-12.9"], &["--sync-event"]),
+        (&["--route", "cudart-13.0"], stream),
     ] {
-        async_free_goes_back_at_synchronisation(route);
+        async_free_goes_back_at_synchronisation(route, hold);
     }
 }
 

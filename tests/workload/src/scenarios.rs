@@ -144,6 +144,10 @@ pub struct HoldArgs {
     /// processes see then comes from the allocation calls and synchronisations alone
     #[arg(long, conflicts_with = "zero_ledger")]
     pub no_mem_info: bool,
+    /// Async and pool families: wait for the stream with an event (cuEventRecord +
+    /// cuEventSynchronize) instead of cuStreamSynchronize
+    #[arg(long)]
+    pub sync_event: bool,
 }
 
 #[derive(Clone, Debug, Args)]
@@ -494,6 +498,9 @@ struct Allocator<'a> {
     access: CUmemAccessDesc,
     /// The pitch the last cuMemAllocPitch_v2 returned.
     pitch: Option<u64>,
+    /// Async and pool frees wait with an event (cuEventRecord + cuEventSynchronize) rather
+    /// than cuStreamSynchronize.
+    sync_event: bool,
 }
 
 impl<'a> Allocator<'a> {
@@ -525,6 +532,7 @@ impl<'a> Allocator<'a> {
                 flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
             },
             pitch: None,
+            sync_event: false,
         };
         if matches!(family, Family::Async | Family::Pool) {
             // SAFETY: out-pointer to a field.
@@ -730,7 +738,11 @@ impl<'a> Allocator<'a> {
             (Family::Async | Family::Pool, Block::Device(ptr)) => {
                 // SAFETY: `ptr` came from cuMemAlloc(FromPool)Async and is freed once.
                 unsafe { d.cuMemFreeAsync(ptr, self.stream) }?;
-                sync(d, self.stream)
+                if self.sync_event {
+                    sync_with_event(d, self.stream)
+                } else {
+                    sync(d, self.stream)
+                }
             }
             // SAFETY: `ptr` came from cuMemAlloc_v2/Pitch_v2/Managed and is freed once.
             (_, Block::Device(ptr)) => unsafe { d.cuMemFree_v2(ptr) },
@@ -824,6 +836,7 @@ pub fn fill(s: &Session, a: &FillArgs) -> Result<(), Failure> {
 pub fn hold(s: &Session, a: &HoldArgs) -> Result<(), Failure> {
     let d = s.d;
     let mut al = Allocator::new(d, a.family, s.dev)?;
+    al.sync_event = a.sync_event;
     let block = al.alloc(a.bytes)??;
     let block = if a.free_at_once {
         al.free(block)?;
@@ -930,6 +943,18 @@ fn zero_words(path: &std::path::Path, value: u64) -> std::io::Result<usize> {
 // ---------------------------------------------------------------------------------------------
 
 const BLOCK_DIM: u32 = 128;
+
+/// Waits for `stream` with an event: cuEventRecord, cuEventSynchronize, cuEventDestroy.
+fn sync_with_event(d: &Driver, stream: CUstream) -> Result<(), CuError> {
+    let ev = create_event(d, CU_EVENT_DISABLE_TIMING)?;
+    // SAFETY: a live event and the live stream it is recorded on.
+    let r = unsafe { d.cuEventRecord(ev, stream) }
+        // SAFETY: the event was recorded just now.
+        .and_then(|()| unsafe { d.cuEventSynchronize(ev) });
+    // SAFETY: the event is idle and destroyed once.
+    unsafe { d.cuEventDestroy_v2(ev) }?;
+    r
+}
 
 fn create_event(d: &Driver, flags: u32) -> Result<CUevent, CuError> {
     let mut ev: CUevent = null_mut();
