@@ -61,18 +61,20 @@ fn sync_pool(pool: CUmemoryPool, dev: usize) -> i128 {
 /// gave back (at a synchronisation, above the release threshold) is released to the slice, and
 /// growth no allocation charged yet is charged, even past the cap (the driver holds it).
 pub fn refresh(s: &Slice) {
-    let pools: Vec<(usize, usize)> = slice::local(|l| {
-        if l.pools.is_empty() {
-            return Vec::new();
-        }
-        l.pools.iter().map(|(k, p)| (*k, p.dev)).collect()
-    });
+    let pools: Vec<(usize, usize)> =
+        slice::local(|l| l.pools.iter().map(|(k, p)| (*k, p.dev)).collect());
     for (p, dev) in pools {
-        match sync_pool(p as CUmemoryPool, dev) {
-            d if d < 0 => s.release(dev, (-d) as u64),
-            d if d > 0 => s.charge_held(dev, d as u64),
-            _ => {}
-        }
+        apply_held(s, dev, sync_pool(p as CUmemoryPool, dev));
+    }
+}
+
+/// Applies a change in what a pool holds that no allocation call is settling: shrinkage is
+/// released, growth (another thread's allocation, read first here) is charged as held.
+fn apply_held(s: &Slice, dev: usize, delta: i128) {
+    match delta {
+        d if d < 0 => s.release(dev, d.unsigned_abs() as u64),
+        d if d > 0 => s.charge_held(dev, d as u64),
+        _ => {}
     }
 }
 
@@ -255,10 +257,7 @@ pub fn give_back_idle(s: &Slice, dev: usize) {
     for p in pools {
         // SAFETY: a pool handle this process obtained from the driver.
         unsafe { trim(p as CUmemoryPool, 0) };
-        let delta = sync_pool(p as CUmemoryPool, dev);
-        if delta < 0 {
-            s.release(dev, (-delta) as u64);
-        }
+        apply_held(s, dev, sync_pool(p as CUmemoryPool, dev));
     }
 }
 
@@ -327,8 +326,7 @@ pub unsafe extern "C" fn cuMemPoolTrimTo(pool: CUmemoryPool, keep: usize) -> CUr
         && let Ok(Some(s)) = slice::active()
         && let Some(dev) = slice::local(|l| l.pools.get(&(pool as usize)).map(|p| p.dev))
     {
-        let delta = sync_pool(pool, dev);
-        let _ = settle_pool(s, dev, 0, delta);
+        apply_held(s, dev, sync_pool(pool, dev));
     }
     r
 }
