@@ -120,6 +120,12 @@ table! {
     Cuda cuDeviceSetMemPool(CUdev, CUmemoryPool) -> CUresult = crate::pool::cuDeviceSetMemPool;
     Cuda cuMemPoolGetAttribute(CUmemoryPool, c_uint, *mut c_void) -> CUresult;
     Cuda cuStreamIsCapturing(CUstream, *mut c_uint) -> CUresult;
+    // synchronising calls: where the driver gives pool memory back
+    Cuda cuStreamSynchronize(CUstream) -> CUresult = crate::pool::cuStreamSynchronize;
+    Cuda cuStreamSynchronize_ptsz(CUstream) -> CUresult = crate::pool::cuStreamSynchronize_ptsz;
+    Cuda cuEventSynchronize(CUevent) -> CUresult = crate::pool::cuEventSynchronize;
+    Cuda cuCtxSynchronize() -> CUresult = crate::pool::cuCtxSynchronize;
+    Cuda cuCtxSynchronize_v2(CUcontext) -> CUresult = crate::pool::cuCtxSynchronize_v2;
     Cuda cuStreamIsCapturing_ptsz(CUstream, *mut c_uint) -> CUresult;
     // --- arrays
     Cuda cuArrayCreate(*mut CUarray, *const c_void) -> CUresult = crate::array::cuArrayCreate;

@@ -2,7 +2,9 @@
 //! min(cap, physical) and free is that total less everything the slice holds (never more than
 //! the device really has free, never below zero). Devices without a cap report the driver's
 //! figures untouched. Both ABIs of each call (the 32-bit ones clamp to 4 GiB - 1, as a 32-bit
-//! field must).
+//! field must). cuMemGetInfo's out-pointers are each optional, as the driver's are: whichever is
+//! given gets the slice's figure. Reading the figures first brings this process's pools up to
+//! what the driver reserves for them (see `pool`).
 
 #![allow(non_snake_case)]
 
@@ -22,6 +24,7 @@ fn virtual_info(free: u64, total: u64) -> (u64, u64) {
     let Some((_, dev)) = slice::current(s) else {
         return (free, total);
     };
+    crate::pool::refresh(s);
     match s.cap_and_used(dev) {
         Some((cap, used)) => virtual_mem_info(free, total, cap, used),
         None => (free, total),
@@ -39,6 +42,17 @@ fn virtual_total(total: u64, cudev: CUdevice) -> u64 {
     cap.map_or(total, |c| c.min(total))
 }
 
+/// Writes `v` through `p` unless it is NULL.
+///
+/// # Safety
+/// `p` is NULL or valid for a write.
+unsafe fn put_optional<T>(p: *mut T, v: T) {
+    if !p.is_null() {
+        // SAFETY: non-NULL, and writable per the caller's contract.
+        unsafe { p.write(v) };
+    }
+}
+
 /// # Safety
 /// The CUDA driver API contract of cuMemGetInfo_v2.
 #[unsafe(no_mangle)]
@@ -46,14 +60,21 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
     let Some(f) = real::cuMemGetInfo_v2() else {
         return CUresult::CUDA_ERROR_NOT_INITIALIZED;
     };
-    // SAFETY: forwarded unchanged.
-    let r = unsafe { f(free, total) };
-    if r.is_ok() && !free.is_null() && !total.is_null() {
-        // SAFETY: both non-NULL and written by the driver just now.
+    if free.is_null() && total.is_null() {
+        // SAFETY: forwarded unchanged: nothing to rewrite, the driver answers for itself.
+        return unsafe { f(free, total) };
+    }
+    // Both figures into our own variables (the free figure is capped by the total), then
+    // whichever the caller asked for.
+    let (mut fr, mut t) = (0usize, 0usize);
+    // SAFETY: valid out-pointers.
+    let r = unsafe { f(&mut fr, &mut t) };
+    if r.is_ok() {
+        let (fr, t) = virtual_info(fr as u64, t as u64);
+        // SAFETY: the caller's out-pointers, each NULL or writable.
         unsafe {
-            let (fr, t) = virtual_info(*free as u64, *total as u64);
-            *free = fr as usize;
-            *total = t as usize;
+            put_optional(free, fr as usize);
+            put_optional(total, t as usize);
         }
     }
     r
@@ -63,14 +84,12 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
 /// The CUDA driver API contract of cuMemGetInfo (the 32-bit ABI).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemGetInfo(free: *mut c_uint, total: *mut c_uint) -> CUresult {
-    let Some(f) = real::cuMemGetInfo_v2() else {
+    let Some(v1) = real::cuMemGetInfo() else {
         return CUresult::CUDA_ERROR_NOT_INITIALIZED;
     };
-    let (Some(v1), false, false) = (real::cuMemGetInfo(), free.is_null(), total.is_null()) else {
-        // SAFETY: forwarded unchanged (the driver reports the NULL pointers).
-        return unsafe {
-            real::cuMemGetInfo().map_or(CUresult::CUDA_ERROR_NOT_INITIALIZED, |g| g(free, total))
-        };
+    let (Some(f), false) = (real::cuMemGetInfo_v2(), free.is_null() && total.is_null()) else {
+        // SAFETY: forwarded unchanged (nothing to rewrite, or no full-width call to cap with).
+        return unsafe { v1(free, total) };
     };
     // The full-width figures, so the cap applies before the clamp to 32 bits.
     let (mut fr, mut t) = (0usize, 0usize);
@@ -81,10 +100,10 @@ pub unsafe extern "C" fn cuMemGetInfo(free: *mut c_uint, total: *mut c_uint) -> 
         return unsafe { v1(free, total) };
     }
     let (fr, t) = virtual_info(fr as u64, t as u64);
-    // SAFETY: both non-NULL (checked above).
+    // SAFETY: the caller's out-pointers, each NULL or writable.
     unsafe {
-        *free = fr.min(u32::MAX as u64) as c_uint;
-        *total = t.min(u32::MAX as u64) as c_uint;
+        put_optional(free, fr.min(u32::MAX as u64) as c_uint);
+        put_optional(total, t.min(u32::MAX as u64) as c_uint);
     }
     r
 }

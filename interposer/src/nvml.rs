@@ -1,6 +1,7 @@
 //! NVML as applications read it (nvidia-smi, pynvml, PyTorch): for a device the slice caps,
-//! memory info (v1 and `_v2`) reports total = min(cap, physical), used = what the slice holds and
-//! free = the rest; the per-process lists show the slice's own processes only. Devices without a
+//! memory info (v1 and `_v2`) reports total = min(cap, physical), free = min(total - what the
+//! slice holds, physical free) (what cuMemGetInfo reports, so a device physically fuller than the
+//! cap shows the same free figure to NVML and CUDA) and used = total - free; the per-process lists show the slice's own processes only. Devices without a
 //! cap report NVML's figures untouched. NVML wrappers work without cuInit (nvidia-smi never calls
 //! it): the device is found in the ledger by UUID, or registered with the cap configured for the
 //! CUDA ordinal it has in this process (CUDA_VISIBLE_DEVICES order, else NVML's).
@@ -14,6 +15,7 @@ use std::ffi::{CStr, c_char, c_uint, c_void};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use cuda_abi::*;
+use cuslice_policy::virtual_mem_info;
 
 use crate::hooks::{self, Lib, real};
 use crate::slice::{self, Slice, State};
@@ -160,6 +162,10 @@ fn capped(dev: Nvdev) -> Option<(u64, u64)> {
         return None;
     };
     let uuid = uuid_of(dev)?;
+    if let Ok(Some(s)) = slice::active() {
+        // This process's pools may have given memory back since they were last charged.
+        crate::pool::refresh(s);
+    }
     let index = match s.ledger.find(&uuid) {
         Some(i) => i,
         None => register(s, uuid)?,
@@ -196,9 +202,10 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
         && let Some(m) = unsafe { mem.as_mut() }
         && let Some((cap, used)) = capped(dev)
     {
-        m.total = cap.min(m.total);
-        m.used = used.min(m.total);
-        m.free = m.total - m.used;
+        let (free, total) = virtual_mem_info(m.free, m.total, Some(cap), used);
+        m.total = total;
+        m.free = free;
+        m.used = total - free;
     }
     r
 }
@@ -221,10 +228,11 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
         && let Some((cap, used)) = capped(dev)
     {
         // The driver's reservation lies outside any slice: a slice sees its cap as all there is.
-        m.total = cap.min(m.total);
+        let (free, total) = virtual_mem_info(m.free, m.total, Some(cap), used);
+        m.total = total;
         m.reserved = 0;
-        m.used = used.min(m.total);
-        m.free = m.total - m.used;
+        m.free = free;
+        m.used = total - free;
     }
     r
 }

@@ -1,13 +1,20 @@
 //! Stream-ordered allocation. A pool holds device memory in reserve beyond what its blocks use
 //! (PyTorch's async backend sets the release threshold to UINT64_MAX, so freed blocks never go
-//! back), so what a pool costs the slice is its reserved memory,
-//! CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, not the sum of the requests.
+//! back), and gives memory back on its own: at a stream, event or context synchronisation the
+//! driver releases what a pool reserves above its release threshold (0 for a default pool, so
+//! all of it once its blocks are freed). What a pool costs the slice is therefore exactly its
+//! reserved memory, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, as the driver reports it, not the sum
+//! of the requests.
 //!
 //! Each allocation reserves its rounded size in the ledger first (an upper bound on what the
-//! pool grows by for it), then the pool's charge is set to what it really reserves now. Before
-//! refusing anything, the slice trims its own pools of idle memory, as the driver itself does
-//! when a device runs full. Allocations made during stream capture become graph memory nodes and
-//! allocate nothing at that point: they pass through uncounted.
+//! pool grows by for it), then the pool's charge is set to what it really reserves now. After
+//! every synchronising call (cuStreamSynchronize, cuEventSynchronize, cuCtxSynchronize and their
+//! variants) and whenever the slice's figures are read (cuMemGetInfo, NVML memory info), every
+//! pool's charge is brought to what it reserves then: down as soon as the driver has given memory
+//! back, and never below what it holds. Before refusing anything, the slice trims its own pools
+//! of idle memory, as the driver itself does when a device runs full. Allocations made during
+//! stream capture become graph memory nodes and allocate nothing at that point: they pass through
+//! uncounted.
 
 #![allow(non_snake_case)]
 
@@ -33,11 +40,13 @@ fn reserved_now(pool: CUmemoryPool) -> Option<u64> {
 }
 
 /// Brings the pool's charge to what it reserves now; returns the change (+ grown, - shrunk).
+/// The driver is asked under the table's lock, so two threads bringing the same pool up to date
+/// apply their readings in the order they were taken (a stale reading never lands last).
 fn sync_pool(pool: CUmemoryPool, dev: usize) -> i128 {
-    let Some(now) = reserved_now(pool) else {
-        return 0;
-    };
     slice::local(|l| {
+        let Some(now) = reserved_now(pool) else {
+            return 0;
+        };
         let rec = l
             .pools
             .entry(pool as usize)
@@ -46,6 +55,60 @@ fn sync_pool(pool: CUmemoryPool, dev: usize) -> i128 {
         rec.charged = now;
         delta
     })
+}
+
+/// Brings every pool this process knows to what the driver reserves for it now: what the driver
+/// gave back (at a synchronisation, above the release threshold) is released to the slice, and
+/// growth no allocation charged yet is charged, even past the cap (the driver holds it).
+pub fn refresh(s: &Slice) {
+    let pools: Vec<(usize, usize)> =
+        slice::local(|l| l.pools.iter().map(|(k, p)| (*k, p.dev)).collect());
+    for (p, dev) in pools {
+        apply_held(s, dev, sync_pool(p as CUmemoryPool, dev));
+    }
+}
+
+/// Applies a change in what a pool holds that no allocation call is settling: shrinkage is
+/// released, growth (another thread's allocation, read first here) is charged as held.
+fn apply_held(s: &Slice, dev: usize, delta: i128) {
+    match delta {
+        d if d < 0 => s.release(dev, d.unsigned_abs() as u64),
+        d if d > 0 => s.charge_held(dev, d as u64),
+        _ => {}
+    }
+}
+
+/// After a synchronising call that succeeded: the driver may have released pool memory.
+fn after_sync(r: CUresult) -> CUresult {
+    if r.is_ok()
+        && let Ok(Some(s)) = slice::active()
+    {
+        refresh(s);
+    }
+    r
+}
+
+macro_rules! sync_wrappers {
+    ($($name:ident($($arg:ident: $ty:ty),*);)*) => {$(
+        /// # Safety
+        /// The CUDA driver API contract of the function of the same name.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> CUresult {
+            let Some(f) = real::$name() else {
+                return CUresult::CUDA_ERROR_NOT_INITIALIZED;
+            };
+            // SAFETY: forwarded unchanged.
+            after_sync(unsafe { f($($arg),*) })
+        }
+    )*};
+}
+
+sync_wrappers! {
+    cuStreamSynchronize(stream: CUstream);
+    cuStreamSynchronize_ptsz(stream: CUstream);
+    cuEventSynchronize(event: CUevent);
+    cuCtxSynchronize();
+    cuCtxSynchronize_v2(ctx: CUcontext);
 }
 
 /// Applies a pool's change in size to the ledger, given `reserved` bytes already set aside for it.
@@ -194,10 +257,7 @@ pub fn give_back_idle(s: &Slice, dev: usize) {
     for p in pools {
         // SAFETY: a pool handle this process obtained from the driver.
         unsafe { trim(p as CUmemoryPool, 0) };
-        let delta = sync_pool(p as CUmemoryPool, dev);
-        if delta < 0 {
-            s.release(dev, (-delta) as u64);
-        }
+        apply_held(s, dev, sync_pool(p as CUmemoryPool, dev));
     }
 }
 
@@ -266,8 +326,7 @@ pub unsafe extern "C" fn cuMemPoolTrimTo(pool: CUmemoryPool, keep: usize) -> CUr
         && let Ok(Some(s)) = slice::active()
         && let Some(dev) = slice::local(|l| l.pools.get(&(pool as usize)).map(|p| p.dev))
     {
-        let delta = sync_pool(pool, dev);
-        let _ = settle_pool(s, dev, 0, delta);
+        apply_held(s, dev, sync_pool(pool, dev));
     }
     r
 }

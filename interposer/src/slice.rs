@@ -382,6 +382,18 @@ impl Slice {
         }
     }
 
+    /// Charges `bytes` the driver already holds for this process on device `ordinal` (a pool
+    /// grown beyond what its allocations charged), whether or not they fit under the cap: the
+    /// slice never charges less than the driver holds.
+    pub fn charge_held(&self, ordinal: usize, bytes: u64) {
+        if let Some(d) = self.devs().get(ordinal)
+            && bytes > 0
+        {
+            self.ledger.charge(self.slot, d.index, bytes);
+            OWN_CHARGED.fetch_add(bytes, Ordering::Relaxed);
+        }
+    }
+
     /// Moves a reservation of `reserved` to `actual` bytes. If more is needed and it does not
     /// fit, the reservation is given back and the caller must undo the operation.
     pub fn settle(&self, ordinal: usize, reserved: u64, actual: u64) -> Result<(), CUresult> {

@@ -582,6 +582,25 @@ impl Ledger {
         Ok(())
     }
 
+    /// Charges `bytes` to process `me` on device `d` without checking the cap: memory the driver
+    /// already holds for it (the cap was checked when it was asked for, or the driver took it on
+    /// its own), which the ledger must count even if that puts the slice over its cap.
+    pub fn charge(&self, me: u32, d: u32, bytes: u64) {
+        let (Some(rec), Some(p)) = (self.dev(d), self.header().procs.get(me as usize)) else {
+            return;
+        };
+        let Some(charge) = p.charged.get(d as usize) else {
+            return;
+        };
+        let _g = self.lock_dev(rec, d as usize);
+        charge.store(charge.load(Ordering::Relaxed) + bytes, Ordering::Relaxed);
+        let after = rec.used.load(Ordering::Relaxed).saturating_add(bytes);
+        rec.used.store(after, Ordering::Relaxed);
+        if after > rec.peak.load(Ordering::Relaxed) {
+            rec.peak.store(after, Ordering::Relaxed);
+        }
+    }
+
     /// Gives back `bytes` process `me` held on device `d`.
     pub fn release(&self, me: u32, d: u32, bytes: u64) {
         let (Some(rec), Some(p)) = (self.dev(d), self.header().procs.get(me as usize)) else {

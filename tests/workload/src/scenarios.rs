@@ -136,6 +136,18 @@ pub struct HoldArgs {
     /// tenant hiding what it holds from the ledger's counters
     #[arg(long, value_name = "LEDGER")]
     pub zero_ledger: Option<std::path::PathBuf>,
+    /// Free the allocation as soon as it is made (async and pool: cuMemFreeAsync, then
+    /// cuStreamSynchronize) and hold only the context; `holding` reports free after the free
+    #[arg(long)]
+    pub free_at_once: bool,
+    /// Do not call cuMemGetInfo before `holding` (its free and total are null): what other
+    /// processes see then comes from the allocation calls and synchronisations alone
+    #[arg(long, conflicts_with = "zero_ledger")]
+    pub no_mem_info: bool,
+    /// Async and pool families: wait for the stream with an event (cuEventRecord +
+    /// cuEventSynchronize) instead of cuStreamSynchronize
+    #[arg(long)]
+    pub sync_event: bool,
 }
 
 #[derive(Clone, Debug, Args)]
@@ -295,6 +307,22 @@ fn mem_get_info(d: &Driver) -> Result<(u64, u64), CuError> {
     Ok((free as u64, total as u64))
 }
 
+/// cuMemGetInfo_v2 with one out-pointer NULL, each way round (the driver accepts either):
+/// `{"free_only": {"code", "free"}, "total_only": {"code", "total"}}`.
+fn mem_get_info_one(d: &Driver) -> Value {
+    let code = |r: Result<(), CuError>| r.err().map_or(0, |e| e.code.0);
+    let mut free = 0usize;
+    // SAFETY: an out-pointer to a local, and NULL for the total.
+    let free_rc = code(unsafe { d.cuMemGetInfo_v2(&mut free, null_mut()) });
+    let mut total = 0usize;
+    // SAFETY: NULL for the free figure, and an out-pointer to a local.
+    let total_rc = code(unsafe { d.cuMemGetInfo_v2(null_mut(), &mut total) });
+    json!({
+        "free_only": {"code": free_rc, "free": free},
+        "total_only": {"code": total_rc, "total": total},
+    })
+}
+
 /// cuDeviceTotalMem_v2.
 fn total_mem(d: &Driver, dev: CUdevice) -> Result<u64, CuError> {
     let mut total = 0usize;
@@ -372,6 +400,7 @@ pub fn info(s: &Session) -> Result<(), Failure> {
             "devices": devices,
             "current_device": s.ordinal,
             "mem_get_info": {"free": free, "total": total},
+            "mem_get_info_one": mem_get_info_one(d),
             "nvml": crate::nvml::report(),
         }),
     );
@@ -469,6 +498,9 @@ struct Allocator<'a> {
     access: CUmemAccessDesc,
     /// The pitch the last cuMemAllocPitch_v2 returned.
     pitch: Option<u64>,
+    /// Async and pool frees wait with an event (cuEventRecord + cuEventSynchronize) rather
+    /// than cuStreamSynchronize.
+    sync_event: bool,
 }
 
 impl<'a> Allocator<'a> {
@@ -500,6 +532,7 @@ impl<'a> Allocator<'a> {
                 flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
             },
             pitch: None,
+            sync_event: false,
         };
         if matches!(family, Family::Async | Family::Pool) {
             // SAFETY: out-pointer to a field.
@@ -705,7 +738,11 @@ impl<'a> Allocator<'a> {
             (Family::Async | Family::Pool, Block::Device(ptr)) => {
                 // SAFETY: `ptr` came from cuMemAlloc(FromPool)Async and is freed once.
                 unsafe { d.cuMemFreeAsync(ptr, self.stream) }?;
-                sync(d, self.stream)
+                if self.sync_event {
+                    sync_with_event(d, self.stream)
+                } else {
+                    sync(d, self.stream)
+                }
             }
             // SAFETY: `ptr` came from cuMemAlloc_v2/Pitch_v2/Managed and is freed once.
             (_, Block::Device(ptr)) => unsafe { d.cuMemFree_v2(ptr) },
@@ -799,9 +836,21 @@ pub fn fill(s: &Session, a: &FillArgs) -> Result<(), Failure> {
 pub fn hold(s: &Session, a: &HoldArgs) -> Result<(), Failure> {
     let d = s.d;
     let mut al = Allocator::new(d, a.family, s.dev)?;
+    al.sync_event = a.sync_event;
     let block = al.alloc(a.bytes)??;
-    let (free, total) = mem_get_info(d)?;
-    if let Some(ledger) = &a.zero_ledger {
+    let block = if a.free_at_once {
+        al.free(block)?;
+        None
+    } else {
+        Some(block)
+    };
+    let (free, total) = if a.no_mem_info {
+        (None, None)
+    } else {
+        let (free, total) = mem_get_info(d)?;
+        (Some(free), Some(total))
+    };
+    if let (Some(ledger), Some(free), Some(total)) = (&a.zero_ledger, free, total) {
         let used = total - free;
         match zero_words(ledger, used) {
             Ok(words) => emit(
@@ -824,6 +873,7 @@ pub fn hold(s: &Session, a: &HoldArgs) -> Result<(), Failure> {
     f.insert("free".into(), json!(free));
     f.insert("total".into(), json!(total));
     f.insert("secs".into(), json!(a.secs));
+    f.insert("freed_at_once".into(), json!(a.free_at_once));
     al.details(&mut f)?;
     emit("holding", Value::Object(f));
     match a.secs {
@@ -833,7 +883,9 @@ pub fn hold(s: &Session, a: &HoldArgs) -> Result<(), Failure> {
             let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
         }
     }
-    al.free(block)?;
+    if let Some(block) = block {
+        al.free(block)?;
+    }
     al.close()?;
     let (free, total) = mem_get_info(d)?;
     emit(
@@ -891,6 +943,18 @@ fn zero_words(path: &std::path::Path, value: u64) -> std::io::Result<usize> {
 // ---------------------------------------------------------------------------------------------
 
 const BLOCK_DIM: u32 = 128;
+
+/// Waits for `stream` with an event: cuEventRecord, cuEventSynchronize, cuEventDestroy.
+fn sync_with_event(d: &Driver, stream: CUstream) -> Result<(), CuError> {
+    let ev = create_event(d, CU_EVENT_DISABLE_TIMING)?;
+    // SAFETY: a live event and the live stream it is recorded on.
+    let r = unsafe { d.cuEventRecord(ev, stream) }
+        // SAFETY: the event was recorded just now.
+        .and_then(|()| unsafe { d.cuEventSynchronize(ev) });
+    // SAFETY: the event is idle and destroyed once.
+    unsafe { d.cuEventDestroy_v2(ev) }?;
+    r
+}
 
 fn create_event(d: &Driver, flags: u32) -> Result<CUevent, CuError> {
     let mut ev: CUevent = null_mut();

@@ -287,23 +287,35 @@ fn mem_info() -> Res<(u64, u64)> {
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
-    status(mem_info().and_then(|(f, t)| {
-        // SAFETY: out-pointers from the caller.
+    status(mem_info().map(|(f, t)| {
+        // SAFETY: out-pointers from the caller, each NULL or writable.
         unsafe {
-            put(free, f as usize)?;
-            put(total, t as usize)
+            put_optional(free, f as usize);
+            put_optional(total, t as usize);
         }
     }))
+}
+
+/// Writes `v` through `p` unless it is NULL: cuMemGetInfo's out-pointers are each optional (the
+/// driver accepts `(NULL, &total)` and `(&free, NULL)` and writes the other).
+///
+/// # Safety
+/// `p` is NULL or valid for a write.
+unsafe fn put_optional<T>(p: *mut T, v: T) {
+    if !p.is_null() {
+        // SAFETY: non-NULL, and writable per the contract.
+        unsafe { p.write(v) };
+    }
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemGetInfo(free: *mut c_uint, total: *mut c_uint) -> CUresult {
     let clamp = |v: u64| v.min(u32::MAX as u64) as c_uint;
-    status(mem_info().and_then(|(f, t)| {
-        // SAFETY: out-pointers from the caller.
+    status(mem_info().map(|(f, t)| {
+        // SAFETY: out-pointers from the caller, each NULL or writable.
         unsafe {
-            put(free, clamp(f))?;
-            put(total, clamp(t))
+            put_optional(free, clamp(f));
+            put_optional(total, clamp(t));
         }
     }))
 }
