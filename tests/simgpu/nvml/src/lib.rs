@@ -244,23 +244,37 @@ pub unsafe extern "C" fn nvmlDeviceGetMinorNumber(
     status(dev_of(dev).and_then(|(_, i)| unsafe { put(out, i) }))
 }
 
+/// A device query with two required out-parameters: `values` of the device's state, written
+/// only when both pointers are given (NVML refuses a NULL one with INVALID_ARGUMENT).
+fn put_two<A, B>(
+    dev: nvmlDevice_t,
+    a: *mut A,
+    b: *mut B,
+    values: impl FnOnce(&State) -> (A, B),
+) -> nvmlReturn_t {
+    status(dev_of(dev).and_then(|(s, _)| {
+        if a.is_null() || b.is_null() {
+            return Err(BAD_ARG);
+        }
+        let (va, vb) = values(s);
+        // SAFETY: both out-pointers from the caller, checked non-NULL.
+        unsafe {
+            put(a, va)?;
+            put(b, vb)
+        }
+    }))
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetCudaComputeCapability(
     dev: nvmlDevice_t,
     major: *mut c_int,
     minor: *mut c_int,
 ) -> nvmlReturn_t {
-    status(dev_of(dev).and_then(|(s, _)| {
-        if major.is_null() || minor.is_null() {
-            return Err(BAD_ARG);
-        }
+    put_two(dev, major, minor, |s| {
         let c = s.config();
-        // SAFETY: both out-pointers from the caller, checked non-NULL.
-        unsafe {
-            put(major, c.cc_major as c_int)?;
-            put(minor, c.cc_minor as c_int)
-        }
-    }))
+        (c.cc_major as c_int, c.cc_minor as c_int)
+    })
 }
 
 #[unsafe(no_mangle)]
@@ -674,16 +688,7 @@ pub unsafe extern "C" fn nvmlDeviceGetPowerManagementLimit(
 
 /// Video encoder and decoder: idle (simgpu runs no video work), sampled over one second.
 fn codec_idle(dev: nvmlDevice_t, util: *mut c_uint, period_us: *mut c_uint) -> nvmlReturn_t {
-    status(dev_of(dev).and_then(|_| {
-        if util.is_null() || period_us.is_null() {
-            return Err(BAD_ARG);
-        }
-        // SAFETY: both out-pointers from the caller, checked non-NULL.
-        unsafe {
-            put(util, 0)?;
-            put(period_us, 1_000_000)
-        }
-    }))
+    put_two(dev, util, period_us, |_| (0, 1_000_000))
 }
 
 #[unsafe(no_mangle)]
@@ -760,16 +765,7 @@ pub unsafe extern "C" fn nvmlDeviceGetEccMode(
     current: *mut c_uint,
     pending: *mut c_uint,
 ) -> nvmlReturn_t {
-    status(dev_of(dev).and_then(|_| {
-        if current.is_null() || pending.is_null() {
-            return Err(BAD_ARG);
-        }
-        // SAFETY: both out-pointers from the caller, checked non-NULL.
-        unsafe {
-            put(current, 1)?;
-            put(pending, 1)
-        }
-    }))
+    put_two(dev, current, pending, |_| (1, 1))
 }
 
 /// ECC error counts (any error type, volatile or aggregate): none; simgpu's memory has no errors.
