@@ -224,23 +224,9 @@ pub fn held_to_claims(engine: &dyn CdiEngine, sim: &Sim, claims: &[(&Claim, u64,
         );
         ids.push((c.id(), cap, request, limit));
     }
-    let out = sim
-        .command(&bin_dir().join("cuslice"), &["status", "--json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let view: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let view = super::status_json(sim);
     for (id, cap, request, limit) in &ids {
-        let slice = view["devices"][0]["slices"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|s| s["slice"] == id.as_str())
-            .unwrap_or_else(|| panic!("container {id} not in {view}"));
+        let slice = super::slice_in(&view, id);
         assert_eq!(slice["memory"]["limit"], *cap, "{slice}");
         assert_eq!(slice["compute"]["request_pct"], *request, "{slice}");
         assert_eq!(slice["compute"]["limit_pct"], *limit, "{slice}");

@@ -573,27 +573,8 @@ pub fn status_shows(engine: &dyn Engine) {
     }
     std::thread::sleep(Duration::from_millis(1500));
     let id = c.id();
-    let status = || -> Value {
-        let out = sim
-            .command(&bin_dir().join("cuslice"), &["status", "--json"])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).unwrap()
-    };
-    let find = |view: &Value| -> Value {
-        view["devices"][0]["slices"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|s| s["slice"] == id.as_str())
-            .unwrap_or_else(|| panic!("container {id} not in {view}"))
-            .clone()
-    };
+    let status = || status_json(&sim);
+    let find = |view: &Value| slice_in(view, &id);
     let view = status();
     let truth = sim.device(0);
     let slice = find(&view);
@@ -1294,4 +1275,29 @@ pub fn or_undo<T>(f: impl FnOnce() -> T, undo: impl FnOnce()) -> T {
             std::panic::resume_unwind(e)
         }
     }
+}
+
+/// `cuslice status --json` under the simulator.
+pub fn status_json(sim: &Sim) -> Value {
+    let out = sim
+        .command(&bin_dir().join("cuslice"), &["status", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Container `id`'s slice on device 0 in a `cuslice status --json` view.
+pub fn slice_in(view: &Value, id: &str) -> Value {
+    view["devices"][0]["slices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["slice"] == id)
+        .unwrap_or_else(|| panic!("container {id} not in {view}"))
+        .clone()
 }
