@@ -1,4 +1,4 @@
-//! The `dlmopen` override. `dlmopen(LM_ID_NEWLM, "libcuda.so.1", ...)` loads the driver into a
+//! The core of the `dlmopen` override (the loader exports `dlmopen` and calls `cuslice_dlmopen`). `dlmopen(LM_ID_NEWLM, "libcuda.so.1", ...)` loads the driver into a
 //! new link-map namespace, where no preloaded library applies: measured before this existed, a
 //! process opened that way allocated 7.5 GiB under a 1 GiB cap and saw the whole device.
 //!
@@ -26,8 +26,16 @@ const DLMOPEN_BASE_VERSION: &CStr = c"GLIBC_2.3.4";
 #[cfg(target_arch = "aarch64")]
 const DLMOPEN_BASE_VERSION: &CStr = c"GLIBC_2.17";
 
+/// glibc's dlmopen, handed over by the loader (`cuslice_core_attach`).
+static REAL: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+
+pub(crate) fn attach(real: *mut c_void) {
+    if !real.is_null() {
+        REAL.store(real, Ordering::Release);
+    }
+}
+
 fn real_dlmopen() -> Option<DlmopenFn> {
-    static REAL: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
     let mut p = REAL.load(Ordering::Acquire);
     if p.is_null() {
         for version in [c"GLIBC_2.34", DLMOPEN_BASE_VERSION] {
@@ -63,10 +71,16 @@ fn defines_driver(handle: *mut c_void) -> bool {
     })
 }
 
+/// What the loader's exported `dlmopen` calls for every `dlmopen` into another namespace.
+///
 /// # Safety
 /// glibc's dlmopen contract: a valid namespace id, and NULL or a NUL-terminated file name.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn dlmopen(lmid: c_long, file: *const c_char, mode: c_int) -> *mut c_void {
+pub unsafe extern "C" fn cuslice_dlmopen(
+    lmid: c_long,
+    file: *const c_char,
+    mode: c_int,
+) -> *mut c_void {
     let Some(real) = real_dlmopen() else {
         return std::ptr::null_mut();
     };

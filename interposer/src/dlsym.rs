@@ -1,4 +1,5 @@
-//! The `dlsym` override. libcudart, PyTorch, CuPy, Triton, pynvml and nvidia-smi reach the driver
+//! The core's half of the `dlsym` override (the exported `dlsym` itself is the loader's,
+//! interposer/loader). libcudart, PyTorch, CuPy, Triton, pynvml and nvidia-smi reach the driver
 //! with `dlopen("libcuda.so.1")` / `dlopen("libnvidia-ml.so.1")` and `dlsym(handle, name)`, which
 //! searches only that handle's scope: a preloaded library's exports are never found that way.
 //!
@@ -6,11 +7,10 @@
 //! the handle is a real handle (RTLD_DEFAULT and RTLD_NEXT already find cuslice's exports, as
 //! cuslice is preloaded ahead of the driver); and the lookup, done for real, yields the driver's
 //! own definition of that name (so the handle is libcuda/libnvidia-ml or a library whose scope
-//! reaches them). Every other lookup goes to the real `dlsym` through shim-c's trampoline with
-//! the caller's return address intact, so `RTLD_NEXT` stays relative to the caller.
+//! reaches them). Every other lookup goes to the real `dlsym` through shim-c's trampoline (in the
+//! loader) with the caller's return address intact, so `RTLD_NEXT` stays relative to the caller.
 //!
-//! This code runs inside every `dlsym` of the process, including Rust std's own weak-symbol
-//! lookups before `main`: it allocates nothing and takes no lock.
+//! This code runs inside `dlsym` calls of the process: it allocates nothing and takes no lock.
 
 use std::ffi::{CStr, c_char, c_void};
 use std::sync::atomic::{AtomicPtr, Ordering};
@@ -19,73 +19,63 @@ use crate::hooks;
 
 pub type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
 
-unsafe extern "C" {
-    /// shim-c/dlsym_*.S
-    fn cuslice_dlsym_trampoline();
-    /// Where the trampoline jumps to forward a lookup; set by `real_dlsym`.
-    static cuslice_real_dlsym: AtomicPtr<c_void>;
-}
-
-/// The exported `dlsym`: a jump into the trampoline, so the caller's frame is untouched.
-///
-/// # Safety
-/// glibc's dlsym contract: a valid handle and a NUL-terminated name.
-#[cfg(target_arch = "x86_64")]
-#[unsafe(naked)]
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn dlsym(_handle: *mut c_void, _name: *const c_char) -> *mut c_void {
-    core::arch::naked_asm!("jmp {t}", t = sym cuslice_dlsym_trampoline)
-}
-
-/// As on x86_64.
-///
-/// # Safety
-/// glibc's dlsym contract: a valid handle and a NUL-terminated name.
-#[cfg(target_arch = "aarch64")]
-#[unsafe(naked)]
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn dlsym(_handle: *mut c_void, _name: *const c_char) -> *mut c_void {
-    core::arch::naked_asm!("b {t}", t = sym cuslice_dlsym_trampoline)
-}
+/// glibc's dlsym, handed over by the loader (`cuslice_core_attach`).
+static REAL_DLSYM: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
 
 #[cfg(target_arch = "x86_64")]
 const DLSYM_BASE_VERSION: &CStr = c"GLIBC_2.2.5";
 #[cfg(target_arch = "aarch64")]
 const DLSYM_BASE_VERSION: &CStr = c"GLIBC_2.17";
 
-/// Answers every lookup with "not found" if glibc's dlsym cannot be found at all (it always
-/// can on glibc; this only keeps the trampoline from jumping to NULL).
-unsafe extern "C" fn no_dlsym(_handle: *mut c_void, _name: *const c_char) -> *mut c_void {
-    std::ptr::null_mut()
+/// The loader/core interface version; `interposer/loader` passes the same number.
+pub const CORE_ABI: u32 = 1;
+
+/// Called once by the loader (libcuslice.so) right after it opens the core: glibc's own `dlsym`
+/// and `dlmopen`, which the loader (preloaded, so `RTLD_NEXT` from it is well defined) found.
+/// Returns the core's interface version; on a mismatch nothing is taken.
+///
+/// # Safety
+/// `dlsym` and `dlmopen` are glibc's functions of those names, or NULL.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuslice_core_attach(
+    abi: u32,
+    dlsym: *mut c_void,
+    dlmopen: *mut c_void,
+) -> u32 {
+    if abi == CORE_ABI {
+        if !dlsym.is_null() {
+            REAL_DLSYM.store(dlsym, Ordering::Release);
+        }
+        crate::dlmopen::attach(dlmopen);
+    }
+    CORE_ABI
 }
 
-/// glibc's own dlsym: `dlvsym(RTLD_NEXT, "dlsym", ...)`, newest version first (`_dl_sym` and
-/// `__libc_dlsym` are no longer exported by glibc 2.36).
+/// glibc's own dlsym: the loader's, else (the core preloaded by itself, as some tests do)
+/// `dlvsym(RTLD_NEXT, "dlsym", ...)`, newest version first.
 pub fn real_dlsym() -> Option<DlsymFn> {
-    // SAFETY: an extern static of atomic type, defined in shim-c, zero-initialised.
-    let slot = unsafe { &cuslice_real_dlsym };
-    let p = slot.load(Ordering::Acquire);
+    let p = REAL_DLSYM.load(Ordering::Acquire);
     if !p.is_null() {
-        // SAFETY: only ever set below, to glibc's dlsym or `no_dlsym`, both of this type.
+        // SAFETY: only ever set to glibc's dlsym, which has exactly this prototype.
         return Some(unsafe { std::mem::transmute::<*mut c_void, DlsymFn>(p) });
     }
     for version in [c"GLIBC_2.34", DLSYM_BASE_VERSION] {
         // SAFETY: dlvsym (not overridden by cuslice) with NUL-terminated strings.
         let f = unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), version.as_ptr()) };
         if !f.is_null() {
-            slot.store(f, Ordering::Release);
+            REAL_DLSYM.store(f, Ordering::Release);
             // SAFETY: glibc's dlsym has exactly this prototype.
             return Some(unsafe { std::mem::transmute::<*mut c_void, DlsymFn>(f) });
         }
     }
-    slot.store(no_dlsym as *mut c_void, Ordering::Release);
     None
 }
 
-/// Called by the trampoline: cuslice's wrapper for this lookup, or NULL to forward it.
+/// Called by the loader's `dlsym` for `cu*`/`nvml*` names: cuslice's wrapper for this lookup, or
+/// NULL to let glibc answer it.
 ///
 /// # Safety
-/// Called only by the trampoline with the caller's `dlsym` arguments.
+/// Called only by the loader with its caller's `dlsym` arguments.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuslice_dlsym_route(
     handle: *mut c_void,
