@@ -12,6 +12,28 @@ use crate::state::{Record, Root, start_time, valid_id};
 
 /// Where `cuslice install` puts the library.
 pub const INSTALLED_LIBRARY: &str = "/usr/local/lib/cuslice/libcuslice.so";
+/// The interposer's core, which `libcuslice.so` (the small preloaded loader) opens from its own
+/// directory when a process first reaches CUDA: it must sit beside the library, on the host and
+/// in the container.
+pub const CORE_FILE: &str = "libcuslice_core.so";
+
+/// The core beside `library`.
+pub fn core_beside(library: &Path) -> PathBuf {
+    library.with_file_name(CORE_FILE)
+}
+
+/// `library` if the core sits beside it, else the one line that says so.
+fn with_core(library: PathBuf) -> Result<PathBuf, String> {
+    let core = core_beside(&library);
+    if core.is_file() {
+        Ok(library)
+    } else {
+        Err(format!(
+            "{}: no such file; libcuslice.so loads it from its own directory, so install both from one build (cuslice install does)",
+            core.display()
+        ))
+    }
+}
 pub const DEFAULT_NODE_DIR: &str = cuslice_state::region::DEFAULT_DIR;
 
 pub struct Options {
@@ -36,7 +58,7 @@ pub enum Outcome {
 pub fn find_library(given: Option<&Path>) -> Result<PathBuf, String> {
     if let Some(p) = given {
         return if p.is_file() {
-            Ok(p.to_path_buf())
+            with_core(p.to_path_buf())
         } else {
             Err(format!(
                 "--library {}: no such file; pass the path of libcuslice.so",
@@ -59,7 +81,7 @@ pub fn find_library(given: Option<&Path>) -> Result<PathBuf, String> {
     let mut looked = Vec::new();
     for p in candidates {
         if p.is_file() {
-            return Ok(p);
+            return with_core(p);
         }
         looked.push(p.display().to_string());
     }

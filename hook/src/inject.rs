@@ -8,7 +8,8 @@
 //! | `/run/cuslice` | `<state root>/containers/<id>/mnt` | read-only |
 //! | `/run/cuslice/slice/ledger` | the same file | read-write: the one thing processes update |
 //! | `/run/cuslice/node` | the node's compute regions (`/dev/shm/cuslice`) | read-write |
-//! | `/run/cuslice/lib/libcuslice.so` | the interposer | read-only |
+//! | `/run/cuslice/lib/libcuslice.so` | the interposer's loader | read-only |
+//! | `/run/cuslice/lib/libcuslice_core.so` | the interposer, which the loader opens beside itself | read-only |
 //! | `/run/cuslice/agent` | `<state root>/agent`: the node agent's socket | read-only (a socket still connects) |
 //! | `/etc/ld.so.preload` | `mnt/ld.so.preload`: the image's own file, then the interposer | read-only |
 //!
@@ -78,7 +79,7 @@ fn mount_all(r: &Rootfs, plan: &Plan<'_>, created: &mut Vec<String>) -> Result<(
     if r.ensure_file(PRELOAD).map_err(|e| cant_make(PRELOAD, e))? {
         created.push(PRELOAD.to_string());
     }
-    let binds: [(PathBuf, &str, bool); 6] = [
+    let binds: [(PathBuf, &str, bool); 7] = [
         (plan.mnt.to_path_buf(), "run/cuslice", true),
         (
             plan.mnt.join("slice/ledger"),
@@ -93,6 +94,11 @@ fn mount_all(r: &Rootfs, plan: &Plan<'_>, created: &mut Vec<String>) -> Result<(
         (
             plan.library.to_path_buf(),
             "run/cuslice/lib/libcuslice.so",
+            true,
+        ),
+        (
+            crate::hook::core_beside(plan.library),
+            "run/cuslice/lib/libcuslice_core.so",
             true,
         ),
         (plan.mnt.join("ld.so.preload"), PRELOAD, true),

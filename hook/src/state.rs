@@ -11,7 +11,8 @@
 //!     slice/config                  (0644)   the authoritative limits (read-only inside)
 //!     slice/ledger                  (0666)   the slice's memory ledger (the one writable file)
 //!     node/                                  mount point: the node's compute regions
-//!     lib/libcuslice.so                      mount point: the interposer (read-only)
+//!     lib/libcuslice.so                      mount point: the interposer's loader (read-only)
+//!     lib/libcuslice_core.so                 mount point: the interposer's core (read-only)
 //!     agent/                                 mount point: the node agent's directory
 //!     ld.so.preload                 (0644)   bind-mounted read-only at /etc/ld.so.preload
 //! ```
@@ -178,6 +179,7 @@ impl Root {
             // Filled in from the image's own file when the mounts are made (inject.rs).
             write_atomic(&mnt.join("ld.so.preload"), b"", 0o644)?;
             fs::File::create(mnt.join("lib/libcuslice.so"))?;
+            fs::File::create(mnt.join("lib").join(crate::hook::CORE_FILE))?;
             cuslice_state::ledger::Ledger::open_dir(&mnt.join("slice"))
                 .map_err(|e| io::Error::other(e.to_string()))?;
             // Every process in the container updates the ledger, whatever user it runs as.

@@ -10,6 +10,8 @@ pub const HOOK_BIN: &str = cuslice_hook::cdi::HOOK_BIN;
 pub const RUNTIME_BIN: &str = "cuslice-runtime";
 pub const CLI_BIN: &str = "cuslice";
 pub const LIBRARY: &str = "libcuslice.so";
+/// The interposer's core, which the library (a small loader) opens from its own directory.
+pub const CORE_LIBRARY: &str = cuslice_hook::hook::CORE_FILE;
 
 /// Where units the administrator installs live (systemd reads it before /usr/lib/systemd).
 pub const SYSTEMD_UNIT_DIR: &str = "/etc/systemd/system";
@@ -80,6 +82,10 @@ impl Layout {
 
     pub fn library_path(&self) -> String {
         format!("{}/lib/cuslice/{LIBRARY}", self.prefix)
+    }
+
+    pub fn core_library_path(&self) -> String {
+        format!("{}/lib/cuslice/{CORE_LIBRARY}", self.prefix)
     }
 
     /// The agent's systemd unit: `NAME-agent.service` (`cuslice-agent.service`).

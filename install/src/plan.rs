@@ -6,7 +6,9 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use crate::fsio;
-use crate::layout::{CLI_BIN, HOOK_BIN, LIBRARY, Layout, RUNTIME_BIN, STAGES, SYSTEMD_RUNNING};
+use crate::layout::{
+    CLI_BIN, CORE_LIBRARY, HOOK_BIN, LIBRARY, Layout, RUNTIME_BIN, STAGES, SYSTEMD_RUNNING,
+};
 use crate::problem::Problem;
 use crate::transform::{containerd, docker, owned};
 
@@ -576,13 +578,14 @@ fn systemctl(o: &Options, args: &[String]) -> Result<(), Failure> {
     }
 }
 
-/// The four installed files: (file name in --from, target path, mode).
-fn artefacts(l: &Layout) -> [(&'static str, String, u32); 4] {
+/// The installed files: (file name in --from, target path, mode).
+fn artefacts(l: &Layout) -> [(&'static str, String, u32); 5] {
     [
         (HOOK_BIN, l.hook_path(), 0o755),
         (RUNTIME_BIN, l.runtime_path(), 0o755),
         (CLI_BIN, l.cli_path(), 0o755),
         (LIBRARY, l.library_path(), 0o644),
+        (CORE_LIBRARY, l.core_library_path(), 0o644),
     ]
 }
 
@@ -604,7 +607,7 @@ fn install_files(cx: &Ctx<'_>) -> Result<Vec<Change>, Failure> {
     // PREFIX/lib/cuslice next to PREFIX/bin once installed.
     let source = |file: &str| -> PathBuf {
         let direct = from.join(file);
-        if file == LIBRARY && !direct.is_file() {
+        if (file == LIBRARY || file == CORE_LIBRARY) && !direct.is_file() {
             let installed = from.join("../lib/cuslice").join(file);
             if installed.is_file() {
                 return installed;
@@ -621,8 +624,8 @@ fn install_files(cx: &Ctx<'_>) -> Result<Vec<Change>, Failure> {
     if !missing.is_empty() {
         return Err(Failure::Refused(format!(
             "cuslice install: {}: missing; build with `cargo build --release` (target/release \
-             then holds cuslice-hook, cuslice-runtime, cuslice and libcuslice.so) or pass --from \
-             DIR with those four files",
+             then holds cuslice-hook, cuslice-runtime, cuslice, libcuslice.so and \
+             libcuslice_core.so) or pass --from DIR with those five files",
             missing.join(", ")
         )));
     }

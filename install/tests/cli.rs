@@ -30,6 +30,7 @@ impl Env {
             "cuslice-runtime",
             "cuslice",
             "libcuslice.so",
+            "libcuslice_core.so",
         ] {
             fs::write(from.join(f), format!("fake {f}\n")).expect("write artefact");
         }
@@ -189,6 +190,7 @@ fn install_all_engines_then_uninstall_gives_back_the_original_bytes() {
         ("/usr/local/bin/cuslice-runtime", 0o755),
         ("/usr/local/bin/cuslice", 0o755),
         ("/usr/local/lib/cuslice/libcuslice.so", 0o644),
+        ("/usr/local/lib/cuslice/libcuslice_core.so", 0o644),
     ] {
         let m = fs::metadata(env.path(f)).expect(f).permissions().mode() & 0o7777;
         assert_eq!(m, mode, "{f}");
@@ -564,6 +566,7 @@ fn uninstall_keeps_files_on_request_or_while_registered_elsewhere() {
     assert!(env.exists("/usr/local/lib/cuslice/libcuslice.so"));
     ok(&env.run("uninstall", &["--engine", "crio"]));
     assert!(!env.exists("/usr/local/lib/cuslice/libcuslice.so"));
+    assert!(!env.exists("/usr/local/lib/cuslice/libcuslice_core.so"));
     assert!(!env.exists("/usr/local/bin/cuslice"));
 }
 

@@ -7,12 +7,14 @@ use common::*;
 use std::path::PathBuf;
 use std::process::Command;
 
+/// The portable loader; its core (libcuslice_core.so) sits beside it.
 fn portable() -> Option<PathBuf> {
-    let lib = bin_dir().join("../x86_64-unknown-linux-gnu/release/libcuslice.so");
-    if lib.exists() {
+    let dir = bin_dir().join("../x86_64-unknown-linux-gnu/release");
+    let lib = dir.join("libcuslice.so");
+    if lib.exists() && dir.join("libcuslice_core.so").exists() {
         return Some(lib);
     }
-    let why = "the portable build target/x86_64-unknown-linux-gnu/release/libcuslice.so is missing (tests/run builds it with cargo-zigbuild)";
+    let why = "the portable build target/x86_64-unknown-linux-gnu/release/libcuslice.so and libcuslice_core.so are missing (tests/run builds them with cargo-zigbuild)";
     assert!(std::env::var_os("CI").is_none(), "{why}");
     println!("SKIPPED: {why}");
     None
@@ -53,19 +55,23 @@ fn version_key(v: &str) -> Vec<u32> {
 #[test]
 fn the_portable_build_imports_nothing_newer_than_glibc_2_17() {
     let Some(lib) = portable() else { return };
-    let imports = glibc_imports(&lib);
-    assert!(
-        imports.iter().any(|(n, _)| n == "dlvsym"),
-        "no imports read: {imports:?}"
-    );
-    let too_new: Vec<_> = imports
-        .iter()
-        .filter(|(_, v)| version_key(v) > version_key("GLIBC_2.17"))
-        .collect();
-    assert!(
-        too_new.is_empty(),
-        "imports newer than GLIBC_2.17: {too_new:?}"
-    );
+    for file in [lib.clone(), lib.with_file_name("libcuslice_core.so")] {
+        let imports = glibc_imports(&file);
+        assert!(
+            imports.iter().any(|(n, _)| n == "dlvsym"),
+            "{}: no imports read: {imports:?}",
+            file.display()
+        );
+        let too_new: Vec<_> = imports
+            .iter()
+            .filter(|(_, v)| version_key(v) > version_key("GLIBC_2.17"))
+            .collect();
+        assert!(
+            too_new.is_empty(),
+            "{}: imports newer than GLIBC_2.17: {too_new:?}",
+            file.display()
+        );
+    }
     // The host build, by contrast, needs this machine's glibc (the check can tell them apart).
     let host = glibc_imports(&libcuslice());
     assert!(

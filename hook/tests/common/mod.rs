@@ -1203,7 +1203,7 @@ pub fn output_of(cmd: &mut Command) -> String {
 }
 
 /// `cuslice install --engine ENGINE --prefix PREFIX --config CONFIG`, as a user registers
-/// cuslice with an engine: it copies cuslice-hook, cuslice-runtime, cuslice and libcuslice.so from
+/// cuslice with an engine: it copies cuslice-hook, cuslice-runtime, cuslice, libcuslice.so and libcuslice_core.so from
 /// target/release into PREFIX/bin and PREFIX/lib/cuslice and writes the engine's registration at
 /// CONFIG. Returns what it printed. `--no-agent`: these run against the real root, where a
 /// systemd host would get the agent's unit installed and started.
@@ -1225,6 +1225,7 @@ pub fn cuslice_install(engine: &str, prefix: &Path, config: &Path) -> String {
         "bin/cuslice-hook",
         "bin/cuslice-runtime",
         "lib/cuslice/libcuslice.so",
+        "lib/cuslice/libcuslice_core.so",
     ] {
         assert!(
             prefix.join(f).is_file(),
