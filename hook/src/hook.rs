@@ -277,3 +277,24 @@ pub fn sweep(opts: &Options) -> Result<Outcome, String> {
     })?;
     Ok(Outcome::Swept(root.sweep()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_library_without_its_core_beside_it_is_refused_with_one_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let lib = dir.path().join("libcuslice.so");
+        std::fs::write(&lib, b"loader").unwrap();
+        let err = find_library(Some(&lib)).unwrap_err();
+        assert!(!err.contains('\n'), "{err}");
+        assert!(
+            err.starts_with(&format!("{}: no such file", core_beside(&lib).display())),
+            "{err}"
+        );
+        assert!(err.contains("cuslice install"), "{err}");
+        std::fs::write(core_beside(&lib), b"core").unwrap();
+        assert_eq!(find_library(Some(&lib)).unwrap(), lib);
+    }
+}
