@@ -730,6 +730,9 @@ fn daemonset_runs_the_dra_plugin_with_the_kubelet_dirs_cdi_dir_and_the_hosts_roo
         .collect();
     assert_eq!(copy.last(), Some(&"/opt/cuslice/"), "{copy:?}");
     assert!(copy.contains(&"cuslice-dra-plugin"), "{copy:?}");
+    // `cuslice install` copies the library's loader and its core from there.
+    assert!(copy.contains(&"libcuslice.so"), "{copy:?}");
+    assert!(copy.contains(&"libcuslice_core.so"), "{copy:?}");
     assert!(
         manifest("README.md").contains("-p cuslice-dra"),
         "README.md's build command builds the plugin"

@@ -216,3 +216,16 @@ fn without_its_core_the_loader_says_so_once_and_cuda_fails_instead_of_running_un
     // The device was never touched by an uncapped process.
     assert_eq!(peak_used(&sim, 0), 0);
 }
+
+#[test]
+fn a_symbolic_link_to_the_loader_finds_the_core_beside_the_file_it_points_to() {
+    let sim = Sim::new(&[]);
+    let tmp = tempfile::tempdir().unwrap();
+    let link = tmp.path().join("libcuslice.so");
+    std::os::unix::fs::symlink(libcuslice(), &link).unwrap();
+    let (lines, code, stderr) = info_with(&link, &sim);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(!stderr.contains("cuslice:"), "{stderr}");
+    // The cap applies: the total CUDA reports is the slice's.
+    assert_eq!(u(&event(&lines, "start")["total"]), GIB, "{lines:?}");
+}

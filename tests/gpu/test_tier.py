@@ -141,13 +141,13 @@ class TierOnTheSimulator(unittest.TestCase):
     library passes."""
 
     def tier(self, lib):
-        for name in ("simgpu", "cuda-workload", "cuda-workload-linked", "libcuslice.so"):
+        for name in ("simgpu", "cuda-workload", "cuda-workload-linked", "libcuslice.so", "libcuslice_core.so"):
             if not os.path.exists(os.path.join(RELEASE, name)):
                 self.skipTest(f"target/release/{name} is not built (cargo build --release --workspace)")
         with tempfile.TemporaryDirectory() as d:
             bin_dir, out = os.path.join(d, "bin"), os.path.join(d, "out")
             os.mkdir(bin_dir)
-            for name in ("simgpu", "cuda-workload", "cuda-workload-linked"):
+            for name in ("simgpu", "cuda-workload", "cuda-workload-linked", "libcuslice_core.so"):
                 os.symlink(os.path.realpath(os.path.join(RELEASE, name)), os.path.join(bin_dir, name))
             lib(os.path.join(bin_dir, "libcuslice.so"), d)
             run = subprocess.run([os.path.join(HERE, "run"), "--sim", "--only", "memory", "--match",

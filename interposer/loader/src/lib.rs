@@ -257,8 +257,10 @@ fn load_core() -> bool {
             None,
         );
     };
+    // Beside this file as it was named when loaded; failing that, beside the file a symbolic
+    // link of that name points to.
     let mut path = sys::PathBuf::new();
-    if !sys::own_dir(&mut path) || !path.push(CORE_FILE) {
+    if !sys::own_dir(&mut path, false) || !path.push(CORE_FILE) {
         return fail(
             b"cannot tell which directory libcuslice.so was loaded from",
             None,
@@ -266,9 +268,19 @@ fn load_core() -> bool {
     }
     // SAFETY: a NUL-terminated path; RTLD_LOCAL keeps the core's exports out of the global scope,
     // where this loader's stand in for them.
-    let h = unsafe { sys::dlopen(path.as_ptr(), sys::RTLD_NOW | sys::RTLD_LOCAL) };
+    let mut h = unsafe { sys::dlopen(path.as_ptr(), sys::RTLD_NOW | sys::RTLD_LOCAL) };
     if h.is_null() {
-        return fail(b"cannot load the interposer", Some(sys::dlerror_text()));
+        let mut why = sys::Line::new();
+        why.push(sys::dlerror_text().to_bytes());
+        let mut real = sys::PathBuf::new();
+        if sys::own_dir(&mut real, true) && real.push(CORE_FILE) && real.as_cstr() != path.as_cstr()
+        {
+            // SAFETY: as above.
+            h = unsafe { sys::dlopen(real.as_ptr(), sys::RTLD_NOW | sys::RTLD_LOCAL) };
+        }
+        if h.is_null() {
+            return fail(b"cannot load the interposer", Some(why.as_cstr()));
+        }
     }
     // SAFETY: glibc's dlsym on a live handle with NUL-terminated names.
     let (attach, route, dlm) = unsafe {

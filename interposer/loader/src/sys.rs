@@ -31,6 +31,7 @@ unsafe extern "C" {
 
 #[link(name = "c")]
 unsafe extern "C" {
+    pub fn realpath(path: *const c_char, resolved: *mut c_char) -> *mut c_char;
     pub fn write(fd: c_int, buf: *const c_void, n: usize) -> isize;
     #[cfg_attr(any(test, panic = "unwind"), allow(dead_code))]
     pub fn abort() -> !;
@@ -138,7 +139,8 @@ impl PathBuf {
 
 /// Puts the directory this object was loaded from, with a trailing '/', in `path` (empty if it
 /// was loaded by a bare name, which the dynamic loader then resolved from the search path).
-pub fn own_dir(path: &mut PathBuf) -> bool {
+/// With `resolved`, the directory of the file itself after following symbolic links.
+pub fn own_dir(path: &mut PathBuf, resolved: bool) -> bool {
     let mut info = DlInfo {
         dli_fname: core::ptr::null(),
         dli_fbase: core::ptr::null_mut(),
@@ -149,8 +151,20 @@ pub fn own_dir(path: &mut PathBuf) -> bool {
     if unsafe { dladdr(own_dir as *const c_void, &mut info) } == 0 || info.dli_fname.is_null() {
         return false;
     }
-    // SAFETY: dladdr's dli_fname is the object's NUL-terminated file name, valid while it is loaded.
-    let file = unsafe { CStr::from_ptr(info.dli_fname) }.to_bytes();
+    let mut real = [0u8; 4096];
+    let name = if resolved {
+        // SAFETY: dli_fname is NUL-terminated; `real` has PATH_MAX (4096) bytes, as realpath needs.
+        let p = unsafe { realpath(info.dli_fname, real.as_mut_ptr().cast()) };
+        if p.is_null() {
+            return false;
+        }
+        p.cast_const()
+    } else {
+        info.dli_fname
+    };
+    // SAFETY: dladdr's dli_fname (valid while this object is loaded) or realpath's result in
+    // `real`: NUL-terminated either way.
+    let file = unsafe { CStr::from_ptr(name) }.to_bytes();
     match file.iter().rposition(|&b| b == b'/') {
         Some(slash) => path.push(file.get(..=slash).unwrap_or(b"")),
         None => true,
@@ -178,6 +192,15 @@ impl Line {
                 self.len += 1;
             }
         }
+    }
+
+    /// The text so far (up to a NUL in it, if any).
+    pub fn as_cstr(&mut self) -> &CStr {
+        let end = self.len.min(self.buf.len() - 1);
+        if let Some(b) = self.buf.get_mut(end) {
+            *b = 0;
+        }
+        CStr::from_bytes_until_nul(&self.buf).unwrap_or(c"")
     }
 
     /// Writes the line, ending it with a newline even if it was cut.
