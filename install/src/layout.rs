@@ -10,6 +10,11 @@ pub const HOOK_BIN: &str = cuslice_hook::cdi::HOOK_BIN;
 pub const RUNTIME_BIN: &str = "cuslice-runtime";
 pub const CLI_BIN: &str = "cuslice";
 pub const LIBRARY: &str = "libcuslice.so";
+/// Every library installed into PREFIX/lib/cuslice (the one list: a library added here is
+/// installed, stripped and removed like the others).
+pub const LIBRARIES: &[&str] = &[LIBRARY];
+/// Every executable installed into PREFIX/bin.
+pub const BINARIES: &[&str] = &[HOOK_BIN, RUNTIME_BIN, CLI_BIN];
 
 /// Where units the administrator installs live (systemd reads it before /usr/lib/systemd).
 pub const SYSTEMD_UNIT_DIR: &str = "/etc/systemd/system";
@@ -78,8 +83,14 @@ impl Layout {
         self.bin(CLI_BIN)
     }
 
+    /// The interposer the hook mounts into containers.
     pub fn library_path(&self) -> String {
-        format!("{}/lib/cuslice/{LIBRARY}", self.prefix)
+        self.lib(LIBRARY)
+    }
+
+    /// A library's path: PREFIX/lib/cuslice/FILE.
+    pub fn lib(&self, file: &str) -> String {
+        format!("{}/lib/cuslice/{file}", self.prefix)
     }
 
     /// The agent's systemd unit: `NAME-agent.service` (`cuslice-agent.service`).
