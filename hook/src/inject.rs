@@ -71,9 +71,12 @@ fn mount_all(r: &Rootfs, plan: &Plan<'_>, created: &mut Vec<String>) -> Result<(
     let image = r
         .read(PRELOAD)
         .map_err(|e| format!("cannot read the image's /{PRELOAD}: {e}"))?;
-    std::fs::write(
-        plan.mnt.join("ld.so.preload"),
-        crate::settings::preload_file(image.as_deref()),
+    // Made here, once (not first empty at `Root::create`): readable by every user, since the
+    // dynamic loader of every process in the container reads it.
+    crate::state::write_new(
+        &plan.mnt.join("ld.so.preload"),
+        crate::settings::preload_file(image.as_deref()).as_bytes(),
+        0o644,
     )
     .map_err(|e| format!("{}: {e}", plan.mnt.join("ld.so.preload").display()))?;
     if r.ensure_file(PRELOAD).map_err(|e| cant_make(PRELOAD, e))? {

@@ -78,19 +78,65 @@ pub fn valid_id(id: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b"_+-.".contains(&b))
 }
 
+/// Writes `path` through a temporary file renamed over it, so that a reader (the agent, `cuslice
+/// status`, a hook of another container) sees the old file or the new one, never a part. No
+/// fsync: this is per-boot runtime state under /run (tmpfs on a usual host, where fsync does
+/// nothing), and on a host whose /run is a disk file system an fsync per file cost about a
+/// millisecond of every container's creation (issue #18) to keep files that a reboot makes
+/// meaningless anyway (their containers are gone; the next hook sweeps them).
 fn write_atomic(path: &Path, text: &[u8], mode: u32) -> io::Result<()> {
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    let result = (|| {
-        let mut f = fs::File::create(&tmp)?;
-        f.set_permissions(fs::Permissions::from_mode(mode))?;
-        f.write_all(text)?;
-        f.sync_all()?;
-        fs::rename(&tmp, path)
-    })();
+    // A leftover of a hook that died with this pid would keep its own mode: start afresh.
+    let _ = fs::remove_file(&tmp);
+    let result = write_new(&tmp, text, mode).and_then(|()| fs::rename(&tmp, path));
     if result.is_err() {
         let _ = fs::remove_file(&tmp);
     }
     result
+}
+
+/// The hook's umask, read once (from /proc/self/status, which reports it without changing it;
+/// the umask(2) call would set it, process-wide). Unknown reads as "narrows everything".
+fn umask() -> u32 {
+    static UMASK: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *UMASK.get_or_init(|| {
+        fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|s| {
+                let line = s.lines().find_map(|l| l.strip_prefix("Umask:"))?;
+                u32::from_str_radix(line.trim(), 8).ok()
+            })
+            .unwrap_or(0o777)
+    })
+}
+
+/// Sets `path`'s mode to `mode` where the umask narrowed it at creation. Under the usual umask
+/// (022) the paths the hook makes come out right at once, and every chmod saved is one
+/// metadata update fewer on the container's creation path (issue #18).
+fn fix_mode(path: &Path, mode: u32) -> io::Result<()> {
+    if umask() & mode != 0 {
+        fs::set_permissions(path, fs::Permissions::from_mode(mode))?;
+    }
+    Ok(())
+}
+
+/// Makes the directory `path` (its parent must exist) with `mode`.
+fn make_dir(path: &Path, mode: u32) -> io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    fs::DirBuilder::new().mode(mode).create(path)?;
+    fix_mode(path, mode)
+}
+
+/// Makes the new file `path` holding `text`, with `mode`.
+pub(crate) fn write_new(path: &Path, text: &[u8], mode: u32) -> io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(path)?;
+    f.write_all(text)?;
+    fix_mode(path, mode)
 }
 
 impl Root {
@@ -161,25 +207,20 @@ impl Root {
             fs::remove_dir_all(&dir)?;
         }
         let mnt = self.mnt(id);
+        // Each path is made once with its final mode, and written once: nothing else can see
+        // the directory before its record exists (a directory without one is a hook's half-made
+        // work, see `sweep`), so no temporary files and renames are needed until the record.
         let made = (|| {
+            make_dir(&dir, 0o755)?;
+            make_dir(&mnt, 0o755)?;
             for sub in ["slice", "node", "lib", "agent"] {
-                fs::create_dir_all(mnt.join(sub))?;
+                make_dir(&mnt.join(sub), 0o755)?;
             }
-            for d in [
-                &dir,
-                &mnt,
-                &mnt.join("slice"),
-                &mnt.join("node"),
-                &mnt.join("lib"),
-                &mnt.join("agent"),
-            ] {
-                fs::set_permissions(d, fs::Permissions::from_mode(0o755))?;
-            }
-            write_atomic(&mnt.join("slice/config"), config.as_bytes(), 0o644)?;
-            // Filled in from the image's own file when the mounts are made (inject.rs).
-            write_atomic(&mnt.join("ld.so.preload"), b"", 0o644)?;
-            fs::File::create(mnt.join("lib/libcuslice.so"))?;
-            fs::File::create(mnt.join("lib").join(crate::hook::CORE_FILE))?;
+            write_new(&mnt.join("slice/config"), config.as_bytes(), 0o644)?;
+            // ld.so.preload is written when the mounts are made, from the image's own file
+            // (inject.rs).
+            write_new(&mnt.join("lib/libcuslice.so"), b"", 0o644)?;
+            write_new(&mnt.join("lib").join(crate::hook::CORE_FILE), b"", 0o644)?;
             cuslice_state::ledger::Ledger::open_dir(&mnt.join("slice"))
                 .map_err(|e| io::Error::other(e.to_string()))?;
             // Every process in the container updates the ledger, whatever user it runs as.

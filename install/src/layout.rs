@@ -12,6 +12,11 @@ pub const CLI_BIN: &str = "cuslice";
 pub const LIBRARY: &str = "libcuslice.so";
 /// The interposer's core, which the library (a small loader) opens from its own directory.
 pub const CORE_LIBRARY: &str = cuslice_hook::hook::CORE_FILE;
+/// Every library installed into PREFIX/lib/cuslice (the one list: a library added here is
+/// installed, stripped and removed like the others).
+pub const LIBRARIES: &[&str] = &[LIBRARY, CORE_LIBRARY];
+/// Every executable installed into PREFIX/bin.
+pub const BINARIES: &[&str] = &[HOOK_BIN, RUNTIME_BIN, CLI_BIN];
 
 /// Where units the administrator installs live (systemd reads it before /usr/lib/systemd).
 pub const SYSTEMD_UNIT_DIR: &str = "/etc/systemd/system";
@@ -80,12 +85,14 @@ impl Layout {
         self.bin(CLI_BIN)
     }
 
+    /// The interposer the hook mounts into containers.
     pub fn library_path(&self) -> String {
-        format!("{}/lib/cuslice/{LIBRARY}", self.prefix)
+        self.lib(LIBRARY)
     }
 
-    pub fn core_library_path(&self) -> String {
-        format!("{}/lib/cuslice/{CORE_LIBRARY}", self.prefix)
+    /// A library's path: PREFIX/lib/cuslice/FILE.
+    pub fn lib(&self, file: &str) -> String {
+        format!("{}/lib/cuslice/{file}", self.prefix)
     }
 
     /// The agent's systemd unit: `NAME-agent.service` (`cuslice-agent.service`).

@@ -5,6 +5,7 @@ mod fsio;
 mod layout;
 mod plan;
 mod problem;
+mod strip;
 mod transform;
 
 use std::io::Write;

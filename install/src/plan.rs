@@ -6,10 +6,9 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use crate::fsio;
-use crate::layout::{
-    CLI_BIN, CORE_LIBRARY, HOOK_BIN, LIBRARY, Layout, RUNTIME_BIN, STAGES, SYSTEMD_RUNNING,
-};
+use crate::layout::{BINARIES, LIBRARIES, Layout, STAGES, SYSTEMD_RUNNING};
 use crate::problem::Problem;
+use crate::strip;
 use crate::transform::{containerd, docker, owned};
 
 /// The container engines cuslice registers with.
@@ -355,7 +354,7 @@ pub fn plan(o: &Options) -> Result<Plan, Failure> {
     }
 
     let files = match o.cmd {
-        Cmd::Install => install_files(&cx)?,
+        Cmd::Install => install_files(&cx, &mut plan.warnings)?,
         Cmd::Uninstall if o.keep_files => Vec::new(),
         Cmd::Uninstall => {
             let elsewhere = still_registered(o);
@@ -578,18 +577,15 @@ fn systemctl(o: &Options, args: &[String]) -> Result<(), Failure> {
     }
 }
 
-/// The installed files: (file name in --from, target path, mode).
-fn artefacts(l: &Layout) -> [(&'static str, String, u32); 5] {
-    [
-        (HOOK_BIN, l.hook_path(), 0o755),
-        (RUNTIME_BIN, l.runtime_path(), 0o755),
-        (CLI_BIN, l.cli_path(), 0o755),
-        (LIBRARY, l.library_path(), 0o644),
-        (CORE_LIBRARY, l.core_library_path(), 0o644),
-    ]
+/// The installed files: (file name in --from, target path, mode). Each also gets its debug
+/// info beside it where the source has some (`strip`).
+fn artefacts(l: &Layout) -> Vec<(&'static str, String, u32)> {
+    let bins = BINARIES.iter().map(|&b| (b, l.bin(b), 0o755));
+    let libs = LIBRARIES.iter().map(|&f| (f, l.lib(f), 0o644));
+    bins.chain(libs).collect()
 }
 
-fn install_files(cx: &Ctx<'_>) -> Result<Vec<Change>, Failure> {
+fn install_files(cx: &Ctx<'_>, warnings: &mut Vec<String>) -> Result<Vec<Change>, Failure> {
     let o = cx.o;
     let from = match &o.from {
         Some(f) => f.clone(),
@@ -607,7 +603,7 @@ fn install_files(cx: &Ctx<'_>) -> Result<Vec<Change>, Failure> {
     // PREFIX/lib/cuslice next to PREFIX/bin once installed.
     let source = |file: &str| -> PathBuf {
         let direct = from.join(file);
-        if (file == LIBRARY || file == CORE_LIBRARY) && !direct.is_file() {
+        if LIBRARIES.contains(&file) && !direct.is_file() {
             let installed = from.join("../lib/cuslice").join(file);
             if installed.is_file() {
                 return installed;
@@ -630,25 +626,45 @@ fn install_files(cx: &Ctx<'_>) -> Result<Vec<Change>, Failure> {
         )));
     }
     let mut out = Vec::new();
+    let mut kept = Vec::new();
     for (file, target, mode) in artefacts(&o.layout) {
         let src = source(file);
-        let bytes = std::fs::read(&src).map_err(|e| cx.failed(&src, "cannot read it", &e))?;
-        let path = fsio::host(&o.root, &target);
-        let (old, old_mode) = match fsio::read(&path) {
-            Ok(Some((b, m))) => (Some(b), Some(m)),
-            Ok(None) => (None, None),
-            Err(e) => return Err(cx.failed(&path, "cannot read it", &e)),
-        };
-        out.push(Change {
-            path,
-            old,
-            old_mode,
-            new: Some(bytes),
-            mode,
-            force_mode: true,
-            text: false,
-            source: Some(src),
-        });
+        let (split, why) = strip::split(&src, file)
+            .map_err(|e| Failure::Failed(format!("cuslice {}: {e}", o.cmd.word())))?;
+        match why {
+            Some(strip::Kept::NoObjcopy) => kept.push(file.to_owned()),
+            Some(strip::Kept::Failed(e)) => {
+                warnings.push(format!("{file}: installed with its debug info ({e})"))
+            }
+            None => {}
+        }
+        let debug = split.debug.map(|d| (strip::debug_path(&target), d, 0o644));
+        for (target, bytes, mode) in [(target, split.file, mode)].into_iter().chain(debug) {
+            let path = fsio::host(&o.root, &target);
+            let (old, old_mode) = match fsio::read(&path) {
+                Ok(Some((b, m))) => (Some(b), Some(m)),
+                Ok(None) => (None, None),
+                Err(e) => return Err(cx.failed(&path, "cannot read it", &e)),
+            };
+            out.push(Change {
+                path,
+                old,
+                old_mode,
+                new: Some(bytes),
+                mode,
+                force_mode: true,
+                text: false,
+                source: Some(src.clone()),
+            });
+        }
+    }
+    if !kept.is_empty() {
+        warnings.push(format!(
+            "{}: installed with their debug info: objcopy (binutils) is not on PATH; install \
+             binutils and run the command again to install them stripped, with the debug info \
+             in .debug/ beside them",
+            kept.join(", ")
+        ));
     }
     Ok(out)
 }
@@ -656,8 +672,18 @@ fn install_files(cx: &Ctx<'_>) -> Result<Vec<Change>, Failure> {
 fn uninstall_files(cx: &Ctx<'_>) -> Result<Vec<Change>, Failure> {
     let o = cx.o;
     let mut out = Vec::new();
-    for (_, target, mode) in artefacts(&o.layout) {
+    // Each file, and its debug info where install put some beside it.
+    let files = artefacts(&o.layout)
+        .into_iter()
+        .flat_map(|(_, target, mode)| {
+            let debug = strip::debug_path(&target);
+            [(target, mode, true), (debug, 0o644, false)]
+        });
+    for (target, mode, always) in files {
         let path = fsio::host(&o.root, &target);
+        if !always && std::fs::symlink_metadata(&path).is_err() {
+            continue;
+        }
         let (old, old_mode) = match std::fs::symlink_metadata(&path) {
             Err(_) => (None, None),
             // Not read: only whether it is there matters.
@@ -937,6 +963,10 @@ pub fn apply(o: &Options, plan: &Plan) -> Result<String, Failure> {
                     ))
                 })?;
                 let _ = writeln!(out, "{p}: removed");
+                // The debug info's directory goes with its last file.
+                if let Some(dir) = c.path.parent().filter(|d| d.ends_with(strip::DEBUG_DIR)) {
+                    let _ = std::fs::remove_dir(dir);
+                }
             }
         }
     }

@@ -29,7 +29,12 @@ fn fake_from(dir: &Path, hook_script: &str) {
         std::os::unix::fs::PermissionsExt::from_mode(0o755),
     )
     .expect("chmod");
-    for f in ["cuslice-runtime", "cuslice", "libcuslice.so"] {
+    for f in [
+        "cuslice-runtime",
+        "cuslice",
+        "libcuslice.so",
+        "libcuslice_core.so",
+    ] {
         fs::write(dir.join(f), f).expect("write");
     }
 }

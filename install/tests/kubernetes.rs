@@ -554,6 +554,7 @@ fn daemonset_installs_with_a_valid_command_and_no_agent_unit() {
         "cuslice-runtime",
         "cuslice",
         "libcuslice.so",
+        "libcuslice_core.so",
     ] {
         std::fs::write(from.join(f), f).expect("write");
     }
