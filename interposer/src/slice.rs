@@ -5,11 +5,11 @@
 //! Nothing here runs until CUDA or NVML is used: a process that never touches them (a shell, `ls`,
 //! with the library in /etc/ld.so.preload) pays for the `dlsym` check and nothing else.
 
-use std::cell::Cell;
+use std::cell::{Cell, UnsafeCell};
 use std::ffi::{c_int, c_uint};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicPtr, AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU64, Ordering};
 
 use cuda_abi::*;
 use cuslice_policy::config::Config;
@@ -525,32 +525,95 @@ pub fn local<R>(f: impl FnOnce(&mut Local) -> R) -> R {
 /// seldom meet on a lock (one process-wide lock had every thread queue on it).
 const SHARDS: usize = 64;
 
+/// One shard: a spin lock (taken with one compare-and-swap, given back with a plain store; a
+/// parking mutex gives back with a second compare-and-swap) around a map. It is held for one
+/// hash-map operation, and with 64 shards two threads seldom want the same one; a thread that
+/// does spins briefly, then yields until the holder is scheduled again.
 #[repr(align(64))]
-struct Shard(Mutex<FxHashMap<u64, Charge>>);
+struct Shard {
+    locked: AtomicBool,
+    map: UnsafeCell<FxHashMap<u64, Charge>>,
+}
 
-static ALLOCS: [Shard; SHARDS] = [const {
-    Shard(Mutex::new(FxHashMap::with_hasher(
-        rustc_hash::FxBuildHasher,
-    )))
-}; SHARDS];
+// SAFETY: `map` is only reached through `with`, under `locked`.
+unsafe impl Sync for Shard {}
 
-fn shard(ptr: u64) -> &'static Mutex<FxHashMap<u64, Charge>> {
+impl Shard {
+    const fn new() -> Shard {
+        Shard {
+            locked: AtomicBool::new(false),
+            map: UnsafeCell::new(FxHashMap::with_hasher(rustc_hash::FxBuildHasher)),
+        }
+    }
+
+    #[inline]
+    fn lock(&self) {
+        if self
+            .locked
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            self.lock_contended();
+        }
+    }
+
+    #[cold]
+    fn lock_contended(&self) {
+        let mut tries = 0u32;
+        loop {
+            if !self.locked.load(Ordering::Relaxed)
+                && self
+                    .locked
+                    .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+            {
+                return;
+            }
+            tries += 1;
+            if tries < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    #[inline]
+    fn unlock(&self) {
+        self.locked.store(false, Ordering::Release);
+    }
+
+    #[inline]
+    fn with<R>(&self, f: impl FnOnce(&mut FxHashMap<u64, Charge>) -> R) -> R {
+        self.lock();
+        // SAFETY: the lock is held: nobody else reaches the map until `unlock`. `f` cannot
+        // unwind (panic = abort), so the lock is always given back.
+        let r = f(unsafe { &mut *self.map.get() });
+        self.unlock();
+        r
+    }
+}
+
+static ALLOCS: [Shard; SHARDS] = [const { Shard::new() }; SHARDS];
+
+#[inline]
+fn shard(ptr: u64) -> &'static Shard {
     // Fibonacci hashing: the top bits of the product depend on every bit of the pointer (device
     // pointers share their low, aligned bits).
     let i = (ptr.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - SHARDS.trailing_zeros())) as usize;
-    &ALLOCS[i % SHARDS].0
+    &ALLOCS[i % SHARDS]
 }
 
 /// Records the charge of the allocation at `ptr`; returns a charge it replaced.
 #[inline]
 pub fn alloc_insert(ptr: u64, c: Charge) -> Option<Charge> {
-    shard(ptr).lock().insert(ptr, c)
+    shard(ptr).with(|m| m.insert(ptr, c))
 }
 
 /// Forgets the allocation at `ptr`, returning its charge.
 #[inline]
 pub fn alloc_remove(ptr: u64) -> Option<Charge> {
-    shard(ptr).lock().remove(&ptr)
+    shard(ptr).with(|m| m.remove(&ptr))
 }
 
 /// A context went away (destroyed, or a primary context's last release or a reset): the driver
@@ -558,11 +621,13 @@ pub fn alloc_remove(ptr: u64) -> Option<Charge> {
 pub fn context_gone(s: &Slice, ctx: usize) {
     let mut freed = Vec::new();
     for sh in ALLOCS.iter() {
-        sh.0.lock().retain(|_, c| {
-            c.ctx != ctx || {
-                freed.push(*c);
-                false
-            }
+        sh.with(|m| {
+            m.retain(|_, c| {
+                c.ctx != ctx || {
+                    freed.push(*c);
+                    false
+                }
+            })
         });
     }
     freed.extend(local(|l| {
@@ -616,7 +681,7 @@ extern "C" fn before_fork() {
     std::mem::forget(INIT.lock());
     std::mem::forget(LOCAL.lock());
     for sh in ALLOCS.iter() {
-        std::mem::forget(sh.0.lock());
+        sh.lock();
     }
 }
 
@@ -624,7 +689,7 @@ fn unlock_after_fork() {
     // SAFETY: all locked by before_fork in this thread, with their guards forgotten.
     unsafe {
         for sh in ALLOCS.iter() {
-            sh.0.force_unlock();
+            sh.unlock();
         }
         LOCAL.force_unlock();
         INIT.force_unlock();
@@ -642,7 +707,7 @@ extern "C" fn child_after_fork() {
     unlock_after_fork();
     *LOCAL.lock() = None;
     for sh in ALLOCS.iter() {
-        sh.0.lock().clear();
+        sh.with(|m| m.clear());
     }
     let p = SLICE.swap(std::ptr::null_mut(), Ordering::AcqRel);
     // SAFETY: the old slice is leaked on purpose (the parent's memory image); only its file
