@@ -468,8 +468,15 @@ fn start() {
     }
 }
 
-/// Every launch passes here first.
-#[inline]
+/// Whether a launch may go straight on to the driver: the meter is started and no device is
+/// metered (no core limit, and no other slice asking for time).
+#[inline(always)]
+fn gate_open() -> bool {
+    STARTED.load(Ordering::Relaxed) && !METERED.load(Ordering::Relaxed)
+}
+
+/// Every launch the fast path does not let through passes here first (one call: the metered
+/// charge, which every launch under a core limit makes, is inlined here).
 fn gate() {
     if !STARTED.load(Ordering::Relaxed) {
         start();
@@ -479,7 +486,7 @@ fn gate() {
     }
 }
 
-#[cold]
+#[inline(always)]
 fn gate_metered() {
     let Ok(Some(s)) = slice::active() else {
         return;
@@ -511,20 +518,63 @@ pub fn child_after_fork(s: &mut Slice) {
     }
 }
 
+/// Each wrapper's fast path is three loads (the real function, cached in the wrapper, and the two
+/// flags of `gate_open`) and a jump to the driver: no call of its own, so no registers to save.
+/// The rest (resolving the real function, starting the meter, charging a metered launch) is in
+/// the out-of-line `slow` twin, reached by a jump as well.
 macro_rules! launch_wrappers {
-    ($($name:ident($($arg:ident: $ty:ty),*);)*) => {$(
+    ($($name:ident($($arg:ident: $ty:ty),*);)*) => {
+        $(
         /// # Safety
         /// The CUDA driver API contract of the function of the same name.
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name($($arg: $ty),*) -> CUresult {
-            let Some(f) = real::$name() else {
-                return CUresult::CUDA_ERROR_NOT_INITIALIZED;
+            let mut p = slow::$name::REAL.load(Ordering::Relaxed);
+            if p.is_null() || !gate_open() {
+                p = slow::$name::prepare();
+                if p.is_null() {
+                    return CUresult::CUDA_ERROR_NOT_INITIALIZED;
+                }
+            }
+            // SAFETY: `p` was stored by `slow::$name::prepare` from `real::$name()`, a pointer
+            // of exactly this type.
+            let f = unsafe {
+                std::mem::transmute::<*mut (), unsafe extern "C" fn($($ty),*) -> CUresult>(p)
             };
-            gate();
             // SAFETY: forwarded unchanged.
             unsafe { f($($arg),*) }
         }
-    )*};
+        )*
+
+        mod slow {
+            #![allow(non_snake_case)]
+            use super::*;
+            $(
+            pub mod $name {
+                use super::*;
+
+                /// The real function, once resolved.
+                pub static REAL: std::sync::atomic::AtomicPtr<()> =
+                    std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
+
+                /// Resolves the real function and passes the gate; the real function (null if
+                /// the driver lacks it).
+                #[cold]
+                #[inline(never)]
+                pub fn prepare() -> *mut () {
+                    let Some(f) = real::$name() else {
+                        return std::ptr::null_mut();
+                    };
+                    if REAL.load(Ordering::Relaxed) != f as *mut () {
+                        REAL.store(f as *mut (), Ordering::Relaxed);
+                    }
+                    gate();
+                    f as *mut ()
+                }
+            }
+            )*
+        }
+    };
 }
 
 launch_wrappers! {

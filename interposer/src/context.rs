@@ -18,16 +18,11 @@
 #![allow(non_snake_case)]
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
-use std::sync::atomic::Ordering;
 
 use cuda_abi::*;
 
 use crate::hooks::real;
-use crate::slice::{self, Charge, OWN_CHARGED, Slice};
-
-fn own_charged() -> u64 {
-    OWN_CHARGED.load(Ordering::Relaxed)
-}
+use crate::slice::{self, Charge, Slice};
 
 /// Creates a context on device `cudev` with `make`, charging its hidden memory.
 fn create(cudev: CUdevice, out: *mut CUcontext, make: impl FnOnce() -> CUresult) -> CUresult {
@@ -58,7 +53,7 @@ fn create(cudev: CUdevice, out: *mut CUcontext, make: impl FnOnce() -> CUresult)
         return e;
     }
     let before = first.then(|| crate::nvml::device_used(&uuid)).flatten();
-    let own0 = own_charged();
+    let own0 = s.own_charged();
     let r = make();
     if !r.is_ok() {
         s.release(dev, estimate);
@@ -74,7 +69,7 @@ fn create(cudev: CUdevice, out: *mut CUcontext, make: impl FnOnce() -> CUresult)
     let charge = match (first, before) {
         (true, Some(b)) => {
             let after = crate::nvml::device_used(&uuid).unwrap_or(b);
-            let own1 = own_charged();
+            let own1 = s.own_charged();
             let measured = after
                 .saturating_sub(b)
                 .saturating_sub(own1.saturating_sub(own0));
@@ -298,12 +293,12 @@ fn load(
     let Some((ctx, dev)) = slice::current(s) else {
         return load();
     };
-    let (free0, own0) = (free_now(), own_charged());
+    let (free0, own0) = (free_now(), s.own_charged());
     let r = load();
     if !r.is_ok() {
         return r;
     }
-    let (free1, own1) = (free_now(), own_charged());
+    let (free1, own1) = (free_now(), s.own_charged());
     let took = match (free0, free1) {
         (Some(a), Some(b)) => a
             .saturating_sub(b)

@@ -265,6 +265,8 @@ pub fn ensure(lib: Lib) -> bool {
     true
 }
 
+// Inlined: every wrapper calls it on every call (a load and a test once resolved).
+#[inline]
 fn get(s: Sym) -> *mut () {
     let p = REAL[s as usize].load(Ordering::Acquire);
     if p.is_null() && !RESOLVED[s.info().lib.index()].load(Ordering::Acquire) {

@@ -48,7 +48,7 @@ pub fn charged_alloc(
         undo(ptr);
         return e;
     }
-    if let Some(stale) = slice::local(|l| l.allocs.insert(ptr, Charge { dev, bytes, ctx })) {
+    if let Some(stale) = slice::alloc_insert(ptr, Charge { dev, bytes, ctx }) {
         // Cannot happen while frees forget the pointer first (below); never leak a charge.
         s.release(stale.dev, stale.bytes);
     }
@@ -62,13 +62,13 @@ pub fn charged_free(ptr: u64, free: impl FnOnce() -> CUresult) -> CUresult {
     let Ok(Some(s)) = slice::active() else {
         return free();
     };
-    let charge = slice::local(|l| l.allocs.remove(&ptr));
+    let charge = slice::alloc_remove(ptr);
     let r = free();
     if let Some(c) = charge {
         if r.is_ok() {
             s.release(c.dev, c.bytes);
         } else {
-            slice::local(|l| l.allocs.insert(ptr, c));
+            slice::alloc_insert(ptr, c);
         }
     }
     r

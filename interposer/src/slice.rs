@@ -5,11 +5,11 @@
 //! Nothing here runs until CUDA or NVML is used: a process that never touches them (a shell, `ls`,
 //! with the library in /etc/ld.so.preload) pays for the `dlsym` check and nothing else.
 
-use std::cell::Cell;
+use std::cell::{Cell, UnsafeCell};
 use std::ffi::{c_int, c_uint};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicPtr, AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU64, Ordering};
 
 use cuda_abi::*;
 use cuslice_policy::config::Config;
@@ -340,7 +340,6 @@ impl Slice {
             return Ok(());
         };
         if bytes == 0 || self.ledger.reserve(self.slot, d.index, bytes).is_ok() {
-            OWN_CHARGED.fetch_add(bytes, Ordering::Relaxed);
             return Ok(());
         }
         let mut waiting = self.sweep();
@@ -353,10 +352,7 @@ impl Slice {
             result = self.ledger.reserve(self.slot, d.index, bytes);
         }
         match result {
-            Ok(()) => {
-                OWN_CHARGED.fetch_add(bytes, Ordering::Relaxed);
-                Ok(())
-            }
+            Ok(()) => Ok(()),
             Err(over) => {
                 self.ledger.note_refusal(d.index);
                 info!(
@@ -375,10 +371,6 @@ impl Slice {
             && bytes > 0
         {
             self.ledger.release(self.slot, d.index, bytes);
-            OWN_CHARGED.fetch_sub(
-                bytes.min(OWN_CHARGED.load(Ordering::Relaxed)),
-                Ordering::Relaxed,
-            );
         }
     }
 
@@ -390,7 +382,6 @@ impl Slice {
             && bytes > 0
         {
             self.ledger.charge(self.slot, d.index, bytes);
-            OWN_CHARGED.fetch_add(bytes, Ordering::Relaxed);
         }
     }
 
@@ -406,19 +397,30 @@ impl Slice {
         }
     }
 
-    /// Rounds a request up to what the driver really takes for it.
+    /// Rounds a request up to what the driver really takes for it. Granularities are powers of
+    /// two on every driver we know of: a mask then, not a 64-bit division, on every allocation.
+    #[inline]
     pub fn rounded(&self, ordinal: usize, bytes: u64) -> u64 {
         let g = self.devs().get(ordinal).map_or(1, |d| d.granularity.max(1));
+        if g.is_power_of_two() {
+            return bytes.checked_add(g - 1).map_or(u64::MAX, |b| b & !(g - 1));
+        }
         bytes.div_ceil(g).saturating_mul(g)
+    }
+
+    /// Everything this process has charged, on all devices: for telling its own allocations
+    /// apart from hidden memory when measuring a drop in free memory. Read from its own slot of
+    /// the ledger (no process-wide counter for every allocation to update).
+    pub fn own_charged(&self) -> u64 {
+        self.devs()
+            .iter()
+            .map(|d| self.ledger.charged(self.slot, d.index))
+            .fold(0, u64::saturating_add)
     }
 }
 
 /// How long a refusal waits for the driver to free a dead process's memory.
 const DEAD_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// Everything this process has charged (all devices), for telling its own allocations apart from
-/// hidden memory when measuring a drop in free memory.
-pub static OWN_CHARGED: AtomicU64 = AtomicU64::new(0);
 
 // ---- the current context ---------------------------------------------------------------------
 
@@ -435,6 +437,7 @@ pub fn contexts_changed() {
 
 /// The current context and the ordinal of its device, or None without a current context (the
 /// real call will then report the error itself).
+#[inline]
 pub fn current(s: &Slice) -> Option<(usize, usize)> {
     let get = real::cuCtxGetCurrent()?;
     let mut ctx: CUcontext = std::ptr::null_mut();
@@ -442,6 +445,14 @@ pub fn current(s: &Slice) -> Option<(usize, usize)> {
     if !unsafe { get(&mut ctx) }.is_ok() || ctx.is_null() {
         return None;
     }
+    // One device (the usual case): every context is on it; no need to ask which.
+    if s.devs().len() == 1 {
+        return Some((ctx as usize, 0));
+    }
+    current_device(s, ctx)
+}
+
+fn current_device(s: &Slice, ctx: CUcontext) -> Option<(usize, usize)> {
     let gen_now = CTX_GENERATION.load(Ordering::Relaxed);
     let (c, o, g) = CURRENT.with(|c| c.get());
     if c == ctx as usize && g == gen_now {
@@ -485,7 +496,6 @@ pub struct PoolRec {
 
 #[derive(Default)]
 pub struct Local {
-    pub allocs: FxHashMap<u64, Charge>,
     pub arrays: FxHashMap<usize, Charge>,
     pub vmm: FxHashMap<u64, VmmHandle>,
     /// Mapped VA ranges: start -> (length, handle).
@@ -507,17 +517,121 @@ pub fn local<R>(f: impl FnOnce(&mut Local) -> R) -> R {
     f(g.get_or_insert_with(Local::default))
 }
 
+// ---- the allocation table ----------------------------------------------------------------------
+
+/// Allocations charged by pointer (cuMemAlloc, pitched, managed): pointer -> charge. Every
+/// allocation and free of the process touches it, from any thread, so it is split into shards by
+/// the pointer's hash, each with its own lock in its own cache line: threads allocating at once
+/// seldom meet on a lock (one process-wide lock had every thread queue on it).
+const SHARDS: usize = 64;
+
+/// One shard: a spin lock (taken with one compare-and-swap, given back with a plain store; a
+/// parking mutex gives back with a second compare-and-swap) around a map. It is held for one
+/// hash-map operation, and with 64 shards two threads seldom want the same one; a thread that
+/// does spins briefly, then yields until the holder is scheduled again.
+#[repr(align(64))]
+struct Shard {
+    locked: AtomicBool,
+    map: UnsafeCell<FxHashMap<u64, Charge>>,
+}
+
+// SAFETY: `map` is only reached through `with`, under `locked`.
+unsafe impl Sync for Shard {}
+
+impl Shard {
+    const fn new() -> Shard {
+        Shard {
+            locked: AtomicBool::new(false),
+            map: UnsafeCell::new(FxHashMap::with_hasher(rustc_hash::FxBuildHasher)),
+        }
+    }
+
+    #[inline]
+    fn lock(&self) {
+        if self
+            .locked
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            self.lock_contended();
+        }
+    }
+
+    #[cold]
+    fn lock_contended(&self) {
+        let mut tries = 0u32;
+        loop {
+            if !self.locked.load(Ordering::Relaxed)
+                && self
+                    .locked
+                    .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+            {
+                return;
+            }
+            tries += 1;
+            if tries < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    #[inline]
+    fn unlock(&self) {
+        self.locked.store(false, Ordering::Release);
+    }
+
+    #[inline]
+    fn with<R>(&self, f: impl FnOnce(&mut FxHashMap<u64, Charge>) -> R) -> R {
+        self.lock();
+        // SAFETY: the lock is held: nobody else reaches the map until `unlock`. `f` cannot
+        // unwind (panic = abort), so the lock is always given back.
+        let r = f(unsafe { &mut *self.map.get() });
+        self.unlock();
+        r
+    }
+}
+
+static ALLOCS: [Shard; SHARDS] = [const { Shard::new() }; SHARDS];
+
+#[inline]
+fn shard(ptr: u64) -> &'static Shard {
+    // Fibonacci hashing: the top bits of the product depend on every bit of the pointer (device
+    // pointers share their low, aligned bits).
+    let i = (ptr.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - SHARDS.trailing_zeros())) as usize;
+    &ALLOCS[i % SHARDS]
+}
+
+/// Records the charge of the allocation at `ptr`; returns a charge it replaced.
+#[inline]
+pub fn alloc_insert(ptr: u64, c: Charge) -> Option<Charge> {
+    shard(ptr).with(|m| m.insert(ptr, c))
+}
+
+/// Forgets the allocation at `ptr`, returning its charge.
+#[inline]
+pub fn alloc_remove(ptr: u64) -> Option<Charge> {
+    shard(ptr).with(|m| m.remove(&ptr))
+}
+
 /// A context went away (destroyed, or a primary context's last release or a reset): the driver
 /// freed everything made in it.
 pub fn context_gone(s: &Slice, ctx: usize) {
-    let freed: Vec<Charge> = local(|l| {
-        let mut out = Vec::new();
-        l.allocs.retain(|_, c| {
-            c.ctx != ctx || {
-                out.push(*c);
-                false
-            }
+    let mut freed = Vec::new();
+    for sh in ALLOCS.iter() {
+        sh.with(|m| {
+            m.retain(|_, c| {
+                c.ctx != ctx || {
+                    freed.push(*c);
+                    false
+                }
+            })
         });
+    }
+    freed.extend(local(|l| {
+        let mut out = Vec::new();
         l.arrays.retain(|_, c| {
             c.ctx != ctx || {
                 out.push(*c);
@@ -534,7 +648,7 @@ pub fn context_gone(s: &Slice, ctx: usize) {
             out.push(c);
         }
         out
-    });
+    }));
     for c in freed {
         s.release(c.dev, c.bytes);
     }
@@ -566,25 +680,35 @@ pub unsafe extern "C" fn cuInit(flags: c_uint) -> CUresult {
 extern "C" fn before_fork() {
     std::mem::forget(INIT.lock());
     std::mem::forget(LOCAL.lock());
+    for sh in ALLOCS.iter() {
+        sh.lock();
+    }
 }
 
-extern "C" fn parent_after_fork() {
-    // SAFETY: both locked by before_fork in this thread, with their guards forgotten.
+fn unlock_after_fork() {
+    // SAFETY: all locked by before_fork in this thread, with their guards forgotten.
     unsafe {
+        for sh in ALLOCS.iter() {
+            sh.unlock();
+        }
         LOCAL.force_unlock();
         INIT.force_unlock();
     }
+}
+
+extern "C" fn parent_after_fork() {
+    unlock_after_fork();
 }
 
 /// The child has no CUDA state of its own and must not pass for its parent in the ledger: it
 /// starts over (a fresh registration at its own cuInit), and drops the parent's liveness lock.
 extern "C" fn child_after_fork() {
-    // SAFETY: as in parent_after_fork; the child has one thread.
-    unsafe {
-        LOCAL.force_unlock();
-        INIT.force_unlock();
-    }
+    // The child has one thread.
+    unlock_after_fork();
     *LOCAL.lock() = None;
+    for sh in ALLOCS.iter() {
+        sh.with(|m| m.clear());
+    }
     let p = SLICE.swap(std::ptr::null_mut(), Ordering::AcqRel);
     // SAFETY: the old slice is leaked on purpose (the parent's memory image); only its file
     // descriptor is closed, and nothing else in the child refers to it any more.
@@ -595,7 +719,6 @@ extern "C" fn child_after_fork() {
     if MODE.load(Ordering::Relaxed) == ON {
         MODE.store(UNINIT, Ordering::Release);
     }
-    OWN_CHARGED.store(0, Ordering::Relaxed);
     contexts_changed();
 }
 

@@ -30,7 +30,8 @@ use cuslice_shm::{Locked, RobustMutex, liveness};
 use crate::snapshot::{DeviceSnapshot, ProcSnapshot, Snapshot};
 
 pub const MAGIC: [u8; 8] = *b"CUSLICE\x00";
-pub const VERSION: u32 = 3;
+/// 4: the device lock is cuslice's own (`DevLock`), next to the figures it guards.
+pub const VERSION: u32 = 4;
 pub const MAX_DEVICES: usize = 64;
 pub const MAX_PROCS: usize = 1024;
 /// Liveness locks sit far past the end of the file (OFD locks need no backing bytes).
@@ -58,19 +59,21 @@ pub struct Header {
     procs: [ProcRec; MAX_PROCS],
 }
 
-#[repr(C)]
+/// A device's record. Its first cache line holds what every allocation and free touches: the
+/// lock, the cap, what the slice holds and its peak.
+#[repr(C, align(64))]
 pub struct DeviceRec {
-    lock: RobustMutex,
-    /// Held while a process measures the slice's first context on the device.
-    measure: RobustMutex,
+    /// Guards `used`, `peak`, the processes' `charged` on this device and the marks.
+    lock: DevLock,
     state: AtomicU32,
-    _pad: u32,
-    /// The device's UUID, as two words (written once, under the table lock, before `state`).
-    uuid: [AtomicU64; 2],
     /// The cap in bytes; LIMIT_UNSET when no process of the slice has set one.
     limit: AtomicU64,
     used: AtomicU64,
     peak: AtomicU64,
+    /// The device's UUID, as two words (written once, under the table lock, before `state`).
+    uuid: [AtomicU64; 2],
+    /// Held while a process measures the slice's first context on the device.
+    measure: RobustMutex,
     refusals: AtomicU64,
     context_overhead: AtomicU64,
     /// Compute time-share: the slice's tokens (ns of device time it may still use; negative: it
@@ -200,6 +203,8 @@ pub struct Ledger {
     path: PathBuf,
     /// This process's slot once registered (u32::MAX before).
     me: AtomicU32,
+    /// What this process writes into a device lock it holds (see `DevLock`).
+    token: AtomicU32,
 }
 
 // SAFETY: the mapping is shared memory accessed only through atomics and under robust mutexes.
@@ -238,6 +243,7 @@ impl Ledger {
             file: None,
             path,
             me: AtomicU32::new(u32::MAX),
+            token: AtomicU32::new(UNKNOWN_OWNER),
         };
         // SAFETY: the mapping is new and ours alone.
         unsafe { l.format() }.map_err(|err| LedgerError::Io {
@@ -302,6 +308,7 @@ impl Ledger {
             file: Some(f.try_clone()?),
             path: path.to_path_buf(),
             me: AtomicU32::new(u32::MAX),
+            token: AtomicU32::new(UNKNOWN_OWNER),
         })
     }
 
@@ -356,7 +363,6 @@ impl Ledger {
             (*h).slice_id = random_id();
             (*h).table_lock.init()?;
             for d in (*h).devices.iter() {
-                d.lock.init()?;
                 d.measure.init()?;
                 d.limit.store(LIMIT_UNSET, Ordering::Relaxed);
                 d.share
@@ -394,7 +400,8 @@ impl Ledger {
     }
 
     fn lock_dev<'a>(&'a self, rec: &'a DeviceRec, d: usize) -> DevGuard<'a> {
-        if let Ok(Locked::OwnerDied) = rec.lock.lock() {
+        let token = self.token.load(Ordering::Relaxed);
+        if let Locked::OwnerDied = rec.lock.lock(token, |owner| self.owner_dead(owner)) {
             // The dead owner may have updated a charge and not `used` (or the other way round):
             // the charges are the truth.
             let sum = self
@@ -406,9 +413,26 @@ impl Ledger {
                 .map(|c| c.load(Ordering::Relaxed))
                 .fold(0u64, u64::saturating_add);
             rec.used.store(sum, Ordering::Relaxed);
-            rec.lock.mark_consistent();
         }
         DevGuard { rec }
+    }
+
+    /// Whether the process whose token is `owner` is gone: its slot was freed or taken by
+    /// another process since (the generation differs), or nobody holds its liveness lock.
+    fn owner_dead(&self, owner: u32) -> bool {
+        let Some((slot, generation)) = token_owner(owner) else {
+            return false;
+        };
+        if slot == self.me.load(Ordering::Relaxed) {
+            // Another thread of this process (slow, not dead: we are alive).
+            return false;
+        }
+        let Some(p) = self.header().procs.get(slot as usize) else {
+            return false;
+        };
+        p.generation.load(Ordering::Acquire) & GEN_MASK != generation
+            || p.state.load(Ordering::Acquire) != LIVE
+            || !self.alive(slot as usize)
     }
 
     fn alive(&self, s: usize) -> bool {
@@ -438,7 +462,9 @@ impl Ledger {
             {
                 continue;
             }
-            p.generation.fetch_add(1, Ordering::Relaxed);
+            let generation = p.generation.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
+            self.token
+                .store(make_token(s as u32, generation), Ordering::Relaxed);
             p.pid.store(std::process::id() as i32, Ordering::Relaxed);
             p.host_pid.store(0, Ordering::Relaxed);
             for c in p.charged.iter() {
@@ -858,20 +884,27 @@ impl Ledger {
         }
     }
 
-    /// In a forked child: the descriptor (and with it the parent's liveness lock) must go; the
-    /// child registers afresh through a new `Ledger`.
+    /// In a forked child: the descriptor and the mapping (and with them the parent's liveness
+    /// lock: a mapping holds the open file, whose lock lives until the last reference goes) must
+    /// go; the child registers afresh through a new `Ledger`. Nothing may use this one after.
     pub fn forget_in_child(&mut self) {
         if let Some(f) = self.file.take() {
             // SAFETY: closing our own descriptor; async-signal-safe, allowed after fork.
             unsafe { libc::close(std::os::fd::IntoRawFd::into_raw_fd(f)) };
+            // SAFETY: unmapping our own mapping, which the caller no longer uses (the child's
+            // slice is leaked and never read again); `len` 0 makes the later drop a no-op.
+            unsafe { libc::munmap(self.map.cast(), self.len) };
+            self.len = 0;
         }
     }
 }
 
 impl Drop for Ledger {
     fn drop(&mut self) {
-        // SAFETY: unmapping our own mapping; nothing borrowed from it outlives `self`.
-        unsafe { libc::munmap(self.map.cast(), self.len) };
+        if self.len > 0 {
+            // SAFETY: unmapping our own mapping; nothing borrowed from it outlives `self`.
+            unsafe { libc::munmap(self.map.cast(), self.len) };
+        }
     }
 }
 
@@ -926,6 +959,135 @@ impl Drop for DevGuard<'_> {
     }
 }
 
+// ---- the device lock -------------------------------------------------------------------------
+
+/// Bit 31 of a device lock: some thread may sleep on it (the unlocker must wake one).
+const WAITERS: u32 = 1 << 31;
+/// Tokens: the holder's slot + 1 in the low 11 bits, its registration's generation above.
+const SLOT_BITS: u32 = 11;
+const SLOT_MASK: u32 = (1 << SLOT_BITS) - 1;
+const GEN_MASK: u32 = (1 << (31 - SLOT_BITS)) - 1;
+/// The token of a process not registered yet: never taken for dead.
+const UNKNOWN_OWNER: u32 = SLOT_MASK;
+/// How long a waiter sleeps before it checks whether the holder died.
+const DEAD_CHECK: libc::timespec = libc::timespec {
+    tv_sec: 0,
+    tv_nsec: 20_000_000,
+};
+
+const _: () = assert!(MAX_PROCS < SLOT_MASK as usize);
+
+fn make_token(slot: u32, generation: u32) -> u32 {
+    (slot + 1) | (generation & GEN_MASK) << SLOT_BITS
+}
+
+/// (slot, generation) of a token; None for `UNKNOWN_OWNER`.
+fn token_owner(token: u32) -> Option<(u32, u32)> {
+    let slot = token & SLOT_MASK;
+    (slot != 0 && slot != UNKNOWN_OWNER).then(|| (slot - 1, (token >> SLOT_BITS) & GEN_MASK))
+}
+
+/// The per-device lock every allocation and free takes: one word in the shared mapping, taken
+/// with one compare-and-swap and given back with one swap (a glibc robust mutex costs about
+/// twice that: it keeps the kernel's robust list as well). The word names the holder (its slot
+/// and registration generation), so a thread that waits long enough to wonder (`DEAD_CHECK`)
+/// can tell a holder killed inside the lock from a slow one through the holder's liveness lock,
+/// and take the lock over ([`Locked::OwnerDied`]: the caller repairs what the dead holder left).
+/// Waiters spin briefly, then sleep on the word (a futex: the mapping is shared, so the futex is
+/// too). The lock is held for a few dozen instructions at a time.
+#[repr(C)]
+struct DevLock {
+    word: AtomicU32,
+}
+
+impl DevLock {
+    #[inline]
+    fn lock(&self, token: u32, dead: impl Fn(u32) -> bool) -> Locked {
+        if self
+            .word
+            .compare_exchange(0, token, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+        {
+            return Locked::Clean;
+        }
+        self.lock_contended(token, dead)
+    }
+
+    #[cold]
+    fn lock_contended(&self, token: u32, dead: impl Fn(u32) -> bool) -> Locked {
+        for _ in 0..64 {
+            std::hint::spin_loop();
+            if self.word.load(Ordering::Relaxed) == 0
+                && self
+                    .word
+                    .compare_exchange(0, token, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+            {
+                return Locked::Clean;
+            }
+        }
+        loop {
+            let w = self.word.load(Ordering::Relaxed);
+            if w == 0 {
+                // Others may be asleep: keep the flag so that our unlock wakes one.
+                if self
+                    .word
+                    .compare_exchange(0, token | WAITERS, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+                {
+                    return Locked::Clean;
+                }
+                continue;
+            }
+            if w & WAITERS == 0
+                && self
+                    .word
+                    .compare_exchange(w, w | WAITERS, Ordering::Relaxed, Ordering::Relaxed)
+                    .is_err()
+            {
+                continue;
+            }
+            let w = w | WAITERS;
+            // SAFETY: FUTEX_WAIT on a live, aligned u32 of the mapping, with a valid timeout; it
+            // returns at once if the word no longer holds `w`.
+            let r = unsafe {
+                libc::syscall(
+                    libc::SYS_futex,
+                    self.word.as_ptr(),
+                    libc::FUTEX_WAIT,
+                    w,
+                    &DEAD_CHECK as *const libc::timespec,
+                )
+            };
+            let timed_out =
+                r != 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ETIMEDOUT);
+            if timed_out
+                && self.word.load(Ordering::Relaxed) == w
+                && dead(w & !WAITERS)
+                && self
+                    .word
+                    .compare_exchange(w, token | WAITERS, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+            {
+                return Locked::OwnerDied;
+            }
+        }
+    }
+
+    #[inline]
+    fn unlock(&self) {
+        if self.word.swap(0, Ordering::Release) & WAITERS != 0 {
+            self.wake();
+        }
+    }
+
+    #[cold]
+    fn wake(&self) {
+        // SAFETY: FUTEX_WAKE of one waiter on a live, aligned u32 of the mapping.
+        unsafe { libc::syscall(libc::SYS_futex, self.word.as_ptr(), libc::FUTEX_WAKE, 1) };
+    }
+}
+
 /// Copies device record `r` out, its marks read consistently (see `note_device_time`).
 fn device_snapshot(uuid: [u8; 16], r: &DeviceRec) -> DeviceSnapshot {
     let mut marks = Vec::new();
@@ -968,5 +1130,142 @@ fn device_snapshot(uuid: [u8; 16], r: &DeviceRec) -> DeviceSnapshot {
         estimated: r.estimated.load(Ordering::Relaxed) != 0,
         metered_ns: r.metered_ns.load(Ordering::Relaxed),
         marks,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    const UUID: [u8; 16] = [7; 16];
+    const CHUNK: u64 = 4096;
+
+    /// A "process" of the slice in `dir`: its own open file description (liveness lock) and slot.
+    fn join(dir: &Path, cap: Option<u64>) -> (Ledger, u32, u32) {
+        let l = Ledger::open_dir(dir).unwrap();
+        let me = l.register().unwrap();
+        let (d, _) = l.device(UUID, cap).unwrap();
+        (l, me, d)
+    }
+
+    fn charged_sum(l: &Ledger, d: u32) -> u64 {
+        (0..MAX_PROCS as u32).map(|s| l.charged(s, d)).sum()
+    }
+
+    #[test]
+    fn tokens_name_their_slot_and_generation() {
+        for (slot, generation) in [(0, 1), (1023, 5), (17, GEN_MASK), (3, GEN_MASK + 2)] {
+            let t = make_token(slot, generation);
+            assert_eq!(t & WAITERS, 0);
+            assert_eq!(token_owner(t), Some((slot, generation & GEN_MASK)));
+        }
+        assert_eq!(token_owner(UNKNOWN_OWNER), None);
+        assert_eq!(token_owner(0), None);
+    }
+
+    #[test]
+    fn racing_processes_fill_the_cap_exactly_and_give_it_all_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let cap = 1000 * CHUNK;
+        let procs: Vec<_> = (0..4)
+            .map(|_| Arc::new(join(dir.path(), Some(cap))))
+            .collect();
+        // 4 processes x 4 threads reserve a chunk at a time until refused, all at once.
+        let mut handles = Vec::new();
+        for p in &procs {
+            for _ in 0..4 {
+                let p = Arc::clone(p);
+                handles.push(std::thread::spawn(move || {
+                    let (l, me, d) = &*p;
+                    let mut got = 0u64;
+                    while l.reserve(*me, *d, CHUNK).is_ok() {
+                        assert!(l.used(*d) <= cap, "the slice went over its cap");
+                        got += 1;
+                    }
+                    got
+                }));
+            }
+        }
+        let got: Vec<u64> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        let (l, _, d) = &*procs[0];
+        // Not a byte over, and no refusal while a chunk still fitted.
+        assert_eq!(got.iter().sum::<u64>(), 1000, "{got:?}");
+        assert_eq!(l.used(*d), cap);
+        assert_eq!(charged_sum(l, *d), cap);
+        // Everything given back from the same threads' processes, all at once.
+        let mut handles = Vec::new();
+        for (i, p) in procs.iter().enumerate() {
+            let mine: u64 = got[i * 4..i * 4 + 4].iter().sum();
+            let p = Arc::clone(p);
+            handles.push(std::thread::spawn(move || {
+                let (l, me, d) = &*p;
+                for _ in 0..mine {
+                    l.release(*me, *d, CHUNK);
+                }
+            }));
+        }
+        handles.into_iter().for_each(|h| h.join().unwrap());
+        assert_eq!(l.used(*d), 0);
+        assert_eq!(charged_sum(l, *d), 0);
+    }
+
+    #[test]
+    fn a_process_that_dies_holding_the_device_lock_does_not_block_the_slice() {
+        let dir = tempfile::tempdir().unwrap();
+        let cap = 100 * CHUNK;
+        let (mut dead, dead_me, d) = join(dir.path(), Some(cap));
+        let (live, live_me, _) = join(dir.path(), None);
+        dead.reserve(dead_me, d, 10 * CHUNK).unwrap();
+        live.reserve(live_me, d, 5 * CHUNK).unwrap();
+        // The process is "killed" inside the lock, half-way through an update: it charged
+        // itself 3 more chunks but never added them to the slice's total.
+        let rec = dead.dev(d).unwrap();
+        let token = dead.token.load(Ordering::Relaxed);
+        assert!(matches!(rec.lock.lock(token, |_| false), Locked::Clean));
+        let c = &dead.header().procs[dead_me as usize].charged[d as usize];
+        c.store(c.load(Ordering::Relaxed) + 3 * CHUNK, Ordering::Relaxed);
+        // Its liveness lock goes with its descriptor and its mapping, as at exit.
+        dead.forget_in_child();
+        // The next process to need the lock takes it over and recounts from the charges.
+        live.reserve(live_me, d, CHUNK).unwrap();
+        assert_eq!(live.used(d), 19 * CHUNK);
+        assert_eq!(charged_sum(&live, d), 19 * CHUNK);
+        // And the lock works as before afterwards.
+        live.release(live_me, d, 6 * CHUNK);
+        assert_eq!(live.used(d), 13 * CHUNK);
+    }
+
+    #[test]
+    fn a_forked_child_does_not_keep_its_parent_looking_alive() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut parent, parent_me, _) = join(dir.path(), None);
+        let (other, _, _) = join(dir.path(), None);
+        assert!(other.alive(parent_me as usize));
+        // What a child does with the parent's ledger it inherited (and then leaks): afterwards
+        // nothing of it refers to the parent's open file.
+        parent.forget_in_child();
+        assert!(!other.alive(parent_me as usize));
+    }
+
+    #[test]
+    fn a_slow_holder_is_waited_for_not_taken_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, _, d) = join(dir.path(), Some(100 * CHUNK));
+        let (b, b_me, _) = join(dir.path(), None);
+        let rec = a.dev(d).unwrap();
+        let token = a.token.load(Ordering::Relaxed);
+        assert!(matches!(rec.lock.lock(token, |_| false), Locked::Clean));
+        let b = Arc::new(b);
+        let waiter = {
+            let b = Arc::clone(&b);
+            std::thread::spawn(move || b.reserve(b_me, d, CHUNK).is_ok())
+        };
+        // Longer than a waiter's liveness check: the holder is alive, so it must wait.
+        std::thread::sleep(std::time::Duration::from_millis(3 * 20 + 20));
+        assert!(!waiter.is_finished(), "a live holder's lock was taken over");
+        rec.lock.unlock();
+        assert!(waiter.join().unwrap());
+        assert_eq!(b.used(d), CHUNK);
     }
 }
