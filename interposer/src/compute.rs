@@ -79,6 +79,8 @@ struct Period {
     metered_since: u64,
     /// Charges NVML has not accounted for yet, oldest first.
     pending: VecDeque<Charged>,
+    /// What the readings say one launch costs (`cost` is its latest figure).
+    estimate: share::CostEstimate,
     /// The device time settled so far (by readings or by estimate) could have run until
     /// this time at the latest.
     frontier_ns: u64,
@@ -165,6 +167,7 @@ pub fn join(s: &Slice, devs: &[Dev]) -> Result<Vec<Meter>, String> {
                 allot: limit,
                 usage: 0,
                 pending: VecDeque::new(),
+                estimate: share::CostEstimate::default(),
                 frontier_ns: now,
                 warned: false,
             }),
@@ -174,8 +177,8 @@ pub fn join(s: &Slice, devs: &[Dev]) -> Result<Vec<Meter>, String> {
 }
 
 /// Adds the slice's earnings since the last refill (by any of its processes), banking at most
-/// `share::bank` while idle.
-fn refill(t: &Tokens<'_>, now: u64) {
+/// `share::bank` while idle (at least two launches at `cost`, this process's estimate).
+fn refill(t: &Tokens<'_>, now: u64, cost: u64) {
     let last = t.last_refill.load(Ordering::Relaxed);
     if now <= last
         || t.last_refill
@@ -185,7 +188,7 @@ fn refill(t: &Tokens<'_>, now: u64) {
         return;
     }
     let share = t.share.load(Ordering::Relaxed);
-    let cap = share::bank(share);
+    let cap = share::bank(share, cost);
     let cur = t.tokens.load(Ordering::Relaxed);
     if cur < cap {
         t.tokens.fetch_add(
@@ -211,7 +214,7 @@ impl Meter {
         let held_from = now_ns();
         let mut now = held_from;
         loop {
-            refill(&t, now);
+            refill(&t, now, cost);
             let cur = t.tokens.load(Ordering::Relaxed);
             let share = t.share.load(Ordering::Relaxed);
             if cur >= 0 || share >= FULL {
@@ -274,8 +277,8 @@ impl Meter {
                 p.frontier_ns = p.frontier_ns.max(stamp);
                 p.usage = (used.ns as u128 * FULL as u128 / used.span_ns.max(1) as u128)
                     .min(FULL as u128) as u32;
-                self.cost
-                    .store(share::next_cost(cost, used.ns, n), Ordering::Relaxed);
+                p.estimate.add(used.ns, n);
+                self.cost.store(p.estimate.cost(cost), Ordering::Relaxed);
                 // Device time used while the slice had the whole device was not metered (its
                 // launches were not charged) and is not owed: only the part of the samples'
                 // span after the allotment last dropped below the whole device counts.
@@ -379,7 +382,7 @@ impl Meter {
         }
         p.allot = allot;
         t.share.store(allot, Ordering::Relaxed);
-        refill(&t, now);
+        refill(&t, now, self.cost.load(Ordering::Relaxed));
         allot < FULL
     }
 }
