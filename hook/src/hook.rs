@@ -261,9 +261,44 @@ pub fn poststop(opts: &Options, state_json: &str) -> Result<Outcome, String> {
         .into_iter()
         .filter(|r| &r.id != state.id() && start_time(r.pid) == Some(r.start))
         .collect();
-    root.remove(state.id(), &live);
+    root.discard(state.id(), &live);
     root.sweep();
+    drop(_lock);
+    empty_trash_later(&root);
     Ok(Outcome::Removed)
+}
+
+/// Deletes the trash in a child that outlives the hook, so that the engine, which waits for the
+/// hook to exit and close its output, does not wait for the deletion (see `Root::discard`). The
+/// child holds none of the hook's descriptors (the state root's lock is released before this)
+/// and has its own session. If it cannot be started, the next `poststop` empties the trash.
+fn empty_trash_later(root: &Root) {
+    use nix::unistd::{ForkResult, fork, setsid};
+    // SAFETY: the hook is single-threaded (it starts no threads), so the child may do anything
+    // the parent could; it leaves only through `_exit`.
+    if let Ok(ForkResult::Child) = unsafe { fork() } {
+        let _ = setsid();
+        if let Ok(null) = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/null")
+        {
+            use std::os::fd::AsRawFd;
+            for fd in 0..3 {
+                // SAFETY: dup2 onto the standard descriptors, which the child owns.
+                unsafe { libc::dup2(null.as_raw_fd(), fd) };
+            }
+        } else {
+            for fd in 0..3 {
+                // SAFETY: closes the standard descriptors, which the child owns and no longer
+                // uses (the engine waits for their other ends to close).
+                unsafe { libc::close(fd) };
+            }
+        }
+        root.empty_trash();
+        // SAFETY: ends the forked child without running the parent's exit handlers.
+        unsafe { libc::_exit(0) }
+    }
 }
 
 /// `sweep`: for operators and tests; every hook also sweeps.
@@ -275,7 +310,9 @@ pub fn sweep(opts: &Options) -> Result<Outcome, String> {
             opts.state_root.display()
         )
     })?;
-    Ok(Outcome::Swept(root.sweep()))
+    let swept = root.sweep();
+    root.empty_trash();
+    Ok(Outcome::Swept(swept))
 }
 
 #[cfg(test)]

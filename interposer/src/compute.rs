@@ -4,7 +4,7 @@
 //! launching thread to sleep while the slice owes time. See docs/compute.md.
 //!
 //! - Tokens (ns of device time, shared by the slice's processes in its ledger) are earned at the
-//!   slice's allotment and banked up to 20 ms worth while idle.
+//!   slice's allotment and banked up to 20 ms worth (two launches' worth if more) while idle.
 //! - A launch is charged this process's running estimate of what one launch costs; every period
 //!   (50 ms) a meter thread reads the device time the process really used (NVML per-process
 //!   utilisation, which the driver measures whether or not contexts time-slice) and pays the
