@@ -1,7 +1,8 @@
 //! Every period: the driver's own per-process memory and utilisation (NVML, read from the
 //! agent's own, host, pid namespace), mapped to the container slices the hook keeps under the
 //! state root, checked against each slice's cap and core limit from the hook's `config` (which
-//! the container cannot write), never from its ledger (which it can). Under `Enforce::Stop` a
+//! the container cannot write; read again when `cuslice set` replaces it), never from its ledger
+//! (which it can). Under `Enforce::Stop` a
 //! slice over its cap for longer than the grace has its processes killed, and a slice over its
 //! core limit is frozen (its cgroup) for the time it owes. See docs/agent.md.
 //!
@@ -68,7 +69,17 @@ struct Slice {
     scope: Scope,
     freezer: Result<Freezer, String>,
     config: SliceConfig,
+    /// The config file's inode and modification time when read: `cuslice set` replaces the file
+    /// (a new inode), and the slice is read again.
+    config_stamp: Option<(u64, i64, i64)>,
     ledger: PathBuf,
+}
+
+/// What tells a hook file replaced or changed since it was read.
+fn stamp(path: &std::path::Path) -> Option<(u64, i64, i64)> {
+    fs::metadata(path)
+        .ok()
+        .map(|m| (m.ino(), m.mtime(), m.mtime_nsec()))
 }
 
 impl Slice {
@@ -663,13 +674,15 @@ impl Verifier {
             if start_time(r.pid) != Some(r.start) {
                 continue; // gone; the next hook or `cuslice-hook sweep` removes it
             }
+            let config_path = root.mnt(&r.id).join("slice/config");
+            let config_stamp = stamp(&config_path);
             if let Some(s) = old.get(&r.id)
                 && s.init == r.pid
+                && s.config_stamp == config_stamp
             {
                 out.insert(r.id.clone(), s.clone());
                 continue;
             }
-            let config_path = root.mnt(&r.id).join("slice/config");
             let config = match fs::read_to_string(&config_path)
                 .map_err(|e| e.to_string())
                 .and_then(|t| {
@@ -707,6 +720,7 @@ impl Verifier {
                     scope,
                     freezer,
                     config,
+                    config_stamp,
                 }),
             );
         }
