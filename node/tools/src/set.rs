@@ -177,19 +177,18 @@ fn pct(ppm: u32) -> String {
 pub fn set(target: &str, change: &Change, places: &Places) -> Result<String, String> {
     let v = values(change)?;
     let t = resolve(target, &places.state_root)?;
-    let snap = Ledger::read(&t.ledger).map_err(|e| e.to_string())?;
-    // The hook file as it will be: checked (a request above the limit, for every device it
-    // names) before anything is written.
-    let config = match &t.config {
-        Some(path) => {
-            let text = fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-            let new = rewrite_hook_file(&text, &v.written)
-                .map_err(|e| format!("{}: the change would make it unusable: {e}", t.label))?;
-            Some((path, new))
-        }
+    // A container's: the hooks' lock, so that two changes (or a change and the container's
+    // poststop) do not interleave.
+    let _lock = match &t.config {
+        Some(_) => Some(
+            Root::new(&places.state_root)
+                .lock()
+                .map_err(|e| format!("{}: {e}", places.state_root.display()))?,
+        ),
         None => None,
     };
-    if snap.devices.is_empty() && config.is_none() {
+    let snap = Ledger::read(&t.ledger).map_err(|e| e.to_string())?;
+    if snap.devices.is_empty() && t.config.is_none() {
         return Err(format!(
             "{}: no process of it has initialised CUDA yet, so it has no limits to change; a \
              standalone slice's limits come from the environment of its processes until then",
@@ -218,6 +217,17 @@ pub fn set(target: &str, change: &Change, places: &Places) -> Result<String, Str
             },
         ));
     }
+    // The hook file as it will be: checked (a request above the limit, for every device it
+    // names) before anything is written.
+    let config = match &t.config {
+        Some(path) => {
+            let text = fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+            let new = rewrite_hook_file(&text, &v.written)
+                .map_err(|e| format!("{}: the change would make it unusable: {e}", t.label))?;
+            Some((path, new))
+        }
+        None => None,
+    };
     if let Some((path, text)) = &config {
         write_atomic(path, text.as_bytes()).map_err(|e| format!("{}: {e}", path.display()))?;
     }
