@@ -1793,4 +1793,65 @@ mod tests {
             1
         );
     }
+
+    #[test]
+    fn live_values_are_checked_like_their_variables_and_named_by_their_flags() {
+        assert_eq!(parse_live(LiveLimit::Memory, "2GiB"), Ok(2 * GIB));
+        assert_eq!(parse_live(LiveLimit::CoreLimit, "60"), Ok(60));
+        assert_eq!(parse_live(LiveLimit::CoreRequest, "25%"), Ok(25));
+        let e = parse_live(LiveLimit::Memory, "12XB").unwrap_err();
+        assert!(
+            e.starts_with("--memory-limit \"12XB\" is not a size"),
+            "{e}"
+        );
+        assert!(e.contains("write e.g. --memory-limit 4GiB"), "{e}");
+        for bad in ["0", "101", "", "x"] {
+            let e = parse_live(LiveLimit::CoreLimit, bad).unwrap_err();
+            assert!(e.starts_with(&format!("--core-limit {bad:?}")), "{e}");
+            assert!(!e.contains('\n'), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_rewritten_hook_file_sets_each_changed_limit_once_for_every_device() {
+        let text = "CUSLICE_MEMORY_LIMIT_0=1GiB\nCUDA_DEVICE_MEMORY_LIMIT=2g\n\
+                    CUSLICE_CORE_LIMIT=30\nCUSLICE_STATE_DIR=/x\n# note\n";
+        let new = rewrite_hook_file(text, &[(LiveLimit::Memory, "3GiB".into())]).unwrap();
+        assert_eq!(
+            new,
+            "CUSLICE_CORE_LIMIT=30\nCUSLICE_STATE_DIR=/x\n# note\nCUSLICE_MEMORY_LIMIT=3GiB\n"
+        );
+        let c = Config::from_hook_file(&new, std::iter::empty::<(&str, &str)>()).unwrap();
+        assert_eq!(c.limits(0).memory, Some(3 * GIB));
+        assert_eq!(c.limits(5).memory, Some(3 * GIB));
+        // A request above the limit is refused, naming the line it would make.
+        let e = rewrite_hook_file(text, &[(LiveLimit::CoreRequest, "40".into())]).unwrap_err();
+        assert_eq!(e.variable, "CUSLICE_CORE_REQUEST", "{e}");
+        let ok = rewrite_hook_file(
+            text,
+            &[
+                (LiveLimit::CoreLimit, "60".into()),
+                (LiveLimit::CoreRequest, "40".into()),
+            ],
+        )
+        .unwrap();
+        let c = Config::from_hook_file(&ok, std::iter::empty::<(&str, &str)>()).unwrap();
+        assert_eq!(
+            (c.limits(0).core_limit, c.limits(0).core_request),
+            (Some(60), Some(40))
+        );
+    }
+
+    #[test]
+    fn live_core_keeps_what_is_not_changed_and_refuses_a_request_above_the_limit() {
+        const P: u32 = crate::share::FULL / 100;
+        assert_eq!(live_core((0, 30 * P), None, Some(60)), Ok((0, 60 * P)));
+        assert_eq!(
+            live_core((10 * P, 30 * P), Some(20), None),
+            Ok((20 * P, 30 * P))
+        );
+        let e = live_core((10 * P, 30 * P), Some(40), None).unwrap_err();
+        assert!(e.contains("at most 30"), "{e}");
+        assert!(live_core((20 * P, 30 * P), None, Some(10)).is_err());
+    }
 }
