@@ -74,7 +74,9 @@ fn config(id: &str) -> String {
 const STEPS: &[&str] = &["cuda-workload", "steps", "--bytes", "256MiB"];
 
 fn live_cap(engine: &dyn Engine) {
+    let _turn = agent_turn();
     let sim = Sim::new(&["--memory", "8GiB"]);
+    let _agent = NodeAgent::start(&sim);
     let n = name("live-cap");
     let mut c = engine.spawn(
         &sim,
@@ -133,6 +135,18 @@ fn live_cap(engine: &dyn Engine) {
     );
     let s = slice_in(&status_json(&sim), &id);
     assert_eq!(s["memory"]["limit"], 512 * MIB, "{s}");
+    // The node agent checks the slice against the new cap (from the hook file it reads again):
+    // over it by the driver's count, and nothing is done about it (it was lowered under what
+    // the slice held).
+    let f = poll("the agent's finding against the lowered cap", || {
+        status_json(&sim)["findings"]["findings"]
+            .as_array()?
+            .iter()
+            .find(|f| f["slice"] == id.as_str() && f["kind"] == "memory")
+            .filter(|f| f["cap_bytes"] == 512 * MIB)
+            .cloned()
+    });
+    assert_eq!(f["driver_bytes"], after, "{f}");
     c.remove();
 }
 

@@ -182,6 +182,9 @@ pub struct Verifier {
     mounts: Mounts,
     tracker: Tracker<Key>,
     ledger_streak: BTreeMap<Key, u32>,
+    /// Per slice and device: the cap at the last check, and what the slice may hold over it
+    /// since `cuslice set` lowered it (`judge::lowered_allowance`).
+    caps: BTreeMap<(String, String), (Option<u64>, Option<u64>)>,
     /// Each slice's ledger, mapped once (with the file's inode: a new file is mapped afresh).
     ledgers: HashMap<PathBuf, (u64, ReadOnly)>,
     /// A process in a slice whose ledger was read has no host pid yet (it started before the
@@ -272,6 +275,7 @@ impl Verifier {
             mounts: cgroup::mounts(),
             tracker: Tracker::default(),
             ledger_streak: BTreeMap::new(),
+            caps: BTreeMap::new(),
             ledgers: HashMap::new(),
             untold: true,
             logged: BTreeSet::new(),
@@ -496,12 +500,25 @@ impl Verifier {
                 .get(&(id.clone(), uuid.clone()))
                 .copied()
                 .unwrap_or_default();
+            let (was, allowance) = self
+                .caps
+                .get(&(id.clone(), uuid.clone()))
+                .copied()
+                .unwrap_or((l.memory, None));
+            let allowance = judge::lowered_allowance(was, l.memory, driver, allowance);
+            self.caps
+                .insert((id.clone(), uuid.clone()), (l.memory, allowance));
             if let Some(cap) = l.memory
                 && driver > cap
             {
-                let action = match self.cfg.enforce {
-                    Enforce::Report => "none (--enforce report)".to_string(),
-                    Enforce::Stop => format!(
+                let action = match (self.cfg.enforce, allowance) {
+                    (Enforce::Report, _) => "none (--enforce report)".to_string(),
+                    (Enforce::Stop, Some(a)) if driver <= a => format!(
+                        "none: its cap was lowered while it held {} (cuslice set); nothing is \
+                         freed, its new allocations are refused until it is under",
+                        format_size(a)
+                    ),
+                    (Enforce::Stop, _) => format!(
                         "its processes are killed once over for {:.1} s (--grace)",
                         self.cfg.grace.as_secs_f64()
                     ),
@@ -571,6 +588,7 @@ impl Verifier {
         }
         self.ledger_streak
             .retain(|k, n| *n > 0 && slices.contains_key(&k.slice));
+        self.caps.retain(|(id, _), _| slices.contains_key(id));
         for ((id, uuid), (u, pids)) in &usage {
             let Some(s) = slices.get(id) else { continue };
             let Some(limit) = limits
@@ -654,6 +672,14 @@ impl Verifier {
                 else {
                     continue;
                 };
+                let allowed = self
+                    .caps
+                    .get(&(k.slice.clone(), k.uuid.clone()))
+                    .and_then(|c| c.1)
+                    .is_some_and(|a| f.driver_bytes.is_some_and(|d| d <= a));
+                if allowed {
+                    continue;
+                }
                 let victims = judge::victims(cap, list);
                 let killed = self.kill(&slices[&k.slice], &victims, list, cap, now - f.since);
                 f.action = format!("killed pids {}", join(&killed));
