@@ -4,8 +4,9 @@
 //! the simulator's: what the process holds, the device time it used. Containers (runc, Podman)
 //! are checked in hook/tests/live.rs.
 
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use cuslice_test_harness::{GIB, MIB, Running, Sim, libcuslice, workload};
@@ -80,6 +81,37 @@ fn status(sim: &Sim, dirs: &[&Path]) -> Vec<Value> {
                 .clone()
         })
         .collect()
+}
+
+/// The value of `metric` for the slice in `dir`, as `cuslice exporter` serves it now.
+fn exported(dir: &Path, metric: &str) -> Option<f64> {
+    let mut child = Command::new(BIN)
+        .args(["exporter", "--listen", "127.0.0.1:0"])
+        .args(["--state-root", "/nonexistent-cuslice-root", "--state-dir"])
+        .arg(dir)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let addr = first
+        .trim()
+        .strip_prefix("cuslice exporter: serving http://")
+        .and_then(|s| s.strip_suffix("/metrics"))
+        .unwrap_or_else(|| panic!("first line: {first:?}"))
+        .to_string();
+    let mut conn = std::net::TcpStream::connect(&addr).unwrap();
+    write!(conn, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut text = String::new();
+    conn.read_to_string(&mut text).unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    let label = format!("slice=\"{}\"", dir.display());
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{metric}{{")) && l.contains(&label))
+        .find_map(|l| l.rsplit(' ').next()?.parse().ok())
 }
 
 /// What the simulator says process `pid` holds on device 0.
@@ -186,6 +218,10 @@ fn a_cap_lowered_or_raised_while_running_holds_at_the_next_allocation() {
     );
     let s = &status(&sim, &[dir.path()])[0];
     assert_eq!(s["memory"]["limit"], 512 * MIB, "{s}");
+    assert_eq!(
+        exported(dir.path(), "cuslice_slice_memory_limit_bytes"),
+        Some((512 * MIB) as f64)
+    );
 
     signal(pid, "TERM");
     w.wait_for("freed", Duration::from_secs(30));
@@ -265,6 +301,10 @@ fn a_core_limit_raised_from_30_to_60_while_running_is_followed() {
     );
     let s = &status(&sim, &[dir.path()])[0];
     assert_eq!(s["compute"]["limit_pct"], 60.0, "{s}");
+    assert_eq!(
+        exported(dir.path(), "cuslice_slice_core_limit_ratio"),
+        Some(0.6)
+    );
     drop(w);
 }
 
