@@ -293,6 +293,102 @@ fn live_refusals(engine: &dyn Engine) {
     b.remove();
 }
 
+/// `cuslice agent --enforce stop` under the simulator, stopped when dropped.
+struct StopAgent(std::process::Child, cuslice_test_harness::Stderr);
+
+impl StopAgent {
+    fn start(sim: &Sim) -> StopAgent {
+        let mut child = sim
+            .command(
+                &bin_dir().join("cuslice"),
+                &[
+                    "agent",
+                    "--state-root",
+                    STATE_ROOT,
+                    "--enforce",
+                    "stop",
+                    "--grace",
+                    "0.5",
+                    "--period",
+                    "0.2",
+                ],
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let err = cuslice_test_harness::Stderr::capture(&mut child);
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        assert!(
+            line.starts_with("cuslice agent: listening on"),
+            "cuslice agent did not start: {line:?}; stderr: {}",
+            err.text()
+        );
+        StopAgent(child, err)
+    }
+}
+
+impl Drop for StopAgent {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while cuslice_state::agent::ask(&agent_socket(), Duration::from_secs(1)).is_ok()
+            && Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// Under `cuslice agent --enforce stop`, a cap lowered below what the container holds kills
+/// nothing: the process answers long past the grace, still holding what it held (by the
+/// simulator), and is refused more.
+fn lowered_under_stop(engine: &dyn Engine) {
+    let _turn = agent_turn();
+    let sim = Sim::new(&["--memory", "8GiB"]);
+    let agent = StopAgent::start(&sim);
+    let n = name("live-stop");
+    let mut c = engine.spawn(
+        &sim,
+        &Spec {
+            name: &n,
+            env: &["CUSLICE_MEMORY_LIMIT=1GiB"],
+            cmd: STEPS,
+            read_only: false,
+        },
+    );
+    wait_for(&mut *c, "ready");
+    let id = c.id();
+    assert_eq!(step(&mut *c)["ok"], true);
+    assert_eq!(step(&mut *c)["ok"], true);
+    let (before, _) = held_by(&sim, c.host_pid());
+    set_ok(&id, &["--memory-limit", "256MiB"]);
+    // The agent's finding shows it judged the slice against the new cap.
+    let f = poll("the agent's finding against the lowered cap", || {
+        status_json(&sim)["findings"]["findings"]
+            .as_array()?
+            .iter()
+            .find(|f| f["slice"] == id.as_str() && f["kind"] == "memory")
+            .filter(|f| f["cap_bytes"] == 256 * MIB)
+            .cloned()
+    });
+    // Five times the grace.
+    std::thread::sleep(Duration::from_millis(2500));
+    let refused = step(&mut *c);
+    assert_eq!(refused["code"], 2, "{refused}");
+    assert_eq!(held_by(&sim, c.host_pid()).0, before, "{f}");
+    let log = agent.1.text();
+    assert!(!log.contains("killed pid"), "the agent killed: {log}");
+    c.remove();
+}
+
 #[test]
 fn runc_cap_changed_while_running() {
     root_required();
@@ -327,4 +423,16 @@ fn podman_core_limit_30_to_60_while_running() {
 fn podman_refused_changes_change_nothing() {
     root_required();
     live_refusals(common::podman::engine());
+}
+
+#[test]
+fn runc_cap_lowered_under_enforce_stop_kills_nothing() {
+    root_required();
+    lowered_under_stop(&Runc);
+}
+
+#[test]
+fn podman_cap_lowered_under_enforce_stop_kills_nothing() {
+    root_required();
+    lowered_under_stop(common::podman::engine());
 }

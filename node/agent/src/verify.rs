@@ -72,7 +72,20 @@ struct Slice {
     /// The config file's inode and modification time when read: `cuslice set` replaces the file
     /// (a new inode), and the slice is read again.
     config_stamp: Option<(u64, i64, i64)>,
+    /// Device UUID -> what the slice held when `cuslice set` lowered its cap below that
+    /// (`containers/<id>/lowered.json`, host-only).
+    lowered: BTreeMap<String, u64>,
     ledger: PathBuf,
+}
+
+/// A slice's cap on one device as the agent last saw it, and what it may hold over it since
+/// the cap was lowered while it ran.
+#[derive(Debug, Clone, Copy, Default)]
+struct CapState {
+    cap: Option<u64>,
+    allowance: Option<u64>,
+    /// The value of `lowered.json` the allowance was last seeded from.
+    seeded: Option<u64>,
 }
 
 /// What tells a hook file replaced or changed since it was read.
@@ -184,7 +197,7 @@ pub struct Verifier {
     ledger_streak: BTreeMap<Key, u32>,
     /// Per slice and device: the cap at the last check, and what the slice may hold over it
     /// since `cuslice set` lowered it (`judge::lowered_allowance`).
-    caps: BTreeMap<(String, String), (Option<u64>, Option<u64>)>,
+    caps: BTreeMap<(String, String), CapState>,
     /// Each slice's ledger, mapped once (with the file's inode: a new file is mapped afresh).
     ledgers: HashMap<PathBuf, (u64, ReadOnly)>,
     /// A process in a slice whose ledger was read has no host pid yet (it started before the
@@ -500,14 +513,25 @@ impl Verifier {
                 .get(&(id.clone(), uuid.clone()))
                 .copied()
                 .unwrap_or_default();
-            let (was, allowance) = self
+            let st = self
                 .caps
-                .get(&(id.clone(), uuid.clone()))
-                .copied()
-                .unwrap_or((l.memory, None));
-            let allowance = judge::lowered_allowance(was, l.memory, driver, allowance);
-            self.caps
-                .insert((id.clone(), uuid.clone()), (l.memory, allowance));
+                .entry((id.clone(), uuid.clone()))
+                .or_insert(CapState {
+                    cap: l.memory,
+                    ..CapState::default()
+                });
+            // What `cuslice set` recorded the slice held when it lowered the cap (so an agent
+            // that did not see the old cap allows it too), taken once per value.
+            let recorded = s.lowered.get(uuid.as_str()).copied();
+            let mut allowance = st.allowance;
+            if recorded.is_some() && recorded != st.seeded {
+                st.seeded = recorded;
+                allowance = recorded
+                    .map(|r| r.saturating_add(judge::ledger_slack(r)))
+                    .max(allowance);
+            }
+            let allowance = judge::lowered_allowance(st.cap, l.memory, driver, allowance);
+            (st.cap, st.allowance) = (l.memory, allowance);
             if let Some(cap) = l.memory
                 && driver > cap
             {
@@ -675,7 +699,7 @@ impl Verifier {
                 let allowed = self
                     .caps
                     .get(&(k.slice.clone(), k.uuid.clone()))
-                    .and_then(|c| c.1)
+                    .and_then(|c| c.allowance)
                     .is_some_and(|a| f.driver_bytes.is_some_and(|d| d <= a));
                 if allowed {
                     continue;
@@ -732,6 +756,10 @@ impl Verifier {
                 .ok()
                 .filter(|ns| Some(ns) != own_ns.as_ref());
             let freezer = Freezer::for_scope(&scope, &self.mounts);
+            let lowered = fs::read_to_string(root.dir(&r.id).join(cuslice_node::set::LOWERED))
+                .ok()
+                .and_then(|t| serde_json::from_str(&t).ok())
+                .unwrap_or_default();
             out.insert(
                 r.id.clone(),
                 Arc::new(Slice {
@@ -747,6 +775,7 @@ impl Verifier {
                     freezer,
                     config,
                     config_stamp,
+                    lowered,
                 }),
             );
         }

@@ -16,6 +16,7 @@
 //! Nothing is freed: a cap lowered below what the slice holds refuses new allocations until the
 //! slice is under it.
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::io::{self, Write};
 use std::os::unix::fs::PermissionsExt;
@@ -28,6 +29,10 @@ use cuslice_policy::share::FULL;
 use cuslice_state::ledger::{self, Ledger, LiveChange};
 use cuslice_state::region::{self, RegionError};
 use cuslice_state::uuid_string;
+
+/// In a container's host-only state directory: device UUID -> what the slice held when
+/// `cuslice set` lowered its cap below that (read by the node agent).
+pub const LOWERED: &str = "lowered.json";
 
 /// Where the node's compute regions are unless told otherwise (the hook's and the
 /// interposer's default).
@@ -60,6 +65,8 @@ pub struct Target {
     pub ledger: PathBuf,
     /// The hook file, for a container.
     pub config: Option<PathBuf>,
+    /// The container's host-only state directory (`containers/<id>/`).
+    pub dir: Option<PathBuf>,
 }
 
 /// Finds the slice `target` names: a running container of the hook's (id, unique id prefix,
@@ -91,6 +98,7 @@ pub fn resolve(target: &str, state_root: &Path) -> Result<Target, String> {
                 },
                 ledger: slice.join(ledger::FILE_NAME),
                 config: Some(slice.join("config")),
+                dir: Some(root.dir(&r.id)),
             });
         }
         [] => {}
@@ -110,6 +118,7 @@ pub fn resolve(target: &str, state_root: &Path) -> Result<Target, String> {
             label: format!("slice {}", dir.display()),
             ledger: dir.join(ledger::FILE_NAME),
             config: None,
+            dir: None,
         });
     }
     Err(format!(
@@ -228,6 +237,25 @@ pub fn set(target: &str, change: &Change, places: &Places) -> Result<String, Str
         }
         None => None,
     };
+    // A container's cap lowered below what it holds: what it held, for the node agent, which
+    // then kills nothing for it under `--enforce stop` (docs/live-limits.md). Written before
+    // the hook file, whose replacement makes the agent read both again.
+    if let (Some(dir), Some(cap)) = (&t.dir, v.memory) {
+        let path = dir.join(LOWERED);
+        let mut lowered: BTreeMap<String, u64> = fs::read_to_string(&path)
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or_default();
+        for (d, uuid, _) in &plans {
+            if d.used > cap {
+                lowered.insert(uuid.clone(), d.used);
+            } else {
+                lowered.remove(uuid);
+            }
+        }
+        let text = serde_json::to_vec_pretty(&lowered).map_err(|e| e.to_string())?;
+        write_atomic(&path, &text).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
     if let Some((path, text)) = &config {
         write_atomic(path, text.as_bytes()).map_err(|e| format!("{}: {e}", path.display()))?;
     }
