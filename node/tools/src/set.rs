@@ -343,3 +343,57 @@ fn write_atomic(path: &Path, text: &[u8]) -> io::Result<()> {
     }
     result
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A state root with running "containers" (this test process as their init).
+    fn root(containers: &[(&str, Option<&str>)]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        let root = Root::new(dir.path());
+        let pid = std::process::id() as i32;
+        for (id, name) in containers {
+            fs::create_dir_all(root.mnt(id).join("slice")).unwrap();
+            root.write_record(&Record {
+                id: id.to_string(),
+                pid,
+                start: start_time(pid).unwrap(),
+                rootfs: PathBuf::from("/"),
+                name: name.map(str::to_string),
+                created: Vec::new(),
+            })
+            .unwrap();
+        }
+        dir
+    }
+
+    #[test]
+    fn a_target_is_an_id_a_unique_prefix_a_name_or_pod_container_or_a_state_dir() {
+        let r = root(&[
+            ("3f2a9c1e0b7d11", Some("job-0/trainer")),
+            ("3f2a77aa", Some("web")),
+            ("9999", None),
+        ]);
+        let id = |t: &str| {
+            resolve(t, r.path()).map(|t| t.ledger.parent().unwrap().parent().unwrap().to_path_buf())
+        };
+        let mnt = |id: &str| Root::new(r.path()).mnt(id);
+        assert_eq!(id("3f2a9c1e0b7d11"), Ok(mnt("3f2a9c1e0b7d11")));
+        assert_eq!(id("3f2a9"), Ok(mnt("3f2a9c1e0b7d11")));
+        assert_eq!(id("job-0/trainer"), Ok(mnt("3f2a9c1e0b7d11")));
+        assert_eq!(id("web"), Ok(mnt("3f2a77aa")));
+        let e = id("3f2a").unwrap_err();
+        assert!(e.contains("names 2 containers"), "{e}");
+        let e = id("nothing").unwrap_err();
+        assert!(e.contains("`cuslice status` lists the slices"), "{e}");
+        let t = resolve("9999", r.path()).unwrap();
+        assert_eq!(t.config, Some(mnt("9999").join("slice/config")));
+        // A standalone slice: a directory with a ledger.
+        let sd = tempfile::tempdir().unwrap();
+        fs::write(sd.path().join(ledger::FILE_NAME), b"").unwrap();
+        let t = resolve(sd.path().to_str().unwrap(), r.path()).unwrap();
+        assert_eq!((t.config, t.dir), (None, None));
+        assert_eq!(t.ledger, sd.path().join(ledger::FILE_NAME));
+    }
+}
