@@ -42,7 +42,7 @@ enum Command {
     Top(TopArgs),
     /// Serve the same figures for Prometheus at http://ADDR/metrics
     Exporter(ExporterArgs),
-    /// Change a running slice's limits, without a restart (docs/status.md)
+    /// Change a running slice's limits, without a restart (docs/live-limits.md)
     Set(SetArgs),
     /// The node agent: tells container processes their host pids, checks every slice against
     /// the driver's own counts, serves /metrics (docs/agent.md)
