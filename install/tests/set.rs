@@ -309,6 +309,47 @@ fn a_core_limit_raised_from_30_to_60_while_running_is_followed() {
 }
 
 #[test]
+fn a_core_limit_set_on_a_slice_without_one_holds_it_to_the_limit() {
+    let sim = Sim::new(&["--memory", "8GiB"]);
+    let (dir, node) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    // No core setting at all (the gate passes every launch), 1 ms kernels back to back.
+    let mut w = start(
+        &sim,
+        dir.path(),
+        node.path(),
+        &["CUSLICE_MEMORY_LIMIT=2GiB"],
+        &[
+            "launch",
+            "--ns-per-block",
+            "1000",
+            "--blocks",
+            "1000",
+            "--secs",
+            "30",
+        ],
+    );
+    let pid = w.wait_for("start", Duration::from_secs(30))["pid"]
+        .as_u64()
+        .unwrap();
+    let share = |secs: f64| {
+        let (t0, d0) = (Instant::now(), device_ns(&sim, pid));
+        std::thread::sleep(Duration::from_secs_f64(secs));
+        let (t1, d1) = (Instant::now(), device_ns(&sim, pid));
+        100.0 * (d1 - d0) as f64 / (t1 - t0).as_nanos() as f64
+    };
+    std::thread::sleep(Duration::from_secs(1));
+    let before = share(2.0);
+    let said = set_ok(dir.path(), node.path(), &["--core-limit", "30"]);
+    assert!(said.contains("core limit 30% (was none)"), "{said}");
+    std::thread::sleep(Duration::from_secs(1));
+    let after = share(3.0);
+    eprintln!("share before {before:.1}%, after {after:.1}%");
+    assert!(before > 95.0, "before the change: {before:.1}%");
+    assert!((after - 30.0).abs() <= 2.0, "after the change: {after:.1}%");
+    drop(w);
+}
+
+#[test]
 fn bad_values_and_a_request_past_the_device_are_refused_with_one_line_and_change_nothing() {
     let sim = Sim::new(&["--memory", "8GiB"]);
     let node = tempfile::tempdir().unwrap();
