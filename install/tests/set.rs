@@ -219,6 +219,30 @@ fn a_cap_lowered_or_raised_while_running_holds_at_the_next_allocation() {
     let s = &status(&sim, &[dir.path()])[0];
     assert_eq!(s["memory"]["limit"], 512 * MIB, "{s}");
     assert_eq!(
+        (
+            s["memory"]["set_live"].clone(),
+            s["compute"]["set_live"].clone()
+        ),
+        (Value::Bool(true), Value::Bool(false)),
+        "{s}"
+    );
+    let table = Command::new(BIN)
+        .args([
+            "status",
+            "--state-root",
+            "/nonexistent-cuslice-root",
+            "--state-dir",
+        ])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(table.contains("512 MiB*"), "{table}");
+    assert!(
+        table.contains("* changed while the slice ran (cuslice set)"),
+        "{table}"
+    );
+    assert_eq!(
         exported(dir.path(), "cuslice_slice_memory_limit_bytes"),
         Some((512 * MIB) as f64)
     );
