@@ -43,6 +43,8 @@ enum Command {
     Top(TopArgs),
     /// Serve the same figures for Prometheus at http://ADDR/metrics
     Exporter(ExporterArgs),
+    /// Change a running slice's limits, without a restart (docs/live-limits.md)
+    Set(SetArgs),
     /// The node agent: tells container processes their host pids, checks every slice against
     /// the driver's own counts, serves /metrics (docs/agent.md)
     Agent(AgentArgs),
@@ -66,6 +68,32 @@ struct StatusArgs {
     /// Print JSON (docs/status.md describes the fields)
     #[arg(long)]
     json: bool,
+}
+
+#[derive(Args, Debug)]
+struct SetArgs {
+    /// The slice: a container's id (or a unique prefix), name or pod/container, or a standalone
+    /// slice's CUSLICE_STATE_DIR
+    target: String,
+    /// The new memory cap for every device of the slice (e.g. 4GiB); lowered below what the
+    /// slice holds, new allocations are refused until it is under it
+    #[arg(long, value_name = "SIZE")]
+    memory_limit: Option<String>,
+    /// The new core limit, percent of device time (1-100)
+    #[arg(long, value_name = "PERCENT")]
+    core_limit: Option<String>,
+    /// The new core request, percent of device time (1-100); refused if the requests on the
+    /// device would add up to more than 100
+    #[arg(long, value_name = "PERCENT")]
+    core_request: Option<String>,
+    // `--priority` goes here, into cuslice_node::set::Change.
+    /// The OCI hook's state root, where container slices are found
+    #[arg(long, default_value = "/run/cuslice", value_name = "DIR")]
+    state_root: PathBuf,
+    /// The node's compute regions: the hook's --node-dir, a standalone slice's
+    /// CUSLICE_NODE_DIR [default: $CUSLICE_NODE_DIR if set, else /dev/shm/cuslice]
+    #[arg(long, value_name = "DIR")]
+    node_dir: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -183,6 +211,30 @@ fn top(a: TopArgs) -> Result<(), Failure> {
         }
         std::thread::sleep(std::time::Duration::from_secs_f64(a.interval));
     }
+}
+
+fn set(a: SetArgs) -> Result<(), Failure> {
+    let node_dir = a
+        .node_dir
+        .or_else(|| {
+            std::env::var_os("CUSLICE_NODE_DIR")
+                .filter(|d| !d.is_empty())
+                .map(PathBuf::from)
+        })
+        .unwrap_or_else(|| PathBuf::from(cuslice_node::set::DEFAULT_NODE_DIR));
+    let change = cuslice_node::set::Change {
+        memory_limit: a.memory_limit,
+        core_limit: a.core_limit,
+        core_request: a.core_request,
+    };
+    let places = cuslice_node::set::Places {
+        state_root: a.state_root,
+        node_dir,
+    };
+    let done = cuslice_node::set::set(&a.target, &change, &places)
+        .map_err(|e| Failure::Refused(format!("cuslice set: {e}")))?;
+    println!("{done}");
+    Ok(())
 }
 
 fn exporter(a: ExporterArgs) -> Result<(), Failure> {
@@ -369,6 +421,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
         Command::Status(a) => status(a),
         Command::Top(a) => top(a),
         Command::Exporter(a) => exporter(a),
+        Command::Set(a) => set(a),
         Command::Agent(a) => agent(a),
         c => install(c),
     }

@@ -125,7 +125,11 @@ pub fn join(s: &Slice, devs: &[Dev]) -> Result<Vec<Meter>, String> {
     let mut meters = Vec::with_capacity(devs.len());
     for (ordinal, d) in devs.iter().enumerate() {
         let l = s.config.limits(ordinal as u32);
-        let (request, limit) = (ppm(l.core_request, 0), ppm(l.core_limit, FULL));
+        // What `cuslice set` changed while the slice ran wins over this process's configuration.
+        let (request, limit) = s
+            .ledger
+            .live_core(d.index)
+            .unwrap_or((ppm(l.core_request, 0), ppm(l.core_limit, FULL)));
         let uuid = slice::uuid_string(&d.uuid);
         let region = match Region::join(&dir, &uuid, s.ledger.slice_id(), request, limit) {
             Ok(r) => Some(r),
@@ -355,17 +359,20 @@ impl Meter {
             p.hungry_until = now + HUNGRY_HOLD_NS;
         }
         let hungry = now < p.hungry_until;
+        // The slice's request and limit now: `cuslice set` may have changed them (docs/status.md).
+        let (request, limit) = s
+            .ledger
+            .core(self.index)
+            .unwrap_or((self.request, self.limit));
         let allot = match &self.region {
             Some(r) => {
+                r.claim(request, limit);
                 r.publish(usage, hungry, active, p.allot);
                 let views = r.slices(now.saturating_sub(ACTIVE_NS));
                 let demands: Vec<_> = views.iter().map(|v| v.demand).collect();
-                share::allot(&demands)
-                    .first()
-                    .copied()
-                    .unwrap_or(self.limit)
+                share::allot(&demands).first().copied().unwrap_or(limit)
             }
-            None => self.limit,
+            None => limit,
         };
         if allot != p.allot {
             debug!(
@@ -373,8 +380,8 @@ impl Meter {
                 slice::uuid_string(&self.uuid),
                 p.allot,
                 allot,
-                self.request,
-                self.limit
+                request,
+                limit
             );
         }
         if allot < FULL && p.allot >= FULL {

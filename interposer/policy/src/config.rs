@@ -860,6 +860,129 @@ impl Config {
     }
 }
 
+// ---- limits changed while a slice runs (`cuslice set`) ------------------------------------------
+
+/// Which limit `cuslice set` changes, with the flag that names it on its command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LiveLimit {
+    Memory,
+    CoreLimit,
+    CoreRequest,
+}
+
+impl LiveLimit {
+    pub fn flag(self) -> &'static str {
+        match self {
+            LiveLimit::Memory => "--memory-limit",
+            LiveLimit::CoreLimit => "--core-limit",
+            LiveLimit::CoreRequest => "--core-request",
+        }
+    }
+
+    /// The all-devices variable the hook file gets for it.
+    pub fn variable(self) -> &'static str {
+        match self {
+            LiveLimit::Memory => "CUSLICE_MEMORY_LIMIT",
+            LiveLimit::CoreLimit => "CUSLICE_CORE_LIMIT",
+            LiveLimit::CoreRequest => "CUSLICE_CORE_REQUEST",
+        }
+    }
+
+    fn quantity(self) -> Quantity {
+        match self {
+            LiveLimit::Memory => Quantity::Memory,
+            LiveLimit::CoreLimit => Quantity::CoreLimit,
+            LiveLimit::CoreRequest => Quantity::CoreRequest,
+        }
+    }
+}
+
+/// A value given to `cuslice set`, checked as the variable it stands for would be: bytes for
+/// memory, percent (1-100) for the core limit and request. Err: one line naming the flag, the
+/// value, what is wrong and a value that would work.
+pub fn parse_live(what: LiveLimit, value: &str) -> Result<u64, String> {
+    let var = what.variable();
+    match Config::from_vars([(var, value)]) {
+        Ok(c) => {
+            let l = c.limits(0);
+            Ok(match what {
+                LiveLimit::Memory => l.memory,
+                LiveLimit::CoreLimit => l.core_limit.map(u64::from),
+                LiveLimit::CoreRequest => l.core_request.map(u64::from),
+            }
+            .unwrap_or(0))
+        }
+        Err(e) => {
+            let example = e
+                .example
+                .split_once('=')
+                .map_or(e.example.as_str(), |(_, v)| v);
+            Err(one_line(&format!(
+                "{} {:?} {}; write e.g. {} {}",
+                what.flag(),
+                value,
+                e.problem,
+                what.flag(),
+                example
+            )))
+        }
+    }
+}
+
+/// The hook file `text` with `changes` made: every line that sets one of the changed limits (for
+/// any device, under any family's name) gives way to one `CUSLICE_*` line for all devices with
+/// the new value. The result is checked as the interposer will read it (a core request above the
+/// core limit is refused here). Pure: the caller writes the file.
+pub fn rewrite_hook_file(
+    text: &str,
+    changes: &[(LiveLimit, String)],
+) -> Result<String, ConfigError> {
+    let sets_changed = |name: &str| match classify(name) {
+        Name::Limit { quantity, .. } => changes.iter().any(|(w, _)| w.quantity() == quantity),
+        Name::AliyunContainer | Name::AliyunUnit => {
+            changes.iter().any(|(w, _)| *w == LiveLimit::Memory)
+        }
+        _ => false,
+    };
+    let mut out = String::new();
+    for raw in text.lines() {
+        let name = raw.trim().split_once('=').map(|(n, _)| n.trim());
+        if name.is_some_and(|n| !raw.trim().starts_with('#') && sets_changed(n)) {
+            continue;
+        }
+        out.push_str(raw);
+        out.push('\n');
+    }
+    for (what, value) in changes {
+        out.push_str(&format!("{}={}\n", what.variable(), value.trim()));
+    }
+    Config::from_hook_file(&out, std::iter::empty::<(&str, &str)>())?;
+    Ok(out)
+}
+
+/// A device's core request and limit (ppm) after `cuslice set` changes `request` and/or `limit`
+/// (percent) from `current` (ppm). Err: one line when the request would exceed the limit.
+pub fn live_core(
+    current: (u32, u32),
+    request: Option<u32>,
+    limit: Option<u32>,
+) -> Result<(u32, u32), String> {
+    const FULL: u32 = crate::share::FULL;
+    let r = request.map_or(current.0, |p| p.min(100) * (FULL / 100));
+    let l = limit.map_or(current.1, |p| p.min(100) * (FULL / 100));
+    if r > l {
+        let pct = |ppm: u32| ppm.div_ceil(FULL / 100);
+        return Err(format!(
+            "a core request of {}% above a core limit of {}% cannot be met; give --core-request \
+             at most {} (or raise --core-limit with it)",
+            pct(r),
+            pct(l),
+            pct(l)
+        ));
+    }
+    Ok((r, l))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1669,5 +1792,66 @@ mod tests {
             levenshtein("CUSLICE_MEMORY_LIMT", "CUSLICE_MEMORY_LIMIT"),
             1
         );
+    }
+
+    #[test]
+    fn live_values_are_checked_like_their_variables_and_named_by_their_flags() {
+        assert_eq!(parse_live(LiveLimit::Memory, "2GiB"), Ok(2 * GIB));
+        assert_eq!(parse_live(LiveLimit::CoreLimit, "60"), Ok(60));
+        assert_eq!(parse_live(LiveLimit::CoreRequest, "25%"), Ok(25));
+        let e = parse_live(LiveLimit::Memory, "12XB").unwrap_err();
+        assert!(
+            e.starts_with("--memory-limit \"12XB\" is not a size"),
+            "{e}"
+        );
+        assert!(e.contains("write e.g. --memory-limit 4GiB"), "{e}");
+        for bad in ["0", "101", "", "x"] {
+            let e = parse_live(LiveLimit::CoreLimit, bad).unwrap_err();
+            assert!(e.starts_with(&format!("--core-limit {bad:?}")), "{e}");
+            assert!(!e.contains('\n'), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_rewritten_hook_file_sets_each_changed_limit_once_for_every_device() {
+        let text = "CUSLICE_MEMORY_LIMIT_0=1GiB\nCUDA_DEVICE_MEMORY_LIMIT=2g\n\
+                    CUSLICE_CORE_LIMIT=30\nCUSLICE_STATE_DIR=/x\n# note\n";
+        let new = rewrite_hook_file(text, &[(LiveLimit::Memory, "3GiB".into())]).unwrap();
+        assert_eq!(
+            new,
+            "CUSLICE_CORE_LIMIT=30\nCUSLICE_STATE_DIR=/x\n# note\nCUSLICE_MEMORY_LIMIT=3GiB\n"
+        );
+        let c = Config::from_hook_file(&new, std::iter::empty::<(&str, &str)>()).unwrap();
+        assert_eq!(c.limits(0).memory, Some(3 * GIB));
+        assert_eq!(c.limits(5).memory, Some(3 * GIB));
+        // A request above the limit is refused, naming the line it would make.
+        let e = rewrite_hook_file(text, &[(LiveLimit::CoreRequest, "40".into())]).unwrap_err();
+        assert_eq!(e.variable, "CUSLICE_CORE_REQUEST", "{e}");
+        let ok = rewrite_hook_file(
+            text,
+            &[
+                (LiveLimit::CoreLimit, "60".into()),
+                (LiveLimit::CoreRequest, "40".into()),
+            ],
+        )
+        .unwrap();
+        let c = Config::from_hook_file(&ok, std::iter::empty::<(&str, &str)>()).unwrap();
+        assert_eq!(
+            (c.limits(0).core_limit, c.limits(0).core_request),
+            (Some(60), Some(40))
+        );
+    }
+
+    #[test]
+    fn live_core_keeps_what_is_not_changed_and_refuses_a_request_above_the_limit() {
+        const P: u32 = crate::share::FULL / 100;
+        assert_eq!(live_core((0, 30 * P), None, Some(60)), Ok((0, 60 * P)));
+        assert_eq!(
+            live_core((10 * P, 30 * P), Some(20), None),
+            Ok((20 * P, 30 * P))
+        );
+        let e = live_core((10 * P, 30 * P), Some(40), None).unwrap_err();
+        assert!(e.contains("at most 30"), "{e}");
+        assert!(live_core((20 * P, 30 * P), None, Some(10)).is_err());
     }
 }

@@ -43,6 +43,9 @@ pub const MARKS: usize = 16;
 const FREE: u32 = 0;
 const LIVE: u32 = 1;
 const LIMIT_UNSET: u64 = u64::MAX;
+/// `DeviceRec::live` bits: the node changed the memory cap / the core request and limit.
+pub const LIVE_MEMORY: u32 = 1;
+pub const LIVE_CORE: u32 = 2;
 
 #[repr(C)]
 pub struct Header {
@@ -66,6 +69,9 @@ pub struct DeviceRec {
     /// Guards `used`, `peak`, the processes' `charged` on this device and the marks.
     lock: DevLock,
     state: AtomicU32,
+    /// What `cuslice set` changed while the slice ran (`LIVE_MEMORY`, `LIVE_CORE`): a process
+    /// that joins later takes those values from here, not from its own configuration.
+    live: AtomicU32,
     /// The cap in bytes; LIMIT_UNSET when no process of the slice has set one.
     limit: AtomicU64,
     used: AtomicU64,
@@ -165,6 +171,10 @@ pub enum LedgerError {
         found: u64,
         expected: u64,
     },
+    #[error(
+        "{path}: no process of this slice has used device {uuid} yet, so it has no limits there to change"
+    )]
+    NoDevice { path: PathBuf, uuid: String },
     #[error("{path}: all {MAX_PROCS} process slots are in use")]
     Full { path: PathBuf },
     #[error("{path}: all {MAX_DEVICES} device slots are in use")]
@@ -186,6 +196,13 @@ pub struct Tokens<'a> {
     pub tokens: &'a AtomicI64,
     pub last_refill: &'a AtomicU64,
     pub share: &'a AtomicU32,
+}
+
+/// What `cuslice set` changes on one device: the cap (bytes), the core request and limit (ppm).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LiveChange {
+    pub memory: Option<u64>,
+    pub core: Option<(u32, u32)>,
 }
 
 /// A refusal: the request would take the slice past its cap.
@@ -572,6 +589,9 @@ impl Ledger {
                 Some(c)
             }
             (Some(c), r) if c == r => Some(c),
+            // The node changed the cap while the slice ran (`cuslice set`): the slice's cap now,
+            // whatever this process's configuration said when it was written.
+            (Some(_), r) if rec.live.load(Ordering::Relaxed) & LIVE_MEMORY != 0 => Some(r),
             (Some(c), r) => {
                 return Err(LedgerError::CapConflict {
                     path: self.path.clone(),
@@ -806,6 +826,64 @@ impl Ledger {
             r.core_request.store(request, Ordering::Relaxed);
             r.core_limit.store(limit, Ordering::Relaxed);
         }
+    }
+
+    /// The core request and limit (ppm) the slice runs with on device `d` now.
+    pub fn core(&self, d: u32) -> Option<(u32, u32)> {
+        self.dev(d).map(|r| {
+            (
+                r.core_request.load(Ordering::Relaxed),
+                r.core_limit.load(Ordering::Relaxed),
+            )
+        })
+    }
+
+    /// The core request and limit (ppm) on device `d` if the node changed them while the slice
+    /// ran (`cuslice set`): then they win over a joining process's own configuration.
+    pub fn live_core(&self, d: u32) -> Option<(u32, u32)> {
+        let r = self.dev(d)?;
+        (r.live.load(Ordering::Relaxed) & LIVE_CORE != 0).then(|| {
+            (
+                r.core_request.load(Ordering::Relaxed),
+                r.core_limit.load(Ordering::Relaxed),
+            )
+        })
+    }
+
+    /// The node side of `cuslice set`: writes `change` into the record of device `uuid` in the
+    /// ledger at `path`, for the slice's processes to use at their next allocation (the cap) or
+    /// meter period (the core request and limit). Nothing is freed: a cap below what the slice
+    /// holds refuses allocations until it is under it. Err(NoDevice) when no process of the
+    /// slice has used the device yet.
+    pub fn set_live(path: &Path, uuid: &[u8; 16], change: &LiveChange) -> Result<(), LedgerError> {
+        let io = |err| LedgerError::Io {
+            path: path.to_path_buf(),
+            err,
+        };
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(io)?;
+        let l = Ledger::check(f, path.to_path_buf(), libc::PROT_READ | libc::PROT_WRITE)?;
+        let d = l.find(uuid).ok_or_else(|| LedgerError::NoDevice {
+            path: path.to_path_buf(),
+            uuid: crate::uuid_string(uuid),
+        })?;
+        let Some(rec) = l.dev(d) else {
+            return Ok(());
+        };
+        let _g = l.lock_dev(rec, d as usize);
+        if let Some(bytes) = change.memory {
+            rec.limit.store(bytes, Ordering::Relaxed);
+            rec.live.fetch_or(LIVE_MEMORY, Ordering::Relaxed);
+        }
+        if let Some((request, limit)) = change.core {
+            rec.core_request.store(request, Ordering::Relaxed);
+            rec.core_limit.store(limit, Ordering::Relaxed);
+            rec.live.fetch_or(LIVE_CORE, Ordering::Relaxed);
+        }
+        Ok(())
     }
 
     /// A meter's report for one period: `ns` more device time used by this process on device
@@ -1124,6 +1202,7 @@ fn device_snapshot(uuid: [u8; 16], r: &DeviceRec) -> DeviceSnapshot {
         context_overhead: r.context_overhead.load(Ordering::Relaxed),
         core_request: r.core_request.load(Ordering::Relaxed),
         core_limit: r.core_limit.load(Ordering::Relaxed),
+        live: r.live.load(Ordering::Relaxed),
         allotted: r.share.load(Ordering::Relaxed),
         device_ns: r.device_ns.load(Ordering::Relaxed),
         throttled_ns: r.throttled_ns.load(Ordering::Relaxed),

@@ -144,6 +144,19 @@ impl Region {
         Ok(r)
     }
 
+    /// Makes this process's claim on the device `request` and `limit` (ppm) when it is not
+    /// already: what the node changed in the slice's ledger (`cuslice set`), which checked the
+    /// device's requests first (`set_claim`).
+    pub fn claim(&self, request: u32, limit: u32) {
+        let me = self.me();
+        if me.request.load(Ordering::Relaxed) != request {
+            me.request.store(request, Ordering::Relaxed);
+        }
+        if me.limit.load(Ordering::Relaxed) != limit {
+            me.limit.store(limit, Ordering::Relaxed);
+        }
+    }
+
     fn header(&self) -> &Header {
         // SAFETY: the mapping lives as long as `self` and was validated.
         unsafe { &*self.map }
@@ -271,6 +284,83 @@ impl Region {
         // rest of the parent's slice in the child and never used (or dropped) there again.
         unsafe { libc::close(self.file.as_raw_fd()) };
     }
+}
+
+/// The node side of `cuslice set`: checks, under the region's lock, that slice `slice` may
+/// claim `request` (ppm) of device `uuid` beside the other slices' requests, and with `write`
+/// makes `request` and `limit` the claim of every process of the slice there. A device whose
+/// region does not exist yet has no other claims: Ok, nothing written.
+pub fn set_claim(
+    dir: &Path,
+    uuid: &str,
+    slice: u64,
+    request: u32,
+    limit: u32,
+    write: bool,
+) -> Result<(), RegionError> {
+    let path = dir.join(uuid);
+    let io = |err| RegionError::Io {
+        path: path.clone(),
+        err,
+    };
+    let file = match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io(e)),
+    };
+    let len = file.metadata().map_err(io)?.len();
+    let mut head = [0u8; 16];
+    let n = (&file).read(&mut head).map_err(io)?;
+    let version = u32::from_ne_bytes([head[8], head[9], head[10], head[11]]);
+    if n < 16 || head[..8] != MAGIC || version != VERSION || len != size() as u64 {
+        return Err(RegionError::Foreign { path });
+    }
+    let map = map(&file).map_err(io)?;
+    // SAFETY: the mapping was just made and validated; it is unmapped at the end of this call.
+    let h = unsafe { &*map };
+    if let Ok(Locked::OwnerDied) = h.lock.lock() {
+        h.lock.mark_consistent();
+    }
+    let alive = |s: usize| liveness::held_by_other(file.as_raw_fd(), LIVENESS_BASE + s as i64);
+    let mut seen: Vec<(u64, u32)> = Vec::new();
+    for (s, slot) in h.slots.iter().enumerate() {
+        if slot.state.load(Ordering::Acquire) == LIVE && alive(s) {
+            let id = slot.slice.load(Ordering::Relaxed);
+            if id != slice && !seen.iter().any(|(x, _)| *x == id) {
+                seen.push((id, slot.request.load(Ordering::Relaxed)));
+            }
+        }
+    }
+    let taken: u32 = seen.iter().map(|(_, r)| *r).sum();
+    let result = if request > 0 && taken.saturating_add(request) > FULL {
+        Err(RegionError::Oversubscribed {
+            uuid: uuid.to_string(),
+            taken: pct(taken),
+            asked: pct(request),
+            left: 100u32.saturating_sub(pct(taken)),
+        })
+    } else {
+        if write {
+            for (s, slot) in h.slots.iter().enumerate() {
+                if slot.state.load(Ordering::Acquire) == LIVE
+                    && slot.slice.load(Ordering::Relaxed) == slice
+                    && alive(s)
+                {
+                    slot.request.store(request, Ordering::Relaxed);
+                    slot.limit.store(limit, Ordering::Relaxed);
+                }
+            }
+        }
+        Ok(())
+    };
+    h.lock.unlock();
+    // SAFETY: our own mapping of size() bytes; `h` is not used past this point.
+    unsafe { libc::munmap(map.cast(), size()) };
+    result
 }
 
 fn map(file: &File) -> io::Result<*mut Header> {

@@ -28,6 +28,8 @@ pub struct DeviceSnapshot {
     /// Core request and limit (ppm of the device; 0 and `FULL` when not set).
     pub core_request: u32,
     pub core_limit: u32,
+    /// What the node changed while the slice ran (`ledger::LIVE_MEMORY`, `LIVE_CORE` bits).
+    pub live: u32,
     /// The share of the device the slice may use now (ppm), as its meters last worked it out.
     pub allotted: u32,
     /// Device time used, as the slice's meters measured it (ns since the slice began).
@@ -120,6 +122,7 @@ mod tests {
             context_overhead: 0,
             core_request: 0,
             core_limit: FULL,
+            live: 0,
             allotted: FULL,
             device_ns,
             throttled_ns: 0,

@@ -54,6 +54,29 @@ pub fn victims(cap: u64, held: &[Held]) -> Vec<i32> {
     out
 }
 
+/// A cap lowered while the slice runs (`cuslice set`, which alone can change the hook file)
+/// frees nothing: the slice keeps what it held, and the library refuses its new allocations
+/// until it is under the cap. So what the driver counted when the cap went down is allowed
+/// under `stop`, shrinking as the slice frees memory, gone once it is under the cap. Given the
+/// cap at the last check and now, what the driver counts now and the allowance so far, the
+/// allowance now (None: none).
+pub fn lowered_allowance(
+    was: Option<u64>,
+    cap: Option<u64>,
+    driver: u64,
+    allowance: Option<u64>,
+) -> Option<u64> {
+    let cap = cap?;
+    if driver <= cap {
+        return None;
+    }
+    match (was, allowance) {
+        (Some(w), _) if cap < w => Some(driver.min(w.max(allowance.unwrap_or(0)))),
+        (_, Some(a)) => Some(a.min(driver)),
+        _ => None,
+    }
+}
+
 /// How much more than the ledger's total the driver may count for a slice before the ledger is
 /// said not to match: allocations made between the two readings, and the driver's rounding.
 pub fn ledger_slack(driver: u64) -> u64 {
@@ -620,5 +643,30 @@ mod tests {
         assert_eq!((s, e), (vec!["c"], vec![("a", 1.0)]));
         assert_eq!(t.since(&"b"), Some(1.0));
         assert!(t.active(&"c") && !t.active(&"a"));
+    }
+
+    #[test]
+    fn a_lowered_cap_allows_what_was_held_then_shrinking_as_it_is_freed() {
+        const G: u64 = 1 << 30;
+        // Lowered from 2 GiB to 512 MiB while holding 1.5 GiB: 1.5 GiB allowed.
+        let a = lowered_allowance(Some(2 * G), Some(G / 2), 3 * G / 2, None);
+        assert_eq!(a, Some(3 * G / 2));
+        // Freed down to 1 GiB: allowed 1 GiB; growing again is not allowed past that.
+        let a = lowered_allowance(Some(G / 2), Some(G / 2), G, a);
+        assert_eq!(a, Some(G));
+        assert_eq!(
+            lowered_allowance(Some(G / 2), Some(G / 2), 2 * G, a),
+            Some(G)
+        );
+        // Under the cap: gone for good.
+        assert_eq!(lowered_allowance(Some(G / 2), Some(G / 2), G / 4, a), None);
+        // Over a cap that was never lowered (a bypass, a ledger written over): nothing allowed.
+        assert_eq!(lowered_allowance(Some(G), Some(G), 2 * G, None), None);
+        assert_eq!(lowered_allowance(None, Some(G), 2 * G, None), None);
+        // Lowered over more than the old cap allowed (already over it): the old cap at most.
+        assert_eq!(
+            lowered_allowance(Some(G), Some(G / 2), 2 * G, None),
+            Some(G)
+        );
     }
 }

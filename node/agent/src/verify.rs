@@ -1,7 +1,8 @@
 //! Every period: the driver's own per-process memory and utilisation (NVML, read from the
 //! agent's own, host, pid namespace), mapped to the container slices the hook keeps under the
 //! state root, checked against each slice's cap and core limit from the hook's `config` (which
-//! the container cannot write), never from its ledger (which it can). Under `Enforce::Stop` a
+//! the container cannot write; read again when `cuslice set` replaces it), never from its ledger
+//! (which it can). Under `Enforce::Stop` a
 //! slice over its cap for longer than the grace has its processes killed, and a slice over its
 //! core limit is frozen (its cgroup) for the time it owes. See docs/agent.md.
 //!
@@ -68,7 +69,30 @@ struct Slice {
     scope: Scope,
     freezer: Result<Freezer, String>,
     config: SliceConfig,
+    /// The config file's inode and modification time when read: `cuslice set` replaces the file
+    /// (a new inode), and the slice is read again.
+    config_stamp: Option<(u64, i64, i64)>,
+    /// Device UUID -> what the slice held when `cuslice set` lowered its cap below that
+    /// (`containers/<id>/lowered.json`, host-only).
+    lowered: BTreeMap<String, u64>,
     ledger: PathBuf,
+}
+
+/// A slice's cap on one device as the agent last saw it, and what it may hold over it since
+/// the cap was lowered while it ran.
+#[derive(Debug, Clone, Copy, Default)]
+struct CapState {
+    cap: Option<u64>,
+    allowance: Option<u64>,
+    /// The value of `lowered.json` the allowance was last seeded from.
+    seeded: Option<u64>,
+}
+
+/// What tells a hook file replaced or changed since it was read.
+fn stamp(path: &std::path::Path) -> Option<(u64, i64, i64)> {
+    fs::metadata(path)
+        .ok()
+        .map(|m| (m.ino(), m.mtime(), m.mtime_nsec()))
 }
 
 impl Slice {
@@ -171,6 +195,9 @@ pub struct Verifier {
     mounts: Mounts,
     tracker: Tracker<Key>,
     ledger_streak: BTreeMap<Key, u32>,
+    /// Per slice and device: the cap at the last check, and what the slice may hold over it
+    /// since `cuslice set` lowered it (`judge::lowered_allowance`).
+    caps: BTreeMap<(String, String), CapState>,
     /// Each slice's ledger, mapped once (with the file's inode: a new file is mapped afresh).
     ledgers: HashMap<PathBuf, (u64, ReadOnly)>,
     /// A process in a slice whose ledger was read has no host pid yet (it started before the
@@ -261,6 +288,7 @@ impl Verifier {
             mounts: cgroup::mounts(),
             tracker: Tracker::default(),
             ledger_streak: BTreeMap::new(),
+            caps: BTreeMap::new(),
             ledgers: HashMap::new(),
             untold: true,
             logged: BTreeSet::new(),
@@ -485,12 +513,36 @@ impl Verifier {
                 .get(&(id.clone(), uuid.clone()))
                 .copied()
                 .unwrap_or_default();
+            let st = self
+                .caps
+                .entry((id.clone(), uuid.clone()))
+                .or_insert(CapState {
+                    cap: l.memory,
+                    ..CapState::default()
+                });
+            // What `cuslice set` recorded the slice held when it lowered the cap (so an agent
+            // that did not see the old cap allows it too), taken once per value.
+            let recorded = s.lowered.get(uuid.as_str()).copied();
+            let mut allowance = st.allowance;
+            if recorded.is_some() && recorded != st.seeded {
+                st.seeded = recorded;
+                allowance = recorded
+                    .map(|r| r.saturating_add(judge::ledger_slack(r)))
+                    .max(allowance);
+            }
+            let allowance = judge::lowered_allowance(st.cap, l.memory, driver, allowance);
+            (st.cap, st.allowance) = (l.memory, allowance);
             if let Some(cap) = l.memory
                 && driver > cap
             {
-                let action = match self.cfg.enforce {
-                    Enforce::Report => "none (--enforce report)".to_string(),
-                    Enforce::Stop => format!(
+                let action = match (self.cfg.enforce, allowance) {
+                    (Enforce::Report, _) => "none (--enforce report)".to_string(),
+                    (Enforce::Stop, Some(a)) if driver <= a => format!(
+                        "none: its cap was lowered while it held {} (cuslice set); nothing is \
+                         freed, its new allocations are refused until it is under",
+                        format_size(a)
+                    ),
+                    (Enforce::Stop, _) => format!(
                         "its processes are killed once over for {:.1} s (--grace)",
                         self.cfg.grace.as_secs_f64()
                     ),
@@ -560,6 +612,7 @@ impl Verifier {
         }
         self.ledger_streak
             .retain(|k, n| *n > 0 && slices.contains_key(&k.slice));
+        self.caps.retain(|(id, _), _| slices.contains_key(id));
         for ((id, uuid), (u, pids)) in &usage {
             let Some(s) = slices.get(id) else { continue };
             let Some(limit) = limits
@@ -643,6 +696,14 @@ impl Verifier {
                 else {
                     continue;
                 };
+                let allowed = self
+                    .caps
+                    .get(&(k.slice.clone(), k.uuid.clone()))
+                    .and_then(|c| c.allowance)
+                    .is_some_and(|a| f.driver_bytes.is_some_and(|d| d <= a));
+                if allowed {
+                    continue;
+                }
                 let victims = judge::victims(cap, list);
                 let killed = self.kill(&slices[&k.slice], &victims, list, cap, now - f.since);
                 f.action = format!("killed pids {}", join(&killed));
@@ -663,13 +724,15 @@ impl Verifier {
             if start_time(r.pid) != Some(r.start) {
                 continue; // gone; the next hook or `cuslice-hook sweep` removes it
             }
+            let config_path = root.mnt(&r.id).join("slice/config");
+            let config_stamp = stamp(&config_path);
             if let Some(s) = old.get(&r.id)
                 && s.init == r.pid
+                && s.config_stamp == config_stamp
             {
                 out.insert(r.id.clone(), s.clone());
                 continue;
             }
-            let config_path = root.mnt(&r.id).join("slice/config");
             let config = match fs::read_to_string(&config_path)
                 .map_err(|e| e.to_string())
                 .and_then(|t| {
@@ -693,6 +756,10 @@ impl Verifier {
                 .ok()
                 .filter(|ns| Some(ns) != own_ns.as_ref());
             let freezer = Freezer::for_scope(&scope, &self.mounts);
+            let lowered = fs::read_to_string(root.dir(&r.id).join(cuslice_node::set::LOWERED))
+                .ok()
+                .and_then(|t| serde_json::from_str(&t).ok())
+                .unwrap_or_default();
             out.insert(
                 r.id.clone(),
                 Arc::new(Slice {
@@ -707,6 +774,8 @@ impl Verifier {
                     scope,
                     freezer,
                     config,
+                    config_stamp,
+                    lowered,
                 }),
             );
         }

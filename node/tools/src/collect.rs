@@ -331,6 +331,7 @@ fn by_device(gpus: &[Gpu], found: &[Found], now: u64) -> Vec<Device> {
                     limit: d.limit,
                     peak: d.peak,
                     refusals: d.refusals,
+                    set_live: d.live & ledger::LIVE_MEMORY != 0,
                 },
                 compute: Compute {
                     request_pct: d.request().map(pct),
@@ -341,6 +342,7 @@ fn by_device(gpus: &[Gpu], found: &[Found], now: u64) -> Vec<Device> {
                     device_seconds: d.device_ns as f64 / 1e9,
                     throttled_seconds: d.throttled_ns as f64 / 1e9,
                     estimated: d.estimated,
+                    set_live: d.live & ledger::LIVE_CORE != 0,
                 },
                 processes,
             });

@@ -60,13 +60,17 @@ pub fn render(node: &Node) -> String {
                     short(s),
                     s.name.clone().unwrap_or_else(|| "-".into()),
                     format_size(s.memory.used),
-                    s.memory.limit.map_or_else(|| "none".into(), format_size),
+                    format!(
+                        "{}{}",
+                        s.memory.limit.map_or_else(|| "none".into(), format_size),
+                        star(s.memory.set_live)
+                    ),
                     format_size(s.memory.peak),
                     s.memory.refusals.to_string(),
                     format!("{}{est}", pct(c.share_1s_pct)),
                     pct(c.share_10s_pct),
-                    pct(c.request_pct),
-                    pct(c.limit_pct),
+                    format!("{}{}", pct(c.request_pct), star(c.set_live)),
+                    format!("{}{}", pct(c.limit_pct), star(c.set_live)),
                     pct(Some(c.allotted_pct)),
                     format!("{:.1} s", c.throttled_seconds),
                     pids(s, live),
@@ -91,6 +95,10 @@ pub fn render(node: &Node) -> String {
             out.push_str(&line(&mut r.iter().map(String::as_str)));
         }
     }
+    let mut slices = node.devices.iter().flat_map(|d| &d.slices);
+    if slices.any(|s| s.memory.set_live || s.compute.set_live) {
+        let _ = writeln!(out, "* changed while the slice ran (cuslice set)");
+    }
     if let Some(f) = &node.findings {
         for x in &f.findings {
             let _ = writeln!(out, "agent: {} ({})", x.message, x.action);
@@ -105,6 +113,11 @@ pub fn render(node: &Node) -> String {
         let _ = writeln!(out, "note: {n}");
     }
     out
+}
+
+/// The mark of a limit changed while the slice ran, explained under the tables.
+fn star(live: bool) -> &'static str {
+    if live { "*" } else { "" }
 }
 
 /// "3: 4123 4130 4131" (host pids of the running processes; a process that exited while the

@@ -62,6 +62,8 @@ pub struct Memory {
     pub peak: u64,
     /// Allocations refused at the cap.
     pub refusals: u64,
+    /// The cap was changed while the slice ran (`cuslice set`).
+    pub set_live: bool,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -80,6 +82,8 @@ pub struct Compute {
     /// The latest device time was launch estimates: NVML did not report the process (see
     /// docs/status.md).
     pub estimated: bool,
+    /// The core request and limit were changed while the slice ran (`cuslice set`).
+    pub set_live: bool,
 }
 
 #[derive(Debug, Clone, Serialize)]

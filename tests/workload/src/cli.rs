@@ -14,7 +14,7 @@ use crate::out::{cu_error, emit};
 use crate::requests::{RUNTIME_12_9, RUNTIME_13_0};
 use crate::scenarios::{
     self, BenchAllocArgs, BenchLaunchArgs, ChurnArgs, Failure, FillArgs, HoldArgs, LaunchArgs,
-    MemcpyArgs, Session,
+    MemcpyArgs, Session, StepsArgs,
 };
 
 /// `--route`.
@@ -89,6 +89,8 @@ pub enum Scenario {
     Hold(HoldArgs),
     /// Launch the simulator's "spin" kernel for a while
     Launch(LaunchArgs),
+    /// Allocate --bytes at each SIGUSR1 (kept), a `step` line each; free all at SIGTERM
+    Steps(StepsArgs),
     /// Copy host -> device -> host and device -> device, and compare
     Memcpy(MemcpyArgs),
     /// Threads allocate and free random sizes for a while, counting refusals (error 2)
@@ -134,6 +136,7 @@ impl Scenario {
             Scenario::Fill(_) => "fill",
             Scenario::Hold(_) => "hold",
             Scenario::Launch(_) => "launch",
+            Scenario::Steps(_) => "steps",
             Scenario::Memcpy(_) => "memcpy",
             Scenario::Churn(_) => "churn",
             Scenario::BenchAlloc(_) => "bench-alloc",
@@ -224,6 +227,10 @@ fn run(cli: &Cli, route: Route, direct: Option<fn() -> Driver>) -> u8 {
 }
 
 fn scenario(cli: &Cli, route: Route, driver: &Driver) -> Result<(), Failure> {
+    if let Scenario::Steps(_) = cli.scenario {
+        // Before cuInit: the threads the driver and an interposer start inherit the mask.
+        scenarios::block_steps();
+    }
     let session = Session::open(driver, cli.device)?;
     session.start(route.name(), cli.scenario.name())?;
     match &cli.scenario {
@@ -231,6 +238,7 @@ fn scenario(cli: &Cli, route: Route, driver: &Driver) -> Result<(), Failure> {
         Scenario::Fill(a) => scenarios::fill(&session, a)?,
         Scenario::Hold(a) => scenarios::hold(&session, a)?,
         Scenario::Launch(a) => scenarios::launch(&session, a)?,
+        Scenario::Steps(a) => scenarios::steps(&session, a)?,
         Scenario::Memcpy(a) => scenarios::memcpy(&session, a)?,
         Scenario::Churn(a) => scenarios::churn(&session, a)?,
         Scenario::BenchAlloc(a) => scenarios::bench_alloc(&session, a)?,

@@ -1,7 +1,7 @@
 //! The scenarios: each drives the driver one way real software does and reports JSON lines.
 
 use std::collections::VecDeque;
-use std::ffi::{c_char, c_void};
+use std::ffi::{c_char, c_int, c_void};
 use std::ptr::null_mut;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex};
@@ -148,6 +148,13 @@ pub struct HoldArgs {
     /// cuEventSynchronize) instead of cuStreamSynchronize
     #[arg(long)]
     pub sync_event: bool,
+}
+
+#[derive(Clone, Debug, Args)]
+pub struct StepsArgs {
+    /// Bytes each step asks for
+    #[arg(long, value_parser = parse_size)]
+    pub bytes: u64,
 }
 
 #[derive(Clone, Debug, Args)]
@@ -892,6 +899,72 @@ pub fn hold(s: &Session, a: &HoldArgs) -> Result<(), Failure> {
         "freed",
         json!({"family": a.family.name(), "bytes": a.bytes, "free": free, "total": total}),
     );
+    Ok(())
+}
+
+/// The signals `steps` waits for, blocked in every thread from the start (see `block_steps`).
+fn step_signals() -> libc::sigset_t {
+    // SAFETY: a zeroed sigset_t is a valid argument to sigemptyset, which initialises it.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is ours and initialised by sigemptyset first.
+    unsafe {
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGUSR1);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+    }
+    set
+}
+
+/// Blocks SIGUSR1 and SIGTERM in this thread and every thread it starts (the driver's and an
+/// interposer's threads too, when called before cuInit), so that `steps` takes them with sigwait.
+pub fn block_steps() {
+    let set = step_signals();
+    // SAFETY: a valid, initialised signal set; the old mask is not wanted.
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, null_mut()) };
+}
+
+/// A `ready` line (this process's pid, cuMemGetInfo's free and total), then one allocation of
+/// --bytes at each SIGUSR1, kept; a `step` line each: `ok` (or the refusal's
+/// `code`), the step's number, the bytes held in all, and cuMemGetInfo's free and total after
+/// it. SIGTERM frees everything and ends. For tests that change a running slice's limits
+/// between steps.
+pub fn steps(s: &Session, a: &StepsArgs) -> Result<(), Failure> {
+    let d = s.d;
+    let mut al = Allocator::new(d, Family::Mem, s.dev)?;
+    let (free, total) = mem_get_info(d)?;
+    emit(
+        "ready",
+        json!({"free": free, "total": total, "bytes": a.bytes}),
+    );
+    let set = step_signals();
+    let mut held = Vec::new();
+    let mut n = 0u64;
+    loop {
+        let mut sig: c_int = 0;
+        // SAFETY: a valid signal set (blocked in every thread) and an out-pointer to a local.
+        if unsafe { libc::sigwait(&set, &mut sig) } != 0 || sig != libc::SIGUSR1 {
+            break;
+        }
+        n += 1;
+        let code = match al.alloc(a.bytes)? {
+            Ok(b) => {
+                held.push(b);
+                0
+            }
+            Err(e) => e.code.0,
+        };
+        let (free, total) = mem_get_info(d)?;
+        emit(
+            "step",
+            json!({"step": n, "ok": code == 0, "code": code, "held": held.len() as u64 * a.bytes,
+                   "free": free, "total": total}),
+        );
+    }
+    for b in held {
+        al.free(b)?;
+    }
+    al.close()?;
+    emit("freed", json!({}));
     Ok(())
 }
 

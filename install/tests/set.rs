@@ -1,0 +1,481 @@
+//! `cuslice set` on live standalone slices (LD_PRELOAD + CUSLICE_STATE_DIR) on simgpu: a cap
+//! lowered or raised while the slice runs, a core limit raised from 30 to 60 while it launches,
+//! and refusals (bad values, a request past the device) that change nothing. Ground truth is
+//! the simulator's: what the process holds, the device time it used. Containers (runc, Podman)
+//! are checked in hook/tests/live.rs.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use cuslice_test_harness::{GIB, MIB, Running, Sim, libcuslice, workload};
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_cuslice");
+
+/// A process of the slice in `dir`, with the library preloaded.
+fn start(sim: &Sim, dir: &Path, node: &Path, env: &[&str], args: &[&str]) -> Running {
+    let mut c = sim.command(&workload(), args);
+    c.env("LD_PRELOAD", libcuslice())
+        .env("CUSLICE_STATE_DIR", dir)
+        .env("CUSLICE_NODE_DIR", node);
+    for kv in env {
+        let (k, v) = kv.split_once('=').unwrap();
+        c.env(k, v);
+    }
+    Running::start(c)
+}
+
+/// `cuslice set DIR ARGS` (the node dir given).
+fn set(dir: &Path, node: &Path, args: &[&str]) -> Output {
+    Command::new(BIN)
+        .arg("set")
+        .arg(dir)
+        .arg("--node-dir")
+        .arg(node)
+        .arg("--state-root")
+        .arg("/nonexistent-cuslice-root")
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn set_ok(dir: &Path, node: &Path, args: &[&str]) -> String {
+    let out = set(dir, node, args);
+    assert!(
+        out.status.success(),
+        "cuslice set {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `cuslice status --json` for the slices in `dirs`: each one's entry on device 0.
+fn status(sim: &Sim, dirs: &[&Path]) -> Vec<Value> {
+    let mut args = vec![
+        "status",
+        "--json",
+        "--state-root",
+        "/nonexistent-cuslice-root",
+    ];
+    for d in dirs {
+        args.push("--state-dir");
+        args.push(d.to_str().unwrap());
+    }
+    let out = sim.command(Path::new(BIN), &args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let view: Value = serde_json::from_slice(&out.stdout).unwrap();
+    dirs.iter()
+        .map(|d| {
+            view["devices"][0]["slices"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|s| s["slice"] == d.to_str().unwrap())
+                .unwrap_or_else(|| panic!("no slice {} in {view}", d.display()))
+                .clone()
+        })
+        .collect()
+}
+
+/// The value of `metric` for the slice in `dir`, as `cuslice exporter` serves it now.
+fn exported(dir: &Path, metric: &str) -> Option<f64> {
+    let mut child = Command::new(BIN)
+        .args(["exporter", "--listen", "127.0.0.1:0"])
+        .args(["--state-root", "/nonexistent-cuslice-root", "--state-dir"])
+        .arg(dir)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let addr = first
+        .trim()
+        .strip_prefix("cuslice exporter: serving http://")
+        .and_then(|s| s.strip_suffix("/metrics"))
+        .unwrap_or_else(|| panic!("first line: {first:?}"))
+        .to_string();
+    let mut conn = std::net::TcpStream::connect(&addr).unwrap();
+    write!(conn, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut text = String::new();
+    conn.read_to_string(&mut text).unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    let label = format!("slice=\"{}\"", dir.display());
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{metric}{{")) && l.contains(&label))
+        .find_map(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+/// What the simulator says process `pid` holds on device 0.
+fn held(sim: &Sim, pid: u64) -> u64 {
+    let d = sim.device(0);
+    d["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"] == pid)
+        .map_or(0, |p| p["held"].as_u64().unwrap())
+}
+
+/// One SIGUSR1 to a `steps` process: its `step` line.
+fn step(w: &mut Running, pid: u64) -> Value {
+    signal(pid, "USR1");
+    w.wait_for("step", Duration::from_secs(30))
+}
+
+fn signal(pid: u64, sig: &str) {
+    let ok = Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill -{sig} {pid}");
+}
+
+#[test]
+fn a_cap_lowered_or_raised_while_running_holds_at_the_next_allocation() {
+    let sim = Sim::new(&["--memory", "8GiB"]);
+    let (dir, node) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut w = start(
+        &sim,
+        dir.path(),
+        node.path(),
+        &["CUSLICE_MEMORY_LIMIT=1GiB"],
+        &["steps", "--bytes", "256MiB"],
+    );
+    let ready = w.wait_for("ready", Duration::from_secs(30));
+    let pid = ready["pid"].as_u64().unwrap();
+    assert_eq!(ready["total"], GIB, "{ready}");
+    // Up to the cap: refused once the next 256 MiB does not fit.
+    let mut last = step(&mut w, pid);
+    for _ in 0..8 {
+        if last["ok"] == false {
+            break;
+        }
+        last = step(&mut w, pid);
+    }
+    assert_eq!(last["code"], 2, "never refused under a 1 GiB cap: {last}");
+    let before = held(&sim, pid);
+    assert!(before <= GIB, "held {before} under a 1 GiB cap");
+
+    // Raised: the next allocation that fits succeeds, and cuMemGetInfo reports the new total.
+    let said = set_ok(dir.path(), node.path(), &["--memory-limit", "2GiB"]);
+    assert!(said.contains("memory limit 2 GiB (was 1 GiB)"), "{said}");
+    let raised = step(&mut w, pid);
+    assert_eq!(
+        raised["ok"], true,
+        "refused after the cap was raised: {raised}"
+    );
+    assert_eq!(raised["total"], 2 * GIB, "{raised}");
+    let after = held(&sim, pid);
+    assert!(
+        after >= before + 256 * MIB && after <= 2 * GIB,
+        "simulator: held {before} before, {after} after"
+    );
+    assert_eq!(status(&sim, &[dir.path()])[0]["memory"]["limit"], 2 * GIB);
+
+    // A process that joins now takes the slice's cap, not its own environment's.
+    let (lines, code, err) = {
+        let mut c = sim.command(&workload(), &["info"]);
+        c.env("LD_PRELOAD", libcuslice())
+            .env("CUSLICE_STATE_DIR", dir.path())
+            .env("CUSLICE_NODE_DIR", node.path())
+            .env("CUSLICE_MEMORY_LIMIT", "1GiB");
+        let out = c.output().unwrap();
+        (
+            cuslice_test_harness::parse_lines(&String::from_utf8_lossy(&out.stdout)),
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    assert_eq!(code, Some(0), "{err}");
+    let start = cuslice_test_harness::event(&lines, "start");
+    assert_eq!(start["total"], 2 * GIB, "{start}");
+
+    // Lowered below what it holds: refused, total and free say so, nothing is freed.
+    let said = set_ok(dir.path(), node.path(), &["--memory-limit", "512MiB"]);
+    assert!(
+        said.contains("allocations are refused until it is under"),
+        "{said}"
+    );
+    let lowered = step(&mut w, pid);
+    assert_eq!(lowered["code"], 2, "{lowered}");
+    assert_eq!(lowered["total"], 512 * MIB, "{lowered}");
+    assert_eq!(lowered["free"], 0, "{lowered}");
+    assert_eq!(
+        held(&sim, pid),
+        after,
+        "memory was freed behind the application"
+    );
+    let s = &status(&sim, &[dir.path()])[0];
+    assert_eq!(s["memory"]["limit"], 512 * MIB, "{s}");
+    assert_eq!(
+        (
+            s["memory"]["set_live"].clone(),
+            s["compute"]["set_live"].clone()
+        ),
+        (Value::Bool(true), Value::Bool(false)),
+        "{s}"
+    );
+    let table = Command::new(BIN)
+        .args([
+            "status",
+            "--state-root",
+            "/nonexistent-cuslice-root",
+            "--state-dir",
+        ])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(table.contains("512 MiB*"), "{table}");
+    assert!(
+        table.contains("* changed while the slice ran (cuslice set)"),
+        "{table}"
+    );
+    assert_eq!(
+        exported(dir.path(), "cuslice_slice_memory_limit_bytes"),
+        Some((512 * MIB) as f64)
+    );
+
+    signal(pid, "TERM");
+    w.wait_for("freed", Duration::from_secs(30));
+}
+
+/// The simulator's device time (ns) of process `pid`.
+fn device_ns(sim: &Sim, pid: u64) -> u64 {
+    let d = sim.device(0);
+    ["processes", "exited"]
+        .iter()
+        .flat_map(|k| d[*k].as_array().cloned().unwrap_or_default())
+        .find(|p| p["pid"] == pid)
+        .map_or(0, |p| p["device_time_ns"].as_u64().unwrap())
+}
+
+#[test]
+fn a_core_limit_raised_from_30_to_60_while_running_is_followed() {
+    let sim = Sim::new(&["--memory", "8GiB"]);
+    let (dir, node) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    // 1 ms kernels back to back.
+    let mut w = start(
+        &sim,
+        dir.path(),
+        node.path(),
+        &["CUSLICE_CORE_LIMIT=30"],
+        &[
+            "launch",
+            "--ns-per-block",
+            "1000",
+            "--blocks",
+            "1000",
+            "--secs",
+            "30",
+        ],
+    );
+    let pid = w.wait_for("start", Duration::from_secs(30))["pid"]
+        .as_u64()
+        .unwrap();
+    // The share over a window of `secs` from now, by the simulator.
+    let share = |secs: f64| {
+        let (t0, d0) = (Instant::now(), device_ns(&sim, pid));
+        std::thread::sleep(Duration::from_secs_f64(secs));
+        let (t1, d1) = (Instant::now(), device_ns(&sim, pid));
+        100.0 * (d1 - d0) as f64 / (t1 - t0).as_nanos() as f64
+    };
+    std::thread::sleep(Duration::from_secs(2));
+    let before = share(3.0);
+    let changed = Instant::now();
+    let said = set_ok(dir.path(), node.path(), &["--core-limit", "60"]);
+    assert!(said.contains("core limit 60% (was 30%)"), "{said}");
+    // Half-second windows until one is within 2 points of 60 (the first 5 s at most), then 3 s.
+    let mut windows = Vec::new();
+    while changed.elapsed() < Duration::from_secs(5) {
+        let w = share(0.5);
+        windows.push((changed.elapsed().as_secs_f64(), w));
+        if (w - 60.0).abs() <= 2.0 {
+            break;
+        }
+    }
+    let after = share(3.0);
+    eprintln!(
+        "share before {before:.1}%, after {after:.1}%; windows after the change: {windows:.1?}"
+    );
+    assert!(
+        (before - 30.0).abs() <= 2.0,
+        "before the change: {before:.1}%"
+    );
+    assert!(
+        (after - 60.0).abs() <= 2.0,
+        "after the change: {after:.1}% (windows {windows:.1?})"
+    );
+    assert!(
+        windows
+            .iter()
+            .any(|(t, w)| *t <= 2.5 && (w - 60.0).abs() <= 2.0),
+        "no half-second window near 60% within about 2 s of the change: {windows:.1?}"
+    );
+    let s = &status(&sim, &[dir.path()])[0];
+    assert_eq!(s["compute"]["limit_pct"], 60.0, "{s}");
+    assert_eq!(
+        exported(dir.path(), "cuslice_slice_core_limit_ratio"),
+        Some(0.6)
+    );
+    drop(w);
+}
+
+#[test]
+fn a_core_limit_set_on_a_slice_without_one_holds_it_to_the_limit() {
+    let sim = Sim::new(&["--memory", "8GiB"]);
+    let (dir, node) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    // No core setting at all (the gate passes every launch), 1 ms kernels back to back.
+    let mut w = start(
+        &sim,
+        dir.path(),
+        node.path(),
+        &["CUSLICE_MEMORY_LIMIT=2GiB"],
+        &[
+            "launch",
+            "--ns-per-block",
+            "1000",
+            "--blocks",
+            "1000",
+            "--secs",
+            "30",
+        ],
+    );
+    let pid = w.wait_for("start", Duration::from_secs(30))["pid"]
+        .as_u64()
+        .unwrap();
+    let share = |secs: f64| {
+        let (t0, d0) = (Instant::now(), device_ns(&sim, pid));
+        std::thread::sleep(Duration::from_secs_f64(secs));
+        let (t1, d1) = (Instant::now(), device_ns(&sim, pid));
+        100.0 * (d1 - d0) as f64 / (t1 - t0).as_nanos() as f64
+    };
+    std::thread::sleep(Duration::from_secs(1));
+    let before = share(2.0);
+    let said = set_ok(dir.path(), node.path(), &["--core-limit", "30"]);
+    assert!(said.contains("core limit 30% (was none)"), "{said}");
+    std::thread::sleep(Duration::from_secs(1));
+    let after = share(3.0);
+    eprintln!("share before {before:.1}%, after {after:.1}%");
+    assert!(before > 95.0, "before the change: {before:.1}%");
+    assert!((after - 30.0).abs() <= 2.0, "after the change: {after:.1}%");
+    drop(w);
+}
+
+#[test]
+fn bad_values_and_a_request_past_the_device_are_refused_with_one_line_and_change_nothing() {
+    let sim = Sim::new(&["--memory", "8GiB"]);
+    let node = tempfile::tempdir().unwrap();
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut wa = start(
+        &sim,
+        a.path(),
+        node.path(),
+        &["CUSLICE_CORE_REQUEST=40", "CUSLICE_MEMORY_LIMIT=1GiB"],
+        &["steps", "--bytes", "64MiB"],
+    );
+    let mut wb = start(
+        &sim,
+        b.path(),
+        node.path(),
+        &[
+            "CUSLICE_CORE_REQUEST=30",
+            "CUSLICE_CORE_LIMIT=50",
+            "CUSLICE_MEMORY_LIMIT=1GiB",
+        ],
+        &["steps", "--bytes", "64MiB"],
+    );
+    wa.wait_for("ready", Duration::from_secs(30));
+    let pid_b = wb.wait_for("ready", Duration::from_secs(30))["pid"]
+        .as_u64()
+        .unwrap();
+    let limits = |s: &Value| {
+        (
+            s["memory"]["limit"].clone(),
+            s["compute"]["request_pct"].clone(),
+            s["compute"]["limit_pct"].clone(),
+        )
+    };
+    let was: Vec<_> = status(&sim, &[a.path(), b.path()])
+        .iter()
+        .map(limits)
+        .collect();
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["--core-request", "70", "--core-limit", "80"],
+            "at most --core-request 60",
+        ),
+        (
+            &["--memory-limit", "12XB"],
+            "--memory-limit \"12XB\" is not a size",
+        ),
+        (&["--memory-limit", "0"], "--memory-limit \"0\" is 0"),
+        (&["--core-limit", "150"], "--core-limit \"150\""),
+        (&["--core-limit", "0"], "--core-limit \"0\""),
+        (&["--core-request", "abc"], "--core-request \"abc\""),
+        (&["--core-request", "55"], "above a core limit of 50%"),
+        (&["--core-limit", "20"], "above a core limit of 20%"),
+        // A good value with a bad one: nothing at all is changed.
+        (
+            &["--memory-limit", "2GiB", "--core-limit", "x"],
+            "--core-limit \"x\"",
+        ),
+        (&[], "nothing to change"),
+    ];
+    for (args, says) in cases {
+        let out = set(b.path(), node.path(), args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: not one line: {err}");
+        assert!(err.starts_with("cuslice set: "), "{args:?}: {err}");
+        assert!(
+            err.contains(says),
+            "{args:?}: {err:?} does not say {says:?}"
+        );
+        assert!(out.stdout.is_empty(), "{args:?}");
+    }
+    let out = Command::new(BIN)
+        .args(["set", "no-such-slice", "--core-limit", "50"])
+        .arg("--state-root")
+        .arg("/nonexistent-cuslice-root")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("cuslice status"), "{err}");
+    let now: Vec<_> = status(&sim, &[a.path(), b.path()])
+        .iter()
+        .map(limits)
+        .collect();
+    assert_eq!(now, was, "a refused change changed something");
+    // The cap is still 1 GiB for the slice's processes: the 2 GiB of a refused call never applied.
+    assert_eq!(step(&mut wb, pid_b)["total"], GIB);
+    // What fits is taken: 60 beside 40.
+    let said = set_ok(
+        b.path(),
+        node.path(),
+        &["--core-request", "50", "--core-limit", "60"],
+    );
+    assert!(said.contains("core request 50% (was 30%)"), "{said}");
+    let s = &status(&sim, &[b.path()])[0];
+    assert_eq!(
+        (
+            s["compute"]["request_pct"].clone(),
+            s["compute"]["limit_pct"].clone()
+        ),
+        (Value::from(50.0), Value::from(60.0)),
+        "{s}"
+    );
+}

@@ -1,0 +1,399 @@
+//! `cuslice set TARGET --memory-limit SIZE --core-limit P --core-request P`: changes a running
+//! slice's limits from the node, without a restart (docs/status.md, "Changing limits while
+//! running").
+//!
+//! - TARGET is what `cuslice status` shows: a container's id (or a unique prefix of it), its
+//!   name or pod/container, or a standalone slice's CUSLICE_STATE_DIR.
+//! - Every value is checked before anything is written, and so is the device: a core request
+//!   that would take the requests of the slices on a device past 100% is refused. A refusal is
+//!   one line and changes nothing.
+//! - What is written, in this order: a container's hook file (`slice/config`, the authoritative
+//!   record, read-only inside the container; replaced atomically), then the slice's ledger (what
+//!   the slice's processes enforce: the cap at their next allocation, the core request and limit
+//!   at their meter's next period), then the device's node region (the slice's claim, which the
+//!   meters would also write within a period).
+//!
+//! Nothing is freed: a cap lowered below what the slice holds refuses new allocations until the
+//! slice is under it.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::{self, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use cuslice_hook::state::{Record, Root, start_time};
+use cuslice_policy::config::{LiveLimit, live_core, parse_live, rewrite_hook_file};
+use cuslice_policy::format_size;
+use cuslice_policy::share::FULL;
+use cuslice_state::ledger::{self, Ledger, LiveChange};
+use cuslice_state::region::{self, RegionError};
+use cuslice_state::uuid_string;
+
+/// In a container's host-only state directory: device UUID -> what the slice held when
+/// `cuslice set` lowered its cap below that (read by the node agent).
+pub const LOWERED: &str = "lowered.json";
+
+/// Where the node's compute regions are unless told otherwise (the hook's and the
+/// interposer's default).
+pub const DEFAULT_NODE_DIR: &str = region::DEFAULT_DIR;
+
+/// What to change; each value as the user wrote it.
+#[derive(Debug, Clone, Default)]
+pub struct Change {
+    pub memory_limit: Option<String>,
+    pub core_limit: Option<String>,
+    pub core_request: Option<String>,
+    // `--priority` goes here once slices have one (issue #19's first half).
+}
+
+/// Where slices live on this node.
+#[derive(Debug, Clone)]
+pub struct Places {
+    /// The OCI hook's state root (`/run/cuslice`).
+    pub state_root: PathBuf,
+    /// The node's compute regions (the hook's `--node-dir`, a standalone slice's
+    /// CUSLICE_NODE_DIR; by default /dev/shm/cuslice).
+    pub node_dir: PathBuf,
+}
+
+/// A slice found by its TARGET.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    /// How messages name it.
+    pub label: String,
+    pub ledger: PathBuf,
+    /// The hook file, for a container.
+    pub config: Option<PathBuf>,
+    /// The container's host-only state directory (`containers/<id>/`).
+    pub dir: Option<PathBuf>,
+}
+
+/// Finds the slice `target` names: a running container of the hook's (id, unique id prefix,
+/// name, pod/container), else a standalone slice's state directory. Err: one line.
+pub fn resolve(target: &str, state_root: &Path) -> Result<Target, String> {
+    let root = Root::new(state_root);
+    let mut live: Vec<Record> = root
+        .records()
+        .into_iter()
+        .filter(|r| start_time(r.pid) == Some(r.start))
+        .collect();
+    live.sort_by(|a, b| a.id.cmp(&b.id));
+    let exact: Vec<&Record> = live
+        .iter()
+        .filter(|r| r.id == target || r.name.as_deref() == Some(target))
+        .collect();
+    let matches = if exact.is_empty() && !target.is_empty() {
+        live.iter().filter(|r| r.id.starts_with(target)).collect()
+    } else {
+        exact
+    };
+    match matches.as_slice() {
+        [r] => {
+            let slice = root.mnt(&r.id).join("slice");
+            return Ok(Target {
+                label: match &r.name {
+                    Some(n) => format!("container {} ({n})", short(&r.id)),
+                    None => format!("container {}", short(&r.id)),
+                },
+                ledger: slice.join(ledger::FILE_NAME),
+                config: Some(slice.join("config")),
+                dir: Some(root.dir(&r.id)),
+            });
+        }
+        [] => {}
+        many => {
+            let ids: Vec<&str> = many.iter().map(|r| short(&r.id)).collect();
+            return Err(format!(
+                "{target:?} names {} containers ({}); give more of the id",
+                many.len(),
+                ids.join(", ")
+            ));
+        }
+    }
+    let dir = Path::new(target);
+    if dir.join(ledger::FILE_NAME).is_file() {
+        let dir = std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf());
+        return Ok(Target {
+            label: format!("slice {}", dir.display()),
+            ledger: dir.join(ledger::FILE_NAME),
+            config: None,
+            dir: None,
+        });
+    }
+    Err(format!(
+        "{target:?} is neither a running container under {} (by id, id prefix, name or \
+         pod/container) nor a standalone slice's CUSLICE_STATE_DIR (a directory with a ledger); \
+         `cuslice status` lists the slices",
+        state_root.display()
+    ))
+}
+
+fn short(id: &str) -> &str {
+    &id[..id.len().min(12)]
+}
+
+/// The checked values of a `Change`.
+struct Values {
+    memory: Option<u64>,
+    core_limit: Option<u32>,
+    core_request: Option<u32>,
+    /// For the hook file: (which, the value as written).
+    written: Vec<(LiveLimit, String)>,
+}
+
+fn values(c: &Change) -> Result<Values, String> {
+    let mut v = Values {
+        memory: None,
+        core_limit: None,
+        core_request: None,
+        written: Vec::new(),
+    };
+    for (what, given) in [
+        (LiveLimit::Memory, &c.memory_limit),
+        (LiveLimit::CoreLimit, &c.core_limit),
+        (LiveLimit::CoreRequest, &c.core_request),
+    ] {
+        let Some(given) = given else { continue };
+        let n = parse_live(what, given)?;
+        match what {
+            LiveLimit::Memory => v.memory = Some(n),
+            LiveLimit::CoreLimit => v.core_limit = Some(n as u32),
+            LiveLimit::CoreRequest => v.core_request = Some(n as u32),
+        }
+        v.written.push((what, given.trim().to_string()));
+    }
+    if v.written.is_empty() {
+        return Err(
+            "nothing to change; give --memory-limit SIZE, --core-limit PERCENT and/or \
+             --core-request PERCENT"
+                .to_string(),
+        );
+    }
+    Ok(v)
+}
+
+fn pct(ppm: u32) -> String {
+    if ppm >= FULL {
+        "none".to_string()
+    } else {
+        format!("{}%", ppm.div_ceil(FULL / 100))
+    }
+}
+
+/// Changes the limits of the slice `target` names. Ok: what changed, one line per device.
+/// Err: one line; nothing was changed.
+pub fn set(target: &str, change: &Change, places: &Places) -> Result<String, String> {
+    let v = values(change)?;
+    let t = resolve(target, &places.state_root)?;
+    // A container's: the hooks' lock, so that two changes (or a change and the container's
+    // poststop) do not interleave.
+    let _lock = match &t.config {
+        Some(_) => Some(
+            Root::new(&places.state_root)
+                .lock()
+                .map_err(|e| format!("{}: {e}", places.state_root.display()))?,
+        ),
+        None => None,
+    };
+    let snap = Ledger::read(&t.ledger).map_err(|e| e.to_string())?;
+    if snap.devices.is_empty() && t.config.is_none() {
+        return Err(format!(
+            "{}: no process of it has initialised CUDA yet, so it has no limits to change; a \
+             standalone slice's limits come from the environment of its processes until then",
+            t.label
+        ));
+    }
+    // Every device first: the new core request and limit, and room for the request.
+    let mut plans = Vec::new();
+    for d in &snap.devices {
+        let uuid = uuid_string(&d.uuid);
+        let core = if v.core_limit.is_some() || v.core_request.is_some() {
+            let c = live_core((d.core_request, d.core_limit), v.core_request, v.core_limit)
+                .map_err(|e| format!("{} on {uuid}: {e}", t.label))?;
+            region::set_claim(&places.node_dir, &uuid, snap.slice_id, c.0, c.1, false)
+                .map_err(|e| refused_claim(&t.label, e))?;
+            Some(c)
+        } else {
+            None
+        };
+        plans.push((
+            d,
+            uuid,
+            LiveChange {
+                memory: v.memory,
+                core,
+            },
+        ));
+    }
+    // The hook file as it will be: checked (a request above the limit, for every device it
+    // names) before anything is written.
+    let config = match &t.config {
+        Some(path) => {
+            let text = fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+            let new = rewrite_hook_file(&text, &v.written)
+                .map_err(|e| format!("{}: the change would make it unusable: {e}", t.label))?;
+            Some((path, new))
+        }
+        None => None,
+    };
+    // A container's cap lowered below what it holds: what it held, for the node agent, which
+    // then kills nothing for it under `--enforce stop` (docs/live-limits.md). Written before
+    // the hook file, whose replacement makes the agent read both again.
+    if let (Some(dir), Some(cap)) = (&t.dir, v.memory) {
+        let path = dir.join(LOWERED);
+        let mut lowered: BTreeMap<String, u64> = fs::read_to_string(&path)
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or_default();
+        for (d, uuid, _) in &plans {
+            if d.used > cap {
+                lowered.insert(uuid.clone(), d.used);
+            } else {
+                lowered.remove(uuid);
+            }
+        }
+        let text = serde_json::to_vec_pretty(&lowered).map_err(|e| e.to_string())?;
+        write_atomic(&path, &text).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    if let Some((path, text)) = &config {
+        write_atomic(path, text.as_bytes()).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    let mut lines = Vec::new();
+    for (d, uuid, live) in &plans {
+        Ledger::set_live(&t.ledger, &d.uuid, live).map_err(|e| e.to_string())?;
+        if let Some((request, limit)) = live.core {
+            region::set_claim(&places.node_dir, uuid, snap.slice_id, request, limit, true)
+                .map_err(|e| refused_claim(&t.label, e))?;
+        }
+        let mut what = Vec::new();
+        if let Some(m) = live.memory {
+            let was = d.limit.map_or("none".to_string(), format_size);
+            let mut s = format!("memory limit {} (was {was})", format_size(m));
+            if d.used > m {
+                s.push_str(&format!(
+                    "; it holds {}, so allocations are refused until it is under",
+                    format_size(d.used)
+                ));
+            }
+            what.push(s);
+        }
+        if let Some((request, limit)) = live.core {
+            if v.core_limit.is_some() {
+                what.push(format!(
+                    "core limit {} (was {})",
+                    pct(limit),
+                    pct(d.core_limit)
+                ));
+            }
+            if v.core_request.is_some() {
+                let req = |r: u32| if r == 0 { "none".into() } else { pct(r) };
+                what.push(format!(
+                    "core request {} (was {})",
+                    req(request),
+                    req(d.core_request)
+                ));
+            }
+        }
+        lines.push(format!("{} on {uuid}: {}", t.label, what.join(", ")));
+    }
+    if plans.is_empty() {
+        lines.push(format!(
+            "{}: {} (its processes have not used a device yet; they start with it)",
+            t.label,
+            v.written
+                .iter()
+                .map(|(w, s)| format!("{} {s}", w.flag()))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    Ok(lines.join("\n"))
+}
+
+fn refused_claim(label: &str, e: RegionError) -> String {
+    match e {
+        RegionError::Oversubscribed {
+            uuid,
+            taken,
+            asked,
+            left,
+        } => format!(
+            "{label}: a core request of {asked}% would take device {uuid} past 100% (the other \
+             slices there request {taken}%); give at most --core-request {left}"
+        ),
+        e => e.to_string(),
+    }
+}
+
+/// Replaces `path` by a file holding `text`, atomically (a reader sees the old file or the new,
+/// never a part), with the old file's mode.
+fn write_atomic(path: &Path, text: &[u8]) -> io::Result<()> {
+    let mode = fs::metadata(path).map_or(0o644, |m| m.permissions().mode() & 0o7777);
+    let tmp = path.with_extension(format!("set{}", std::process::id()));
+    let result = (|| {
+        let mut f = fs::File::create(&tmp)?;
+        f.set_permissions(fs::Permissions::from_mode(mode))?;
+        f.write_all(text)?;
+        f.sync_all()?;
+        fs::rename(&tmp, path)
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A state root with running "containers" (this test process as their init).
+    fn root(containers: &[(&str, Option<&str>)]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        let root = Root::new(dir.path());
+        let pid = std::process::id() as i32;
+        for (id, name) in containers {
+            fs::create_dir_all(root.mnt(id).join("slice")).unwrap();
+            root.write_record(&Record {
+                id: id.to_string(),
+                pid,
+                start: start_time(pid).unwrap(),
+                rootfs: PathBuf::from("/"),
+                name: name.map(str::to_string),
+                created: Vec::new(),
+            })
+            .unwrap();
+        }
+        dir
+    }
+
+    #[test]
+    fn a_target_is_an_id_a_unique_prefix_a_name_or_pod_container_or_a_state_dir() {
+        let r = root(&[
+            ("3f2a9c1e0b7d11", Some("job-0/trainer")),
+            ("3f2a77aa", Some("web")),
+            ("9999", None),
+        ]);
+        let id = |t: &str| {
+            resolve(t, r.path()).map(|t| t.ledger.parent().unwrap().parent().unwrap().to_path_buf())
+        };
+        let mnt = |id: &str| Root::new(r.path()).mnt(id);
+        assert_eq!(id("3f2a9c1e0b7d11"), Ok(mnt("3f2a9c1e0b7d11")));
+        assert_eq!(id("3f2a9"), Ok(mnt("3f2a9c1e0b7d11")));
+        assert_eq!(id("job-0/trainer"), Ok(mnt("3f2a9c1e0b7d11")));
+        assert_eq!(id("web"), Ok(mnt("3f2a77aa")));
+        let e = id("3f2a").unwrap_err();
+        assert!(e.contains("names 2 containers"), "{e}");
+        let e = id("nothing").unwrap_err();
+        assert!(e.contains("`cuslice status` lists the slices"), "{e}");
+        let t = resolve("9999", r.path()).unwrap();
+        assert_eq!(t.config, Some(mnt("9999").join("slice/config")));
+        // A standalone slice: a directory with a ledger.
+        let sd = tempfile::tempdir().unwrap();
+        fs::write(sd.path().join(ledger::FILE_NAME), b"").unwrap();
+        let t = resolve(sd.path().to_str().unwrap(), r.path()).unwrap();
+        assert_eq!((t.config, t.dir), (None, None));
+        assert_eq!(t.ledger, sd.path().join(ledger::FILE_NAME));
+    }
+}
