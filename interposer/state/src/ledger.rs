@@ -1039,19 +1039,19 @@ impl Drop for DevGuard<'_> {
 
 // ---- the device lock -------------------------------------------------------------------------
 
-/// Bit 31 of a device lock: some thread may sleep on it (the unlocker must wake one).
-const WAITERS: u32 = 1 << 31;
 /// Tokens: the holder's slot + 1 in the low 11 bits, its registration's generation above.
 const SLOT_BITS: u32 = 11;
 const SLOT_MASK: u32 = (1 << SLOT_BITS) - 1;
-const GEN_MASK: u32 = (1 << (31 - SLOT_BITS)) - 1;
+const GEN_MASK: u32 = (1 << (32 - SLOT_BITS)) - 1;
 /// The token of a process not registered yet: never taken for dead.
 const UNKNOWN_OWNER: u32 = SLOT_MASK;
-/// How long a waiter sleeps before it checks whether the holder died.
-const DEAD_CHECK: libc::timespec = libc::timespec {
-    tv_sec: 0,
-    tv_nsec: 20_000_000,
-};
+/// How long a waiter waits before it checks whether the holder died (and again after each such
+/// period).
+const DEAD_CHECK: std::time::Duration = std::time::Duration::from_millis(20);
+/// A waiter spins this many times, then yields; after `YIELD_FOR` it sleeps `NAP` between tries.
+const SPINS: u32 = 64;
+const YIELD_FOR: std::time::Duration = std::time::Duration::from_millis(1);
+const NAP: std::time::Duration = std::time::Duration::from_micros(50);
 
 const _: () = assert!(MAX_PROCS < SLOT_MASK as usize);
 
@@ -1066,13 +1066,15 @@ fn token_owner(token: u32) -> Option<(u32, u32)> {
 }
 
 /// The per-device lock every allocation and free takes: one word in the shared mapping, taken
-/// with one compare-and-swap and given back with one swap (a glibc robust mutex costs about
-/// twice that: it keeps the kernel's robust list as well). The word names the holder (its slot
-/// and registration generation), so a thread that waits long enough to wonder (`DEAD_CHECK`)
-/// can tell a holder killed inside the lock from a slow one through the holder's liveness lock,
-/// and take the lock over ([`Locked::OwnerDied`]: the caller repairs what the dead holder left).
-/// Waiters spin briefly, then sleep on the word (a futex: the mapping is shared, so the futex is
-/// too). The lock is held for a few dozen instructions at a time.
+/// with one compare-and-swap and given back with a plain store (a glibc robust mutex costs
+/// about four times that: a second atomic operation, and the kernel's robust list kept on both
+/// sides). The word names the holder (its slot and registration generation), so a thread that
+/// waits long enough to wonder (`DEAD_CHECK`) can tell a holder killed inside the lock from a
+/// slow one through the holder's liveness lock, and take the lock over
+/// ([`Locked::OwnerDied`]: the caller repairs what the dead holder left). The lock is held for
+/// a few dozen instructions at a time, so waiters do not sleep in the kernel (that would take an
+/// atomic swap at every unlock to learn whether to wake anyone): they spin briefly, then yield
+/// the CPU (to the holder, if it was preempted), then nap.
 #[repr(C)]
 struct DevLock {
     word: AtomicU32,
@@ -1093,76 +1095,51 @@ impl DevLock {
 
     #[cold]
     fn lock_contended(&self, token: u32, dead: impl Fn(u32) -> bool) -> Locked {
-        for _ in 0..64 {
-            std::hint::spin_loop();
-            if self.word.load(Ordering::Relaxed) == 0
-                && self
-                    .word
-                    .compare_exchange(0, token, Ordering::Acquire, Ordering::Relaxed)
-                    .is_ok()
-            {
-                return Locked::Clean;
-            }
-        }
+        let mut spins = 0;
+        let mut since: Option<std::time::Instant> = None;
+        let mut checked: Option<std::time::Instant> = None;
         loop {
             let w = self.word.load(Ordering::Relaxed);
             if w == 0 {
-                // Others may be asleep: keep the flag so that our unlock wakes one.
                 if self
                     .word
-                    .compare_exchange(0, token | WAITERS, Ordering::Acquire, Ordering::Relaxed)
+                    .compare_exchange(0, token, Ordering::Acquire, Ordering::Relaxed)
                     .is_ok()
                 {
                     return Locked::Clean;
                 }
                 continue;
             }
-            if w & WAITERS == 0
-                && self
-                    .word
-                    .compare_exchange(w, w | WAITERS, Ordering::Relaxed, Ordering::Relaxed)
-                    .is_err()
-            {
+            if spins < SPINS {
+                spins += 1;
+                std::hint::spin_loop();
                 continue;
             }
-            let w = w | WAITERS;
-            // SAFETY: FUTEX_WAIT on a live, aligned u32 of the mapping, with a valid timeout; it
-            // returns at once if the word no longer holds `w`.
-            let r = unsafe {
-                libc::syscall(
-                    libc::SYS_futex,
-                    self.word.as_ptr(),
-                    libc::FUTEX_WAIT,
-                    w,
-                    &DEAD_CHECK as *const libc::timespec,
-                )
-            };
-            let timed_out =
-                r != 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ETIMEDOUT);
-            if timed_out
-                && self.word.load(Ordering::Relaxed) == w
-                && dead(w & !WAITERS)
-                && self
-                    .word
-                    .compare_exchange(w, token | WAITERS, Ordering::Acquire, Ordering::Relaxed)
-                    .is_ok()
-            {
-                return Locked::OwnerDied;
+            let now = std::time::Instant::now();
+            let since = *since.get_or_insert(now);
+            let last = *checked.get_or_insert(now);
+            if now.duration_since(last) >= DEAD_CHECK {
+                checked = Some(now);
+                if dead(w)
+                    && self
+                        .word
+                        .compare_exchange(w, token, Ordering::Acquire, Ordering::Relaxed)
+                        .is_ok()
+                {
+                    return Locked::OwnerDied;
+                }
+            }
+            if now.duration_since(since) < YIELD_FOR {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(NAP);
             }
         }
     }
 
     #[inline]
     fn unlock(&self) {
-        if self.word.swap(0, Ordering::Release) & WAITERS != 0 {
-            self.wake();
-        }
-    }
-
-    #[cold]
-    fn wake(&self) {
-        // SAFETY: FUTEX_WAKE of one waiter on a live, aligned u32 of the mapping.
-        unsafe { libc::syscall(libc::SYS_futex, self.word.as_ptr(), libc::FUTEX_WAKE, 1) };
+        self.word.store(0, Ordering::Release);
     }
 }
 
@@ -1236,7 +1213,6 @@ mod tests {
     fn tokens_name_their_slot_and_generation() {
         for (slot, generation) in [(0, 1), (1023, 5), (17, GEN_MASK), (3, GEN_MASK + 2)] {
             let t = make_token(slot, generation);
-            assert_eq!(t & WAITERS, 0);
             assert_eq!(token_owner(t), Some((slot, generation & GEN_MASK)));
         }
         assert_eq!(token_owner(UNKNOWN_OWNER), None);
