@@ -89,10 +89,21 @@ pub fn yields(mine: Priority, high_active: bool, request: u32, usage: u32) -> bo
     mine < Priority::High && high_active && (request == 0 || usage >= request)
 }
 
-/// When a high slice's work is expected to be done after one more launch at `now` expected to
-/// cost `cost_ns`, if what it launched before was expected to be done at `until`.
-pub fn busy_until(until: u64, now: u64, cost_ns: u64) -> u64 {
-    until.max(now).saturating_add(cost_ns)
+/// When a slice's work is expected to be done after one more launch at `now` expected to cost
+/// `cost_ns`, if what it launched before was expected to be done at `until`. When that estimate
+/// has run out, `still_busy` (asked only then) says whether the launching stream still has work
+/// left: then one more launch's worth is taken to be left (the estimate runs short when other
+/// slices' work delays this one's, and without this the slices that yield to it would take the
+/// gap).
+pub fn busy_until(until: u64, now: u64, cost_ns: u64, still_busy: impl FnOnce() -> bool) -> u64 {
+    let from = if until > now {
+        until
+    } else if still_busy() {
+        now.saturating_add(cost_ns)
+    } else {
+        now
+    };
+    from.saturating_add(cost_ns)
 }
 
 /// The demands `share::allot` sees for a slice at `mine`, from every slice on the device (its
@@ -222,10 +233,13 @@ mod tests {
 
     #[test]
     fn high_work_in_flight_is_the_sum_of_its_launches_from_when_the_device_had_it() {
-        assert_eq!(busy_until(0, 100, 10), 110);
-        // Queued behind its own earlier work.
-        assert_eq!(busy_until(150, 100, 10), 160);
-        assert_eq!(busy_until(u64::MAX - 1, 0, 10), u64::MAX);
+        let idle = || false;
+        assert_eq!(busy_until(0, 100, 10, idle), 110);
+        // Queued behind its own earlier work (the stream is not asked).
+        assert_eq!(busy_until(150, 100, 10, || unreachable!()), 160);
+        assert_eq!(busy_until(u64::MAX - 1, 0, 10, idle), u64::MAX);
+        // The estimate ran out but the stream is still busy: one more launch's worth is left.
+        assert_eq!(busy_until(90, 100, 10, || true), 120);
     }
 
     #[test]
