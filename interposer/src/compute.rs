@@ -16,7 +16,8 @@
 //! - Priority (`CUSLICE_PRIORITY`, `cuslice_policy::priority`): a high-priority process raises
 //!   the region's "high work expected done at" word at each launch; a process of a slice below it
 //!   holds each launch while that time is ahead and until the launching stream is idle, at most
-//!   `priority::HOLD_MAX_NS`. Both go through the metered path; the meter decides who yields.
+//!   `priority::HOLD_MAX_NS`. Both go through the metered path (a high-priority process only
+//!   while another slice is active on the device); the meter decides who yields and publishes.
 //!
 //! With no other slice asking for time, no limit of its own and no high-priority slice on the
 //! device, a slice's allotment is the whole device and the gate costs two relaxed loads.
@@ -74,6 +75,12 @@ pub struct Meter {
     /// Whether this process's launches yield to high-priority work on the device (set by the
     /// meter each period).
     yields: AtomicBool,
+    /// Launches held for high-priority work: `held_seen` is the count at the last period.
+    held: AtomicU64,
+    held_seen: AtomicU64,
+    /// Whether this high-priority process publishes its launches: another slice was active on
+    /// the device in the last second (set by the meter each period).
+    publishes: AtomicBool,
     /// When the work this process launched on the device is expected to be done (monotonic ns),
     /// counted only while it is high priority or yields.
     own_until: AtomicU64,
@@ -154,10 +161,6 @@ pub fn join(s: &Slice, devs: &[Dev]) -> Result<Vec<Meter>, String> {
         if let Some(r) = &region {
             r.set_priority(priority);
         }
-        if priority == Priority::High && region.is_some() {
-            // Its launches publish when its work is expected done: the metered path.
-            METERED.store(true, Ordering::Relaxed);
-        }
         s.ledger.set_core(d.index, request, limit);
         if let Some(t) = s.ledger.tokens(d.index) {
             if t.last_refill.load(Ordering::Relaxed) == 0 {
@@ -192,6 +195,9 @@ pub fn join(s: &Slice, devs: &[Dev]) -> Result<Vec<Meter>, String> {
             }),
             priority,
             yields: AtomicBool::new(false),
+            publishes: AtomicBool::new(false),
+            held: AtomicU64::new(0),
+            held_seen: AtomicU64::new(0),
             own_until: AtomicU64::new(0),
         });
     }
@@ -373,14 +379,20 @@ impl Meter {
             0
         };
         let usage = p.usage;
-        if d_throttled > 0 || usage.saturating_add(share::SLACK) >= p.allot {
+        // Held for high-priority work counts as held back: it wants more (its request, as the
+        // high slice sees it).
+        let held = self.held.load(Ordering::Relaxed);
+        let d_held = held - self.held_seen.swap(held, Ordering::Relaxed);
+        if d_throttled > 0 || d_held > 0 || usage.saturating_add(share::SLACK) >= p.allot {
             p.hungry_until = now + HUNGRY_HOLD_NS;
         }
         let hungry = now < p.hungry_until;
+        let mut others = false;
         let allot = match &self.region {
             Some(r) => {
                 r.publish(usage, hungry, active, p.allot);
                 let views = r.slices(now.saturating_sub(ACTIVE_NS));
+                others = views.len() > 1;
                 let views: Vec<_> = views.iter().map(|v| (v.demand, v.priority)).collect();
                 let demands = priority::view(self.priority, &views);
                 share::allot(&demands)
@@ -425,7 +437,11 @@ impl Meter {
                 self.request
             );
         }
-        allot < FULL || yields || (self.priority == Priority::High && self.region.is_some())
+        // A high-priority process alone on the device has nobody to tell: its launches stay on
+        // the fast path.
+        let publishes = self.priority == Priority::High && others;
+        self.publishes.store(publishes, Ordering::Relaxed);
+        allot < FULL || yields || publishes
     }
 
     /// Priority, after the launch was charged: a high-priority process publishes when its work
@@ -436,6 +452,9 @@ impl Meter {
         };
         let cost = self.cost.load(Ordering::Relaxed);
         if self.priority == Priority::High {
+            if !self.publishes.load(Ordering::Relaxed) {
+                return;
+            }
             let until = priority::busy_until(
                 self.own_until.load(Ordering::Relaxed),
                 now_ns(),
@@ -457,6 +476,9 @@ impl Meter {
         }) {
             std::thread::sleep(std::time::Duration::from_nanos(ns));
             now = now_ns();
+        }
+        if now != from {
+            self.held.fetch_add(1, Ordering::Relaxed);
         }
         // Let through with the stream idle: nothing of this process's is queued ahead of the
         // launch (a launch let through by the bound queues behind what its estimate says).

@@ -164,6 +164,7 @@ fn a_low_priority_slice_beside_a_busy_high_one_gets_device_time_every_second() {
         high_total += h;
         low_total += l;
     }
+    eprintln!("busy high {high_total} ns, low {low_total} ns over 4 s: {marks:?}");
     // The high slice comes first: well over half the device.
     assert!(
         high_total > 3 * low_total,
@@ -199,6 +200,8 @@ fn a_low_priority_request_is_still_met_beside_a_busy_high_slice() {
         100.0 * (last[0] - first[0]) as f64 / span,
         100.0 * (last[1] - first[1]) as f64 / span,
     );
+    // Shown with --nocapture.
+    eprintln!("request 30: low {l:.1}%, high {h:.1}%");
     assert!(
         l >= 25.0,
         "low slice with request 30: {l:.1}% (high {h:.1}%)"
