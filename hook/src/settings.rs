@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 use cuslice_policy::config::{self, Config};
 
 /// Annotations under this prefix are settings too: `cuslice.io/memory-limit` is
-/// `CUSLICE_MEMORY_LIMIT`, `cuslice.io/core-limit-1` is `CUSLICE_CORE_LIMIT_1`.
+/// `CUSLICE_MEMORY_LIMIT`, `cuslice.io/core-limit-1` is `CUSLICE_CORE_LIMIT_1`,
+/// `cuslice.io/priority` is `CUSLICE_PRIORITY`.
 pub const ANNOTATION_PREFIX: &str = "cuslice.io/";
 
 /// Where the slice's directory, the node regions and the library appear inside the container.
@@ -261,6 +262,20 @@ mod tests {
         );
         let e = read([], [("cuslice.io/memory-limit", "lots")]).unwrap_err();
         assert!(e.starts_with("annotation cuslice.io/memory-limit: "), "{e}");
+        // The priority, alone, is a setting; a bad one is refused naming the annotation.
+        let s = read([], [("cuslice.io/priority", "high")])
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            s.entries,
+            [("CUSLICE_PRIORITY".to_string(), "high".to_string())]
+        );
+        let e = read([], [("cuslice.io/priority", "urgent")]).unwrap_err();
+        assert_eq!(
+            e,
+            "annotation cuslice.io/priority: CUSLICE_PRIORITY=\"urgent\" is not a priority \
+             (high, normal or low); write e.g. CUSLICE_PRIORITY=high"
+        );
     }
 
     #[test]

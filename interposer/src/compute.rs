@@ -13,8 +13,14 @@
 //! - The allotment comes from the node-level region of the device (`region`): every slice's
 //!   request, limit, recent usage and whether it was held back, through `share::allot`.
 //!
-//! With no other slice asking for time and no limit of its own, a slice's allotment is the whole
-//! device and the gate costs two relaxed loads.
+//! - Priority (`CUSLICE_PRIORITY`, `cuslice_policy::priority`): a high-priority process raises
+//!   the region's "high work expected done at" word at each launch; a process of a slice below it
+//!   holds each launch while that time is ahead and until the launching stream is idle, at most
+//!   `priority::HOLD_MAX_NS`. Both go through the metered path (a high-priority process only
+//!   while another slice is active on the device); the meter decides who yields and publishes.
+//!
+//! With no other slice asking for time, no limit of its own and no high-priority slice on the
+//! device, a slice's allotment is the whole device and the gate costs two relaxed loads.
 
 #![allow(non_snake_case)]
 
@@ -24,6 +30,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use cuda_abi::*;
+use cuslice_policy::priority::{self, Admit, Priority};
 use cuslice_policy::share::{self, FULL};
 use parking_lot::Mutex;
 
@@ -63,6 +70,20 @@ pub struct Meter {
     launches: AtomicU64,
     throttled: AtomicU64,
     period: Mutex<Period>,
+    /// The slice's priority (see `prioritise`).
+    priority: Priority,
+    /// Whether this process's launches yield to high-priority work on the device (set by the
+    /// meter each period).
+    yields: AtomicBool,
+    /// Launches held for high-priority work: `held_seen` is the count at the last period.
+    held: AtomicU64,
+    held_seen: AtomicU64,
+    /// Whether this high-priority process publishes its launches: another slice was active on
+    /// the device in the last second (set by the meter each period).
+    publishes: AtomicBool,
+    /// When the work this process launched on the device is expected to be done (monotonic ns),
+    /// counted only while it is high priority or yields.
+    own_until: AtomicU64,
 }
 
 struct Period {
@@ -142,6 +163,10 @@ pub fn join(s: &Slice, devs: &[Dev]) -> Result<Vec<Meter>, String> {
                 None
             }
         };
+        let priority = s.config.priority;
+        if let Some(r) = &region {
+            r.set_priority(priority);
+        }
         s.ledger.set_core(d.index, request, limit);
         if let Some(t) = s.ledger.tokens(d.index) {
             if t.last_refill.load(Ordering::Relaxed) == 0 {
@@ -175,6 +200,12 @@ pub fn join(s: &Slice, devs: &[Dev]) -> Result<Vec<Meter>, String> {
                 frontier_ns: now,
                 warned: false,
             }),
+            priority,
+            yields: AtomicBool::new(false),
+            publishes: AtomicBool::new(false),
+            held: AtomicU64::new(0),
+            held_seen: AtomicU64::new(0),
+            own_until: AtomicU64::new(0),
         });
     }
     Ok(meters)
@@ -355,7 +386,11 @@ impl Meter {
             0
         };
         let usage = p.usage;
-        if d_throttled > 0 || usage.saturating_add(share::SLACK) >= p.allot {
+        // Held for high-priority work counts as held back: it wants more (its request, as the
+        // high slice sees it).
+        let held = self.held.load(Ordering::Relaxed);
+        let d_held = held - self.held_seen.swap(held, Ordering::Relaxed);
+        if d_throttled > 0 || d_held > 0 || usage.saturating_add(share::SLACK) >= p.allot {
             p.hungry_until = now + HUNGRY_HOLD_NS;
         }
         let hungry = now < p.hungry_until;
@@ -364,12 +399,15 @@ impl Meter {
             .ledger
             .core(self.index)
             .unwrap_or((self.request, self.limit));
+        let mut others = false;
         let allot = match &self.region {
             Some(r) => {
                 r.claim(request, limit);
                 r.publish(usage, hungry, active, p.allot);
                 let views = r.slices(now.saturating_sub(ACTIVE_NS));
-                let demands: Vec<_> = views.iter().map(|v| v.demand).collect();
+                others = views.len() > 1;
+                let views: Vec<_> = views.iter().map(|v| (v.demand, v.priority)).collect();
+                let demands = priority::view(self.priority, &views);
                 share::allot(&demands).first().copied().unwrap_or(limit)
             }
             None => limit,
@@ -390,8 +428,103 @@ impl Meter {
         p.allot = allot;
         t.share.store(allot, Ordering::Relaxed);
         refill(&t, now, self.cost.load(Ordering::Relaxed));
-        allot < FULL
+        // Priority: yield while a high-priority slice launched on the device in the last second.
+        let high_active = self
+            .region
+            .as_ref()
+            .is_some_and(|r| r.high_until().saturating_add(ACTIVE_NS) > now);
+        let yields = priority::yields(self.priority, high_active, request, usage);
+        if yields != self.yields.swap(yields, Ordering::Relaxed) {
+            debug!(
+                "device {}: {} high-priority work (priority {}, used {usage} ppm, request {})",
+                slice::uuid_string(&self.uuid),
+                if yields {
+                    "yielding to"
+                } else {
+                    "no longer yielding to"
+                },
+                self.priority,
+                request
+            );
+        }
+        // A high-priority process alone on the device has nobody to tell: its launches stay on
+        // the fast path.
+        let publishes = self.priority == Priority::High && others;
+        self.publishes.store(publishes, Ordering::Relaxed);
+        allot < FULL || yields || publishes
     }
+
+    /// Priority, after the launch was charged: a high-priority process publishes when its work
+    /// is expected done; a process that yields holds the launch (see `priority::admit`).
+    fn prioritise(&self, stream: CUstream, ptsz: bool) {
+        let Some(r) = &self.region else {
+            return;
+        };
+        let cost = self.cost.load(Ordering::Relaxed);
+        if self.priority == Priority::High {
+            if !self.publishes.load(Ordering::Relaxed) {
+                return;
+            }
+            let until = priority::busy_until(
+                self.own_until.load(Ordering::Relaxed),
+                now_ns(),
+                cost,
+                || !stream_idle(stream, ptsz),
+            );
+            self.own_until.store(until, Ordering::Relaxed);
+            r.raise_high_until(until);
+            return;
+        }
+        if !self.yields.load(Ordering::Relaxed) {
+            return;
+        }
+        let from = now_ns();
+        let mut now = from;
+        let own_until = self.own_until.load(Ordering::Relaxed);
+        while let Admit::Wait(ns) = priority::admit(now, from, r.high_until(), own_until, || {
+            stream_idle(stream, ptsz)
+        }) {
+            std::thread::sleep(std::time::Duration::from_nanos(ns));
+            now = now_ns();
+        }
+        if now != from {
+            self.held.fetch_add(1, Ordering::Relaxed);
+        }
+        // Let through with the stream idle: nothing of this process's is queued ahead of the
+        // launch (a launch let through by the bound queues behind what its estimate says).
+        let behind = if now - from < priority::HOLD_MAX_NS {
+            0
+        } else {
+            own_until
+        };
+        self.own_until.store(
+            priority::busy_until(behind, now, cost, || false),
+            Ordering::Relaxed,
+        );
+    }
+}
+
+/// Whether `stream` has no work left on the device (`cuStreamQuery`). A stream being captured
+/// counts as idle: what is launched into it is recorded, not run (and querying it would
+/// invalidate the capture).
+fn stream_idle(stream: CUstream, ptsz: bool) -> bool {
+    let (capturing, query) = if ptsz {
+        (real::cuStreamIsCapturing_ptsz(), real::cuStreamQuery_ptsz())
+    } else {
+        (real::cuStreamIsCapturing(), real::cuStreamQuery())
+    };
+    let (Some(capturing), Some(query)) = (capturing, query) else {
+        return true;
+    };
+    let mut status = CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: valid out-pointer; `stream` is the handle the application is launching on.
+    let r = unsafe { capturing(stream, &mut status) };
+    if !r.is_ok() || status != CU_STREAM_CAPTURE_STATUS_NONE {
+        return true;
+    }
+    // SAFETY: as above; a non-blocking query.
+    let r = unsafe { query(stream) };
+    r != CUresult::CUDA_ERROR_NOT_READY
 }
 
 impl Meter {
@@ -479,25 +612,26 @@ fn start() {
 }
 
 /// Whether a launch may go straight on to the driver: the meter is started and no device is
-/// metered (no core limit, and no other slice asking for time).
+/// metered (no core limit, no other slice asking for time, no priority to act on).
 #[inline(always)]
 fn gate_open() -> bool {
     STARTED.load(Ordering::Relaxed) && !METERED.load(Ordering::Relaxed)
 }
 
 /// Every launch the fast path does not let through passes here first (one call: the metered
-/// charge, which every launch under a core limit makes, is inlined here).
-fn gate() {
+/// charge, which every launch under a core limit makes, is inlined here). `stream` (the launch's
+/// stream; `ptsz`: a `_ptsz` entry point) is only evaluated on the metered path, for priority.
+fn gate(stream: impl FnOnce() -> CUstream, ptsz: bool) {
     if !STARTED.load(Ordering::Relaxed) {
         start();
     }
     if METERED.load(Ordering::Relaxed) {
-        gate_metered();
+        gate_metered(stream(), ptsz);
     }
 }
 
 #[inline(always)]
-fn gate_metered() {
+fn gate_metered(stream: CUstream, ptsz: bool) {
     let Ok(Some(s)) = slice::active() else {
         return;
     };
@@ -512,7 +646,14 @@ fn gate_metered() {
         && let Some(t) = s.ledger.tokens(m.index)
     {
         m.charge(&s.ledger, t);
+        m.prioritise(stream, ptsz);
     }
+}
+
+/// The stream of a `cuLaunchKernelEx` launch (null for a null config, which the driver refuses).
+fn ex_stream(config: *const CUlaunchConfig) -> CUstream {
+    // SAFETY: the caller passes the launch's config, which the driver reads too; null is checked.
+    unsafe { config.as_ref() }.map_or(std::ptr::null_mut(), |c| c.hStream)
 }
 
 /// In a forked child: no meter thread runs there, and the parent's region slots are not ours.
@@ -533,7 +674,7 @@ pub fn child_after_fork(s: &mut Slice) {
 /// The rest (resolving the real function, starting the meter, charging a metered launch) is in
 /// the out-of-line `slow` twin, reached by a jump as well.
 macro_rules! launch_wrappers {
-    ($($name:ident($($arg:ident: $ty:ty),*);)*) => {
+    ($($name:ident($($arg:ident: $ty:ty),*) on $stream:expr, $ptsz:expr;)*) => {
         $(
         /// # Safety
         /// The CUDA driver API contract of the function of the same name.
@@ -541,7 +682,7 @@ macro_rules! launch_wrappers {
         pub unsafe extern "C" fn $name($($arg: $ty),*) -> CUresult {
             let mut p = slow::$name::REAL.load(Ordering::Relaxed);
             if p.is_null() || !gate_open() {
-                p = slow::$name::prepare();
+                p = slow::$name::prepare($stream);
                 if p.is_null() {
                     return CUresult::CUDA_ERROR_NOT_INITIALIZED;
                 }
@@ -567,18 +708,18 @@ macro_rules! launch_wrappers {
                 pub static REAL: std::sync::atomic::AtomicPtr<()> =
                     std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
 
-                /// Resolves the real function and passes the gate; the real function (null if
-                /// the driver lacks it).
+                /// Resolves the real function and passes the gate with the launch's stream; the
+                /// real function (null if the driver lacks it).
                 #[cold]
                 #[inline(never)]
-                pub fn prepare() -> *mut () {
+                pub fn prepare(stream: CUstream) -> *mut () {
                     let Some(f) = real::$name() else {
                         return std::ptr::null_mut();
                     };
                     if REAL.load(Ordering::Relaxed) != f as *mut () {
                         REAL.store(f as *mut (), Ordering::Relaxed);
                     }
-                    gate();
+                    gate(|| stream, $ptsz);
                     f as *mut ()
                 }
             }
@@ -588,14 +729,14 @@ macro_rules! launch_wrappers {
 }
 
 launch_wrappers! {
-    cuLaunchKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shmem: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void);
-    cuLaunchKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shmem: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void);
-    cuLaunchKernelEx(config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void);
-    cuLaunchKernelEx_ptsz(config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void);
-    cuLaunchCooperativeKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shmem: c_uint, stream: CUstream, params: *mut *mut c_void);
-    cuLaunchCooperativeKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shmem: c_uint, stream: CUstream, params: *mut *mut c_void);
-    cuGraphLaunch(exec: CUgraphExec, stream: CUstream);
-    cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream);
+    cuLaunchKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shmem: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) on stream, false;
+    cuLaunchKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shmem: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) on stream, true;
+    cuLaunchKernelEx(config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) on ex_stream(config), false;
+    cuLaunchKernelEx_ptsz(config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) on ex_stream(config), true;
+    cuLaunchCooperativeKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shmem: c_uint, stream: CUstream, params: *mut *mut c_void) on stream, false;
+    cuLaunchCooperativeKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shmem: c_uint, stream: CUstream, params: *mut *mut c_void) on stream, true;
+    cuGraphLaunch(exec: CUgraphExec, stream: CUstream) on stream, false;
+    cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) on stream, true;
 }
 
 #[cfg(test)]

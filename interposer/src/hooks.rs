@@ -127,6 +127,9 @@ table! {
     Cuda cuCtxSynchronize() -> CUresult = crate::pool::cuCtxSynchronize;
     Cuda cuCtxSynchronize_v2(CUcontext) -> CUresult = crate::pool::cuCtxSynchronize_v2;
     Cuda cuStreamIsCapturing_ptsz(CUstream, *mut c_uint) -> CUresult;
+    // whether a stream has work left (the priority gate of a slice below a high one)
+    Cuda cuStreamQuery(CUstream) -> CUresult;
+    Cuda cuStreamQuery_ptsz(CUstream) -> CUresult;
     // --- arrays
     Cuda cuArrayCreate(*mut CUarray, *const c_void) -> CUresult = crate::array::cuArrayCreate;
     Cuda cuArrayCreate_v2(*mut CUarray, *const CUDA_ARRAY_DESCRIPTOR) -> CUresult = crate::array::cuArrayCreate_v2;

@@ -10,6 +10,7 @@
 //!
 //! **Variables.** `CUSLICE_MEMORY_LIMIT[_<i>]` (a size, see [`crate::size`]),
 //! `CUSLICE_CORE_LIMIT[_<i>]` and `CUSLICE_CORE_REQUEST[_<i>]` (percent, 1 to 100),
+//! `CUSLICE_PRIORITY` (`high`, `normal` or `low`, all devices; see [`crate::priority`]),
 //! `CUSLICE_STATE_DIR`, `CUSLICE_LOG`; HAMi-core's `CUDA_DEVICE_MEMORY_LIMIT[_<i>]` (`4g`, `512m`,
 //! bytes) and `CUDA_DEVICE_SM_LIMIT[_<i>]` (percent, 0 = no limit); Alibaba cGPU's
 //! `ALIYUN_COM_GPU_MEM_CONTAINER` (in `ALIYUN_COM_GPU_MEM_UNIT`, default GiB). `<i>` is a device
@@ -35,6 +36,7 @@
 use std::fmt;
 use std::path::PathBuf;
 
+use crate::priority::Priority;
 use crate::size::{Reason, parse_size};
 
 /// The highest device ordinal a per-device variable (`..._<i>`) may name.
@@ -151,6 +153,8 @@ pub struct Config {
     /// `CUSLICE_NODE_DIR`: where the node-level compute regions (one file per device UUID) live,
     /// when not the default.
     pub node_dir: Option<PathBuf>,
+    /// `CUSLICE_PRIORITY`: the slice's priority on its devices (default normal).
+    pub priority: Priority,
     /// One-line messages worth reporting: conflicting aliases, ignored settings.
     pub notices: Vec<String>,
     /// Every limit that some variable sets, winners and losers alike.
@@ -232,6 +236,7 @@ const LIMIT_BASES: [(&str, Family, Quantity, Syntax); 5] = [
 const STATE_DIR: &str = "CUSLICE_STATE_DIR";
 const NODE_DIR: &str = "CUSLICE_NODE_DIR";
 const LOG: &str = "CUSLICE_LOG";
+const PRIORITY: &str = "CUSLICE_PRIORITY";
 const ALIYUN_CONTAINER: &str = "ALIYUN_COM_GPU_MEM_CONTAINER";
 const ALIYUN_UNIT: &str = "ALIYUN_COM_GPU_MEM_UNIT";
 
@@ -240,7 +245,8 @@ const ALIYUN_UNIT: &str = "ALIYUN_COM_GPU_MEM_UNIT";
 const OTHER_CUSLICE_NAMES: [&str; 1] = ["CUSLICE_CUDA_HEADERS"];
 
 const KNOWN_CUSLICE: &str = "CUSLICE_MEMORY_LIMIT[_<i>], CUSLICE_CORE_LIMIT[_<i>], \
-                             CUSLICE_CORE_REQUEST[_<i>], CUSLICE_STATE_DIR, CUSLICE_NODE_DIR, CUSLICE_LOG";
+                             CUSLICE_CORE_REQUEST[_<i>], CUSLICE_PRIORITY, CUSLICE_STATE_DIR, \
+                             CUSLICE_NODE_DIR, CUSLICE_LOG";
 
 /// What a variable name means to cuslice.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -259,6 +265,7 @@ enum Name<'a> {
     StateDir,
     NodeDir,
     Log,
+    Priority,
     AliyunContainer,
     AliyunUnit,
     UnknownCuslice,
@@ -295,6 +302,7 @@ fn classify(name: &str) -> Name<'_> {
         STATE_DIR => Name::StateDir,
         NODE_DIR => Name::NodeDir,
         LOG => Name::Log,
+        PRIORITY => Name::Priority,
         ALIYUN_CONTAINER => Name::AliyunContainer,
         ALIYUN_UNIT => Name::AliyunUnit,
         _ if OTHER_CUSLICE_NAMES.contains(&name) => Name::Other,
@@ -464,6 +472,15 @@ fn parse_aliyun_container(entry: &Entry, shift: u32, unit: &str) -> Result<u64, 
         .ok_or_else(|| entry.error("is too large", example))
 }
 
+fn parse_priority(entry: &Entry) -> Result<Priority, ConfigError> {
+    Priority::parse(&entry.value).ok_or_else(|| {
+        entry.error(
+            "is not a priority (high, normal or low)",
+            format!("{PRIORITY}=high"),
+        )
+    })
+}
+
 fn parse_log(entry: &Entry) -> Result<LogLevel, ConfigError> {
     LogLevel::parse(&entry.value).ok_or_else(|| {
         entry.error(
@@ -495,7 +512,7 @@ fn suggest(name: &str) -> Option<String> {
         .iter()
         .filter(|(base, ..)| base.starts_with("CUSLICE_"))
         .map(|(base, ..)| base.to_string())
-        .chain([STATE_DIR.to_string(), NODE_DIR.to_string(), LOG.to_string()])
+        .chain([STATE_DIR, NODE_DIR, LOG, PRIORITY].map(String::from))
         .collect();
     // A typo in a per-device name keeps its ordinal: CUSLICE_MEMORY_LIMT_1 suggests
     // CUSLICE_MEMORY_LIMIT_1.
@@ -698,6 +715,7 @@ impl Config {
                     config.node_dir = Some(PathBuf::from(&entry.value));
                 }
                 Name::Log => config.log = parse_log(entry)?,
+                Name::Priority => config.priority = parse_priority(entry)?,
                 Name::AliyunContainer => aliyun_container = Some(entry),
                 Name::AliyunUnit => aliyun_unit = Some(entry),
                 Name::UnknownCuslice => {
@@ -845,10 +863,11 @@ impl Config {
         }
     }
 
-    /// Whether some memory or core limit (or core request) is set for some device.
-    /// (`CUDA_DEVICE_SM_LIMIT=0` sets none: HAMi-core reads it as "no limit".)
+    /// Whether some memory or core limit (or core request) is set for some device, or a priority
+    /// other than normal. (`CUDA_DEVICE_SM_LIMIT=0` sets none: HAMi-core reads it as "no
+    /// limit".)
     pub fn any_limit(&self) -> bool {
-        !self.settings.is_empty()
+        !self.settings.is_empty() || self.priority != Priority::Normal
     }
 
     /// Device ordinals that per-device variables name, ascending, each once.
@@ -1283,6 +1302,9 @@ mod tests {
             ("CUSLICE_LOG", "verbose", "error, warn, info or debug", "CUSLICE_LOG=info"),
             ("CUSLICE_LOG", "", "error, warn, info or debug", "CUSLICE_LOG=info"),
             ("CUSLICE_LOG", "3", "error, warn, info or debug", "CUSLICE_LOG=info"),
+            ("CUSLICE_PRIORITY", "urgent", "high, normal or low", "CUSLICE_PRIORITY=high"),
+            ("CUSLICE_PRIORITY", "", "high, normal or low", "CUSLICE_PRIORITY=high"),
+            ("CUSLICE_PRIORTY", "high", "unknown cuslice variable", "CUSLICE_PRIORITY=high"),
             ("CUSLICE_STATE_DIR", "", "is empty", "CUSLICE_STATE_DIR=/"),
             ("CUSLICE_STATE_DIR", " ", "is empty", "CUSLICE_STATE_DIR=/"),
             ("CUSLICE_MEMORY_LIMT", "4GiB", "unknown cuslice variable", "=4GiB"),
@@ -1296,6 +1318,27 @@ mod tests {
             assert!(e.example.contains(example), "{variable}={value:?}: {e}");
             assert!(e.to_string().contains(example), "{e}");
         }
+    }
+
+    #[test]
+    fn priority_is_read_and_alone_makes_a_slice() {
+        assert_eq!(config(&[]).priority, Priority::Normal);
+        for (value, want) in [
+            ("high", Priority::High),
+            ("Low", Priority::Low),
+            (" normal ", Priority::Normal),
+        ] {
+            let c = config(&[("CUSLICE_PRIORITY", value)]);
+            assert_eq!(c.priority, want, "{value:?}");
+            // A priority other than normal is a setting of its own: the process joins a slice.
+            assert_eq!(c.any_limit(), want != Priority::Normal, "{value:?}");
+        }
+        let e = error(&[("CUSLICE_PRIORITY", "urgent")]);
+        assert_eq!(
+            e.to_string(),
+            "CUSLICE_PRIORITY=\"urgent\" is not a priority (high, normal or low); write e.g. \
+             CUSLICE_PRIORITY=high"
+        );
     }
 
     #[test]

@@ -5,9 +5,11 @@
 
 pub mod config;
 pub mod meminfo;
+pub mod priority;
 pub mod share;
 pub mod size;
 
 pub use config::{Config, ConfigError, Limits, LogLevel};
 pub use meminfo::virtual_mem_info;
+pub use priority::Priority;
 pub use size::{SizeError, format_size, parse_size};

@@ -3,6 +3,8 @@
 //! host's directory into containers at the same path) in which every process of every slice that
 //! uses the device has a slot: its slice, the slice's request and limit, what it used in the last
 //! period and whether it was held back. Each process computes its own slice's allotment from it.
+//! It also carries each slot's priority and, for the device, when the high-priority work launched
+//! so far is expected to be done (see `cuslice_policy::priority`).
 //!
 //! A slot is alive while its process holds an OFD lock on the slot's byte: the kernel drops it
 //! when the process dies, however it dies, so a dead slice's claims vanish without help. Joining
@@ -15,11 +17,13 @@ use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 
+use cuslice_policy::priority::Priority;
 use cuslice_policy::share::{Demand, FULL};
 use cuslice_shm::{Locked, RobustMutex, liveness};
 
 pub const MAGIC: [u8; 8] = *b"CUSLNODE";
-pub const VERSION: u32 = 1;
+/// 2: slot priority and the device's high-priority `high_until`.
+pub const VERSION: u32 = 2;
 pub const MAX_SLOTS: usize = 256;
 pub const DEFAULT_DIR: &str = "/dev/shm/cuslice";
 const LIVENESS_BASE: i64 = 1 << 40;
@@ -33,6 +37,10 @@ struct Header {
     version: u32,
     size: u32,
     lock: RobustMutex,
+    /// When the high-priority work launched on the device so far is expected to be done
+    /// (CLOCK_MONOTONIC ns): raised by each launch of a high-priority slice, read at the gate of
+    /// the slices that yield to it.
+    high_until: AtomicU64,
     slots: [Slot; MAX_SLOTS],
 }
 
@@ -48,7 +56,8 @@ struct Slot {
     hungry: AtomicU32,
     /// The slice's allotment as this process last computed it (ppm), for status tools.
     allot: AtomicU32,
-    _pad: u32,
+    /// The slice's `Priority::code()` (0: normal).
+    priority: AtomicU32,
     /// When the process last launched work (CLOCK_MONOTONIC ns); 0: never.
     active_ns: AtomicU64,
 }
@@ -101,6 +110,7 @@ fn pct(ppm: u32) -> u32 {
 pub struct SliceView {
     pub slice: u64,
     pub demand: Demand,
+    pub priority: Priority,
 }
 
 impl Region {
@@ -204,6 +214,7 @@ impl Region {
                 slot.usage.store(0, Ordering::Relaxed);
                 slot.hungry.store(0, Ordering::Relaxed);
                 slot.allot.store(limit, Ordering::Relaxed);
+                slot.priority.store(0, Ordering::Relaxed);
                 slot.active_ns.store(0, Ordering::Relaxed);
                 slot.state.store(LIVE, Ordering::Release);
                 return Ok(s);
@@ -232,6 +243,25 @@ impl Region {
         me.allot.store(allot, Ordering::Relaxed);
     }
 
+    /// Records this process's slice's priority in its slot (for the node's tools).
+    pub fn set_priority(&self, p: Priority) {
+        self.me().priority.store(p.code(), Ordering::Relaxed);
+    }
+
+    /// A high-priority launch: its work (and what the slice launched before) is expected to be
+    /// done at `until`. One relaxed read-modify-write of the device's shared word.
+    #[inline]
+    pub fn raise_high_until(&self, until: u64) {
+        self.header().high_until.fetch_max(until, Ordering::Relaxed);
+    }
+
+    /// When the high-priority work launched on the device so far is expected to be done
+    /// (CLOCK_MONOTONIC ns; 0: none ever was). One relaxed load.
+    #[inline]
+    pub fn high_until(&self) -> u64 {
+        self.header().high_until.load(Ordering::Relaxed)
+    }
+
     /// The slices on the device that launched work since `since_ns` (this process's slice
     /// always), each with its processes' usage summed; this process's slice first.
     pub fn slices(&self, since_ns: u64) -> Vec<SliceView> {
@@ -243,6 +273,7 @@ impl Region {
                 hungry: false,
                 usage: 0,
             },
+            priority: Priority::from_code(self.me().priority.load(Ordering::Relaxed)),
         }];
         for (s, slot) in self.header().slots.iter().enumerate() {
             if slot.state.load(Ordering::Acquire) != LIVE {
@@ -267,6 +298,7 @@ impl Region {
                             hungry: false,
                             usage: 0,
                         },
+                        priority: Priority::from_code(slot.priority.load(Ordering::Relaxed)),
                     });
                     out.len() - 1
                 }

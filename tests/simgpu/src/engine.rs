@@ -4,7 +4,8 @@
 //! time-slices between contexts that have runnable work, round-robin, `timeslice_ns` each (like a
 //! GPU without MPS: contexts never run concurrently, and a long kernel is preempted at the end of
 //! its slice when another context is waiting). A context alone on the device runs without
-//! switches. Nothing runs in the background: whichever process touches the device first calls
+//! switches, its slice renewed each `timeslice_ns`, so a context that arrives waits for the rest of
+//! the current slice at most. Nothing runs in the background: whichever process touches the device first calls
 //! [`Dev::advance`] with the current time, which replays exactly what the engine did since the
 //! last call. Every launch advances before it queues, so the replay never misses a submission.
 
@@ -202,6 +203,12 @@ impl Dev<'_> {
             t += run;
             self.b.engine.sim_time = t;
             self.b.engine.slice_used += run;
+            if !others {
+                // Alone, the context's slice is renewed each time it runs out (as the hardware
+                // scheduler reloads a channel group's timeslice): a context that arrives waits
+                // for the rest of the current slice, not for none of it.
+                self.b.engine.slice_used %= timeslice;
+            }
             let ctx = &mut self.b.ctxs[cur as usize];
             let slot = ((ctx.completed + 1) % RING as u64) as usize;
             ctx.ring[slot].remaining -= run;

@@ -14,7 +14,7 @@ use crate::out::{cu_error, emit};
 use crate::requests::{RUNTIME_12_9, RUNTIME_13_0};
 use crate::scenarios::{
     self, BenchAllocArgs, BenchLaunchArgs, ChurnArgs, Failure, FillArgs, HoldArgs, LaunchArgs,
-    MemcpyArgs, Session, StepsArgs,
+    MemcpyArgs, ProbeArgs, Session, StepsArgs,
 };
 
 /// `--route`.
@@ -125,6 +125,15 @@ pub enum Scenario {
         limit is never held back while timed. One `bench` line: ns_per_launch_median, _mean, \
         _p90 and _max over the batches (each batch's time / --batch).")]
     BenchLaunch(BenchLaunchArgs),
+    /// A latency probe: a short kernel every few milliseconds, each waited for
+    #[command(
+        long_about = "A latency probe: a short kernel every few milliseconds, each waited for.\n\n\
+        Every --period-ms, launches one --kernel-us kernel on its own stream and waits for it \
+        with cuStreamSynchronize. One `probed` line: latencies_ns (each probe's wall time from \
+        just before the launch to the synchronisation's return, in order), p50_ns, p99_ns, \
+        max_ns, and start_mono_ns / end_mono_ns (CLOCK_MONOTONIC) of the reported probes."
+    )]
+    Probe(ProbeArgs),
     /// Only resolve the entry points and report how (no cuInit)
     Resolve,
 }
@@ -141,6 +150,7 @@ impl Scenario {
             Scenario::Churn(_) => "churn",
             Scenario::BenchAlloc(_) => "bench-alloc",
             Scenario::BenchLaunch(_) => "bench-launch",
+            Scenario::Probe(_) => "probe",
             Scenario::Resolve => "resolve",
         }
     }
@@ -243,6 +253,7 @@ fn scenario(cli: &Cli, route: Route, driver: &Driver) -> Result<(), Failure> {
         Scenario::Churn(a) => scenarios::churn(&session, a)?,
         Scenario::BenchAlloc(a) => scenarios::bench_alloc(&session, a)?,
         Scenario::BenchLaunch(a) => scenarios::bench_launch(&session, a)?,
+        Scenario::Probe(a) => scenarios::probe(&session, a)?,
         Scenario::Resolve => {}
     }
     session.close()?;

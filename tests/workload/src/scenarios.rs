@@ -257,6 +257,25 @@ pub struct BenchLaunchArgs {
     pub via: Via,
 }
 
+#[derive(Clone, Debug, Args)]
+pub struct ProbeArgs {
+    /// Device microseconds each probe kernel takes (one block)
+    #[arg(long, default_value_t = 200)]
+    pub kernel_us: u64,
+    /// One probe every this many milliseconds (launch, then cuStreamSynchronize)
+    #[arg(long, default_value_t = 5.0)]
+    pub period_ms: f64,
+    /// Seconds of wall time to keep probing
+    #[arg(long, value_parser = parse_secs)]
+    pub secs: f64,
+    /// Seconds of probes first that are not reported
+    #[arg(long, value_parser = parse_secs, default_value = "0")]
+    pub warmup_secs: f64,
+    /// Kernel image: auto (PTX, else the simulator's text image), ptx, or text
+    #[arg(long, value_enum, default_value = "auto")]
+    pub image: ImageArg,
+}
+
 /// A device with its primary context current on this thread.
 pub struct Session<'a> {
     pub d: &'a Driver,
@@ -1278,6 +1297,74 @@ pub fn bench_launch(s: &Session, a: &BenchLaunchArgs) -> Result<(), Failure> {
     });
     merge(&mut f, image);
     emit("bench", f);
+    Ok(())
+}
+
+/// A latency probe: every --period-ms, launch one short kernel and wait for it
+/// (cuStreamSynchronize); each probe's completion latency is the wall time from just before the
+/// launch to the synchronisation's return. One `probed` line: every latency (ns, in order), their
+/// p50 / p99 / max, and start_mono_ns / end_mono_ns (CLOCK_MONOTONIC) of the reported probes.
+pub fn probe(s: &Session, a: &ProbeArgs) -> Result<(), Failure> {
+    let d = s.d;
+    let kernel_ns = a.kernel_us * 1000;
+    let spin = Spin::load(d, s.dev, a.image, kernel_ns)?;
+    let shape = spin.shape(kernel_ns, 1);
+    let mut stream: CUstream = null_mut();
+    // SAFETY: out-pointer to a local.
+    unsafe { d.cuStreamCreate(&mut stream, CU_STREAM_NON_BLOCKING) }?;
+    let period = Duration::from_secs_f64(a.period_ms.max(0.0) / 1000.0);
+    let t0 = Instant::now();
+    let warmup = Duration::from_secs_f64(a.warmup_secs);
+    let end = warmup + Duration::from_secs_f64(a.secs);
+    let mut latencies: Vec<u64> = Vec::new();
+    let mut start_mono = 0;
+    let mut next = t0;
+    while t0.elapsed() < end {
+        let now = Instant::now();
+        if next > now {
+            std::thread::sleep(next - now);
+        }
+        next += period;
+        let at = Instant::now();
+        let mono = monotonic_ns();
+        launch_once(d, Via::Kernel, spin.func, null_mut(), stream, shape)?;
+        sync(d, stream)?;
+        let ns = at.elapsed().as_nanos() as u64;
+        if at.duration_since(t0) >= warmup {
+            if latencies.is_empty() {
+                start_mono = mono;
+            }
+            latencies.push(ns);
+        }
+        // A probe that overran its period does not make the next ones bunch up.
+        next = next.max(Instant::now());
+    }
+    let end_mono = monotonic_ns();
+    // SAFETY: idle stream of ours, destroyed once.
+    unsafe { d.cuStreamDestroy_v2(stream) }?;
+    let image = spin.describe();
+    spin.unload(d)?;
+    let mut sorted = latencies.clone();
+    sorted.sort_unstable();
+    let pick = |q: f64| {
+        sorted
+            .get(((sorted.len().max(1) - 1) as f64 * q).round() as usize)
+            .copied()
+            .unwrap_or(0)
+    };
+    let mut f = json!({
+        "kernel_ns": kernel_ns,
+        "period_ms": a.period_ms,
+        "probes": latencies.len(),
+        "p50_ns": pick(0.5),
+        "p99_ns": pick(0.99),
+        "max_ns": pick(1.0),
+        "start_mono_ns": start_mono,
+        "end_mono_ns": end_mono,
+        "latencies_ns": latencies,
+    });
+    merge(&mut f, image);
+    emit("probed", f);
     Ok(())
 }
 

@@ -1,0 +1,230 @@
+//! Priority (`CUSLICE_PRIORITY`) on the simulator: real processes through libcuslice, device time
+//! from `simgpu show` (the simulator's ground truth), probe latencies from the probe itself. No
+//! goal is timed here (tests/latency.py measures them); each test compares runs made side by side
+//! with wide margins, or checks that something happens at all.
+
+mod common;
+use common::*;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Stdio};
+use std::time::Duration;
+
+/// One process of its own slice on `sim` (node regions under `node`), stdout piped; its pid.
+fn start(sim: &Sim, node: &std::path::Path, env: &[(&str, &str)], args: &[&str]) -> (Child, u64) {
+    let mut c = sim.command(&workload(), args);
+    c.env("LD_PRELOAD", libcuslice())
+        .env("CUSLICE_NODE_DIR", node)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let mut child = c.spawn().unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|_| panic!("{line}"));
+    assert_eq!(v["event"], "start", "{line}");
+    (child, u(&v["pid"]))
+}
+
+/// Back-to-back kernels of `kernel_us` for `secs`.
+fn busy(kernel_us: u32, secs: f64) -> Vec<String> {
+    ["launch", "--ns-per-block", "1000", "--blocks"]
+        .iter()
+        .map(|s| s.to_string())
+        .chain([kernel_us.to_string(), "--secs".into(), secs.to_string()])
+        .collect()
+}
+
+fn args(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+/// Device time per pid, live and exited.
+fn device_time(sim: &Sim, pid: u64) -> u64 {
+    let d = sim.device(0);
+    ["processes", "exited"]
+        .iter()
+        .flat_map(|k| d[*k].as_array().cloned().unwrap_or_default())
+        .find(|p| u(&p["pid"]) == pid)
+        .map_or(0, |p| u(&p["device_time_ns"]))
+}
+
+/// The probe's latencies (ns) beside a neighbour of 1 ms kernels, the probe and the neighbour
+/// with the given environments.
+fn probe_beside(probe_env: &[(&str, &str)], neighbour_env: &[(&str, &str)]) -> Vec<u64> {
+    let sim = Sim::new(&[]);
+    let node = tempfile::tempdir().unwrap();
+    let (mut n, _) = start(&sim, node.path(), neighbour_env, &args(&busy(1000, 8.0)));
+    let (p, _) = start(
+        &sim,
+        node.path(),
+        probe_env,
+        &["probe", "--secs", "3", "--warmup-secs", "1.5"],
+    );
+    let out = p.wait_with_output().unwrap();
+    let _ = n.kill();
+    let _ = n.wait();
+    assert!(out.status.success(), "{out:?}");
+    let lines = parse_lines(&String::from_utf8_lossy(&out.stdout));
+    let probed = event(&lines, "probed");
+    let lat: Vec<u64> = probed["latencies_ns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(u)
+        .collect();
+    assert!(lat.len() > 300, "{probed}");
+    lat
+}
+
+fn median(v: &[u64]) -> u64 {
+    let mut v = v.to_vec();
+    v.sort_unstable();
+    v[v.len() / 2]
+}
+
+/// How many probes waited longer than one neighbour kernel and the probe's own kernel, with
+/// room to spare: with priority only the host's noise makes one.
+fn late(v: &[u64]) -> usize {
+    v.iter().filter(|&&ns| ns > 1_600_000).count()
+}
+
+#[test]
+fn a_high_priority_probe_waits_less_beside_a_low_priority_neighbour_than_beside_a_normal_one() {
+    let _turn = serial();
+    // Normal: the probe waits for the rest of the neighbour's time slice (up to 2 ms).
+    let normal = probe_beside(&[], &[]);
+    let prio = probe_beside(
+        &[("CUSLICE_PRIORITY", "high")],
+        &[("CUSLICE_PRIORITY", "low")],
+    );
+    let (mn, mp) = (median(&normal), median(&prio));
+    assert!(
+        mp < mn,
+        "median latency with priority {mp} ns, without {mn} ns"
+    );
+    assert!(
+        late(&prio) * 2 < late(&normal),
+        "probes later than 1.6 ms: {} of {} with priority, {} of {} without",
+        late(&prio),
+        prio.len(),
+        late(&normal),
+        normal.len()
+    );
+}
+
+/// Device time of `pids` at each of `n` 1 s marks after `settle`.
+fn per_second(sim: &Sim, pids: &[u64], settle: Duration, n: usize) -> Vec<Vec<u64>> {
+    std::thread::sleep(settle);
+    let mut marks = vec![
+        pids.iter()
+            .map(|&p| device_time(sim, p))
+            .collect::<Vec<_>>(),
+    ];
+    for _ in 0..n {
+        std::thread::sleep(Duration::from_secs(1));
+        marks.push(pids.iter().map(|&p| device_time(sim, p)).collect());
+    }
+    marks
+}
+
+#[test]
+fn a_low_priority_slice_beside_a_busy_high_one_gets_device_time_every_second() {
+    let _turn = serial();
+    let sim = Sim::new(&[]);
+    let node = tempfile::tempdir().unwrap();
+    let (mut high, hp) = start(
+        &sim,
+        node.path(),
+        &[("CUSLICE_PRIORITY", "high")],
+        &args(&busy(1000, 8.0)),
+    );
+    let (mut low, lp) = start(
+        &sim,
+        node.path(),
+        &[("CUSLICE_PRIORITY", "low")],
+        &args(&busy(1000, 8.0)),
+    );
+    let marks = per_second(&sim, &[hp, lp], Duration::from_secs(2), 4);
+    for c in [&mut high, &mut low] {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    let (mut high_total, mut low_total) = (0, 0);
+    for w in marks.windows(2) {
+        let (h, l) = (w[1][0] - w[0][0], w[1][1] - w[0][1]);
+        assert!(
+            l > 0,
+            "the low slice got no device time in a 1 s window: {marks:?}"
+        );
+        high_total += h;
+        low_total += l;
+    }
+    eprintln!("busy high {high_total} ns, low {low_total} ns over 4 s: {marks:?}");
+    // The high slice comes first: well over half the device.
+    assert!(
+        high_total > 3 * low_total,
+        "high {high_total} ns, low {low_total} ns over 4 s"
+    );
+}
+
+#[test]
+fn a_low_priority_request_is_still_met_beside_a_busy_high_slice() {
+    let _turn = serial();
+    let sim = Sim::new(&[]);
+    let node = tempfile::tempdir().unwrap();
+    let (mut high, hp) = start(
+        &sim,
+        node.path(),
+        &[("CUSLICE_PRIORITY", "high")],
+        &args(&busy(1000, 9.0)),
+    );
+    let (mut low, lp) = start(
+        &sim,
+        node.path(),
+        &[("CUSLICE_PRIORITY", "low"), ("CUSLICE_CORE_REQUEST", "30")],
+        &args(&busy(1000, 9.0)),
+    );
+    let marks = per_second(&sim, &[hp, lp], Duration::from_secs(3), 4);
+    for c in [&mut high, &mut low] {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    let (first, last) = (&marks[0], &marks[marks.len() - 1]);
+    let span = 4e9;
+    let (h, l) = (
+        100.0 * (last[0] - first[0]) as f64 / span,
+        100.0 * (last[1] - first[1]) as f64 / span,
+    );
+    // Shown with --nocapture.
+    eprintln!("request 30: low {l:.1}%, high {h:.1}%");
+    assert!(
+        l >= 25.0,
+        "low slice with request 30: {l:.1}% (high {h:.1}%)"
+    );
+    assert!(h >= 55.0, "high slice: {h:.1}% (low {l:.1}%)");
+}
+
+#[test]
+fn a_bad_priority_refuses_cuda_with_one_line() {
+    let _turn = serial();
+    let sim = Sim::new(&[]);
+    let node = tempfile::tempdir().unwrap();
+    let out = sim
+        .command(&workload(), &["info"])
+        .env("LD_PRELOAD", libcuslice())
+        .env("CUSLICE_NODE_DIR", node.path())
+        .env("CUSLICE_PRIORITY", "urgent")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    let line = "CUSLICE_PRIORITY=\"urgent\" is not a priority (high, normal or low); write e.g. \
+                CUSLICE_PRIORITY=high";
+    assert!(err.contains(line), "{err}");
+    assert_eq!(err.matches("CUSLICE_PRIORITY").count(), 2, "{err}");
+    assert!(!out.status.success(), "{out:?}");
+}
