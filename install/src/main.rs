@@ -43,7 +43,7 @@ enum Command {
     Top(TopArgs),
     /// Serve the same figures for Prometheus at http://ADDR/metrics
     Exporter(ExporterArgs),
-    /// Change a running slice's limits, without a restart (docs/live-limits.md)
+    /// Change a running slice's limits or priority, without a restart (docs/live-limits.md)
     Set(SetArgs),
     /// The node agent: tells container processes their host pids, checks every slice against
     /// the driver's own counts, serves /metrics (docs/agent.md)
@@ -86,7 +86,10 @@ struct SetArgs {
     /// device would add up to more than 100
     #[arg(long, value_name = "PERCENT")]
     core_request: Option<String>,
-    // `--priority` goes here, into cuslice_node::set::Change.
+    /// The new priority on the slice's devices: high, normal or low (docs/compute.md,
+    /// "Priority")
+    #[arg(long, value_name = "PRIORITY")]
+    priority: Option<String>,
     /// The OCI hook's state root, where container slices are found
     #[arg(long, default_value = "/run/cuslice", value_name = "DIR")]
     state_root: PathBuf,
@@ -226,6 +229,7 @@ fn set(a: SetArgs) -> Result<(), Failure> {
         memory_limit: a.memory_limit,
         core_limit: a.core_limit,
         core_request: a.core_request,
+        priority: a.priority,
     };
     let places = cuslice_node::set::Places {
         state_root: a.state_root,

@@ -27,7 +27,7 @@
 use std::collections::VecDeque;
 use std::ffi::{c_uint, c_void};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use cuda_abi::*;
 use cuslice_policy::priority::{self, Admit, Priority};
@@ -71,7 +71,8 @@ pub struct Meter {
     throttled: AtomicU64,
     period: Mutex<Period>,
     /// The slice's priority (see `prioritise`).
-    priority: Priority,
+    /// `Priority::code`; `cuslice set --priority` changes it while the process runs.
+    priority: AtomicU32,
     /// Whether this process's launches yield to high-priority work on the device (set by the
     /// meter each period).
     yields: AtomicBool,
@@ -163,7 +164,12 @@ pub fn join(s: &Slice, devs: &[Dev]) -> Result<Vec<Meter>, String> {
                 None
             }
         };
-        let priority = s.config.priority;
+        // What `cuslice set` changed while the slice ran wins here too.
+        let priority = s
+            .ledger
+            .live_priority(d.index)
+            .map_or(s.config.priority, Priority::from_code);
+        s.ledger.set_priority(d.index, priority.code());
         if let Some(r) = &region {
             r.set_priority(priority);
         }
@@ -200,7 +206,7 @@ pub fn join(s: &Slice, devs: &[Dev]) -> Result<Vec<Meter>, String> {
                 frontier_ns: now,
                 warned: false,
             }),
-            priority,
+            priority: AtomicU32::new(priority.code()),
             yields: AtomicBool::new(false),
             publishes: AtomicBool::new(false),
             held: AtomicU64::new(0),
@@ -399,6 +405,20 @@ impl Meter {
             .ledger
             .core(self.index)
             .unwrap_or((self.request, self.limit));
+        let prio = match s.ledger.live_priority(self.index) {
+            Some(code) if code != self.priority.swap(code, Ordering::Relaxed) => {
+                let p = Priority::from_code(code);
+                if let Some(r) = &self.region {
+                    r.set_priority(p);
+                }
+                debug!(
+                    "device {}: priority {p} (cuslice set)",
+                    slice::uuid_string(&self.uuid)
+                );
+                p
+            }
+            _ => self.priority(),
+        };
         let mut others = false;
         let allot = match &self.region {
             Some(r) => {
@@ -407,7 +427,7 @@ impl Meter {
                 let views = r.slices(now.saturating_sub(ACTIVE_NS));
                 others = views.len() > 1;
                 let views: Vec<_> = views.iter().map(|v| (v.demand, v.priority)).collect();
-                let demands = priority::view(self.priority, &views);
+                let demands = priority::view(prio, &views);
                 share::allot(&demands).first().copied().unwrap_or(limit)
             }
             None => limit,
@@ -433,7 +453,7 @@ impl Meter {
             .region
             .as_ref()
             .is_some_and(|r| r.high_until().saturating_add(ACTIVE_NS) > now);
-        let yields = priority::yields(self.priority, high_active, request, usage);
+        let yields = priority::yields(prio, high_active, request, usage);
         if yields != self.yields.swap(yields, Ordering::Relaxed) {
             debug!(
                 "device {}: {} high-priority work (priority {}, used {usage} ppm, request {})",
@@ -443,15 +463,19 @@ impl Meter {
                 } else {
                     "no longer yielding to"
                 },
-                self.priority,
+                prio,
                 request
             );
         }
         // A high-priority process alone on the device has nobody to tell: its launches stay on
         // the fast path.
-        let publishes = self.priority == Priority::High && others;
+        let publishes = prio == Priority::High && others;
         self.publishes.store(publishes, Ordering::Relaxed);
         allot < FULL || yields || publishes
+    }
+
+    fn priority(&self) -> Priority {
+        Priority::from_code(self.priority.load(Ordering::Relaxed))
     }
 
     /// Priority, after the launch was charged: a high-priority process publishes when its work
@@ -461,7 +485,7 @@ impl Meter {
             return;
         };
         let cost = self.cost.load(Ordering::Relaxed);
-        if self.priority == Priority::High {
+        if self.priority() == Priority::High {
             if !self.publishes.load(Ordering::Relaxed) {
                 return;
             }

@@ -887,6 +887,7 @@ pub enum LiveLimit {
     Memory,
     CoreLimit,
     CoreRequest,
+    Priority,
 }
 
 impl LiveLimit {
@@ -895,6 +896,7 @@ impl LiveLimit {
             LiveLimit::Memory => "--memory-limit",
             LiveLimit::CoreLimit => "--core-limit",
             LiveLimit::CoreRequest => "--core-request",
+            LiveLimit::Priority => "--priority",
         }
     }
 
@@ -904,22 +906,34 @@ impl LiveLimit {
             LiveLimit::Memory => "CUSLICE_MEMORY_LIMIT",
             LiveLimit::CoreLimit => "CUSLICE_CORE_LIMIT",
             LiveLimit::CoreRequest => "CUSLICE_CORE_REQUEST",
+            LiveLimit::Priority => "CUSLICE_PRIORITY",
         }
     }
 
-    fn quantity(self) -> Quantity {
+    fn quantity(self) -> Option<Quantity> {
         match self {
-            LiveLimit::Memory => Quantity::Memory,
-            LiveLimit::CoreLimit => Quantity::CoreLimit,
-            LiveLimit::CoreRequest => Quantity::CoreRequest,
+            LiveLimit::Memory => Some(Quantity::Memory),
+            LiveLimit::CoreLimit => Some(Quantity::CoreLimit),
+            LiveLimit::CoreRequest => Some(Quantity::CoreRequest),
+            LiveLimit::Priority => None,
         }
     }
 }
 
 /// A value given to `cuslice set`, checked as the variable it stands for would be: bytes for
-/// memory, percent (1-100) for the core limit and request. Err: one line naming the flag, the
-/// value, what is wrong and a value that would work.
+/// memory, percent (1-100) for the core limit and request, `Priority::code` for the priority.
+/// Err: one line naming the flag, the value, what is wrong and a value that would work.
 pub fn parse_live(what: LiveLimit, value: &str) -> Result<u64, String> {
+    if what == LiveLimit::Priority {
+        return Priority::parse(value)
+            .map(|p| u64::from(p.code()))
+            .ok_or_else(|| {
+                format!(
+                    "--priority {value:?} is not a priority (high, normal or low); write e.g. \
+                     --priority high"
+                )
+            });
+    }
     let var = what.variable();
     match Config::from_vars([(var, value)]) {
         Ok(c) => {
@@ -928,6 +942,7 @@ pub fn parse_live(what: LiveLimit, value: &str) -> Result<u64, String> {
                 LiveLimit::Memory => l.memory,
                 LiveLimit::CoreLimit => l.core_limit.map(u64::from),
                 LiveLimit::CoreRequest => l.core_request.map(u64::from),
+                LiveLimit::Priority => None,
             }
             .unwrap_or(0))
         }
@@ -957,7 +972,8 @@ pub fn rewrite_hook_file(
     changes: &[(LiveLimit, String)],
 ) -> Result<String, ConfigError> {
     let sets_changed = |name: &str| match classify(name) {
-        Name::Limit { quantity, .. } => changes.iter().any(|(w, _)| w.quantity() == quantity),
+        Name::Limit { quantity, .. } => changes.iter().any(|(w, _)| w.quantity() == Some(quantity)),
+        Name::Priority => changes.iter().any(|(w, _)| *w == LiveLimit::Priority),
         Name::AliyunContainer | Name::AliyunUnit => {
             changes.iter().any(|(w, _)| *w == LiveLimit::Memory)
         }
@@ -1883,6 +1899,22 @@ mod tests {
             (c.limits(0).core_limit, c.limits(0).core_request),
             (Some(60), Some(40))
         );
+    }
+
+    #[test]
+    fn a_priority_set_live_replaces_the_hook_files_and_is_checked() {
+        let text = "CUSLICE_PRIORITY=low\nCUSLICE_MEMORY_LIMIT=1GiB\n";
+        let new = rewrite_hook_file(text, &[(LiveLimit::Priority, "high".into())]).unwrap();
+        assert_eq!(new, "CUSLICE_MEMORY_LIMIT=1GiB\nCUSLICE_PRIORITY=high\n");
+        let c = Config::from_hook_file(&new, std::iter::empty::<(&str, &str)>()).unwrap();
+        assert_eq!(c.priority, Priority::High);
+        assert_eq!(
+            parse_live(LiveLimit::Priority, " Normal "),
+            Ok(u64::from(Priority::Normal.code()))
+        );
+        let e = parse_live(LiveLimit::Priority, "urgent").unwrap_err();
+        assert!(!e.contains('\n'), "{e}");
+        assert!(e.contains("write e.g. --priority high"), "{e}");
     }
 
     #[test]

@@ -46,6 +46,7 @@ const LIMIT_UNSET: u64 = u64::MAX;
 /// `DeviceRec::live` bits: the node changed the memory cap / the core request and limit.
 pub const LIVE_MEMORY: u32 = 1;
 pub const LIVE_CORE: u32 = 2;
+pub const LIVE_PRIORITY: u32 = 4;
 
 #[repr(C)]
 pub struct Header {
@@ -92,6 +93,8 @@ pub struct DeviceRec {
     /// The core request and limit (ppm; 0 and FULL when not set) the slice's processes run with.
     core_request: AtomicU32,
     core_limit: AtomicU32,
+    /// The slice's priority on the device (`Priority::code`: 0 normal, 1 low, 2 high).
+    priority: AtomicU32,
     /// Device time the slice's processes used (ns), as their meters measured it.
     device_ns: AtomicU64,
     /// Time the slice's launching threads spent held back by the gate (ns, summed over threads).
@@ -203,6 +206,8 @@ pub struct Tokens<'a> {
 pub struct LiveChange {
     pub memory: Option<u64>,
     pub core: Option<(u32, u32)>,
+    /// `Priority::code`.
+    pub priority: Option<u32>,
 }
 
 /// A refusal: the request would take the slice past its cap.
@@ -828,6 +833,24 @@ impl Ledger {
         }
     }
 
+    /// Records the priority (`Priority::code`) the slice runs with on device `d`, unless the
+    /// node changed it while the slice ran.
+    pub fn set_priority(&self, d: u32, code: u32) {
+        if let Some(r) = self.dev(d)
+            && r.live.load(Ordering::Relaxed) & LIVE_PRIORITY == 0
+        {
+            r.priority.store(code, Ordering::Relaxed);
+        }
+    }
+
+    /// The priority (`Priority::code`) on device `d` if the node changed it while the slice ran
+    /// (`cuslice set --priority`): then it wins over a process's own configuration.
+    pub fn live_priority(&self, d: u32) -> Option<u32> {
+        let r = self.dev(d)?;
+        (r.live.load(Ordering::Relaxed) & LIVE_PRIORITY != 0)
+            .then(|| r.priority.load(Ordering::Relaxed))
+    }
+
     /// The core request and limit (ppm) the slice runs with on device `d` now.
     pub fn core(&self, d: u32) -> Option<(u32, u32)> {
         self.dev(d).map(|r| {
@@ -882,6 +905,10 @@ impl Ledger {
             rec.core_request.store(request, Ordering::Relaxed);
             rec.core_limit.store(limit, Ordering::Relaxed);
             rec.live.fetch_or(LIVE_CORE, Ordering::Relaxed);
+        }
+        if let Some(code) = change.priority {
+            rec.priority.store(code, Ordering::Relaxed);
+            rec.live.fetch_or(LIVE_PRIORITY, Ordering::Relaxed);
         }
         Ok(())
     }
@@ -1179,6 +1206,7 @@ fn device_snapshot(uuid: [u8; 16], r: &DeviceRec) -> DeviceSnapshot {
         context_overhead: r.context_overhead.load(Ordering::Relaxed),
         core_request: r.core_request.load(Ordering::Relaxed),
         core_limit: r.core_limit.load(Ordering::Relaxed),
+        priority: r.priority.load(Ordering::Relaxed),
         live: r.live.load(Ordering::Relaxed),
         allotted: r.share.load(Ordering::Relaxed),
         device_ns: r.device_ns.load(Ordering::Relaxed),

@@ -28,7 +28,10 @@ pub struct DeviceSnapshot {
     /// Core request and limit (ppm of the device; 0 and `FULL` when not set).
     pub core_request: u32,
     pub core_limit: u32,
-    /// What the node changed while the slice ran (`ledger::LIVE_MEMORY`, `LIVE_CORE` bits).
+    /// The slice's priority (`cuslice_policy::priority::Priority::code`: 0 normal, 1 low, 2 high).
+    pub priority: u32,
+    /// What the node changed while the slice ran (`ledger::LIVE_MEMORY`, `LIVE_CORE`,
+    /// `LIVE_PRIORITY` bits).
     pub live: u32,
     /// The share of the device the slice may use now (ppm), as its meters last worked it out.
     pub allotted: u32,
@@ -122,6 +125,7 @@ mod tests {
             context_overhead: 0,
             core_request: 0,
             core_limit: FULL,
+            priority: 0,
             live: 0,
             allotted: FULL,
             device_ns,

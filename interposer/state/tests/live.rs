@@ -21,18 +21,24 @@ fn a_cap_set_live_is_the_slices_cap_and_wins_over_a_joiners_configuration() {
     let change = LiveChange {
         memory: Some(GIB / 4),
         core: Some((FULL / 10, FULL / 2)),
+        priority: Some(2),
     };
     Ledger::set_live(&path, &UUID, &change).unwrap();
     // Below what the slice holds: refused, nothing released.
     assert!(l.reserve(me, d, 1).is_err());
     assert_eq!((l.limit(d), l.used(d)), (Some(GIB / 4), GIB / 2));
     assert_eq!(l.live_core(d), Some((FULL / 10, FULL / 2)));
+    // The priority set live wins over what a process's configuration records.
+    assert_eq!(l.live_priority(d), Some(2));
+    l.set_priority(d, 0);
+    assert_eq!(l.live_priority(d), Some(2));
     // A process joining with the old configuration gets the slice's cap, no conflict.
     let other = Ledger::open_dir(dir.path()).unwrap();
     assert_eq!(other.device(UUID, Some(GIB)).unwrap().1, Some(GIB / 4));
     let snap = Ledger::read(&path).unwrap();
     assert_eq!(snap.devices[0].limit, Some(GIB / 4));
     assert_eq!(snap.devices[0].core_limit, FULL / 2);
+    assert_eq!(snap.devices[0].priority, 2);
     // A device the slice has not used: nothing to change.
     assert!(Ledger::set_live(&path, &[9; 16], &change).is_err());
 }

@@ -10,6 +10,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use cuslice_hook::state::{Record, Root, start_time};
+use cuslice_policy::priority::Priority;
 use cuslice_state::agent;
 use cuslice_state::ledger::{self, Ledger};
 use cuslice_state::snapshot::Snapshot;
@@ -343,6 +344,8 @@ fn by_device(gpus: &[Gpu], found: &[Found], now: u64) -> Vec<Device> {
                     throttled_seconds: d.throttled_ns as f64 / 1e9,
                     estimated: d.estimated,
                     set_live: d.live & ledger::LIVE_CORE != 0,
+                    priority: Priority::from_code(d.priority).to_string(),
+                    priority_set_live: d.live & ledger::LIVE_PRIORITY != 0,
                 },
                 processes,
             });

@@ -1,5 +1,5 @@
-//! `cuslice set TARGET --memory-limit SIZE --core-limit P --core-request P`: changes a running
-//! slice's limits from the node, without a restart (docs/status.md, "Changing limits while
+//! `cuslice set TARGET --memory-limit SIZE --core-limit P --core-request P --priority X`: changes
+//! a running slice's limits and priority from the node, without a restart (docs/status.md, "Changing limits while
 //! running").
 //!
 //! - TARGET is what `cuslice status` shows: a container's id (or a unique prefix of it), its
@@ -25,6 +25,7 @@ use std::path::{Path, PathBuf};
 use cuslice_hook::state::{Record, Root, start_time};
 use cuslice_policy::config::{LiveLimit, live_core, parse_live, rewrite_hook_file};
 use cuslice_policy::format_size;
+use cuslice_policy::priority::Priority;
 use cuslice_policy::share::FULL;
 use cuslice_state::ledger::{self, Ledger, LiveChange};
 use cuslice_state::region::{self, RegionError};
@@ -44,7 +45,7 @@ pub struct Change {
     pub memory_limit: Option<String>,
     pub core_limit: Option<String>,
     pub core_request: Option<String>,
-    // `--priority` goes here once slices have one (issue #19's first half).
+    pub priority: Option<String>,
 }
 
 /// Where slices live on this node.
@@ -138,6 +139,8 @@ struct Values {
     memory: Option<u64>,
     core_limit: Option<u32>,
     core_request: Option<u32>,
+    /// `Priority::code`.
+    priority: Option<u32>,
     /// For the hook file: (which, the value as written).
     written: Vec<(LiveLimit, String)>,
 }
@@ -147,12 +150,14 @@ fn values(c: &Change) -> Result<Values, String> {
         memory: None,
         core_limit: None,
         core_request: None,
+        priority: None,
         written: Vec::new(),
     };
     for (what, given) in [
         (LiveLimit::Memory, &c.memory_limit),
         (LiveLimit::CoreLimit, &c.core_limit),
         (LiveLimit::CoreRequest, &c.core_request),
+        (LiveLimit::Priority, &c.priority),
     ] {
         let Some(given) = given else { continue };
         let n = parse_live(what, given)?;
@@ -160,13 +165,14 @@ fn values(c: &Change) -> Result<Values, String> {
             LiveLimit::Memory => v.memory = Some(n),
             LiveLimit::CoreLimit => v.core_limit = Some(n as u32),
             LiveLimit::CoreRequest => v.core_request = Some(n as u32),
+            LiveLimit::Priority => v.priority = Some(n as u32),
         }
         v.written.push((what, given.trim().to_string()));
     }
     if v.written.is_empty() {
         return Err(
-            "nothing to change; give --memory-limit SIZE, --core-limit PERCENT and/or \
-             --core-request PERCENT"
+            "nothing to change; give --memory-limit SIZE, --core-limit PERCENT, \
+             --core-request PERCENT and/or --priority high|normal|low"
                 .to_string(),
         );
     }
@@ -223,6 +229,7 @@ pub fn set(target: &str, change: &Change, places: &Places) -> Result<String, Str
             LiveChange {
                 memory: v.memory,
                 core,
+                priority: v.priority,
             },
         ));
     }
@@ -294,6 +301,13 @@ pub fn set(target: &str, change: &Change, places: &Places) -> Result<String, Str
                     req(d.core_request)
                 ));
             }
+        }
+        if let Some(code) = live.priority {
+            what.push(format!(
+                "priority {} (was {})",
+                Priority::from_code(code),
+                Priority::from_code(d.priority)
+            ));
         }
         lines.push(format!("{} on {uuid}: {}", t.label, what.join(", ")));
     }

@@ -45,6 +45,7 @@ pub fn render(node: &Node) -> String {
             "SHARE 10s",
             "REQUEST",
             "LIMIT",
+            "PRIORITY",
             "ALLOTTED",
             "THROTTLED",
             "PROCESSES",
@@ -71,6 +72,7 @@ pub fn render(node: &Node) -> String {
                     pct(c.share_10s_pct),
                     format!("{}{}", pct(c.request_pct), star(c.set_live)),
                     format!("{}{}", pct(c.limit_pct), star(c.set_live)),
+                    format!("{}{}", c.priority, star(c.priority_set_live)),
                     pct(Some(c.allotted_pct)),
                     format!("{:.1} s", c.throttled_seconds),
                     pids(s, live),
@@ -96,7 +98,7 @@ pub fn render(node: &Node) -> String {
         }
     }
     let mut slices = node.devices.iter().flat_map(|d| &d.slices);
-    if slices.any(|s| s.memory.set_live || s.compute.set_live) {
+    if slices.any(|s| s.memory.set_live || s.compute.set_live || s.compute.priority_set_live) {
         let _ = writeln!(out, "* changed while the slice ran (cuslice set)");
     }
     if let Some(f) = &node.findings {

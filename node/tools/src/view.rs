@@ -84,6 +84,10 @@ pub struct Compute {
     pub estimated: bool,
     /// The core request and limit were changed while the slice ran (`cuslice set`).
     pub set_live: bool,
+    /// `high`, `normal` or `low` (`CUSLICE_PRIORITY`, docs/compute.md).
+    pub priority: String,
+    /// The priority was changed while the slice ran (`cuslice set --priority`).
+    pub priority_set_live: bool,
 }
 
 #[derive(Debug, Clone, Serialize)]
