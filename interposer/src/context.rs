@@ -3,8 +3,13 @@
 //! and global data). cuslice measures it where it appears:
 //!
 //! - a context: the slice's first context on a device is measured alone (racing first contexts
-//!   wait for it): the rise in the device's used memory (NVML) across its creation, less whatever
-//!   this process charged meanwhile. The figure is kept in the ledger per device; every later
+//!   wait for it): what NVML says the process that appeared on the device across the creation
+//!   holds (this process, the only one new there; its pid may be a host pid cuslice does not
+//!   know), less whatever this process charged meanwhile. Where not exactly one process appeared
+//!   (NVML lists no processes, or another slice's first context was made at the same moment),
+//!   the rise in the device's used memory across the creation, less the same. (The rise alone
+//!   counted a neighbour's allocations made meanwhile, which refused a container's first context
+//!   while the container beside it filled its cap.) The figure is kept in the ledger per device; every later
 //!   context reserves and is charged that figure before it is created (measuring it again while
 //!   other processes make or drop contexts would count theirs).
 //! - a module or library: the drop in the device's free memory (cuMemGetInfo) across the load,
@@ -53,6 +58,7 @@ fn create(cudev: CUdevice, out: *mut CUcontext, make: impl FnOnce() -> CUresult)
         return e;
     }
     let before = first.then(|| crate::nvml::device_used(&uuid)).flatten();
+    let procs_before = first.then(|| crate::nvml::process_memory(&uuid)).flatten();
     let own0 = s.own_charged();
     let r = make();
     if !r.is_ok() {
@@ -69,9 +75,14 @@ fn create(cudev: CUdevice, out: *mut CUcontext, make: impl FnOnce() -> CUresult)
     let charge = match (first, before) {
         (true, Some(b)) => {
             let after = crate::nvml::device_used(&uuid).unwrap_or(b);
+            let procs_after = crate::nvml::process_memory(&uuid);
             let own1 = s.own_charged();
-            let measured = after
-                .saturating_sub(b)
+            let seen = match (&procs_before, &procs_after) {
+                (Some(was), Some(now)) => appeared(was, now),
+                _ => None,
+            };
+            let measured = seen
+                .unwrap_or_else(|| after.saturating_sub(b))
                 .saturating_sub(own1.saturating_sub(own0));
             s.ledger.set_context_overhead(index, measured);
             measured
@@ -98,6 +109,17 @@ fn create(cudev: CUdevice, out: *mut CUcontext, make: impl FnOnce() -> CUresult)
         )
     });
     r
+}
+
+/// What the one process listed in `now` and not in `was` holds; None unless exactly one appeared.
+fn appeared(was: &[(u32, u64)], now: &[(u32, u64)]) -> Option<u64> {
+    let mut new = now
+        .iter()
+        .filter(|(pid, _)| !was.iter().any(|(p, _)| p == pid));
+    match (new.next(), new.next()) {
+        (Some(&(_, bytes)), None) => Some(bytes),
+        _ => None,
+    }
 }
 
 /// # Safety
@@ -477,4 +499,24 @@ pub unsafe extern "C" fn cuLibraryUnload(lib: CUlibrary) -> CUresult {
     };
     // SAFETY: forwarded unchanged.
     unload_counted(lib, || unsafe { f(lib) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::appeared;
+
+    #[test]
+    fn the_one_process_that_appeared_is_measured_and_no_other() {
+        let was = [(10, 5 << 30)];
+        // The neighbour grew while this process appeared with its context: the context only.
+        assert_eq!(
+            appeared(&was, &[(10, 7 << 30), (11, 300 << 20)]),
+            Some(300 << 20)
+        );
+        // Two appeared (another slice's first context at the same moment): cannot tell.
+        assert_eq!(appeared(&was, &[(10, 5 << 30), (11, 1), (12, 2)]), None);
+        // None appeared (this process was listed already, or NVML lists nothing).
+        assert_eq!(appeared(&was, &was), None);
+        assert_eq!(appeared(&[], &[]), None);
+    }
 }

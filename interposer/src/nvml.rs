@@ -283,6 +283,29 @@ pub fn lists_pid(uuid: &[u8; 16], pid: i32) -> Option<bool> {
     })
 }
 
+/// The device's compute processes with the memory NVML says each holds: (pid, bytes). None when
+/// NVML cannot say.
+pub fn process_memory(uuid: &[u8; 16]) -> Option<Vec<(u32, u64)>> {
+    if !init() {
+        return None;
+    }
+    let h = handle_by_uuid(uuid)?;
+    internal(|| {
+        if let Some(f) = real::nvmlDeviceGetComputeRunningProcesses_v3() {
+            // SAFETY: a device handle from NVML; `fetch_all` passes buffers of the room it names.
+            let all = fetch_all(|c, i: *mut nvmlProcessInfo_v2_t| unsafe { f(h, c, i) });
+            all.ok()
+                .map(|v| v.iter().map(|p| (p.pid, p.usedGpuMemory)).collect())
+        } else {
+            let f = real::nvmlDeviceGetComputeRunningProcesses()?;
+            // SAFETY: as above, with the v1 entry layout.
+            let all = fetch_all(|c, i: *mut nvmlProcessInfo_v1_t| unsafe { f(h, c, i) });
+            all.ok()
+                .map(|v| v.iter().map(|p| (p.pid, p.usedGpuMemory)).collect())
+        }
+    })
+}
+
 /// What a process's utilisation samples since the last reading say.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Used {

@@ -108,6 +108,7 @@ mod tests {
                         memory: 1 << 30,
                         core_request: 30,
                         core_limit: 30,
+                        priority: None,
                     },
                     pool: "node-a".into(),
                     cdi_ids: vec!["gpu.cuslice.io/claim=u1-gpu-0".into()],

@@ -3,6 +3,7 @@
 //! opaque `coreLimit`, or the request). Pure: from the claim as the API server returns it and the
 //! GPUs this node has now. Every refusal is one line naming the claim and the reason.
 
+use cuslice_policy::priority::Priority;
 use k8s_openapi::api::resource::v1::{DeviceAllocationConfiguration, ResourceClaim};
 use serde::{Deserialize, Serialize};
 
@@ -39,6 +40,9 @@ pub struct SliceConfig {
     /// The most of the GPU's time the slice may use when others want it too, percent; at least
     /// the core request.
     pub core_limit: Option<u32>,
+    /// `high`, `normal` or `low`: the slice's priority at the GPU's gate (`CUSLICE_PRIORITY`,
+    /// docs/compute.md).
+    pub priority: Option<String>,
 }
 
 /// One device of the claim, with the slice's settings.
@@ -55,6 +59,9 @@ pub struct Allotted {
     /// Core request and limit, percent of the GPU's time.
     pub core_request: u32,
     pub core_limit: u32,
+    /// The priority the configuration gave (`high`, `normal`, `low`); none: the default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<String>,
 }
 
 fn config_applies(c: &DeviceAllocationConfiguration, request: &str) -> bool {
@@ -70,7 +77,7 @@ fn read_config(claim: &ClaimRef, value: &serde_json::Value) -> Result<SliceConfi
     let c: SliceConfig = serde_json::from_value(value.clone()).map_err(|e| {
         format!(
             "{claim}: its {DRIVER} configuration is not a {CONFIG_API_VERSION} {CONFIG_KIND}: {e} \
-             (known fields: apiVersion, kind, coreLimit)"
+             (known fields: apiVersion, kind, coreLimit, priority)"
         )
     })?;
     if c.api_version != CONFIG_API_VERSION || c.kind != CONFIG_KIND {
@@ -161,6 +168,7 @@ pub fn allotments(
         }
         let cores = cores as u32;
         let mut limit = cores;
+        let mut priority = None;
         // Class configurations come first, the claim's own after them and win.
         let mut ordered: Vec<&&DeviceAllocationConfiguration> = configs
             .iter()
@@ -178,6 +186,15 @@ pub fn allotments(
                 }
                 limit = l;
             }
+            if let Some(p) = &sc.priority {
+                let p = Priority::parse(p).ok_or_else(|| {
+                    format!(
+                        "{claim}: priority {p:?} is not a priority (high, normal or low); write \
+                         e.g. priority: high"
+                    )
+                })?;
+                priority = Some(p.to_string());
+            }
         }
         if limit < cores {
             return Err(format!(
@@ -193,6 +210,7 @@ pub fn allotments(
             memory,
             core_request: cores,
             core_limit: limit,
+            priority,
         });
     }
     if out.len() > 1 {
@@ -216,6 +234,13 @@ pub fn settings(a: &Allotted) -> Vec<(String, String)> {
         ("CUSLICE_CORE_REQUEST".into(), a.core_request.to_string()),
         ("CUSLICE_CORE_LIMIT".into(), a.core_limit.to_string()),
     ]
+    .into_iter()
+    .chain(
+        a.priority
+            .iter()
+            .map(|p| ("CUSLICE_PRIORITY".into(), p.clone())),
+    )
+    .collect()
 }
 
 #[cfg(test)]
@@ -296,6 +321,39 @@ mod tests {
         );
         let a = allotments(&r(), &c, "node-a", &gpus()).unwrap();
         assert_eq!(a[0].core_limit, 60);
+    }
+
+    #[test]
+    fn priority_comes_from_the_claim_over_the_class_and_becomes_cuslice_priority() {
+        let params =
+            |p: &str| json!({"apiVersion": CONFIG_API_VERSION, "kind": CONFIG_KIND, "priority": p});
+        let c = claim(
+            json!([result("gpu-0", "1Gi", "30")]),
+            json!([
+                opaque("FromClaim", params("High")),
+                opaque("FromClass", params("low"))
+            ]),
+        );
+        let a = allotments(&r(), &c, "node-a", &gpus()).unwrap();
+        assert_eq!(a[0].priority.as_deref(), Some("high"));
+        assert!(
+            settings(&a[0]).contains(&("CUSLICE_PRIORITY".to_owned(), "high".to_owned())),
+            "{:?}",
+            settings(&a[0])
+        );
+        // None given: the variable is left out (the default, normal).
+        let c = claim(json!([result("gpu-0", "1Gi", "30")]), json!([]));
+        let a = allotments(&r(), &c, "node-a", &gpus()).unwrap();
+        assert!(settings(&a[0]).iter().all(|(k, _)| k != "CUSLICE_PRIORITY"));
+        let bad = claim(
+            json!([result("gpu-0", "1Gi", "30")]),
+            json!([opaque("FromClaim", params("urgent"))]),
+        );
+        let e = allotments(&r(), &bad, "node-a", &gpus()).unwrap_err();
+        assert!(
+            e.contains("priority \"urgent\" is not a priority (high, normal or low)"),
+            "{e}"
+        );
     }
 
     #[test]
