@@ -261,6 +261,30 @@ fn device_ns(sim: &Sim, pid: u64) -> u64 {
         .map_or(0, |p| p["device_time_ns"].as_u64().unwrap())
 }
 
+/// A busy workload: 1 ms kernels back to back for 30 s.
+const BUSY: &[&str] = &[
+    "launch",
+    "--ns-per-block",
+    "1000",
+    "--blocks",
+    "1000",
+    "--secs",
+    "30",
+];
+
+/// Each process's share of the device (percent) over a window of `secs` from now, by the
+/// simulator.
+fn shares(sim: &Sim, pids: &[u64], secs: f64) -> Vec<f64> {
+    let t0 = Instant::now();
+    let d0: Vec<u64> = pids.iter().map(|&p| device_ns(sim, p)).collect();
+    std::thread::sleep(Duration::from_secs_f64(secs));
+    let span = t0.elapsed().as_nanos() as f64;
+    pids.iter()
+        .zip(d0)
+        .map(|(&p, d)| 100.0 * (device_ns(sim, p) - d) as f64 / span)
+        .collect()
+}
+
 #[test]
 fn a_core_limit_raised_from_30_to_60_while_running_is_followed() {
     let sim = Sim::new(&["--memory", "8GiB"]);
@@ -271,26 +295,13 @@ fn a_core_limit_raised_from_30_to_60_while_running_is_followed() {
         dir.path(),
         node.path(),
         &["CUSLICE_CORE_LIMIT=30"],
-        &[
-            "launch",
-            "--ns-per-block",
-            "1000",
-            "--blocks",
-            "1000",
-            "--secs",
-            "30",
-        ],
+        BUSY,
     );
     let pid = w.wait_for("start", Duration::from_secs(30))["pid"]
         .as_u64()
         .unwrap();
     // The share over a window of `secs` from now, by the simulator.
-    let share = |secs: f64| {
-        let (t0, d0) = (Instant::now(), device_ns(&sim, pid));
-        std::thread::sleep(Duration::from_secs_f64(secs));
-        let (t1, d1) = (Instant::now(), device_ns(&sim, pid));
-        100.0 * (d1 - d0) as f64 / (t1 - t0).as_nanos() as f64
-    };
+    let share = |secs: f64| shares(&sim, &[pid], secs)[0];
     std::thread::sleep(Duration::from_secs(2));
     let before = share(3.0);
     let changed = Instant::now();
@@ -342,25 +353,12 @@ fn a_core_limit_set_on_a_slice_without_one_holds_it_to_the_limit() {
         dir.path(),
         node.path(),
         &["CUSLICE_MEMORY_LIMIT=2GiB"],
-        &[
-            "launch",
-            "--ns-per-block",
-            "1000",
-            "--blocks",
-            "1000",
-            "--secs",
-            "30",
-        ],
+        BUSY,
     );
     let pid = w.wait_for("start", Duration::from_secs(30))["pid"]
         .as_u64()
         .unwrap();
-    let share = |secs: f64| {
-        let (t0, d0) = (Instant::now(), device_ns(&sim, pid));
-        std::thread::sleep(Duration::from_secs_f64(secs));
-        let (t1, d1) = (Instant::now(), device_ns(&sim, pid));
-        100.0 * (d1 - d0) as f64 / (t1 - t0).as_nanos() as f64
-    };
+    let share = |secs: f64| shares(&sim, &[pid], secs)[0];
     std::thread::sleep(Duration::from_secs(1));
     let before = share(2.0);
     let said = set_ok(dir.path(), node.path(), &["--core-limit", "30"]);
@@ -380,29 +378,20 @@ fn a_priority_raised_while_running_puts_the_slice_first_and_lowered_again_shares
     let sim = Sim::new(&["--memory", "8GiB"]);
     let node = tempfile::tempdir().unwrap();
     let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    // Two busy slices with no core settings, 1 ms kernels back to back.
-    let busy = [
-        "launch",
-        "--ns-per-block",
-        "1000",
-        "--blocks",
-        "1000",
-        "--secs",
-        "30",
-    ];
+    // Two busy slices with no core settings.
     let mut wa = start(
         &sim,
         a.path(),
         node.path(),
         &["CUSLICE_MEMORY_LIMIT=2GiB"],
-        &busy,
+        BUSY,
     );
     let mut wb = start(
         &sim,
         b.path(),
         node.path(),
         &["CUSLICE_MEMORY_LIMIT=2GiB"],
-        &busy,
+        BUSY,
     );
     let pa = wa.wait_for("start", Duration::from_secs(30))["pid"]
         .as_u64()
@@ -410,28 +399,22 @@ fn a_priority_raised_while_running_puts_the_slice_first_and_lowered_again_shares
     let pb = wb.wait_for("start", Duration::from_secs(30))["pid"]
         .as_u64()
         .unwrap();
-    let shares = |secs: f64| {
-        let (t0, a0, b0) = (Instant::now(), device_ns(&sim, pa), device_ns(&sim, pb));
-        std::thread::sleep(Duration::from_secs_f64(secs));
-        let (t1, a1, b1) = (Instant::now(), device_ns(&sim, pa), device_ns(&sim, pb));
-        let span = (t1 - t0).as_nanos() as f64;
-        (
-            100.0 * (a1 - a0) as f64 / span,
-            100.0 * (b1 - b0) as f64 / span,
-        )
+    let both = |secs: f64| {
+        let s = shares(&sim, &[pa, pb], secs);
+        (s[0], s[1])
     };
     std::thread::sleep(Duration::from_secs(1));
-    let even = shares(2.0);
+    let even = both(2.0);
     let said = set_ok(a.path(), node.path(), &["--priority", "high"]);
     assert!(said.contains("priority high (was normal)"), "{said}");
     let st = status(&sim, &[a.path()]);
     assert_eq!(st[0]["compute"]["priority"], "high", "{st:?}");
     assert_eq!(st[0]["compute"]["priority_set_live"], true, "{st:?}");
     std::thread::sleep(Duration::from_secs(2));
-    let first = shares(3.0);
+    let first = both(3.0);
     set_ok(a.path(), node.path(), &["--priority", "normal"]);
     std::thread::sleep(Duration::from_secs(2));
-    let again = shares(3.0);
+    let again = both(3.0);
     eprintln!("a/b: normal {even:.1?}, a high {first:.1?}, normal again {again:.1?}");
     assert!(
         (even.0 - even.1).abs() < 20.0,
