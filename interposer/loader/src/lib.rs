@@ -296,7 +296,7 @@ fn load_core() -> bool {
             Some(path.as_cstr()),
         );
     }
-    // SAFETY: the core defines cuslice_core_attach with exactly this prototype (interposer/src/lib.rs).
+    // SAFETY: the core defines cuslice_core_attach with exactly this prototype (interposer/src/dlsym.rs).
     let attach = unsafe { core::mem::transmute::<*mut c_void, AttachFn>(attach) };
     // SAFETY: the attach call hands the core glibc's own dlsym and dlmopen.
     let abi = unsafe {

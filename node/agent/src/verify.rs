@@ -6,17 +6,20 @@
 //! slice over its cap for longer than the grace has its processes killed, and a slice over its
 //! core limit is frozen (its cgroup) for the time it owes. See docs/agent.md.
 //!
-//! Two threads: `tick` (the agent's loop, every period) reads the slices and the memory, judges,
-//! kills, logs and writes `findings.json`; a meter thread started by `Verifier::new` reads the
-//! utilisation samples every `POLL` (the driver keeps only the newest sample per process, so
-//! they must be read more often than it takes them) and freezes and thaws.
+//! Three threads: `tick` (the agent's loop, every period) reads the slices and the memory,
+//! judges, kills, logs and writes `findings.json`; a meter thread started by `Verifier::new`
+//! reads the utilisation samples every `POLL` (the driver keeps only the newest sample per
+//! process, so they must be read more often than it takes them) and freezes; a thaw thread
+//! thaws each frozen slice when its time is served. The thaw never waits on the driver: a
+//! driver call that stalls (on a real GPU while it recovers from an error; on simgpu while a
+//! frozen process holds the device's lock) cannot keep a slice frozen past its time.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -136,6 +139,11 @@ struct State {
     clocks: HashMap<String, SampleClock>,
     meters: BTreeMap<(String, String), Meter>,
     frozen: BTreeMap<String, Frozen>,
+    /// Slices the thaw thread thawed since the meter's last step: when each was frozen and
+    /// when it was thawed (the meter counts that time and does not freeze them again at once).
+    thawed: BTreeMap<String, (Instant, Instant)>,
+    /// The thaw thread runs: without it the meter never freezes.
+    thawing: bool,
     /// Slices whose cgroup could not be frozen (logged once).
     unfreezable: BTreeSet<String>,
     record: cgroup::Record,
@@ -148,6 +156,8 @@ struct Shared {
     base: Instant,
     stop: AtomicBool,
     state: Mutex<State>,
+    /// Wakes the thaw thread: a slice was frozen, or the agent stops.
+    wake: Condvar,
     agent: Placement,
 }
 
@@ -170,6 +180,7 @@ impl Stopper {
     pub fn stop(&self) {
         self.0.stop.store(true, Ordering::SeqCst);
         let mut st = self.0.lock();
+        self.0.wake.notify_all();
         let frozen: Vec<(String, Frozen)> = std::mem::take(&mut st.frozen).into_iter().collect();
         for (id, f) in frozen {
             if let Err(e) = f.freezer.thaw() {
@@ -192,6 +203,8 @@ pub struct Verifier {
     dir: PathBuf,
     shared: Arc<Shared>,
     meter: Option<JoinHandle<()>>,
+    /// None when it could not be started: then the meter never freezes.
+    thaw: Option<JoinHandle<()>>,
     mounts: Mounts,
     tracker: Tracker<Key>,
     ledger_streak: BTreeMap<Key, u32>,
@@ -264,11 +277,14 @@ impl Verifier {
                 clocks: HashMap::new(),
                 meters: BTreeMap::new(),
                 frozen: BTreeMap::new(),
+                thawed: BTreeMap::new(),
+                thawing: false,
                 unfreezable: BTreeSet::new(),
                 record,
                 actions: Actions::default(),
                 last_poll: None,
             }),
+            wake: Condvar::new(),
         });
         let s = shared.clone();
         let meter = std::thread::Builder::new()
@@ -280,11 +296,23 @@ impl Verifier {
                 ))
             })
             .ok();
+        let s = shared.clone();
+        let thaw = std::thread::Builder::new()
+            .name("cuslice-thaw".into())
+            .spawn(move || thaw_loop(&s))
+            .map_err(|e| {
+                log(&format!(
+                    "cannot start the thaw thread: {e}; nothing is frozen"
+                ))
+            })
+            .ok();
+        shared.lock().thawing = thaw.is_some();
         Verifier {
             cfg: cfg.clone(),
             dir,
             shared,
             meter,
+            thaw,
             mounts: cgroup::mounts(),
             tracker: Tracker::default(),
             ledger_streak: BTreeMap::new(),
@@ -876,7 +904,7 @@ impl Verifier {
 impl Drop for Verifier {
     fn drop(&mut self) {
         self.stopper().stop();
-        if let Some(t) = self.meter.take() {
+        for t in [self.meter.take(), self.thaw.take()].into_iter().flatten() {
             let _ = t.join();
         }
         let _ = fs::remove_file(self.dir.join(findings::FILE_NAME));
@@ -962,7 +990,43 @@ fn meter_loop(shared: &Shared) {
     }
 }
 
-/// One meter step: new samples into each slice's window and bucket, then freezes and thaws.
+/// The thaw thread: thaws each frozen slice when its time is served, waking when the meter
+/// freezes one and at the earliest end. Takes only the state's lock, never the driver.
+fn thaw_loop(shared: &Shared) {
+    let mut st = shared.lock();
+    while !shared.stop.load(Ordering::SeqCst) {
+        let now = Instant::now();
+        let due: Vec<String> = st
+            .frozen
+            .iter()
+            .filter(|(_, f)| f.until <= now)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in due {
+            let f = st.frozen.remove(&id).expect("listed above");
+            if let Err(e) = f.freezer.thaw() {
+                log(&format!("cannot thaw slice {}: {e}", short(&id)));
+            }
+            st.actions.frozen_seconds += now.duration_since(f.since).as_secs_f64();
+            st.thawed.insert(id, (f.since, now));
+        }
+        let next = st.frozen.values().map(|f| f.until).min();
+        st = match next {
+            Some(t) => {
+                let wait = t.saturating_duration_since(Instant::now());
+                shared
+                    .wake
+                    .wait_timeout(st, wait)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0
+            }
+            None => shared.wake.wait(st).unwrap_or_else(|e| e.into_inner()),
+        };
+    }
+}
+
+/// One meter step: new samples into each slice's window and bucket, then freezes what owes
+/// (the thaw thread thaws).
 fn poll(shared: &Shared) {
     let (nvml, devices, since) = {
         let st = shared.lock();
@@ -1016,12 +1080,13 @@ fn poll(shared: &Shared) {
         }
         clock.forget_before(now_wall, 10_000_000);
     }
-    // Time each slice spent frozen since the last step.
+    // Time each slice spent frozen since the last step (frozen now, or thawed meanwhile).
+    let thawed = std::mem::take(&mut st.thawed);
     let frozen_ns = |id: &str| -> u64 {
-        st.frozen.get(id).map_or(0, |f| {
-            let from = f.since.max(prev);
-            now.saturating_duration_since(from).as_nanos() as u64
-        })
+        let span = |since: Instant, to: Instant| to.saturating_duration_since(since.max(prev));
+        let now_frozen = st.frozen.get(id).map(|f| span(f.since, now));
+        let was_frozen = thawed.get(id).map(|&(since, at)| span(since, at));
+        (now_frozen.unwrap_or_default() + was_frozen.unwrap_or_default()).as_nanos() as u64
     };
     let mut owed: BTreeMap<String, u64> = BTreeMap::new();
     let keys: Vec<(String, String)> = st.meters.keys().cloned().collect();
@@ -1040,22 +1105,12 @@ fn poll(shared: &Shared) {
             }
         }
     }
-    if shared.enforce != Enforce::Stop || shared.stop.load(Ordering::SeqCst) {
+    if shared.enforce != Enforce::Stop || !st.thawing || shared.stop.load(Ordering::SeqCst) {
         return;
     }
-    // Thaw what has served its time; freeze what owes.
-    let ids: Vec<String> = st.frozen.keys().cloned().collect();
-    for id in ids {
-        if st.frozen[&id].until <= now {
-            let f = st.frozen.remove(&id).expect("listed above");
-            if let Err(e) = f.freezer.thaw() {
-                log(&format!("cannot thaw slice {}: {e}", short(&id)));
-            }
-            st.actions.frozen_seconds += now.duration_since(f.since).as_secs_f64();
-            // It runs for at least one step before it may be frozen again.
-            owed.remove(&id);
-        }
-    }
+    // A slice thawed since the last step runs for at least one step before it may be frozen
+    // again.
+    owed.retain(|id, _| !thawed.contains_key(id));
     for (id, ns) in owed {
         if st.frozen.contains_key(&id) {
             continue;
@@ -1093,6 +1148,7 @@ fn poll(shared: &Shared) {
                         until: now + Duration::from_nanos(ns),
                     },
                 );
+                shared.wake.notify_all();
             }
             Err(e) => {
                 if st.unfreezable.insert(id.clone()) {

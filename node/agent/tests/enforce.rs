@@ -292,6 +292,34 @@ fn stop_holds_a_slice_to_its_core_limit_by_freezing() {
     let f = findings(root.path()).unwrap();
     eprintln!("actions: {}", f["actions"]);
     assert!(f["actions"]["freezes"].as_u64().unwrap() > 0, "{f}");
+
+    // A driver that stalls does not keep the slice frozen: with the device's lock held (as a
+    // process frozen in the middle of a driver call holds simgpu's, the agent's driver calls
+    // block), the freeze still ends when its time is served.
+    poll("the container frozen", 30, || {
+        std::fs::read_to_string(&freezer)
+            .is_ok_and(|s| s.trim() == "FROZEN")
+            .then_some(())
+    });
+    let state = simgpu::State::open(&sim.state).unwrap();
+    let stalled = Instant::now();
+    let thawed = {
+        let _lock = state.lock_device(0);
+        let mut thawed = None;
+        while thawed.is_none() && stalled.elapsed() < Duration::from_secs(3) {
+            if std::fs::read_to_string(&freezer).is_ok_and(|s| s.trim() == "THAWED") {
+                thawed = Some(stalled.elapsed());
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        thawed
+    };
+    drop(state);
+    let thawed = thawed.expect("the slice stayed frozen for 3 s while the driver stalled");
+    eprintln!(
+        "thawed {:.0} ms into a stalled driver",
+        thawed.as_secs_f64() * 1000.0
+    );
     // SIGTERM: the agent thaws what it froze before it exits.
     let status = agent.terminate();
     assert!(status.success(), "{status:?}");
