@@ -67,7 +67,8 @@ pub struct Meter {
     limit: u32,
     region: Option<Region>,
     cost: AtomicU64,
-    launches: AtomicU64,
+    /// Launches charged (see `count`: no locked instruction from the launching thread).
+    launches: crate::count::Count,
     throttled: AtomicU64,
     period: Mutex<Period>,
     /// The slice's priority (see `prioritise`).
@@ -190,7 +191,7 @@ pub fn join(s: &Slice, devs: &[Dev]) -> Result<Vec<Meter>, String> {
             limit,
             region,
             cost: AtomicU64::new(INITIAL_COST_NS),
-            launches: AtomicU64::new(0),
+            launches: crate::count::Count::new(),
             throttled: AtomicU64::new(0),
             period: Mutex::new(Period {
                 cursor: SampleCursor::new(wall_us(), PERIOD_NS / 1000),
@@ -240,17 +241,25 @@ fn refill(t: &Tokens<'_>, now: u64, cost: u64) {
 }
 
 impl Meter {
-    /// Charges one launch; sleeps while the slice owes device time.
+    /// Charges one launch; sleeps while the slice owes device time. Inlined into the gate: the
+    /// launch under budget makes no call here.
+    #[inline(always)]
     fn charge(&self, ledger: &Ledger, t: Tokens<'_>) {
         let cost = self.cost.load(Ordering::Relaxed);
-        self.launches.fetch_add(1, Ordering::Relaxed);
+        self.launches.add_one();
         if t.share.load(Ordering::Relaxed) >= FULL {
             return;
         }
         let left = t.tokens.fetch_sub(cost as i64, Ordering::Relaxed) - cost as i64;
-        if left >= 0 {
-            return;
+        if left < 0 {
+            self.hold(ledger, t, cost);
         }
+    }
+
+    /// A launch that took the slice's tokens below zero waits until they are earned back.
+    #[cold]
+    #[inline(never)]
+    fn hold(&self, ledger: &Ledger, t: Tokens<'_>, cost: u64) {
         self.throttled.fetch_add(1, Ordering::Relaxed);
         let held_from = now_ns();
         let mut now = held_from;
@@ -276,7 +285,7 @@ impl Meter {
             return false;
         };
         let mut p = self.period.lock();
-        let launches = self.launches.load(Ordering::Relaxed);
+        let launches = self.launches.total();
         let throttled = self.throttled.load(Ordering::Relaxed);
         let (d_launches, d_throttled) = (launches - p.launches, throttled - p.throttled);
         (p.launches, p.throttled) = (launches, throttled);
@@ -479,8 +488,20 @@ impl Meter {
     }
 
     /// Priority, after the launch was charged: a high-priority process publishes when its work
-    /// is expected done; a process that yields holds the launch (see `priority::admit`).
+    /// is expected done; a process that yields holds the launch (see `priority::admit`). The
+    /// check that there is nothing to do is inlined into the gate.
+    #[inline(always)]
     fn prioritise(&self, stream: CUstream, ptsz: bool) {
+        if self.region.is_some()
+            && (self.publishes.load(Ordering::Relaxed) || self.yields.load(Ordering::Relaxed))
+        {
+            self.prioritise_slow(stream, ptsz);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn prioritise_slow(&self, stream: CUstream, ptsz: bool) {
         let Some(r) = &self.region else {
             return;
         };
@@ -645,6 +666,7 @@ fn gate_open() -> bool {
 /// Every launch the fast path does not let through passes here first (one call: the metered
 /// charge, which every launch under a core limit makes, is inlined here). `stream` (the launch's
 /// stream; `ptsz`: a `_ptsz` entry point) is only evaluated on the metered path, for priority.
+#[inline(always)]
 fn gate(stream: impl FnOnce() -> CUstream, ptsz: bool) {
     if !STARTED.load(Ordering::Relaxed) {
         start();

@@ -24,6 +24,7 @@ pub mod agent;
 pub mod array;
 pub mod compute;
 pub mod context;
+pub mod count;
 
 pub mod dlmopen;
 pub mod dlsym;
