@@ -286,26 +286,13 @@ impl Verifier {
             }),
             wake: Condvar::new(),
         });
-        let s = shared.clone();
-        let meter = std::thread::Builder::new()
-            .name("cuslice-meter".into())
-            .spawn(move || meter_loop(&s))
-            .map_err(|e| {
-                log(&format!(
-                    "cannot start the meter thread: {e}; compute is not checked"
-                ))
-            })
-            .ok();
-        let s = shared.clone();
-        let thaw = std::thread::Builder::new()
-            .name("cuslice-thaw".into())
-            .spawn(move || thaw_loop(&s))
-            .map_err(|e| {
-                log(&format!(
-                    "cannot start the thaw thread: {e}; nothing is frozen"
-                ))
-            })
-            .ok();
+        let meter = spawn(
+            &shared,
+            "cuslice-meter",
+            meter_loop,
+            "compute is not checked",
+        );
+        let thaw = spawn(&shared, "cuslice-thaw", thaw_loop, "nothing is frozen");
         shared.lock().thawing = thaw.is_some();
         Verifier {
             cfg: cfg.clone(),
@@ -981,6 +968,21 @@ fn environ(pid: i32, name: &str) -> Option<String> {
 }
 
 // ---- the meter thread -------------------------------------------------------------------------
+
+/// Starts one of the verifier's threads; None (and a line saying what is lost) if it cannot.
+fn spawn(
+    shared: &Arc<Shared>,
+    name: &str,
+    body: fn(&Shared),
+    lost: &str,
+) -> Option<JoinHandle<()>> {
+    let s = shared.clone();
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || body(&s))
+        .map_err(|e| log(&format!("cannot start the {name} thread: {e}; {lost}")))
+        .ok()
+}
 
 fn meter_loop(shared: &Shared) {
     while !shared.stop.load(Ordering::SeqCst) {
