@@ -100,6 +100,15 @@ fn poll<T>(what: &str, secs: u64, mut f: impl FnMut() -> Option<T>) -> T {
     }
 }
 
+/// Waits up to 30 s for the kernel to report the v1 freezer cgroup `state` FROZEN.
+fn wait_frozen(state: &Path) {
+    poll("the container frozen", 30, || {
+        std::fs::read_to_string(state)
+            .is_ok_and(|s| s.trim() == "FROZEN")
+            .then_some(())
+    });
+}
+
 /// The agent's findings.json, if written.
 fn findings(root: &Path) -> Option<Value> {
     let t = std::fs::read_to_string(root.join("agent-state/findings.json")).ok()?;
@@ -253,11 +262,7 @@ fn stop_holds_a_slice_to_its_core_limit_by_freezing() {
     let started = Instant::now();
     let pid = c.host_pid();
     let freezer = PathBuf::from(format!("/sys/fs/cgroup/freezer/{n}/freezer.state"));
-    poll("the container frozen", 30, || {
-        std::fs::read_to_string(&freezer)
-            .is_ok_and(|s| s.trim() == "FROZEN")
-            .then_some(())
-    });
+    wait_frozen(&freezer);
     eprintln!(
         "first frozen {:.2} s after the workload started",
         started.elapsed().as_secs_f64()
@@ -296,11 +301,7 @@ fn stop_holds_a_slice_to_its_core_limit_by_freezing() {
     // A driver that stalls does not keep the slice frozen: with the device's lock held (as a
     // process frozen in the middle of a driver call holds simgpu's, the agent's driver calls
     // block), the freeze still ends when its time is served.
-    poll("the container frozen", 30, || {
-        std::fs::read_to_string(&freezer)
-            .is_ok_and(|s| s.trim() == "FROZEN")
-            .then_some(())
-    });
+    wait_frozen(&freezer);
     let state = simgpu::State::open(&sim.state).unwrap();
     let stalled = Instant::now();
     let thawed = {
@@ -333,11 +334,7 @@ fn stop_holds_a_slice_to_its_core_limit_by_freezing() {
 
     // SIGKILL while frozen: nothing can thaw then, so the next agent does.
     let mut second = Agent::start(&sim, root.path(), &["--enforce", "stop"]);
-    poll("the container frozen", 30, || {
-        std::fs::read_to_string(&freezer)
-            .is_ok_and(|s| s.trim() == "FROZEN")
-            .then_some(())
-    });
+    wait_frozen(&freezer);
     second.kill9();
     let left = std::fs::read_to_string(&freezer).unwrap();
     let _third = Agent::start(&sim, root.path(), &["--enforce", "report"]);
