@@ -4,18 +4,22 @@
 //! /run/cuslice/lock                          serialises the hooks of concurrent containers
 //! /run/cuslice/agent/               (0755)   the node agent's socket (agent.sock), mounted
 //!                                            read-only at /run/cuslice/agent in containers
+//! /run/cuslice/skel/                (0755)   mounted read-only at /run/cuslice in every
+//!                                            container; made once, shared, never deleted
+//!   slice/                                   mount point: the container's mnt/slice
+//!   node/                                    mount point: the node's compute regions
+//!   agent/                                   mount point: the node agent's directory
+//!   lib/libcuslice.so               (0644)   mount point: the interposer's loader
+//!   lib/libcuslice_core.so          (0644)   mount point: the interposer's core
 //! /run/cuslice/trash/               (0700)   removed containers' directories, deleted after
 //!                                            `poststop` has answered (`Root::discard`)
 //! /run/cuslice/containers/          (0700)
 //!   <id>/record.json                         the hook's record: init pid + start time, rootfs,
 //!                                            the mount points it had to make in the rootfs
-//!   <id>/mnt/                       (0755)   mounted read-only at /run/cuslice in the container
-//!     slice/config                  (0644)   the authoritative limits (read-only inside)
-//!     slice/ledger                  (0666)   the slice's memory ledger (the one writable file)
-//!     node/                                  mount point: the node's compute regions
-//!     lib/libcuslice.so                      mount point: the interposer's loader (read-only)
-//!     lib/libcuslice_core.so                 mount point: the interposer's core (read-only)
-//!     agent/                                 mount point: the node agent's directory
+//!   <id>/mnt/                       (0755)
+//!     slice/                        (0755)   mounted read-only at /run/cuslice/slice
+//!       config                      (0644)   the authoritative limits
+//!       ledger                      (0666)   the slice's memory ledger (the one writable file)
 //!     ld.so.preload                 (0644)   bind-mounted read-only at /etc/ld.so.preload
 //! ```
 //!
@@ -34,6 +38,16 @@ use serde::{Deserialize, Serialize};
 use crate::rootfs::Rootfs;
 
 pub const DEFAULT_ROOT: &str = "/run/cuslice";
+/// The skeleton's entries, parents first: (path in it, whether a directory).
+const SKELETON: [(&str, bool); 7] = [
+    ("", true),
+    ("slice", true),
+    ("node", true),
+    ("agent", true),
+    ("lib", true),
+    ("lib/libcuslice.so", false),
+    ("lib/libcuslice_core.so", false),
+];
 const RECORD: &str = "record.json";
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -201,8 +215,44 @@ impl Root {
             .collect()
     }
 
-    /// Makes the directory the container will see (everything in the layout above but the
-    /// record), replacing any leftover of the same id. Requires the lock.
+    /// The tree mounted read-only at /run/cuslice in every container: empty mount points for the
+    /// slice's own directory and the node's shared files, the same for every container.
+    pub fn skeleton(&self) -> PathBuf {
+        self.path.join("skel")
+    }
+
+    /// Makes what is missing of the skeleton (see the layout above) and returns its path. It is
+    /// made once per node and never deleted: its entries are mount points in running
+    /// containers. Requires the lock.
+    pub fn make_skeleton(&self) -> io::Result<PathBuf> {
+        let skel = self.skeleton();
+        for (rel, dir) in SKELETON {
+            let path = skel.join(rel);
+            match fs::symlink_metadata(&path) {
+                Ok(found) if found.is_dir() == dir && (dir || found.is_file()) => {}
+                Ok(_) => {
+                    let want = if dir { "a directory" } else { "a regular file" };
+                    return Err(io::Error::other(format!(
+                        "{} is not {want}; remove it and the next hook makes it again",
+                        path.display()
+                    )));
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    if dir {
+                        make_dir(&path, 0o755)?;
+                    } else {
+                        write_new(&path, b"", 0o644)?;
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(skel)
+    }
+
+    /// Makes the container's own state (everything under `containers/<id>/` in the layout above
+    /// but the record and `ld.so.preload`), replacing any leftover of the same id. Returns its
+    /// `mnt` directory. Requires the lock.
     pub fn create(&self, id: &str, config: &str) -> io::Result<PathBuf> {
         let dir = self.dir(id);
         if dir.exists() {
@@ -212,21 +262,18 @@ impl Root {
         // Each path is made once with its final mode, and written once: nothing else can see
         // the directory before its record exists (a directory without one is a hook's half-made
         // work, see `sweep`), so no temporary files and renames are needed until the record.
+        // Every path here is made again and deleted again for each container, which is why
+        // the mount points all containers share live in the skeleton instead (issue #18).
         let made = (|| {
             make_dir(&dir, 0o755)?;
             make_dir(&mnt, 0o755)?;
-            for sub in ["slice", "node", "lib", "agent"] {
-                make_dir(&mnt.join(sub), 0o755)?;
-            }
+            make_dir(&mnt.join("slice"), 0o755)?;
             write_new(&mnt.join("slice/config"), config.as_bytes(), 0o644)?;
+            // Every process in the container updates the ledger, whatever user it runs as.
+            cuslice_state::ledger::Ledger::create_file(&mnt.join("slice/ledger"), 0o666)
+                .map_err(|e| io::Error::other(e.to_string()))
             // ld.so.preload is written when the mounts are made, from the image's own file
             // (inject.rs).
-            write_new(&mnt.join("lib/libcuslice.so"), b"", 0o644)?;
-            write_new(&mnt.join("lib").join(crate::hook::CORE_FILE), b"", 0o644)?;
-            cuslice_state::ledger::Ledger::open_dir(&mnt.join("slice"))
-                .map_err(|e| io::Error::other(e.to_string()))?;
-            // Every process in the container updates the ledger, whatever user it runs as.
-            fs::set_permissions(mnt.join("slice/ledger"), fs::Permissions::from_mode(0o666))
         })();
         if let Err(e) = made {
             let _ = fs::remove_dir_all(&dir);
@@ -249,7 +296,7 @@ impl Root {
 
     /// `remove`, except that the container's directory is moved into `trash` (one rename)
     /// rather than deleted file by file: `poststop` answers at once and deletes it after
-    /// (`empty_trash`). Where the state root is on a disk file system, deleting the dozen files
+    /// (`empty_trash`). Where the state root is on a disk file system, deleting the files
     /// and directories of a slice took most of `poststop`'s time (1 to 30 ms on a busy disk,
     /// issue #18). The rootfs's mount points still go at once: the bundle is the engine's.
     /// Requires the lock.
@@ -329,6 +376,7 @@ impl Root {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::MetadataExt;
 
     #[test]
     fn ids() {
@@ -344,6 +392,44 @@ mod tests {
         assert!(start_time(me).is_some());
         assert_eq!(start_time(me), start_time(me));
         assert_eq!(start_time(i32::MAX), None);
+    }
+
+    #[test]
+    fn the_skeleton_is_made_once_mended_where_missing_and_never_removed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = Root::new(tmp.path());
+        let _l = root.lock().unwrap();
+        let skel = root.make_skeleton().unwrap();
+        let kinds = |skel: &Path| -> Vec<(String, bool)> {
+            SKELETON
+                .iter()
+                .map(|(rel, _)| {
+                    let m = fs::symlink_metadata(skel.join(rel)).unwrap();
+                    (rel.to_string(), m.is_dir())
+                })
+                .collect()
+        };
+        let want: Vec<(String, bool)> = SKELETON.iter().map(|(r, d)| (r.to_string(), *d)).collect();
+        assert_eq!(kinds(&skel), want);
+        // The mount points inject.rs mounts the interposer on.
+        assert!(skel.join("lib").join(crate::hook::CORE_FILE).is_file());
+        // A missing entry is made again; the others are left as they are.
+        fs::remove_file(skel.join("lib/libcuslice.so")).unwrap();
+        let node = fs::metadata(skel.join("node")).unwrap().ino();
+        root.make_skeleton().unwrap();
+        assert_eq!(kinds(&skel), want);
+        assert_eq!(fs::metadata(skel.join("node")).unwrap().ino(), node);
+        // An entry of the wrong kind is refused with one line, not replaced: it may be a mount
+        // point in a running container.
+        fs::remove_dir(skel.join("agent")).unwrap();
+        fs::write(skel.join("agent"), "").unwrap();
+        let err = root.make_skeleton().unwrap_err().to_string();
+        assert!(err.contains("agent is not a directory"), "{err}");
+        assert!(!err.contains('\n'), "{err}");
+        // Sweeping and emptying the trash leave it alone.
+        root.sweep();
+        root.empty_trash();
+        assert!(skel.join("node").is_dir());
     }
 
     #[test]

@@ -448,6 +448,8 @@ pub fn cannot_lift(engine: &dyn Engine) {
                   echo > /etc/ld.so.preload && echo EDITED-PRELOAD; \
                   umount /etc/ld.so.preload 2>/dev/null && echo UNMOUNTED; \
                   rm -f /run/cuslice/slice/ledger && echo REMOVED-LEDGER; \
+                  touch /run/cuslice/slice/extra 2>/dev/null && echo EDITED-SLICE; \
+                  touch /run/cuslice/shared-by-all 2>/dev/null && echo EDITED-SKELETON; \
                   unset LD_PRELOAD; exec env -u LD_PRELOAD CUSLICE_MEMORY_LIMIT=64GiB CUDA_DEVICE_MEMORY_LIMIT=64g \
                   cuda-workload fill --family mem --chunk 64MiB --hold 60";
     let mut c = engine.spawn(
@@ -466,6 +468,8 @@ pub fn cannot_lift(engine: &dyn Engine) {
         "EDITED-PRELOAD",
         "UNMOUNTED",
         "REMOVED-LEDGER",
+        "EDITED-SLICE",
+        "EDITED-SKELETON",
     ] {
         assert!(!said.iter().any(|l| l == done), "{done}: {said:?}");
     }
@@ -473,6 +477,9 @@ pub fn cannot_lift(engine: &dyn Engine) {
     let (used, peak) = held_by(&sim, c.host_pid());
     assert!(peak <= GIB, "peak {peak} > 1 GiB");
     assert!(used >= GIB - 128 * MIB, "held {used}");
+    // /run/cuslice is the node's one skeleton of mount points, shared by every container: no
+    // container can add to it.
+    assert!(!Path::new(STATE_ROOT).join("skel/shared-by-all").exists());
     // Refused by the kernel, as the shell in the container says.
     for file in ["/run/cuslice/slice/config", "/etc/ld.so.preload"] {
         let want = format!("can't create {file}: Read-only file system");
