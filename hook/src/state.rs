@@ -269,11 +269,11 @@ impl Root {
             make_dir(&mnt, 0o755)?;
             make_dir(&mnt.join("slice"), 0o755)?;
             write_new(&mnt.join("slice/config"), config.as_bytes(), 0o644)?;
-            // Every process in the container updates the ledger, whatever user it runs as.
+            // ld.so.preload is written when the mounts are made, from the image's own file
+            // (inject.rs). Every process in the container updates the ledger, whatever user it
+            // runs as.
             cuslice_state::ledger::Ledger::create_file(&mnt.join("slice/ledger"), 0o666)
                 .map_err(|e| io::Error::other(e.to_string()))
-            // ld.so.preload is written when the mounts are made, from the image's own file
-            // (inject.rs).
         })();
         if let Err(e) = made {
             let _ = fs::remove_dir_all(&dir);
