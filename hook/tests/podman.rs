@@ -19,6 +19,7 @@ use common::podman::engine;
 use common::*;
 
 engine_scenarios!(engine());
+hostile_scenarios!(engine());
 
 /// Two claims' CDI devices on one simulated device, each container held to its claim's cap.
 #[test]

@@ -32,6 +32,7 @@ impl Engine for Runc {
 }
 
 engine_scenarios!(&Runc);
+hostile_scenarios!(&Runc);
 
 /// The demo's three containers, with the node agent: shares hold (checked against the simulator).
 #[test]

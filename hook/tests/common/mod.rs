@@ -10,6 +10,7 @@
 
 pub mod cdi;
 pub mod containerd;
+pub mod hostile;
 pub mod podman;
 pub mod runc;
 pub mod shares;

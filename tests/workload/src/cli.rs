@@ -134,6 +134,8 @@ pub enum Scenario {
         max_ns, and start_mono_ns / end_mono_ns (CLOCK_MONOTONIC) of the reported probes."
     )]
     Probe(ProbeArgs),
+    /// A hostile tenant: attack the cuslice state the container can reach (see `tamper.rs`)
+    Tamper(crate::tamper::TamperArgs),
     /// Only resolve the entry points and report how (no cuInit)
     Resolve,
 }
@@ -151,6 +153,7 @@ impl Scenario {
             Scenario::BenchAlloc(_) => "bench-alloc",
             Scenario::BenchLaunch(_) => "bench-launch",
             Scenario::Probe(_) => "probe",
+            Scenario::Tamper(_) => "tamper",
             Scenario::Resolve => "resolve",
         }
     }
@@ -218,6 +221,11 @@ fn run(cli: &Cli, route: Route, direct: Option<fn() -> Driver>) -> u8 {
         resolved(&opts, &driver, &resolution);
         return 0;
     }
+    if let Scenario::Tamper(a) = &cli.scenario
+        && a.init_only
+    {
+        return crate::tamper::init_only(&driver, a.secs);
+    }
     let missing = driver.missing();
     if !missing.is_empty() {
         eprintln!(
@@ -254,6 +262,7 @@ fn scenario(cli: &Cli, route: Route, driver: &Driver) -> Result<(), Failure> {
         Scenario::BenchAlloc(a) => scenarios::bench_alloc(&session, a)?,
         Scenario::BenchLaunch(a) => scenarios::bench_launch(&session, a)?,
         Scenario::Probe(a) => scenarios::probe(&session, a)?,
+        Scenario::Tamper(a) => crate::tamper::tamper(a),
         Scenario::Resolve => {}
     }
     session.close()?;

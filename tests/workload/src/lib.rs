@@ -6,6 +6,7 @@
 //! - [`kernels`]: the spin kernel (PTX, or the simulator's text image) launching scenarios use.
 //! - [`nvml`]: what NVML reports.
 //! - [`scenarios`]: info, fill, hold, launch, memcpy, churn, bench-alloc.
+//! - [`tamper`]: a hostile tenant attacking cuslice's state from inside a container.
 //! - [`cli`]: the command line shared by `cuda-workload` and `cuda-workload-linked`.
 
 mod functions;
@@ -17,3 +18,4 @@ pub mod nvml;
 pub mod out;
 pub mod requests;
 pub mod scenarios;
+pub mod tamper;

@@ -1554,7 +1554,7 @@ fn report_errors(errors: &[CuError]) -> Result<(), Failure> {
 
 /// CLOCK_MONOTONIC in nanoseconds (the clock Python's `time.monotonic_ns` reads), so that runs of
 /// several processes can be lined up.
-fn monotonic_ns() -> u64 {
+pub(crate) fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,

@@ -1,0 +1,328 @@
+//! A hostile tenant (`cuda-workload tamper`) attacks whatever cuslice state its container can
+//! reach, and the other containers on the node must not notice: their shares, their admission and
+//! their start-up, judged by the simulator's count and by whether they start at all.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::BufRead;
+use std::os::fd::AsRawFd;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use cuslice_test_harness::{Sim, bin_dir};
+use serde_json::Value;
+
+use super::{Container, Engine, Spec, name};
+
+/// 1 ms kernels back to back.
+const KERNELS: &str = "cuda-workload launch --ns-per-block 1000 --blocks 1000";
+
+/// Reads the container's JSON lines until one whose event is `event`, for at most `secs`
+/// (a process hung in cuInit prints nothing: `lines_until` would wait for ever). None: the time
+/// ran out, or the container ended first.
+pub fn within(c: &mut dyn Container, event: &str, secs: u64) -> Option<(Vec<Value>, Value)> {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let mut before = Vec::new();
+    loop {
+        if c.stdout().buffer().is_empty() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            let mut fds = [libc::pollfd {
+                fd: c.stdout().get_ref().as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            }];
+            // SAFETY: one valid pollfd for the length passed.
+            let n = unsafe { libc::poll(fds.as_mut_ptr(), 1, left.as_millis() as i32) };
+            if n <= 0 {
+                continue;
+            }
+        }
+        let mut line = String::new();
+        if c.stdout().read_line(&mut line).unwrap_or(0) == 0 {
+            return None;
+        }
+        if let Ok(v) = serde_json::from_str::<Value>(&line) {
+            if v["event"] == event {
+                return Some((before, v));
+            }
+            before.push(v);
+        }
+    }
+}
+
+fn spawn<'e>(
+    engine: &'e dyn Engine,
+    sim: &Sim,
+    what: &str,
+    env: &[&str],
+    script: &str,
+) -> Box<dyn Container + 'e> {
+    let n = name(what);
+    engine.spawn(
+        sim,
+        &Spec {
+            name: &n,
+            env,
+            cmd: &["sh", "-c", script],
+            read_only: false,
+        },
+    )
+}
+
+/// Device time (ns) per host pid, by the simulator's count.
+fn device_times(sim: &Sim) -> BTreeMap<i64, u64> {
+    let d = sim.device(0);
+    ["processes", "exited"]
+        .iter()
+        .flat_map(|k| d[*k].as_array().cloned().unwrap_or_default())
+        .map(|p| {
+            (
+                p["pid"].as_i64().unwrap(),
+                p["device_time_ns"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// Each pid's share of the device (%) over `secs`, by the simulator's count.
+fn shares(sim: &Sim, pids: &[i32], secs: f64) -> Vec<f64> {
+    let (t0, a) = (Instant::now(), device_times(sim));
+    std::thread::sleep(Duration::from_secs_f64(secs));
+    let (t1, b) = (Instant::now(), device_times(sim));
+    let span = (t1 - t0).as_nanos() as f64;
+    pids.iter()
+        .map(|p| {
+            let p = *p as i64;
+            let used = b.get(&p).copied().unwrap_or(0) - a.get(&p).copied().unwrap_or(0);
+            100.0 * used as f64 / span
+        })
+        .collect()
+}
+
+/// What the tenant said it tried and managed.
+fn managed(lines: &[Value]) -> Vec<String> {
+    lines
+        .iter()
+        .filter(|v| v["event"] == "tampered" && v["ok"] == true)
+        .map(|v| format!("{} {}", v["what"], v["path"]))
+        .collect()
+}
+
+/// Two containers at once: no file or directory cuslice mounts is writable from both. Each
+/// may write its own slice's files; the node agent's socket is the one thing they share.
+pub fn nothing_shared_is_writable(engine: &dyn Engine) {
+    let sim = Sim::new(&["--memory", "8GiB"]);
+    let survey = "exec cuda-workload tamper --survey --secs 30";
+    let mut a = spawn(engine, &sim, "survey-a", &["CUSLICE_MEMORY_LIMIT=1GiB"], survey);
+    let mut b = spawn(
+        engine,
+        &sim,
+        "survey-b",
+        &["CUSLICE_MEMORY_LIMIT=1GiB", "CUSLICE_CORE_LIMIT=30"],
+        survey,
+    );
+    let mut writable = Vec::new();
+    for c in [&mut a, &mut b] {
+        let (lines, _) = within(c.as_mut(), "ready", 60)
+            .unwrap_or_else(|| panic!("the survey did not finish: {}", c.stderr()));
+        let mine: BTreeMap<(u64, u64), String> = lines
+            .iter()
+            .filter(|v| v["event"] == "writable")
+            .map(|v| {
+                (
+                    (v["dev"].as_u64().unwrap(), v["ino"].as_u64().unwrap()),
+                    v["path"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect();
+        writable.push(mine);
+    }
+    a.remove();
+    b.remove();
+    let a_keys: BTreeSet<_> = writable[0].keys().collect();
+    let shared: Vec<&String> = writable[1]
+        .iter()
+        .filter(|(k, _)| a_keys.contains(k))
+        .map(|(_, p)| p)
+        .collect();
+    assert!(
+        shared.is_empty(),
+        "both containers can write {shared:?} (first container: {:?}; second: {:?})",
+        writable[0].values().collect::<Vec<_>>(),
+        writable[1].values().collect::<Vec<_>>()
+    );
+    // Each can write its own ledger: the library's own bookkeeping needs it.
+    for w in &writable {
+        assert!(
+            w.values().any(|p| p == "/run/cuslice/slice/ledger"),
+            "{w:?}"
+        );
+    }
+}
+
+/// A tenant with only a memory cap forges the node's compute state for every device (the
+/// whole device claimed, high priority, high-priority work always in flight) and takes more
+/// places in the arbitration than there are: a container with a core request beside it is
+/// still admitted and gets the idle device, and another container with a request is admitted.
+pub fn forged_claims_take_nothing(engine: &dyn Engine) {
+    let sim = Sim::new(&["--memory", "8GiB"]);
+    // Something of the victim's first, so that the device's state exists to be attacked.
+    let mut first = spawn(
+        engine,
+        &sim,
+        "first",
+        &["CUSLICE_MEMORY_LIMIT=1GiB"],
+        "exec cuda-workload hold --bytes 1MiB --secs 120",
+    );
+    within(first.as_mut(), "holding", 60)
+        .unwrap_or_else(|| panic!("the first container did not start: {}", first.stderr()));
+    let mut tenant = spawn(
+        engine,
+        &sim,
+        "forger",
+        &["CUSLICE_MEMORY_LIMIT=4GiB"],
+        "exec cuda-workload tamper --forge --flood 260 --secs 90",
+    );
+    let (tried, _) = within(tenant.as_mut(), "ready", 120)
+        .unwrap_or_else(|| panic!("the tenant did not get ready: {}", tenant.stderr()));
+    let done = managed(&tried);
+    // A container with a core request half the device: admitted, and alone in using the
+    // device, it gets all of it (its limit is the whole device).
+    let mut victim = spawn(
+        engine,
+        &sim,
+        "victim",
+        &["CUSLICE_MEMORY_LIMIT=1GiB", "CUSLICE_CORE_REQUEST=50"],
+        &format!("exec {KERNELS} --secs 60"),
+    );
+    let started = within(victim.as_mut(), "start", 30);
+    assert!(
+        started.is_some(),
+        "a container with CUSLICE_CORE_REQUEST=50 did not start beside the tenant (which \
+         managed {done:?}): {}",
+        victim.stderr()
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let alone = shares(&sim, &[victim.host_pid()], 4.0)[0];
+    // A second container with a request: admitted as well (50 + 40 <= 100).
+    let mut second = spawn(
+        engine,
+        &sim,
+        "second",
+        &["CUSLICE_MEMORY_LIMIT=1GiB", "CUSLICE_CORE_REQUEST=40"],
+        &format!("exec {KERNELS} --secs 60"),
+    );
+    let second_started = within(second.as_mut(), "start", 30);
+    let second_err = second.stderr();
+    std::thread::sleep(Duration::from_secs(3));
+    let both = shares(&sim, &[victim.host_pid(), second.host_pid()], 4.0);
+    for c in [tenant, victim, second, first] {
+        c.remove();
+    }
+    assert!(
+        alone >= 90.0,
+        "the container with a request got {alone:.1}% of an otherwise idle device beside the \
+         tenant (which managed {done:?})"
+    );
+    assert!(
+        second_started.is_some(),
+        "a second container with CUSLICE_CORE_REQUEST=40 was not admitted: {second_err}"
+    );
+    assert!(
+        both[0] >= 47.0 && both[0] + both[1] >= 90.0,
+        "requests 50 and 40 beside the tenant got {both:.1?}% (which managed {done:?})"
+    );
+}
+
+/// A tenant replaces, links over and locks whatever node state it can: a new CUDA process in
+/// another container still starts at once, and so does `cuslice set` on the host after the
+/// tenant is gone.
+pub fn replaced_state_hangs_nobody(engine: &dyn Engine) {
+    let sim = Sim::new(&["--memory", "8GiB"]);
+    let mut first = spawn(
+        engine,
+        &sim,
+        "first",
+        &["CUSLICE_MEMORY_LIMIT=1GiB", "CUSLICE_CORE_LIMIT=50"],
+        "exec cuda-workload hold --bytes 1MiB --secs 120",
+    );
+    within(first.as_mut(), "holding", 60)
+        .unwrap_or_else(|| panic!("the first container did not start: {}", first.stderr()));
+    let mut tenant = spawn(
+        engine,
+        &sim,
+        "replacer",
+        &["CUSLICE_MEMORY_LIMIT=1GiB"],
+        "exec cuda-workload tamper --replace --secs 60",
+    );
+    let (tried, _) = within(tenant.as_mut(), "ready", 60)
+        .unwrap_or_else(|| panic!("the tenant did not get ready: {}", tenant.stderr()));
+    let done = managed(&tried);
+    let mut victim = spawn(
+        engine,
+        &sim,
+        "victim",
+        &["CUSLICE_MEMORY_LIMIT=1GiB", "CUSLICE_CORE_LIMIT=30"],
+        &format!("exec {KERNELS} --secs 60"),
+    );
+    let started = within(victim.as_mut(), "start", 20);
+    let victim_err = victim.stderr();
+    let victim_id = victim.id();
+    tenant.remove();
+    // The host's tool, once the tenant has gone: answers, whatever it answers.
+    let t0 = Instant::now();
+    let mut set = Command::new(bin_dir().join("cuslice"))
+        .args(["set", &victim_id, "--core-limit", "40"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut answered = None;
+    while t0.elapsed() < Duration::from_secs(10) {
+        if let Some(s) = set.try_wait().unwrap() {
+            answered = Some(s);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if answered.is_none() {
+        let _ = set.kill();
+        let _ = set.wait();
+    }
+    victim.remove();
+    first.remove();
+    assert!(
+        started.is_some(),
+        "a CUDA process in another container did not start within 20 s after the tenant \
+         managed {done:?}: {victim_err}"
+    );
+    assert!(
+        answered.is_some(),
+        "`cuslice set` on the host did not answer within 10 s after the tenant (which managed \
+         {done:?}) had gone"
+    );
+}
+
+/// The scenarios as `#[test]`s of an engine's test binary.
+#[macro_export]
+macro_rules! hostile_scenarios {
+    ($engine:expr) => {
+        #[test]
+        fn hostile_two_containers_share_nothing_writable() {
+            $crate::common::root_required();
+            $crate::common::hostile::nothing_shared_is_writable($engine);
+        }
+        #[test]
+        fn hostile_forged_claims_take_nothing_from_a_neighbour() {
+            $crate::common::root_required();
+            $crate::common::hostile::forged_claims_take_nothing($engine);
+        }
+        #[test]
+        fn hostile_replaced_or_locked_state_hangs_nobody() {
+            $crate::common::root_required();
+            $crate::common::hostile::replaced_state_hangs_nobody($engine);
+        }
+    };
+}

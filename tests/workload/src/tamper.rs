@@ -1,0 +1,313 @@
+//! `tamper`: a hostile tenant. A process in a container that attacks whatever cuslice state it
+//! can reach under `/run/cuslice`, the way someone who has read cuslice's source would, so that
+//! tests can check it changes nothing for the other containers on the node. It reports every
+//! attempt as a JSON line (`tampered`, with `ok` and the error where the kernel refused), then
+//! `ready`, and keeps what it did in place for `--secs`.
+
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use serde_json::json;
+
+use crate::out::emit;
+
+#[derive(Clone, Debug, Args)]
+pub struct TamperArgs {
+    /// Report every file and directory under --root that this process can write (a `writable`
+    /// line each, with its device and inode), and every socket (a `socket` line)
+    #[arg(long)]
+    pub survey: bool,
+    /// Claim the whole of every device the node arbitrates, with high priority and high
+    /// priority work always in flight, and keep the claims fresh
+    #[arg(long)]
+    pub forge: bool,
+    /// Start this many more processes that initialise CUDA and stay (each takes whatever place
+    /// a process takes in the node's compute arbitration)
+    #[arg(long, default_value_t = 0)]
+    pub flood: u32,
+    /// Replace every file it can under --root/node with a FIFO and every directory entry it
+    /// can with a dangling symlink, and hold an exclusive lock on every file it can open
+    #[arg(long)]
+    pub replace: bool,
+    /// How long to keep it up after `ready`
+    #[arg(long, value_parser = parse_secs, default_value = "0")]
+    pub secs: f64,
+    /// Where cuslice's state is mounted in the container
+    #[arg(long, default_value = "/run/cuslice")]
+    pub root: PathBuf,
+    /// (A flood process: initialise CUDA, say so, and sleep.)
+    #[arg(long, hide = true)]
+    pub init_only: bool,
+}
+
+fn parse_secs(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        _ => Err(format!("{s:?} is not a number of seconds >= 0")),
+    }
+}
+
+fn attempt(what: &str, path: &Path, r: std::io::Result<()>) -> bool {
+    emit(
+        "tampered",
+        json!({
+            "what": what,
+            "path": path.display().to_string(),
+            "ok": r.is_ok(),
+            "error": r.as_ref().err().map(|e| e.to_string()),
+        }),
+    );
+    r.is_ok()
+}
+
+/// Everything under `root` (not following symlinks), at most `depth` levels down.
+fn walk(root: &Path, depth: u32, out: &mut Vec<(PathBuf, std::fs::Metadata)>) {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let path = e.path();
+        let Ok(m) = std::fs::symlink_metadata(&path) else {
+            continue;
+        };
+        let dir = m.is_dir();
+        out.push((path.clone(), m));
+        if dir && depth > 0 {
+            walk(&path, depth - 1, out);
+        }
+    }
+}
+
+fn everything(root: &Path) -> Vec<(PathBuf, std::fs::Metadata)> {
+    let mut out = Vec::new();
+    if let Ok(m) = std::fs::symlink_metadata(root) {
+        out.push((root.to_path_buf(), m));
+    }
+    walk(root, 6, &mut out);
+    out
+}
+
+/// Whether this process can write `path` (opening a file for writing changes nothing; a
+/// directory is tried by making and removing an entry in it).
+fn can_write(path: &Path, m: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::OpenOptionsExt;
+    if m.is_dir() {
+        let probe = path.join(format!(".tamper-{}", std::process::id()));
+        let made = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&probe)
+            .is_ok();
+        if made {
+            let _ = std::fs::remove_file(&probe);
+        }
+        return made;
+    }
+    if m.file_type().is_fifo() || m.file_type().is_socket() || m.file_type().is_symlink() {
+        return false;
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .is_ok()
+}
+
+pub fn survey(root: &Path) {
+    for (path, m) in everything(root) {
+        let kind = if m.is_dir() {
+            "dir"
+        } else if m.file_type().is_socket() {
+            emit(
+                "socket",
+                json!({"path": path.display().to_string(), "dev": m.dev(), "ino": m.ino()}),
+            );
+            continue;
+        } else {
+            "file"
+        };
+        if can_write(&path, &m) {
+            emit(
+                "writable",
+                json!({
+                    "path": path.display().to_string(),
+                    "kind": kind,
+                    "dev": m.dev(),
+                    "ino": m.ino(),
+                }),
+            );
+        }
+    }
+}
+
+fn mkfifo(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(std::io::Error::other)?;
+    // SAFETY: a NUL-terminated path that outlives the call.
+    if unsafe { libc::mkfifo(c.as_ptr(), 0o666) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Replaces what it can under `root/node` and locks the rest: the attacks that hung other
+/// containers' processes when the node's compute state was shared.
+fn replace(root: &Path, held: &mut Vec<std::fs::File>) {
+    let node = root.join("node");
+    for (path, m) in everything(&node) {
+        if path == node {
+            continue;
+        }
+        if m.is_file() {
+            // An exclusive lock of every kind a reader might wait on.
+            if let Ok(f) = std::fs::OpenOptions::new().read(true).open(&path) {
+                use std::os::fd::AsRawFd;
+                // SAFETY: flock on a descriptor we own.
+                let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+                attempt(
+                    "flock",
+                    &path,
+                    if r == 0 {
+                        Ok(())
+                    } else {
+                        Err(std::io::Error::last_os_error())
+                    },
+                );
+                held.push(f);
+            }
+            let fifo = path.with_extension(format!("fifo{}", std::process::id()));
+            let made = mkfifo(&fifo).and_then(|()| std::fs::rename(&fifo, &path));
+            let _ = std::fs::remove_file(&fifo);
+            attempt("fifo-over", &path, made);
+        } else if m.is_dir() {
+            let link = path.join(format!("link{}", std::process::id()));
+            let made = std::os::unix::fs::symlink("/nonexistent/cuslice", &link);
+            attempt("dangling-symlink", &link, made);
+        }
+    }
+    let link = node.join(format!("GPU-{}", std::process::id()));
+    attempt(
+        "dangling-symlink",
+        &link,
+        std::os::unix::fs::symlink("/nonexistent/cuslice", &link),
+    );
+}
+
+/// The forged claims, kept fresh until `until`.
+fn forge(root: &Path, until: Instant) -> Vec<std::thread::JoinHandle<()>> {
+    forge_node(&root.join("node"), until)
+}
+
+/// The node-level regions: one file per device, a slot per process.
+fn forge_node(node: &Path, until: Instant) -> Vec<std::thread::JoinHandle<()>> {
+    use cuslice_policy::priority::Priority;
+    use cuslice_policy::share::FULL;
+    use cuslice_state::region::Region;
+    let mut regions = Vec::new();
+    for (path, m) in everything(node) {
+        if !m.is_file() {
+            continue;
+        }
+        let Some(uuid) = path.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        // Join with no request (the check of requests is only at joining), then claim it all.
+        let r = Region::join(node, uuid, 0x7a6d_7065_7265_6400 ^ m.ino(), 0, FULL);
+        let ok = r.as_ref().map(|_| ()).map_err(|e| std::io::Error::other(e.to_string()));
+        attempt("forge-slot", &path, ok);
+        if let Ok(r) = r {
+            r.claim(FULL, FULL);
+            r.set_priority(Priority::High);
+            regions.push(r);
+        }
+    }
+    vec![std::thread::spawn(move || {
+        while Instant::now() < until {
+            let now = crate::scenarios::monotonic_ns();
+            for r in &regions {
+                r.claim(FULL, FULL);
+                r.publish(FULL, true, now, FULL);
+                r.raise_high_until(u64::MAX);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    })]
+}
+
+/// Starts `n` processes of this program that initialise CUDA and stay until `secs` are up;
+/// returns them once every one has said it is ready.
+fn flood(n: u32, secs: f64) -> Vec<std::process::Child> {
+    use std::io::BufRead;
+    let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("cuda-workload"));
+    let mut kids = Vec::new();
+    for _ in 0..n {
+        match std::process::Command::new(&exe)
+            .args(["tamper", "--init-only", "--secs", &secs.to_string()])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+        {
+            Ok(c) => kids.push(c),
+            Err(e) => {
+                attempt("flood", &exe, Err(e));
+                break;
+            }
+        }
+    }
+    let mut ready = 0;
+    for c in kids.iter_mut() {
+        let mut line = String::new();
+        if let Some(out) = c.stdout.take()
+            && std::io::BufReader::new(out).read_line(&mut line).is_ok()
+            && line.contains("\"initialised\"")
+        {
+            ready += 1;
+        }
+    }
+    emit("flooded", json!({"processes": kids.len(), "initialised": ready}));
+    kids
+}
+
+/// A flood process: cuInit (which is where a process joins the compute arbitration), then wait.
+pub fn init_only(d: &crate::driver::Driver, secs: f64) -> u8 {
+    // SAFETY: plain flags argument.
+    let r = unsafe { d.cuInit(0) };
+    emit("initialised", json!({"ok": r.is_ok()}));
+    std::thread::sleep(Duration::from_secs_f64(secs));
+    0
+}
+
+/// The attack, after the process's own CUDA session is open.
+pub fn tamper(a: &TamperArgs) {
+    let until = Instant::now() + Duration::from_secs_f64(a.secs);
+    if a.survey {
+        survey(&a.root);
+    }
+    let mut held = Vec::new();
+    let forgers = if a.forge {
+        forge(&a.root, until)
+    } else {
+        Vec::new()
+    };
+    let mut kids = if a.flood > 0 {
+        flood(a.flood, a.secs + 5.0)
+    } else {
+        Vec::new()
+    };
+    if a.replace {
+        replace(&a.root, &mut held);
+    }
+    emit("ready", json!({}));
+    std::thread::sleep(until.saturating_duration_since(Instant::now()));
+    for f in forgers {
+        let _ = f.join();
+    }
+    for k in kids.iter_mut() {
+        let _ = k.kill();
+        let _ = k.wait();
+    }
+    drop(held);
+}
