@@ -34,7 +34,7 @@ fn with_core(library: PathBuf) -> Result<PathBuf, String> {
         ))
     }
 }
-pub const DEFAULT_NODE_DIR: &str = cuslice_state::region::DEFAULT_DIR;
+pub const DEFAULT_NODE_DIR: &str = cuslice_state::board::DEFAULT_DIR;
 
 pub struct Options {
     pub state_root: PathBuf,
@@ -211,18 +211,28 @@ pub fn create(opts: &Options, state_json: &str) -> Result<Outcome, String> {
             root.skeleton().display()
         )
     })?;
-    let mnt = root.create(id, &found.config_file(id)).map_err(|e| {
-        format!(
-            "cannot write the slice state under {}: {e}",
-            root.dir(id).display()
+    let made = root
+        .create(
+            id,
+            &found.config_file(id),
+            &opts.node_dir,
+            &found.grant(id, &opts.state_root),
         )
-    })?;
+        .map_err(|e| {
+            format!(
+                "cannot write the slice state under {} and {}: {e}",
+                root.dir(id).display(),
+                opts.node_dir.display()
+            )
+        })?;
     let created = match inject(&Plan {
         pid,
         rootfs: &rootfs,
         skeleton: &skeleton,
-        mnt: &mnt,
+        mnt: &made.mnt,
         node_dir: &opts.node_dir,
+        claims: &made.claims,
+        slice: made.slice,
         agent_dir: &root.agent(),
         library: &library,
     }) {
@@ -342,6 +352,18 @@ pub fn sweep(opts: &Options) -> Result<Outcome, String> {
     })?;
     let swept = root.sweep();
     root.empty_trash();
+    // Places on the compute board of this state root's containers that are gone (a directory
+    // removed by hand), and standalone slices' leftovers.
+    let live: Vec<String> = root
+        .records()
+        .into_iter()
+        .filter(|r| start_time(r.pid) == Some(r.start))
+        .map(|r| r.id)
+        .collect();
+    cuslice_state::board::sweep(
+        &opts.node_dir,
+        Some((&opts.state_root, &|id: &str| live.iter().any(|l| l == id))),
+    );
     Ok(Outcome::Swept(swept))
 }
 

@@ -8,7 +8,8 @@
 //! | `/run/cuslice` | `<state root>/skel`: the mount points below, shared by every container | read-only |
 //! | `/run/cuslice/slice` | `<state root>/containers/<id>/mnt/slice`: the limits and the ledger | read-only |
 //! | `/run/cuslice/slice/ledger` | the same file | read-write: the one thing processes update |
-//! | `/run/cuslice/node` | the node's compute regions (`/dev/shm/cuslice`) | read-write |
+//! | `/run/cuslice/node` | the node's compute board (`/dev/shm/cuslice`): every slice's grant and claims | read-only |
+//! | `/run/cuslice/node/<slice>/claims` | the container's own claims on the board | read-write |
 //! | `/run/cuslice/lib/libcuslice.so` | the interposer's loader | read-only |
 //! | `/run/cuslice/lib/libcuslice_core.so` | the interposer, which the loader opens beside itself | read-only |
 //! | `/run/cuslice/agent` | `<state root>/agent`: the node agent's socket | read-only (a socket still connects) |
@@ -34,6 +35,9 @@ pub struct Plan<'a> {
     /// `<state root>/containers/<id>/mnt`.
     pub mnt: &'a Path,
     pub node_dir: &'a Path,
+    /// The container's claims file on the board, and its slice's id (which names its place).
+    pub claims: &'a Path,
+    pub slice: u64,
     /// `<state root>/agent`, the node agent's socket directory.
     pub agent_dir: &'a Path,
     pub library: &'a Path,
@@ -82,7 +86,8 @@ fn mount_all(r: &Rootfs, plan: &Plan<'_>, created: &mut Vec<String>) -> Result<(
     if r.ensure_file(PRELOAD).map_err(|e| cant_make(PRELOAD, e))? {
         created.push(PRELOAD.to_string());
     }
-    let binds: [(PathBuf, &str, bool); 8] = [
+    let own_claims = format!("run/cuslice/node/{:016x}/claims", plan.slice);
+    let binds: [(PathBuf, &str, bool); 9] = [
         (plan.skeleton.to_path_buf(), "run/cuslice", true),
         (plan.mnt.join("slice"), "run/cuslice/slice", true),
         (
@@ -90,7 +95,10 @@ fn mount_all(r: &Rootfs, plan: &Plan<'_>, created: &mut Vec<String>) -> Result<(
             "run/cuslice/slice/ledger",
             false,
         ),
-        (plan.node_dir.to_path_buf(), "run/cuslice/node", false),
+        // Read-only: every slice reads the board; the one file of it this container writes is
+        // its own claims, mounted read-write over their place in it.
+        (plan.node_dir.to_path_buf(), "run/cuslice/node", true),
+        (plan.claims.to_path_buf(), &own_claims, false),
         // Read-only, yet the agent's socket in it still connects: connect(2) needs write
         // permission on the socket file, and read-only mounts spare sockets (as they spare
         // device nodes and fifos); it writes nothing to the file system.

@@ -4,14 +4,18 @@
 
 use std::collections::BTreeMap;
 
+use std::path::Path;
+
 use cuslice_policy::config::{self, Config};
+use cuslice_policy::grant::{Grant, Origin};
 
 /// Annotations under this prefix are settings too: `cuslice.io/memory-limit` is
 /// `CUSLICE_MEMORY_LIMIT`, `cuslice.io/core-limit-1` is `CUSLICE_CORE_LIMIT_1`,
 /// `cuslice.io/priority` is `CUSLICE_PRIORITY`.
 pub const ANNOTATION_PREFIX: &str = "cuslice.io/";
 
-/// Where the slice's directory, the node regions and the library appear inside the container.
+/// Where the slice's directory, the node's compute board and the library appear inside the
+/// container.
 pub const CONTAINER_DIR: &str = "/run/cuslice";
 pub const CONTAINER_NODE_DIR: &str = "/run/cuslice/node";
 pub const CONTAINER_LIBRARY: &str = "/run/cuslice/lib/libcuslice.so";
@@ -102,6 +106,21 @@ pub fn read<'a>(
 }
 
 impl Settings {
+    /// What the container may claim on any device of the node's compute board: its largest core
+    /// request and limit, and its priority.
+    pub fn grant(&self, container: &str, state_root: &Path) -> Grant {
+        // Validated by `read`: a refusal here cannot happen, and would grant the least.
+        let c = Config::from_vars(self.entries.iter().map(|(n, v)| (n.as_str(), v.as_str())))
+            .unwrap_or_default();
+        Grant::from_config(
+            &c,
+            Origin::Hook {
+                id: container.to_string(),
+                root: state_root.to_path_buf(),
+            },
+        )
+    }
+
     /// The slice configuration file (`/run/cuslice/slice/config` in the container): the only
     /// source of limits for the processes inside, whatever their environment says.
     pub fn config_file(&self, container: &str) -> String {

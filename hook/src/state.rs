@@ -16,11 +16,22 @@
 //! /run/cuslice/containers/          (0700)
 //!   <id>/record.json                         the hook's record: init pid + start time, rootfs,
 //!                                            the mount points it had to make in the rootfs
+//!   <id>/board                               the path of the container's place on the node's
+//!                                            compute board (below), removed with the container
 //!   <id>/mnt/                       (0755)
 //!     slice/                        (0755)   mounted read-only at /run/cuslice/slice
 //!       config                      (0644)   the authoritative limits
 //!       ledger                      (0666)   the slice's memory ledger (the one writable file)
 //!     ld.so.preload                 (0644)   bind-mounted read-only at /etc/ld.so.preload
+//!
+//! <node dir>/                                the node's compute board (`--node-dir`, default
+//!                                            /dev/shm/cuslice), mounted read-only at
+//!                                            /run/cuslice/node in every container
+//!   <slice id>/                     (0755)   the container's place on it (`cuslice_state::board`)
+//!     grant                         (0644)   what the container may claim (from its settings)
+//!     claims                        (0666)   what it claims and uses: mounted read-write at
+//!                                            /run/cuslice/node/<slice id>/claims in its own
+//!                                            container, the only writable file it shares
 //! ```
 //!
 //! A record whose init process is gone (a container that vanished without `poststop`) is swept
@@ -29,9 +40,12 @@
 
 use std::fs;
 use std::io::{self, Write};
+use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
+use cuslice_policy::grant::Grant;
+use cuslice_state::board;
 use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 
@@ -49,6 +63,18 @@ const SKELETON: [(&str, bool); 7] = [
     ("lib/libcuslice_core.so", false),
 ];
 const RECORD: &str = "record.json";
+/// In a container's directory: the path of its place on the compute board.
+const BOARD: &str = "board";
+
+/// What `Root::create` made for a container.
+pub struct Made {
+    /// `containers/<id>/mnt`.
+    pub mnt: PathBuf,
+    /// The slice's id (its ledger's), which names its place on the compute board.
+    pub slice: u64,
+    /// Its claims file on the board (mounted read-write in the container).
+    pub claims: PathBuf,
+}
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Record {
@@ -251,9 +277,9 @@ impl Root {
     }
 
     /// Makes the container's own state (everything under `containers/<id>/` in the layout above
-    /// but the record and `ld.so.preload`), replacing any leftover of the same id. Returns its
-    /// `mnt` directory. Requires the lock.
-    pub fn create(&self, id: &str, config: &str) -> io::Result<PathBuf> {
+    /// but the record and `ld.so.preload`) and its place on the compute board under `node` with
+    /// `grant`, replacing any leftover of the same id. Requires the lock.
+    pub fn create(&self, id: &str, config: &str, node: &Path, grant: &Grant) -> io::Result<Made> {
         let dir = self.dir(id);
         if dir.exists() {
             fs::remove_dir_all(&dir)?;
@@ -270,16 +296,41 @@ impl Root {
             make_dir(&mnt.join("slice"), 0o755)?;
             write_new(&mnt.join("slice/config"), config.as_bytes(), 0o644)?;
             // ld.so.preload is written when the mounts are made, from the image's own file
-            // (inject.rs). Every process in the container updates the ledger, whatever user it
-            // runs as.
-            cuslice_state::ledger::Ledger::create_file(&mnt.join("slice/ledger"), 0o666)
-                .map_err(|e| io::Error::other(e.to_string()))
+            // (inject.rs). Every process in the container updates the ledger and its claims,
+            // whatever user it runs as.
+            let slice =
+                cuslice_state::ledger::Ledger::create_file(&mnt.join("slice/ledger"), 0o666)
+                    .map_err(|e| io::Error::other(e.to_string()))?;
+            // Where the place will be, before it is made: whoever removes the directory (this
+            // container's poststop, or a sweep of a hook that died half-way) removes it too.
+            let place = board::slice_dir(node, slice);
+            write_new(
+                &dir.join(BOARD),
+                place.as_os_str().as_encoded_bytes(),
+                0o600,
+            )?;
+            make_dir(&place, 0o755)?;
+            write_new(&place.join(board::GRANT), grant.format().as_bytes(), 0o644)?;
+            let claims = place.join(board::CLAIMS);
+            board::create_claims(&claims, slice, 0o666)?;
+            Ok((slice, claims))
         })();
-        if let Err(e) = made {
-            let _ = fs::remove_dir_all(&dir);
-            return Err(e);
+        match made {
+            Ok((slice, claims)) => Ok(Made { mnt, slice, claims }),
+            Err(e) => {
+                self.remove_place(id);
+                let _ = fs::remove_dir_all(&dir);
+                Err(e)
+            }
         }
-        Ok(mnt)
+    }
+
+    /// Takes container `id`'s place off the compute board.
+    fn remove_place(&self, id: &str) {
+        if let Ok(path) = fs::read(self.dir(id).join(BOARD)) {
+            let path = PathBuf::from(std::ffi::OsString::from_vec(path));
+            board::remove_place(&path);
+        }
     }
 
     /// Where `discard` puts the state of removed containers until `empty_trash` deletes it.
@@ -291,6 +342,7 @@ impl Root {
     /// live container uses the same rootfs: then that one inherits them. Requires the lock.
     pub fn remove(&self, id: &str, live: &[Record]) {
         self.remove_mount_points(id, live);
+        self.remove_place(id);
         let _ = fs::remove_dir_all(self.dir(id));
     }
 
@@ -302,6 +354,8 @@ impl Root {
     /// Requires the lock.
     pub fn discard(&self, id: &str, live: &[Record]) {
         self.remove_mount_points(id, live);
+        // At once: the other slices stop counting its claims.
+        self.remove_place(id);
         let dir = self.dir(id);
         let to = self.trash().join(format!("{id}.{}", std::process::id()));
         let moved = make_dir(&self.trash(), 0o700)

@@ -10,14 +10,16 @@
 //!   utilisation, which the driver measures whether or not contexts time-slice) and pays the
 //!   difference into the tokens, so what the slice is charged over time is what it used, whatever
 //!   the estimate. The estimate only bounds how much work is queued ahead of the measurement.
-//! - The allotment comes from the node-level region of the device (`region`): every slice's
-//!   request, limit, recent usage and whether it was held back, through `share::allot`.
+//! - The allotment comes from the node's compute board (`cuslice_state::board`): every slice's
+//!   request, limit, recent usage and whether it was held back, each bounded by what the node
+//!   granted it, through `share::allot`. Each slice writes only its own claims there.
 //!
 //! - Priority (`CUSLICE_PRIORITY`, `cuslice_policy::priority`): a high-priority process raises
-//!   the region's "high work expected done at" word at each launch; a process of a slice below it
-//!   holds each launch while that time is ahead and until the launching stream is idle, at most
-//!   `priority::HOLD_MAX_NS`. Both go through the metered path (a high-priority process only
-//!   while another slice is active on the device); the meter decides who yields and publishes.
+//!   its slice's "high work expected done at" word on the board at each launch; a process of a
+//!   slice below it holds each launch while a slice granted high priority has such a time ahead,
+//!   and until the launching stream is idle, at most `priority::HOLD_MAX_NS`. Both go through the
+//!   metered path (a high-priority process only while another slice is active on the device);
+//!   the meter decides who yields and publishes.
 //!
 //! With no other slice asking for time, no limit of its own and no high-priority slice on the
 //! device, a slice's allotment is the whole device and the gate costs two relaxed loads.
@@ -27,9 +29,11 @@
 use std::collections::VecDeque;
 use std::ffi::{c_uint, c_void};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use cuda_abi::*;
+use cuslice_policy::grant::{Grant, Origin};
 use cuslice_policy::priority::{self, Admit, Priority};
 use cuslice_policy::share::{self, FULL};
 use parking_lot::Mutex;
@@ -38,8 +42,8 @@ use crate::hooks::real;
 use crate::log::{debug, error, warning};
 use crate::nvml::SampleCursor;
 use crate::slice::{self, Dev, Slice};
+use cuslice_state::board::{self, Board, HighRef, Maker, Post};
 use cuslice_state::ledger::{Ledger, Tokens};
-use cuslice_state::region::{self, Region};
 
 /// How often the meter thread measures and recomputes the allotment.
 pub const PERIOD_NS: u64 = 50_000_000;
@@ -51,6 +55,9 @@ const ACTIVE_NS: u64 = 1_000_000_000;
 /// wanting more for this long: NVML's readings lag by up to a sample period, and without the
 /// hold a slice given more would at once look as if it did not use it and be cut back.
 const HUNGRY_HOLD_NS: u64 = 500_000_000;
+/// A process of the slice that has not reported its usage for this long no longer counts in
+/// the slice's (it died, or stopped).
+const USAGE_FRESH_NS: u64 = 1_000_000_000;
 /// Launches NVML has still not accounted for after this long are taken to have cost what they
 /// were charged (NVML does not list this process, or its work was too small to sample).
 const STALE_NS: u64 = 2_000_000_000;
@@ -65,7 +72,13 @@ pub struct Meter {
     uuid: [u8; 16],
     request: u32,
     limit: u32,
-    region: Option<Region>,
+    /// The slice's place on the node's compute board (shared by its meters).
+    board: Option<Arc<Board>>,
+    /// Where the other slices granted high priority on the device post when their work is
+    /// expected done (set by the meter each period; read by yielding launches).
+    highs: Mutex<Arc<Vec<HighRef>>>,
+    /// Another slice was active on the device in the meter's last period.
+    crowded: AtomicBool,
     cost: AtomicU64,
     /// Launches charged (see `count`: no locked instruction from the launching thread).
     launches: crate::count::Count,
@@ -131,20 +144,41 @@ fn ppm(percent: Option<u32>, none: u32) -> u32 {
     percent.map_or(none, |p| p.min(100) * (FULL / 100))
 }
 
-/// The directory of the node-level regions.
+/// The directory of the node's compute board.
 pub fn node_dir(s: &Slice) -> PathBuf {
     s.config
         .node_dir
         .clone()
-        .unwrap_or_else(|| PathBuf::from(region::DEFAULT_DIR))
+        .unwrap_or_else(|| PathBuf::from(board::DEFAULT_DIR))
 }
 
-/// Joins each device's node region with this slice's request and limit (at cuInit). Err: a
-/// one-line reason to refuse CUDA (a request the device cannot guarantee, or a core setting
-/// that cannot be coordinated).
+/// Takes the slice's place on the node's compute board and claims each device with this
+/// slice's request, limit and priority (at cuInit). Err: a one-line reason to refuse CUDA (a
+/// request the device cannot guarantee, or a core setting that cannot be coordinated).
 pub fn join(s: &Slice, devs: &[Dev]) -> Result<Vec<Meter>, String> {
     let dir = node_dir(s);
     let now = now_ns();
+    // In a container the hook made the slice's place (and its grant, from the same settings);
+    // a standalone slice makes its own.
+    let maker = if s.hooked {
+        Maker::Hooked
+    } else {
+        Maker::Standalone(Grant::from_config(&s.config, Origin::Standalone))
+    };
+    let board = match Board::open(&dir, s.ledger.slice_id(), maker) {
+        Ok(b) => Some(Arc::new(b)),
+        Err(e) => {
+            let core = (0..devs.len() as u32).any(|o| {
+                let l = s.config.limits(o);
+                l.core_request.is_some() || l.core_limit.is_some()
+            });
+            if core {
+                return Err(format!("{e}; core limits and requests need it"));
+            }
+            warning!("{e}; this slice's work is not coordinated with other slices'");
+            None
+        }
+    };
     let mut meters = Vec::with_capacity(devs.len());
     for (ordinal, d) in devs.iter().enumerate() {
         let l = s.config.limits(ordinal as u32);
@@ -153,27 +187,16 @@ pub fn join(s: &Slice, devs: &[Dev]) -> Result<Vec<Meter>, String> {
             .ledger
             .live_core(d.index)
             .unwrap_or((ppm(l.core_request, 0), ppm(l.core_limit, FULL)));
-        let uuid = slice::uuid_string(&d.uuid);
-        let region = match Region::join(&dir, &uuid, s.ledger.slice_id(), request, limit) {
-            Ok(r) => Some(r),
-            Err(e @ region::RegionError::Oversubscribed { .. }) => return Err(e.to_string()),
-            Err(e) if l.core_request.is_some() || l.core_limit.is_some() => {
-                return Err(format!("{e}; core limits and requests need it"));
-            }
-            Err(e) => {
-                warning!("{e}; this slice's work on device {ordinal} is not coordinated");
-                None
-            }
-        };
         // What `cuslice set` changed while the slice ran wins here too.
         let priority = s
             .ledger
             .live_priority(d.index)
             .map_or(s.config.priority, Priority::from_code);
-        s.ledger.set_priority(d.index, priority.code());
-        if let Some(r) = &region {
-            r.set_priority(priority);
+        if let Some(b) = &board {
+            b.claim(d.index, &d.uuid, request, limit, priority)
+                .map_err(|e| e.to_string())?;
         }
+        s.ledger.set_priority(d.index, priority.code());
         s.ledger.set_core(d.index, request, limit);
         if let Some(t) = s.ledger.tokens(d.index) {
             if t.last_refill.load(Ordering::Relaxed) == 0 {
@@ -189,7 +212,9 @@ pub fn join(s: &Slice, devs: &[Dev]) -> Result<Vec<Meter>, String> {
             uuid: d.uuid,
             request,
             limit,
-            region,
+            board: board.clone(),
+            highs: Mutex::new(Arc::new(Vec::new())),
+            crowded: AtomicBool::new(false),
             cost: AtomicU64::new(INITIAL_COST_NS),
             launches: crate::count::Count::new(),
             throttled: AtomicU64::new(0),
@@ -299,6 +324,7 @@ impl Meter {
                 launches: d_launches,
             });
         }
+        let period_ns = now.saturating_sub(p.at_ns).max(1);
         p.at_ns = now;
         // NVML names processes by host pid: in a container, the one the node tools told us.
         let pid = s
@@ -307,8 +333,11 @@ impl Meter {
             .map_or(std::process::id(), |h| h as u32);
         let wall = wall_us();
         let mut overcharged = 0;
+        // This process's use of the device in the period by its own samples, else by its
+        // launches at the estimated cost (for `leaves`).
+        let mut measured = None;
         let mut reading = crate::nvml::own_utilisation(&self.uuid, pid, &mut p.cursor);
-        if reading.is_none() && self.alone(s, now) {
+        if reading.is_none() && self.alone(s) {
             // NVML gives no per-process samples (MIG instances, some vGPU profiles): while this
             // process is the only one of the only slice using the device, the device's own
             // utilisation is this process's (and anyone else's work on it is charged to it:
@@ -327,6 +356,7 @@ impl Meter {
                 p.frontier_ns = p.frontier_ns.max(stamp);
                 p.usage = (used.ns as u128 * FULL as u128 / used.span_ns.max(1) as u128)
                     .min(FULL as u128) as u32;
+                measured = Some(p.usage);
                 p.estimate.add(used.ns, n);
                 self.cost.store(p.estimate.cost(cost), Ordering::Relaxed);
                 // Device time used while the slice had the whole device was not metered (its
@@ -417,9 +447,6 @@ impl Meter {
         let prio = match s.ledger.live_priority(self.index) {
             Some(code) if code != self.priority.swap(code, Ordering::Relaxed) => {
                 let p = Priority::from_code(code);
-                if let Some(r) = &self.region {
-                    r.set_priority(p);
-                }
                 debug!(
                     "device {}: priority {p} (cuslice set)",
                     slice::uuid_string(&self.uuid)
@@ -428,19 +455,55 @@ impl Meter {
             }
             _ => self.priority(),
         };
+        // (Between two of the driver's samples, the last one stands.)
+        let own_use = match measured {
+            Some(u) => u,
+            None if p.cursor.seen_own() => p.usage,
+            None => (d_launches as u128 * cost as u128 * FULL as u128 / period_ns as u128)
+                .min(FULL as u128) as u32,
+        };
         let mut others = false;
-        let allot = match &self.region {
-            Some(r) => {
-                r.claim(request, limit);
-                r.publish(usage, hungry, active, p.allot);
-                let views = r.slices(now.saturating_sub(ACTIVE_NS));
+        let allot = match &self.board {
+            Some(b) => {
+                // The slice's usage: what each of its processes reported last.
+                let slice_usage =
+                    s.ledger
+                        .note_usage(s.slot, self.index, usage, now, USAGE_FRESH_NS);
+                b.post(
+                    self.index,
+                    &self.uuid,
+                    &Post {
+                        request,
+                        limit,
+                        priority: prio,
+                        usage: slice_usage,
+                        hungry_until: if hungry { p.hungry_until } else { 0 },
+                        active_ns: active,
+                    },
+                    now,
+                );
+                let (views, highs) =
+                    b.views(self.index, &self.uuid, now, now.saturating_sub(ACTIVE_NS));
+                *self.highs.lock() = Arc::new(highs);
                 others = views.len() > 1;
                 let views: Vec<_> = views.iter().map(|v| (v.demand, v.priority)).collect();
                 let demands = priority::view(prio, &views);
-                share::allot(&demands).first().copied().unwrap_or(limit)
+                let allot = share::allot(&demands).first().copied().unwrap_or(limit);
+                // What the other slices say they want is theirs to write: what the device counts
+                // they use is not. Never hold this slice back from time the driver shows nobody
+                // else is using.
+                let leaves = crate::nvml::device_utilisation(&self.uuid).map(|util| {
+                    let mine = slice_usage
+                        .saturating_sub(usage)
+                        .saturating_add(own_use)
+                        .min(FULL);
+                    share::leaves(util.min(100) * (FULL / 100), mine)
+                });
+                share::bounded_by_use(allot, limit, leaves)
             }
             None => limit,
         };
+        self.crowded.store(others, Ordering::Relaxed);
         if allot != p.allot {
             debug!(
                 "device {}: allotment {} -> {} ppm (used {usage} ppm, request {}, limit {})",
@@ -458,10 +521,8 @@ impl Meter {
         t.share.store(allot, Ordering::Relaxed);
         refill(&t, now, self.cost.load(Ordering::Relaxed));
         // Priority: yield while a high-priority slice launched on the device in the last second.
-        let high_active = self
-            .region
-            .as_ref()
-            .is_some_and(|r| r.high_until().saturating_add(ACTIVE_NS) > now);
+        let high_active =
+            board::high_until(&self.highs.lock(), now).saturating_add(ACTIVE_NS) > now;
         let yields = priority::yields(prio, high_active, request, usage);
         if yields != self.yields.swap(yields, Ordering::Relaxed) {
             debug!(
@@ -492,7 +553,7 @@ impl Meter {
     /// check that there is nothing to do is inlined into the gate.
     #[inline(always)]
     fn prioritise(&self, stream: CUstream, ptsz: bool) {
-        if self.region.is_some()
+        if self.board.is_some()
             && (self.publishes.load(Ordering::Relaxed) || self.yields.load(Ordering::Relaxed))
         {
             self.prioritise_slow(stream, ptsz);
@@ -502,7 +563,7 @@ impl Meter {
     #[cold]
     #[inline(never)]
     fn prioritise_slow(&self, stream: CUstream, ptsz: bool) {
-        let Some(r) = &self.region else {
+        let Some(b) = &self.board else {
             return;
         };
         let cost = self.cost.load(Ordering::Relaxed);
@@ -517,7 +578,7 @@ impl Meter {
                 || !stream_idle(stream, ptsz),
             );
             self.own_until.store(until, Ordering::Relaxed);
-            r.raise_high_until(until);
+            b.raise_high_until(self.index, until);
             return;
         }
         if !self.yields.load(Ordering::Relaxed) {
@@ -526,9 +587,12 @@ impl Meter {
         let from = now_ns();
         let mut now = from;
         let own_until = self.own_until.load(Ordering::Relaxed);
-        while let Admit::Wait(ns) = priority::admit(now, from, r.high_until(), own_until, || {
-            stream_idle(stream, ptsz)
-        }) {
+        let highs = self.highs.lock().clone();
+        while let Admit::Wait(ns) =
+            priority::admit(now, from, board::high_until(&highs, now), own_until, || {
+                stream_idle(stream, ptsz)
+            })
+        {
             std::thread::sleep(std::time::Duration::from_nanos(ns));
             now = now_ns();
         }
@@ -573,14 +637,10 @@ fn stream_idle(stream: CUstream, ptsz: bool) -> bool {
 }
 
 impl Meter {
-    /// Whether this process is the only one of its slice, and its slice the only one active on
-    /// the device in the last second.
-    fn alone(&self, s: &Slice, now: u64) -> bool {
-        s.ledger.pids().len() <= 1
-            && self
-                .region
-                .as_ref()
-                .is_some_and(|r| r.slices(now.saturating_sub(ACTIVE_NS)).len() <= 1)
+    /// Whether this process is the only one of its slice, and its slice was the only one active
+    /// on the device at the meter's last period.
+    fn alone(&self, s: &Slice) -> bool {
+        s.ledger.pids().len() <= 1 && self.board.is_some() && !self.crowded.load(Ordering::Relaxed)
     }
 }
 
@@ -702,16 +762,34 @@ fn ex_stream(config: *const CUlaunchConfig) -> CUstream {
     unsafe { config.as_ref() }.map_or(std::ptr::null_mut(), |c| c.hStream)
 }
 
-/// In a forked child: no meter thread runs there, and the parent's region slots are not ours.
-pub fn child_after_fork(s: &mut Slice) {
+/// In a forked child: no meter thread runs there (the child joins afresh at its own cuInit).
+pub fn child_after_fork() {
     STARTED.store(false, Ordering::Relaxed);
     METERED.store(false, Ordering::Relaxed);
-    if let Some(ms) = s.meters.get_mut() {
-        for m in ms.iter_mut() {
-            if let Some(r) = m.region.as_mut() {
-                r.forget_in_child();
-            }
-        }
+}
+
+/// At process exit: the last process of a standalone slice takes the slice's place off the
+/// node's compute board (a process killed before it could is swept by the next standalone
+/// process, once its claims are old: `board::LEFTOVER_NS`).
+pub fn at_exit() {
+    let Ok(Some(s)) = slice::active() else {
+        return;
+    };
+    let Some(b) = s.meters().iter().find_map(|m| m.board.as_ref()) else {
+        return;
+    };
+    if s.hooked {
+        return;
+    }
+    let others = s
+        .ledger
+        .snapshot()
+        .procs
+        .iter()
+        .filter(|p| p.alive && p.pid != std::process::id() as i32)
+        .count();
+    if others == 0 {
+        b.leave();
     }
 }
 

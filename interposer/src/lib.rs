@@ -36,3 +36,13 @@ pub mod pool;
 pub mod procaddr;
 pub mod slice;
 pub mod vmm;
+
+/// Runs when the process exits (and if the library were ever unloaded): what a slice's last
+/// process leaves behind on the node goes with it. Nothing here may unwind into the C runtime.
+extern "C" fn at_exit() {
+    let _ = std::panic::catch_unwind(compute::at_exit);
+}
+
+#[used]
+#[cfg_attr(not(test), unsafe(link_section = ".fini_array"))]
+static AT_EXIT: extern "C" fn() = at_exit;

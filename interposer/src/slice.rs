@@ -50,6 +50,8 @@ pub struct Slice {
     pub config: Config,
     pub ledger: Ledger,
     pub slot: u32,
+    /// The OCI hook made the slice (a container): its place on the node's compute board too.
+    pub hooked: bool,
     /// Set at cuInit (an NVML-only process such as nvidia-smi never sets it).
     pub devs: OnceLock<Vec<Dev>>,
     /// Compute metering per device (same order as `devs`), set with it.
@@ -161,6 +163,7 @@ pub fn prepare() -> bool {
         config,
         ledger,
         slot,
+        hooked: in_container,
         devs: OnceLock::new(),
         meters: OnceLock::new(),
     });
@@ -714,7 +717,7 @@ extern "C" fn child_after_fork() {
     // descriptor is closed, and nothing else in the child refers to it any more.
     if let Some(s) = unsafe { p.as_mut() } {
         s.ledger.forget_in_child();
-        crate::compute::child_after_fork(s);
+        crate::compute::child_after_fork();
     }
     if MODE.load(Ordering::Relaxed) == ON {
         MODE.store(UNINIT, Ordering::Release);

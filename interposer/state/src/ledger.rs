@@ -20,8 +20,9 @@
 //! are reclaimed by the next sweep, which runs before any refusal and on every memory read.
 
 use std::fs::File;
-use std::io::{self, Read};
+use std::io;
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI32, AtomicI64, AtomicU32, AtomicU64, Ordering};
 
@@ -31,7 +32,9 @@ use crate::snapshot::{DeviceSnapshot, ProcSnapshot, Snapshot};
 
 pub const MAGIC: [u8; 8] = *b"CUSLICE\x00";
 /// 4: the device lock is cuslice's own (`DevLock`), next to the figures it guards.
-pub const VERSION: u32 = 4;
+/// 5: each process's compute usage per device (`ProcRec::usage`), summed for the node's compute
+/// board.
+pub const VERSION: u32 = 5;
 pub const MAX_DEVICES: usize = 64;
 pub const MAX_PROCS: usize = 1024;
 /// Liveness locks sit far past the end of the file (OFD locks need no backing bytes).
@@ -116,6 +119,24 @@ struct Mark {
     throttled_ns: AtomicU64,
 }
 
+/// Where field `$field` of device record `$d` lies in the file.
+macro_rules! dev_at {
+    ($d:expr, $field:ident) => {
+        std::mem::offset_of!(Header, devices)
+            + $d * std::mem::size_of::<DeviceRec>()
+            + std::mem::offset_of!(DeviceRec, $field)
+    };
+}
+
+/// Where field `$field` of process record `$s` lies in the file.
+macro_rules! proc_at {
+    ($s:expr, $field:ident) => {
+        std::mem::offset_of!(Header, procs)
+            + $s * std::mem::size_of::<ProcRec>()
+            + std::mem::offset_of!(ProcRec, $field)
+    };
+}
+
 fn random_id() -> u64 {
     let mut b = [0u8; 8];
     // SAFETY: fills our own 8-byte buffer.
@@ -152,6 +173,10 @@ pub struct ProcRec {
     /// itself; its compute meter needs it to find its own utilisation samples.
     host_pid: AtomicI32,
     charged: [AtomicU64; MAX_DEVICES],
+    /// When the process's compute meter last reported (CLOCK_MONOTONIC ns; 0: never).
+    beat_ns: AtomicU64,
+    /// Its share of each device in its meter's last period (ppm).
+    usage: [AtomicU32; MAX_DEVICES],
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -303,7 +328,8 @@ impl Ledger {
     /// and written with one `write`; the process table after it stays a hole in the file (zero
     /// until a process takes a slot). Writing through a shared mapping of the file instead made
     /// the file system handle a page fault per page (issue #18).
-    pub fn create_file(path: &Path, mode: u32) -> Result<(), LedgerError> {
+    /// Returns the new slice's id.
+    pub fn create_file(path: &Path, mode: u32) -> Result<u64, LedgerError> {
         use std::io::Write;
         use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
         let io = |err| LedgerError::Io {
@@ -331,11 +357,11 @@ impl Ledger {
             let _ = std::fs::remove_file(path);
             return Err(io(err));
         }
-        Ok(())
+        Ok(image.slice_id())
     }
 
     /// A snapshot of the ledger at `path`, read without joining the slice or changing the file
-    /// (a read-only mapping). For the node tools.
+    /// (a copy, see `ReadOnly`). For the node tools.
     pub fn read(path: &Path) -> Result<Snapshot, LedgerError> {
         Ok(ReadOnly::open(path)?.snapshot())
     }
@@ -376,36 +402,9 @@ impl Ledger {
     }
 
     /// Validates the header of an opened ledger file and maps it with `prot`.
-    fn check(mut f: File, path: PathBuf, prot: libc::c_int) -> Result<Ledger, LedgerError> {
-        let io = |err| LedgerError::Io {
-            path: path.clone(),
-            err,
-        };
-        let found = f.metadata().map_err(io)?.len();
-        let mut head = [0u8; 24];
-        let n = f.read(&mut head).map_err(io)?;
-        if n < 8 || head[..8] != MAGIC {
-            return Err(LedgerError::Foreign { path });
-        }
-        let version = u32::from_ne_bytes([head[8], head[9], head[10], head[11]]);
-        if n < 24 || version != VERSION {
-            return Err(LedgerError::Version {
-                path,
-                found: version,
-            });
-        }
-        let header_size = u32::from_ne_bytes([head[12], head[13], head[14], head[15]]);
-        let expected = u64::from_ne_bytes([
-            head[16], head[17], head[18], head[19], head[20], head[21], head[22], head[23],
-        ]);
-        if found != expected || expected != size() as u64 || header_size as usize != size() {
-            return Err(LedgerError::Damaged {
-                path,
-                found,
-                expected,
-            });
-        }
-        Ledger::map_prot(&f, &path, prot).map_err(io)
+    fn check(f: File, path: PathBuf, prot: libc::c_int) -> Result<Ledger, LedgerError> {
+        validate(&f, &path)?;
+        Ledger::map_prot(&f, &path, prot).map_err(|err| LedgerError::Io { path, err })
     }
 
     /// # Safety
@@ -529,6 +528,10 @@ impl Ledger {
             for c in p.charged.iter() {
                 c.store(0, Ordering::Relaxed);
             }
+            p.beat_ns.store(0, Ordering::Relaxed);
+            for u in p.usage.iter() {
+                u.store(0, Ordering::Relaxed);
+            }
             p.state.store(LIVE, Ordering::Release);
             self.me.store(s as u32, Ordering::Relaxed);
             return Ok(s as u32);
@@ -567,7 +570,7 @@ impl Ledger {
                 if c.load(Ordering::Relaxed) == 0 {
                     continue;
                 }
-                if on_device(pid, &self.uuid_of(rec)) {
+                if on_device(pid, &uuid_of(rec)) {
                     kept = true;
                     waiting += c.load(Ordering::Relaxed);
                     continue;
@@ -584,14 +587,6 @@ impl Ledger {
             }
         }
         waiting
-    }
-
-    fn uuid_of(&self, rec: &DeviceRec) -> [u8; 16] {
-        let mut u = [0u8; 16];
-        let (a, b) = u.split_at_mut(8);
-        a.copy_from_slice(&rec.uuid[0].load(Ordering::Relaxed).to_be_bytes());
-        b.copy_from_slice(&rec.uuid[1].load(Ordering::Relaxed).to_be_bytes());
-        u
     }
 
     /// The device record for `uuid`, made if new. `cap` is this process's configured cap (None:
@@ -830,19 +825,18 @@ impl Ledger {
         path: &Path,
         host: &dyn Fn(i32) -> Option<i32>,
     ) -> Result<(), LedgerError> {
+        // A copy to read and `pwrite` to write, as in `set_live`: nothing the slice does to its
+        // file can harm or hold up the node's tools.
+        let f = open_checked(path, true)?;
+        let mut copy = zeroed_header();
+        read_copy(&f, &mut copy);
         let io = |err| LedgerError::Io {
             path: path.to_path_buf(),
             err,
         };
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(path)
-            .map_err(io)?;
-        let l = Ledger::check(f, path.to_path_buf(), libc::PROT_READ | libc::PROT_WRITE)?;
-        for p in l.header().procs.iter() {
-            let generation = p.generation.load(Ordering::Acquire);
-            if p.state.load(Ordering::Acquire) != LIVE {
+        for (s, p) in copy.procs.iter().enumerate() {
+            let generation = p.generation.load(Ordering::Relaxed);
+            if p.state.load(Ordering::Relaxed) != LIVE {
                 continue;
             }
             let Some(h) = host(p.pid.load(Ordering::Relaxed)) else {
@@ -851,15 +845,42 @@ impl Ledger {
             if p.host_pid.load(Ordering::Relaxed) == h {
                 continue;
             }
-            p.host_pid.store(h, Ordering::Relaxed);
-            if p.generation.load(Ordering::Acquire) != generation {
+            write_at(&f, proc_at!(s, host_pid), &h.to_ne_bytes()).map_err(io)?;
+            if read_u32(&f, proc_at!(s, generation) as u64) != Some(generation) {
                 // Re-registered while we wrote: whatever we wrote is not its pid.
-                let _ = p
-                    .host_pid
-                    .compare_exchange(h, 0, Ordering::Relaxed, Ordering::Relaxed);
+                write_at(&f, proc_at!(s, host_pid), &0i32.to_ne_bytes()).map_err(io)?;
             }
         }
         Ok(())
+    }
+
+    /// Records process slot `s`'s share of device `d` in its meter's last period (ppm), at
+    /// `now_ns`, and returns the slice's: the sum over its processes that reported within
+    /// `fresh_ns` (a process that died or stopped reporting drops out of it).
+    pub fn note_usage(&self, s: u32, d: u32, usage: u32, now_ns: u64, fresh_ns: u64) -> u32 {
+        let procs = &self.header().procs;
+        if let Some(p) = procs.get(s as usize)
+            && let Some(u) = p.usage.get(d as usize)
+        {
+            u.store(usage, Ordering::Relaxed);
+            p.beat_ns.store(now_ns, Ordering::Relaxed);
+        }
+        let mut sum = 0u32;
+        for (i, p) in procs.iter().enumerate() {
+            if p.state.load(Ordering::Acquire) != LIVE {
+                continue;
+            }
+            let beat = p.beat_ns.load(Ordering::Relaxed);
+            if i as u32 != s && beat.saturating_add(fresh_ns) < now_ns {
+                continue;
+            }
+            let u = p
+                .usage
+                .get(d as usize)
+                .map_or(0, |u| u.load(Ordering::Relaxed));
+            sum = sum.saturating_add(u);
+        }
+        sum.min(cuslice_policy::share::FULL)
     }
 
     /// Records the core request and limit (ppm) the slice runs with on device `d`.
@@ -916,37 +937,40 @@ impl Ledger {
     /// holds refuses allocations until it is under it. Err(NoDevice) when no process of the
     /// slice has used the device yet.
     pub fn set_live(path: &Path, uuid: &[u8; 16], change: &LiveChange) -> Result<(), LedgerError> {
+        // Written with `pwrite` into the file, never through a mapping, and without the device's
+        // lock: the slice's processes may have truncated the file or hold its locks, and the
+        // node's tool must neither die nor wait for them. Each field is one aligned word.
+        let f = open_checked(path, true)?;
+        let mut copy = zeroed_header();
+        read_copy(&f, &mut copy);
+        let d = copy
+            .devices
+            .iter()
+            .position(|r| r.state.load(Ordering::Relaxed) == LIVE && r.has_uuid(uuid))
+            .ok_or_else(|| LedgerError::NoDevice {
+                path: path.to_path_buf(),
+                uuid: crate::uuid_string(uuid),
+            })?;
+        let mut live = copy.devices[d].live.load(Ordering::Relaxed);
         let io = |err| LedgerError::Io {
             path: path.to_path_buf(),
             err,
         };
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(path)
-            .map_err(io)?;
-        let l = Ledger::check(f, path.to_path_buf(), libc::PROT_READ | libc::PROT_WRITE)?;
-        let d = l.find(uuid).ok_or_else(|| LedgerError::NoDevice {
-            path: path.to_path_buf(),
-            uuid: crate::uuid_string(uuid),
-        })?;
-        let Some(rec) = l.dev(d) else {
-            return Ok(());
-        };
-        let _g = l.lock_dev(rec, d as usize);
         if let Some(bytes) = change.memory {
-            rec.limit.store(bytes, Ordering::Relaxed);
-            rec.live.fetch_or(LIVE_MEMORY, Ordering::Relaxed);
+            write_at(&f, dev_at!(d, limit), &bytes.to_ne_bytes()).map_err(io)?;
+            live |= LIVE_MEMORY;
         }
         if let Some((request, limit)) = change.core {
-            rec.core_request.store(request, Ordering::Relaxed);
-            rec.core_limit.store(limit, Ordering::Relaxed);
-            rec.live.fetch_or(LIVE_CORE, Ordering::Relaxed);
+            write_at(&f, dev_at!(d, core_request), &request.to_ne_bytes()).map_err(io)?;
+            write_at(&f, dev_at!(d, core_limit), &limit.to_ne_bytes()).map_err(io)?;
+            live |= LIVE_CORE;
         }
         if let Some(code) = change.priority {
-            rec.priority.store(code, Ordering::Relaxed);
-            rec.live.fetch_or(LIVE_PRIORITY, Ordering::Relaxed);
+            write_at(&f, dev_at!(d, priority), &code.to_ne_bytes()).map_err(io)?;
+            live |= LIVE_PRIORITY;
         }
+        // Last: a process that sees the bit finds the values in place.
+        write_at(&f, dev_at!(d, live), &live.to_ne_bytes()).map_err(io)?;
         Ok(())
     }
 
@@ -996,34 +1020,7 @@ impl Ledger {
 
     /// What the ledger holds now, copied out.
     pub fn snapshot(&self) -> Snapshot {
-        let h = self.header();
-        let devices: Vec<(usize, DeviceSnapshot)> = h
-            .devices
-            .iter()
-            .enumerate()
-            .filter(|(_, d)| d.state.load(Ordering::Acquire) == LIVE)
-            .map(|(i, d)| (i, device_snapshot(self.uuid_of(d), d)))
-            .collect();
-        let procs = h
-            .procs
-            .iter()
-            .enumerate()
-            .filter(|(_, p)| p.state.load(Ordering::Acquire) == LIVE)
-            .map(|(s, p)| ProcSnapshot {
-                pid: p.pid.load(Ordering::Relaxed),
-                host_pid: Some(p.host_pid.load(Ordering::Relaxed)).filter(|&h| h > 0),
-                alive: self.alive(s),
-                charged: devices
-                    .iter()
-                    .map(|(i, _)| p.charged.get(*i).map_or(0, |c| c.load(Ordering::Relaxed)))
-                    .collect(),
-            })
-            .collect();
-        Snapshot {
-            slice_id: h.slice_id,
-            devices: devices.into_iter().map(|(_, d)| d).collect(),
-            procs,
-        }
+        snapshot_of(self.header(), |s| self.alive(s))
     }
 
     /// In a forked child: the descriptor and the mapping (and with them the parent's liveness
@@ -1041,6 +1038,80 @@ impl Ledger {
     }
 }
 
+fn uuid_of(rec: &DeviceRec) -> [u8; 16] {
+    let mut u = [0u8; 16];
+    let (a, b) = u.split_at_mut(8);
+    a.copy_from_slice(&rec.uuid[0].load(Ordering::Relaxed).to_be_bytes());
+    b.copy_from_slice(&rec.uuid[1].load(Ordering::Relaxed).to_be_bytes());
+    u
+}
+
+/// What ledger `h` holds, copied out; `alive(slot)` says whether a process slot's process lives.
+fn snapshot_of(h: &Header, alive: impl Fn(usize) -> bool) -> Snapshot {
+    let devices: Vec<(usize, DeviceSnapshot)> = h
+        .devices
+        .iter()
+        .enumerate()
+        .filter(|(_, d)| d.state.load(Ordering::Acquire) == LIVE)
+        .map(|(i, d)| (i, device_snapshot(uuid_of(d), d)))
+        .collect();
+    let procs = h
+        .procs
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| p.state.load(Ordering::Acquire) == LIVE)
+        .map(|(s, p)| ProcSnapshot {
+            pid: p.pid.load(Ordering::Relaxed),
+            host_pid: Some(p.host_pid.load(Ordering::Relaxed)).filter(|&h| h > 0),
+            alive: alive(s),
+            charged: devices
+                .iter()
+                .map(|(i, _)| p.charged.get(*i).map_or(0, |c| c.load(Ordering::Relaxed)))
+                .collect(),
+        })
+        .collect();
+    Snapshot {
+        slice_id: h.slice_id,
+        devices: devices.into_iter().map(|(_, d)| d).collect(),
+        procs,
+    }
+}
+
+/// Checks that `f` (opened from `path`) is a whole ledger of this version: its header, and its
+/// size as the header says.
+fn validate(f: &File, path: &Path) -> Result<(), LedgerError> {
+    let path = path.to_path_buf();
+    let io = |err| LedgerError::Io {
+        path: path.clone(),
+        err,
+    };
+    let found = f.metadata().map_err(io)?.len();
+    let mut head = [0u8; 24];
+    let n = f.read_at(&mut head, 0).map_err(io)?;
+    if n < 8 || head[..8] != MAGIC {
+        return Err(LedgerError::Foreign { path });
+    }
+    let version = u32::from_ne_bytes([head[8], head[9], head[10], head[11]]);
+    if n < 24 || version != VERSION {
+        return Err(LedgerError::Version {
+            path,
+            found: version,
+        });
+    }
+    let header_size = u32::from_ne_bytes([head[12], head[13], head[14], head[15]]);
+    let expected = u64::from_ne_bytes([
+        head[16], head[17], head[18], head[19], head[20], head[21], head[22], head[23],
+    ]);
+    if found != expected || expected != size() as u64 || header_size as usize != size() {
+        return Err(LedgerError::Damaged {
+            path,
+            found,
+            expected,
+        });
+    }
+    Ok(())
+}
+
 impl Drop for Ledger {
     fn drop(&mut self) {
         if self.len > 0 {
@@ -1050,25 +1121,121 @@ impl Drop for Ledger {
     }
 }
 
-/// A ledger mapped read-only, to take snapshots of as often as needed: for the node agent, which
-/// reads every slice's ledger every period. Mapping afresh each time would fault in the file's
-/// pages each time.
-pub struct ReadOnly(Ledger);
+/// A ledger opened for reading by the node's tools (the agent reads every slice's every period).
+/// It is read with `pread` into a copy, never mapped: a container can write its own ledger, and
+/// could truncate it under a mapping (whose reader would then die of SIGBUS) or hold its locks;
+/// a copy is neither. A ledger cut short reads as zeros past its end.
+pub struct ReadOnly {
+    file: File,
+    path: PathBuf,
+    copy: parking_lot::Mutex<Box<Header>>,
+}
+
+/// Opens a ledger a tenant may have tampered with: a regular file only (never a FIFO, whose open
+/// or read could wait, nor a link), with its header checked.
+fn open_checked(path: &Path, write: bool) -> Result<File, LedgerError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let io = |err| LedgerError::Io {
+        path: path.to_path_buf(),
+        err,
+    };
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(write)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(io)?;
+    if !f.metadata().map_err(io)?.is_file() {
+        return Err(LedgerError::Foreign {
+            path: path.to_path_buf(),
+        });
+    }
+    validate(&f, path)?;
+    Ok(f)
+}
+
+/// A zeroed header on the heap (a megabyte: never on a stack).
+fn zeroed_header() -> Box<Header> {
+    // SAFETY: every field of `Header` is an integer, an atomic integer or a pthread mutex, for
+    // all of which all-zero bytes are a valid value.
+    unsafe { Box::<Header>::new_zeroed().assume_init() }
+}
+
+/// Reads the ledger in `f` into `copy` (zeros past what could be read).
+fn read_copy(f: &File, copy: &mut Header) {
+    // SAFETY: `copy` is `size()` bytes we hold exclusively; any bytes are a valid `Header`.
+    let bytes =
+        unsafe { std::slice::from_raw_parts_mut((copy as *mut Header).cast::<u8>(), size()) };
+    let mut done = 0;
+    while done < bytes.len() {
+        match f.read_at(&mut bytes[done..], done as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
+    bytes[done..].fill(0);
+}
 
 impl ReadOnly {
     pub fn open(path: &Path) -> Result<ReadOnly, LedgerError> {
-        let io = |err| LedgerError::Io {
+        Ok(ReadOnly {
+            file: open_checked(path, false)?,
             path: path.to_path_buf(),
-            err,
-        };
-        let f = File::open(path).map_err(io)?;
-        Ledger::check(f, path.to_path_buf(), libc::PROT_READ).map(ReadOnly)
+            copy: parking_lot::Mutex::new(zeroed_header()),
+        })
     }
 
-    /// What the ledger holds now, copied out.
+    /// What the ledger holds now, copied out. A device's history of marks is taken from a copy
+    /// in which no writer was at work on it (read again, a few times at most, until so).
     pub fn snapshot(&self) -> Snapshot {
-        self.0.snapshot()
+        let mut copy = self.copy.lock();
+        for _ in 0..10 {
+            read_copy(&self.file, &mut copy);
+            if self.marks_settled(&copy) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
+        let fd = self.file.as_raw_fd();
+        snapshot_of(&copy, |s| {
+            liveness::held_by_other(fd, LIVENESS_BASE + s as i64)
+        })
     }
+
+    /// Whether, in `copy`, no writer was changing any live device's marks: each one's sequence
+    /// count is even and still what the file holds now.
+    fn marks_settled(&self, copy: &Header) -> bool {
+        copy.devices.iter().enumerate().all(|(i, d)| {
+            if d.state.load(Ordering::Relaxed) != LIVE {
+                return true;
+            }
+            let seq = d.marks_seq.load(Ordering::Relaxed);
+            let at = std::mem::offset_of!(Header, devices)
+                + i * std::mem::size_of::<DeviceRec>()
+                + std::mem::offset_of!(DeviceRec, marks_seq);
+            seq.is_multiple_of(2) && read_u64(&self.file, at as u64) == Some(seq)
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+fn read_u64(f: &File, at: u64) -> Option<u64> {
+    let mut b = [0u8; 8];
+    (f.read_at(&mut b, at).ok()? == 8).then(|| u64::from_ne_bytes(b))
+}
+
+fn read_u32(f: &File, at: u64) -> Option<u32> {
+    let mut b = [0u8; 4];
+    (f.read_at(&mut b, at).ok()? == 4).then(|| u32::from_ne_bytes(b))
+}
+
+fn write_at(f: &File, at: usize, bytes: &[u8]) -> io::Result<()> {
+    f.write_all_at(bytes, at as u64)
 }
 
 struct TableGuard<'a> {

@@ -1,13 +1,14 @@
 //! The files a slice's processes share, apart from any FFI: the memory ledger (one per slice:
-//! caps, holdings, peaks and refusals per device, the processes that belong to it) and the compute
-//! region (one per device, node-wide: each slice's demand and allotment). The interposer maps them
-//! on every CUDA process's behalf; the OCI hook creates a container's ledger; the node tools read
-//! both. `agent` is the node agent's socket protocol, which tells container processes their host
-//! pids.
+//! caps, holdings, peaks and refusals per device, the processes that belong to it) and the
+//! node's compute board (one place per slice: what it was granted, what it claims and uses on
+//! each device). The interposer maps its own slice's on every CUDA process's behalf and reads the
+//! other slices' claims; the OCI hook creates a container's ledger and place on the board; the
+//! node tools read both. `agent` is the node agent's socket protocol, which tells container
+//! processes their host pids.
 
 pub mod agent;
+pub mod board;
 pub mod ledger;
-pub mod region;
 pub mod snapshot;
 
 /// A device UUID as NVML and `nvidia-smi` print it: `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.

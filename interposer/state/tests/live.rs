@@ -1,10 +1,12 @@
 //! The node's changes to a running slice (`cuslice set`) as the slice's processes see them:
-//! through the ledger (the cap, the core request and limit) and the device's node region (the
-//! slice's claim, checked against the other slices' requests).
+//! through the ledger (the cap, the core request and limit), and the node's check of a new
+//! request against the other slices' on the compute board.
 
+use cuslice_policy::grant::{Grant, Origin};
+use cuslice_policy::priority::Priority;
 use cuslice_policy::share::FULL;
+use cuslice_state::board::{self, Board, Maker};
 use cuslice_state::ledger::{Ledger, LiveChange};
-use cuslice_state::region::{self, Region};
 
 const GIB: u64 = 1 << 30;
 const UUID: [u8; 16] = [7; 16];
@@ -43,20 +45,25 @@ fn a_cap_set_live_is_the_slices_cap_and_wins_over_a_joiners_configuration() {
     assert!(Ledger::set_live(&path, &[9; 16], &change).is_err());
 }
 
-/// (The node's check against other slices' requests, `region::set_claim`, counts the slots of
-/// other live processes only; it is tested with real processes in install/tests/set.rs.)
+/// `cuslice set` checks a new request against what the other slices on the device request,
+/// each bounded by its grant; a node without a board has nothing to check.
 #[test]
-fn a_meter_makes_its_claim_the_ledgers_and_a_device_without_a_region_has_nothing_to_check() {
-    let dir = tempfile::tempdir().unwrap();
-    let uuid = "GPU-07070707-0707-0707-0707-070707070707";
-    let b = Region::join(dir.path(), uuid, 2, FULL * 3 / 10, FULL).unwrap();
-    b.claim(FULL / 5, FULL / 4);
-    let mine = &b.slices(0)[0];
-    assert_eq!(
-        (mine.demand.request, mine.demand.limit),
-        (FULL / 5, FULL / 4)
-    );
+fn the_nodes_check_counts_the_other_slices_requests_as_granted() {
+    let node = tempfile::tempdir().unwrap();
+    let grant = |request| Grant {
+        request,
+        limit: FULL,
+        priority: Priority::Normal,
+        origin: Origin::Standalone,
+    };
+    let a = Board::open(node.path(), 1, Maker::Standalone(grant(FULL / 5))).unwrap();
+    let b = Board::open(node.path(), 2, Maker::Standalone(grant(FULL / 2))).unwrap();
+    a.claim(0, &UUID, FULL / 5, FULL, Priority::Normal).unwrap();
+    b.claim(0, &UUID, FULL / 2, FULL, Priority::Normal).unwrap();
+    assert_eq!(board::requested(node.path(), &UUID, 1), FULL / 2);
+    assert_eq!(board::requested(node.path(), &UUID, 2), FULL / 5);
+    assert_eq!(board::requested(node.path(), &UUID, 3), FULL / 5 + FULL / 2);
+    assert_eq!(board::requested(node.path(), &[9; 16], 3), 0);
     let none = tempfile::tempdir().unwrap();
-    region::set_claim(none.path(), uuid, 2, FULL, FULL, true).unwrap();
-    assert!(!none.path().join(uuid).exists());
+    assert_eq!(board::requested(&none.path().join("none"), &UUID, 1), 0);
 }

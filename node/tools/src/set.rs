@@ -8,10 +8,12 @@
 //!   that would take the requests of the slices on a device past 100% is refused. A refusal is
 //!   one line and changes nothing.
 //! - What is written, in this order: a container's hook file (`slice/config`, the authoritative
-//!   record, read-only inside the container; replaced atomically), then the slice's ledger (what
-//!   the slice's processes enforce: the cap at their next allocation, the core request and limit
-//!   at their meter's next period), then the device's node region (the slice's claim, which the
-//!   meters would also write within a period).
+//!   record, read-only inside the container; replaced atomically), then the slice's grant on the
+//!   node's compute board (what other slices let it claim), then the slice's ledger (what the
+//!   slice's processes enforce: the cap at their next allocation, the core request and limit at
+//!   their meter's next period, when they also post the new claim on the board).
+//! - Nothing of the slice's own files is locked or waited for: a tenant holding its ledger's
+//!   locks cannot hold up the node's tools.
 //!
 //! Nothing is freed: a cap lowered below what the slice holds refuses new allocations until the
 //! slice is under it.
@@ -23,21 +25,22 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use cuslice_hook::state::{Record, Root, start_time};
-use cuslice_policy::config::{LiveLimit, live_core, parse_live, rewrite_hook_file};
+use cuslice_policy::config::{Config, LiveLimit, live_core, parse_live, rewrite_hook_file};
 use cuslice_policy::format_size;
+use cuslice_policy::grant::Grant;
 use cuslice_policy::priority::Priority;
 use cuslice_policy::share::FULL;
+use cuslice_state::board;
 use cuslice_state::ledger::{self, Ledger, LiveChange};
-use cuslice_state::region::{self, RegionError};
 use cuslice_state::uuid_string;
 
 /// In a container's host-only state directory: device UUID -> what the slice held when
 /// `cuslice set` lowered its cap below that (read by the node agent).
 pub const LOWERED: &str = "lowered.json";
 
-/// Where the node's compute regions are unless told otherwise (the hook's and the
-/// interposer's default).
-pub const DEFAULT_NODE_DIR: &str = region::DEFAULT_DIR;
+/// Where the node's compute board is unless told otherwise (the hook's and the interposer's
+/// default).
+pub const DEFAULT_NODE_DIR: &str = board::DEFAULT_DIR;
 
 /// What to change; each value as the user wrote it.
 #[derive(Debug, Clone, Default)]
@@ -53,7 +56,7 @@ pub struct Change {
 pub struct Places {
     /// The OCI hook's state root (`/run/cuslice`).
     pub state_root: PathBuf,
-    /// The node's compute regions (the hook's `--node-dir`, a standalone slice's
+    /// The node's compute board (the hook's `--node-dir`, a standalone slice's
     /// CUSLICE_NODE_DIR; by default /dev/shm/cuslice).
     pub node_dir: PathBuf,
 }
@@ -217,8 +220,10 @@ pub fn set(target: &str, change: &Change, places: &Places) -> Result<String, Str
         let core = if v.core_limit.is_some() || v.core_request.is_some() {
             let c = live_core((d.core_request, d.core_limit), v.core_request, v.core_limit)
                 .map_err(|e| format!("{} on {uuid}: {e}", t.label))?;
-            region::set_claim(&places.node_dir, &uuid, snap.slice_id, c.0, c.1, false)
-                .map_err(|e| refused_claim(&t.label, e))?;
+            let taken = board::requested(&places.node_dir, &d.uuid, snap.slice_id);
+            if c.0 > 0 && taken.saturating_add(c.0) > FULL {
+                return Err(refused_claim(&t.label, &uuid, taken, c.0));
+            }
             Some(c)
         } else {
             None
@@ -266,13 +271,35 @@ pub fn set(target: &str, change: &Change, places: &Places) -> Result<String, Str
     if let Some((path, text)) = &config {
         write_atomic(path, text.as_bytes()).map_err(|e| format!("{}: {e}", path.display()))?;
     }
+    // What the other slices let it claim: for a container, what its new hook file sets; for a
+    // standalone slice, its grant with the new values.
+    let place = board::slice_dir(&places.node_dir, snap.slice_id);
+    let grant_path = place.join(board::GRANT);
+    if place.is_dir() {
+        let old = board::read_grant(&grant_path);
+        let grant = match &config {
+            Some((_, text)) => Grant::from_config(
+                &Config::from_hook_file(text, std::iter::empty::<(&str, &str)>())
+                    .map_err(|e| format!("{}: {e}", t.label))?,
+                old.origin,
+            ),
+            None => Grant {
+                request: v
+                    .core_request
+                    .map_or(old.request, |p| p.min(100) * (FULL / 100)),
+                limit: v
+                    .core_limit
+                    .map_or(old.limit, |p| p.min(100) * (FULL / 100)),
+                priority: v.priority.map_or(old.priority, Priority::from_code),
+                origin: old.origin,
+            },
+        };
+        board::write_grant(&grant_path, &grant, 0o644)
+            .map_err(|e| format!("{}: {e}", grant_path.display()))?;
+    }
     let mut lines = Vec::new();
     for (d, uuid, live) in &plans {
         Ledger::set_live(&t.ledger, &d.uuid, live).map_err(|e| e.to_string())?;
-        if let Some((request, limit)) = live.core {
-            region::set_claim(&places.node_dir, uuid, snap.slice_id, request, limit, true)
-                .map_err(|e| refused_claim(&t.label, e))?;
-        }
         let mut what = Vec::new();
         if let Some(m) = live.memory {
             let was = d.limit.map_or("none".to_string(), format_size);
@@ -325,19 +352,15 @@ pub fn set(target: &str, change: &Change, places: &Places) -> Result<String, Str
     Ok(lines.join("\n"))
 }
 
-fn refused_claim(label: &str, e: RegionError) -> String {
-    match e {
-        RegionError::Oversubscribed {
-            uuid,
-            taken,
-            asked,
-            left,
-        } => format!(
-            "{label}: a core request of {asked}% would take device {uuid} past 100% (the other \
-             slices there request {taken}%); give at most --core-request {left}"
-        ),
-        e => e.to_string(),
-    }
+fn refused_claim(label: &str, uuid: &str, taken: u32, asked: u32) -> String {
+    let pct = |ppm: u32| ppm.div_ceil(FULL / 100);
+    format!(
+        "{label}: a core request of {}% would take device {uuid} past 100% (the other slices \
+         there request {}%); give at most --core-request {}",
+        pct(asked),
+        pct(taken),
+        100u32.saturating_sub(pct(taken))
+    )
 }
 
 /// Replaces `path` by a file holding `text`, atomically (a reader sees the old file or the new,

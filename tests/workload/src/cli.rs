@@ -262,7 +262,7 @@ fn scenario(cli: &Cli, route: Route, driver: &Driver) -> Result<(), Failure> {
         Scenario::BenchAlloc(a) => scenarios::bench_alloc(&session, a)?,
         Scenario::BenchLaunch(a) => scenarios::bench_launch(&session, a)?,
         Scenario::Probe(a) => scenarios::probe(&session, a)?,
-        Scenario::Tamper(a) => crate::tamper::tamper(a),
+        Scenario::Tamper(a) => crate::tamper::tamper(&session, a),
         Scenario::Resolve => {}
     }
     session.close()?;

@@ -12,6 +12,7 @@ use clap::Args;
 use serde_json::json;
 
 use crate::out::emit;
+use crate::scenarios::Session;
 
 #[derive(Clone, Debug, Args)]
 pub struct TamperArgs {
@@ -196,45 +197,80 @@ fn replace(root: &Path, held: &mut Vec<std::fs::File>) {
     );
 }
 
-/// The forged claims, kept fresh until `until`.
-fn forge(root: &Path, until: Instant) -> Vec<std::thread::JoinHandle<()>> {
-    forge_node(&root.join("node"), until)
-}
-
-/// The node-level regions: one file per device, a slot per process.
-fn forge_node(node: &Path, until: Instant) -> Vec<std::thread::JoinHandle<()>> {
+/// The forged claims, kept fresh until `until`: the slice's own place on the node's compute
+/// board (the one place it can write) claims the whole of every device the container sees, with
+/// high priority, high-priority work always in flight and always wanting more.
+fn forge(s: &Session<'_>, root: &Path, until: Instant) -> Vec<std::thread::JoinHandle<()>> {
     use cuslice_policy::priority::Priority;
     use cuslice_policy::share::FULL;
-    use cuslice_state::region::Region;
-    let mut regions = Vec::new();
-    for (path, m) in everything(node) {
-        if !m.is_file() {
-            continue;
+    use cuslice_state::board::{Board, Maker, Post};
+    let ledger = root.join("slice/ledger");
+    let slice = match cuslice_state::ledger::Ledger::read(&ledger) {
+        Ok(l) => l.slice_id,
+        Err(e) => {
+            attempt("forge", &ledger, Err(std::io::Error::other(e.to_string())));
+            return Vec::new();
         }
-        let Some(uuid) = path.file_name().and_then(|n| n.to_str()) else {
-            continue;
-        };
-        // Join with no request (the check of requests is only at joining), then claim it all.
-        let r = Region::join(node, uuid, 0x7a6d_7065_7265_6400 ^ m.ino(), 0, FULL);
-        let ok = r.as_ref().map(|_| ()).map_err(|e| std::io::Error::other(e.to_string()));
-        attempt("forge-slot", &path, ok);
-        if let Ok(r) = r {
-            r.claim(FULL, FULL);
-            r.set_priority(Priority::High);
-            regions.push(r);
+    };
+    let node = root.join("node");
+    let board = match Board::open(&node, slice, Maker::Hooked) {
+        Ok(b) => b,
+        Err(e) => {
+            attempt("forge", &node, Err(std::io::Error::other(e.to_string())));
+            return Vec::new();
         }
+    };
+    let uuids = devices(s);
+    let place = board.dir().join("claims");
+    for (d, uuid) in uuids.iter().enumerate() {
+        // Through the front door first, then whatever the door said.
+        let r = board.claim(d as u32, uuid, FULL, FULL, Priority::High);
+        attempt(
+            "claim-whole-device",
+            &place,
+            r.map_err(|e| std::io::Error::other(e.to_string())),
+        );
     }
+    attempt("forge-claims", &place, Ok(()));
     vec![std::thread::spawn(move || {
         while Instant::now() < until {
             let now = crate::scenarios::monotonic_ns();
-            for r in &regions {
-                r.claim(FULL, FULL);
-                r.publish(FULL, true, now, FULL);
-                r.raise_high_until(u64::MAX);
+            for (d, uuid) in uuids.iter().enumerate() {
+                let post = Post {
+                    request: FULL,
+                    limit: FULL,
+                    priority: Priority::High,
+                    usage: FULL,
+                    hungry_until: u64::MAX,
+                    active_ns: now,
+                };
+                board.post(d as u32, uuid, &post, now);
+                board.raise_high_until(d as u32, u64::MAX);
             }
             std::thread::sleep(Duration::from_millis(20));
         }
     })]
+}
+
+/// The UUIDs of the devices the process sees.
+fn devices(s: &Session<'_>) -> Vec<[u8; 16]> {
+    let d = s.d;
+    let mut n = 0;
+    // SAFETY: out-pointer to a local.
+    if unsafe { d.cuDeviceGetCount(&mut n) }.is_err() {
+        return Vec::new();
+    }
+    (0..n)
+        .filter_map(|i| {
+            let mut dev = 0;
+            let mut uuid = cuda_abi::CUuuid::default();
+            // SAFETY: out-pointers to locals; `i` is below the device count.
+            unsafe { d.cuDeviceGet(&mut dev, i) }.ok()?;
+            // SAFETY: as above.
+            unsafe { d.cuDeviceGetUuid_v2(&mut uuid, dev) }.ok()?;
+            Some(uuid.bytes)
+        })
+        .collect()
 }
 
 /// Starts `n` processes of this program that initialise CUDA and stay until `secs` are up;
@@ -267,7 +303,10 @@ fn flood(n: u32, secs: f64) -> Vec<std::process::Child> {
             ready += 1;
         }
     }
-    emit("flooded", json!({"processes": kids.len(), "initialised": ready}));
+    emit(
+        "flooded",
+        json!({"processes": kids.len(), "initialised": ready}),
+    );
     kids
 }
 
@@ -281,14 +320,14 @@ pub fn init_only(d: &crate::driver::Driver, secs: f64) -> u8 {
 }
 
 /// The attack, after the process's own CUDA session is open.
-pub fn tamper(a: &TamperArgs) {
+pub fn tamper(s: &Session<'_>, a: &TamperArgs) {
     let until = Instant::now() + Duration::from_secs_f64(a.secs);
     if a.survey {
         survey(&a.root);
     }
     let mut held = Vec::new();
     let forgers = if a.forge {
-        forge(&a.root, until)
+        forge(s, &a.root, until)
     } else {
         Vec::new()
     };

@@ -1,0 +1,1047 @@
+//! The node's compute board: what each slice claims on each device and what it uses there, from
+//! which every process works out its own slice's allotment (`cuslice_policy::share`). One
+//! directory per slice under the node directory (`$CUSLICE_NODE_DIR`, the hook's `--node-dir`;
+//! by default `/dev/shm/cuslice`):
+//!
+//! ```text
+//! <node dir>/<slice id, 16 hex digits>/
+//!   grant    what the node granted the slice: the most it may claim (text, `cuslice_policy::grant`);
+//!            a container's is written by the hook and `cuslice set` and is read-only to every
+//!            container; a standalone slice's first process writes its own
+//!   claims   the slice's claims and use on each device (fixed size, binary): written by the
+//!            slice's own processes alone. A container's is the one file of the node directory
+//!            mounted read-write into it; the directory itself is read-only there.
+//! ```
+//!
+//! So no slice can write anything another slice reads, and what a slice says is bounded by what
+//! it was granted. Reading another slice's claims never trusts them: they are read with `pread`
+//! into a copy (never mapped: a slice may truncate its own file, and a mapping of it would fault),
+//! nothing of theirs is ever locked or waited for, a FIFO or link where a file belongs is passed
+//! over, a claim nobody refreshed for `STALE_NS` counts as gone, and every figure is cut to the
+//! grant. A slice that corrupts, truncates, locks or floods its own files harms its own processes
+//! alone.
+//!
+//! Within a slice, the claims file has one entry per device (the device's index in the slice's
+//! ledger). Each process of the slice refreshes the entry every meter period with the slice's
+//! request, limit, priority and usage (the sum of its processes' usage, from the ledger); a
+//! process of a high-priority slice raises `high_until` at its launches.
+//!
+//! Admission: a slice's first process on a device claims its request there only if the requests
+//! of the slices on the device leave room. With no lock shared between slices, it posts its claim
+//! as pending, then reads everybody's (a full fence in between): of two slices that post at once,
+//! at least one sees the other. A slice that sees only claims already held that leave no room is
+//! refused; one that sees no room only because of other pending claims withdraws, waits a
+//! random moment and tries again.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
+
+use cuslice_policy::grant::{Grant, Origin};
+use cuslice_policy::priority::Priority;
+use cuslice_policy::share::{Demand, FULL};
+
+use crate::ledger::MAX_DEVICES;
+
+pub const DEFAULT_DIR: &str = "/dev/shm/cuslice";
+pub const CLAIMS: &str = "claims";
+pub const GRANT: &str = "grant";
+pub const MAGIC: [u8; 8] = *b"CUSLCLMS";
+pub const VERSION: u32 = 1;
+/// A claim that no process of its slice refreshed for this long is gone: its processes died.
+pub const STALE_NS: u64 = 3_000_000_000;
+/// A time another process posts this far ahead of the reader's clock is believed; further is not
+/// (an honest process's clock is the reader's: CLOCK_MONOTONIC is the machine's).
+pub const AHEAD_NS: u64 = 1_000_000_000;
+/// A standalone slice whose processes all died leaves its directory behind; the next standalone
+/// process (or the hook's sweep) removes it once its claims are this old.
+pub const LEFTOVER_NS: u64 = 60_000_000_000;
+/// A grant is read again at most this often.
+const GRANT_EVERY_NS: u64 = 1_000_000_000;
+/// The most of a grant file that is read.
+const GRANT_MAX: usize = 4096;
+/// Attempts to post a claim while other slices post theirs.
+const ATTEMPTS: u32 = 40;
+
+const FREE: u32 = 0;
+const PENDING: u32 = 1;
+const HELD: u32 = 2;
+
+#[repr(C)]
+struct Header {
+    magic: [u8; 8],
+    version: u32,
+    size: u32,
+    slice: u64,
+    /// When a process of the slice last refreshed any entry (CLOCK_MONOTONIC ns).
+    beat_ns: AtomicU64,
+    _reserved: [u64; 4],
+}
+
+/// The slice's claim on one device.
+#[repr(C)]
+struct Entry {
+    /// The device's UUID, as two big-endian words.
+    uuid: [AtomicU64; 2],
+    /// FREE, PENDING (being admitted) or HELD.
+    state: AtomicU32,
+    /// Core request and limit (ppm).
+    request: AtomicU32,
+    limit: AtomicU32,
+    /// `Priority::code`.
+    priority: AtomicU32,
+    /// The slice's share of the device in its processes' last periods (ppm).
+    usage: AtomicU32,
+    _pad: AtomicU32,
+    /// When a process of the slice last refreshed the entry (CLOCK_MONOTONIC ns).
+    beat_ns: AtomicU64,
+    /// When the slice last launched work on the device.
+    active_ns: AtomicU64,
+    /// The slice counts as wanting more than it uses until then.
+    hungry_until: AtomicU64,
+    /// When the high-priority work the slice launched so far is expected to be done.
+    high_until: AtomicU64,
+}
+
+#[repr(C)]
+struct Claims {
+    header: Header,
+    entries: [Entry; MAX_DEVICES],
+}
+
+/// The size of a claims file.
+pub const SIZE: usize = std::mem::size_of::<Claims>();
+
+fn words(u: &[u8; 16]) -> (u64, u64) {
+    let (a, b) = u.split_at(8);
+    let w = |x: &[u8]| x.iter().fold(0u64, |acc, b| acc << 8 | *b as u64);
+    (w(a), w(b))
+}
+
+impl Entry {
+    fn is(&self, u: (u64, u64)) -> bool {
+        self.uuid[0].load(Ordering::Relaxed) == u.0 && self.uuid[1].load(Ordering::Relaxed) == u.1
+    }
+}
+
+/// Whether a time another process posted is recent at `now`: not older than `age`, and not
+/// further ahead than `AHEAD_NS`.
+fn recent(t: u64, now: u64, age: u64) -> bool {
+    t != 0 && t.saturating_add(age) >= now && t <= now.saturating_add(AHEAD_NS)
+}
+
+/// The directory of slice `slice` under the node directory.
+pub fn slice_dir(node: &Path, slice: u64) -> PathBuf {
+    node.join(format!("{slice:016x}"))
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BoardError {
+    #[error("cannot use the compute board {path}: {err}")]
+    Io { path: PathBuf, err: io::Error },
+    #[error(
+        "{path} is missing: the OCI hook makes each container's place on the node's compute board when it starts the container (is the hook of the same cuslice as this library?)"
+    )]
+    Missing { path: PathBuf },
+    #[error(
+        "{path} is not a cuslice claims file of version {VERSION} for this slice (remove it once no process of the slice runs)"
+    )]
+    Foreign { path: PathBuf },
+    #[error(
+        "CUSLICE_CORE_REQUEST: device {uuid} has {taken}% requested by other slices, so a request of {asked}% would promise more than the whole device; ask for at most {left}% (e.g. CUSLICE_CORE_REQUEST={left})"
+    )]
+    Oversubscribed {
+        uuid: String,
+        taken: u32,
+        asked: u32,
+        left: u32,
+    },
+}
+
+fn pct(ppm: u32) -> u32 {
+    ppm.div_ceil(FULL / 100)
+}
+
+fn oversubscribed(uuid: &[u8; 16], taken: u32, asked: u32) -> BoardError {
+    BoardError::Oversubscribed {
+        uuid: crate::uuid_string(uuid),
+        taken: pct(taken),
+        asked: pct(asked),
+        left: 100u32.saturating_sub(pct(taken)),
+    }
+}
+
+/// Who is opening a slice's place on the board.
+pub enum Maker {
+    /// A process of a container: the hook made the place; the process only opens its claims.
+    Hooked,
+    /// A standalone process: makes the slice's place if it is missing, with this grant.
+    Standalone(Grant),
+}
+
+/// What one slice on a device is doing, as another reads it (bounded by its grant).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SliceView {
+    pub slice: u64,
+    pub demand: Demand,
+    pub priority: Priority,
+}
+
+/// Where a high-priority slice posts when its work on a device is expected to be done: read at
+/// the gate of a launch that yields to it.
+#[derive(Clone)]
+pub struct HighRef {
+    file: Arc<File>,
+    offset: u64,
+}
+
+/// This process's own post on a device in a period.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Post {
+    pub request: u32,
+    pub limit: u32,
+    pub priority: Priority,
+    pub usage: u32,
+    pub hungry_until: u64,
+    pub active_ns: u64,
+}
+
+/// Another slice's place, as this process keeps it open.
+struct Other {
+    id: u64,
+    claims: Arc<File>,
+    grant: Grant,
+    grant_read_ns: u64,
+}
+
+/// This process's slice's place on the board, and what it knows of the others'.
+pub struct Board {
+    node: PathBuf,
+    dir: PathBuf,
+    slice: u64,
+    /// The slice's own claims, mapped read-write.
+    own: *mut Claims,
+    _file: File,
+    /// Whether a standalone process made the place (so a standalone process removes it).
+    standalone: bool,
+    others: parking_lot::Mutex<Vec<Other>>,
+}
+
+// SAFETY: the mapping is shared memory touched only through atomics.
+unsafe impl Send for Board {}
+// SAFETY: as above.
+unsafe impl Sync for Board {}
+
+impl Drop for Board {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping of SIZE bytes; nothing borrowed from it outlives `self`.
+        unsafe { libc::munmap(self.own.cast(), SIZE) };
+    }
+}
+
+fn map(file: &File) -> io::Result<*mut Claims> {
+    // SAFETY: maps the whole (validated or freshly sized) file shared; checked for failure.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            SIZE,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            file.as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(p.cast())
+}
+
+/// The header a claims file of slice `slice` starts with, as bytes.
+fn header_bytes(slice: u64) -> Vec<u8> {
+    let mut b = Vec::with_capacity(std::mem::size_of::<Header>());
+    b.extend_from_slice(&MAGIC);
+    b.extend_from_slice(&VERSION.to_ne_bytes());
+    b.extend_from_slice(&(SIZE as u32).to_ne_bytes());
+    b.extend_from_slice(&slice.to_ne_bytes());
+    b.resize(std::mem::size_of::<Header>(), 0);
+    b
+}
+
+/// Makes slice `slice`'s claims file at `path` (it must not exist), with `mode`: the header,
+/// then no claims. For the hook, before any process of the container runs.
+pub fn create_claims(path: &Path, slice: u64, mode: u32) -> io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::PermissionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(path)?;
+    let made = f
+        .write_all(&header_bytes(slice))
+        .and_then(|()| f.set_len(SIZE as u64))
+        // The umask may have narrowed `mode`.
+        .and_then(|()| f.set_permissions(std::fs::Permissions::from_mode(mode)));
+    if made.is_err() {
+        let _ = std::fs::remove_file(path);
+    }
+    made
+}
+
+/// Writes `text` to `path` through a temporary file renamed over it (readers see the old or the
+/// new, never a part), with `mode`.
+pub fn write_grant(path: &Path, grant: &Grant, mode: u32) -> io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    let made = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .open(&tmp)?;
+        f.write_all(grant.format().as_bytes())?;
+        f.set_permissions(std::fs::Permissions::from_mode(mode))?;
+        std::fs::rename(&tmp, path)
+    })();
+    if made.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    made
+}
+
+/// Opens a file another slice wrote, for reading only, if it is a regular file: never a FIFO
+/// (whose open or read could wait), a device or a link.
+fn open_theirs(path: &Path) -> Option<File> {
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+        .ok()?;
+    f.metadata().ok()?.is_file().then_some(f)
+}
+
+/// A grant file as it is now (the least, if it cannot be read).
+pub fn read_grant(path: &Path) -> Grant {
+    let mut buf = vec![0u8; GRANT_MAX];
+    let n = open_theirs(path)
+        .and_then(|f| f.read_at(&mut buf, 0).ok())
+        .unwrap_or(0);
+    Grant::parse(&String::from_utf8_lossy(&buf[..n]))
+}
+
+/// A copy of a claims file as it is now (zeros past what could be read).
+fn read_claims(f: &File) -> Box<Claims> {
+    // SAFETY: `Claims` is atomics and integers only, for which all-zero is a valid value.
+    let mut c: Box<Claims> = unsafe { Box::<Claims>::new_zeroed().assume_init() };
+    // SAFETY: the box is SIZE bytes we own; `Claims` has no invalid bit patterns.
+    let bytes =
+        unsafe { std::slice::from_raw_parts_mut((&mut *c as *mut Claims).cast::<u8>(), SIZE) };
+    let mut done = 0;
+    while done < SIZE {
+        match f.read_at(&mut bytes[done..], done as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
+    c
+}
+
+fn valid(c: &Claims, slice: u64) -> bool {
+    c.header.magic == MAGIC
+        && c.header.version == VERSION
+        && c.header.size as usize == SIZE
+        && c.header.slice == slice
+}
+
+impl Board {
+    /// Opens this process's slice's place on the board under `node` (making it for a
+    /// standalone slice).
+    pub fn open(node: &Path, slice: u64, maker: Maker) -> Result<Board, BoardError> {
+        let dir = slice_dir(node, slice);
+        let path = dir.join(CLAIMS);
+        let io = |p: &Path| {
+            let p = p.to_path_buf();
+            move |err| BoardError::Io { path: p, err }
+        };
+        let standalone = matches!(maker, Maker::Standalone(_));
+        let file = match maker {
+            Maker::Hooked => match std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(&path)
+            {
+                Ok(f) => f,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    return Err(BoardError::Missing { path });
+                }
+                Err(e) => return Err(io(&path)(e)),
+            },
+            Maker::Standalone(grant) => {
+                if !node.exists() {
+                    std::fs::create_dir_all(node).map_err(io(node))?;
+                    use std::os::unix::fs::PermissionsExt;
+                    // Like /tmp: slices of different users share a node.
+                    let _ = std::fs::set_permissions(node, std::fs::Permissions::from_mode(0o1777));
+                }
+                sweep(node, None);
+                match std::fs::DirBuilder::new().create(&dir) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                    Err(e) => return Err(io(&dir)(e)),
+                }
+                let g = dir.join(GRANT);
+                if !g.exists() {
+                    write_grant(&g, &grant, 0o644).map_err(io(&g))?;
+                }
+                cuslice_shm::file::open_or_create(&dir, CLAIMS, SIZE as u64, 0o644, |f, _| {
+                    use std::io::Write;
+                    (&mut &*f).write_all(&header_bytes(slice))
+                })
+                .map_err(io(&path))?
+            }
+        };
+        let meta = file.metadata().map_err(io(&path))?;
+        if !meta.is_file() || meta.len() != SIZE as u64 {
+            return Err(BoardError::Foreign { path });
+        }
+        let own = map(&file).map_err(io(&path))?;
+        let board = Board {
+            node: node.to_path_buf(),
+            dir,
+            slice,
+            own,
+            _file: file,
+            standalone,
+            others: parking_lot::Mutex::new(Vec::new()),
+        };
+        let h = &board.claims().header;
+        if h.magic != MAGIC || h.version != VERSION || h.size as usize != SIZE || h.slice != slice {
+            return Err(BoardError::Foreign { path });
+        }
+        Ok(board)
+    }
+
+    fn claims(&self) -> &Claims {
+        // SAFETY: the mapping lives as long as `self` and is SIZE bytes.
+        unsafe { &*self.own }
+    }
+
+    fn entry(&self, d: u32) -> Option<&Entry> {
+        self.claims().entries.get(d as usize)
+    }
+
+    /// The slice's directory on the board.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Claims `request` and `limit` (ppm) at `priority` on device `uuid` (the slice's ledger
+    /// index `d`) for the slice, if the requests of the slices on the device leave room; once
+    /// per slice and device (a later process of the slice finds the claim held).
+    pub fn claim(
+        &self,
+        d: u32,
+        uuid: &[u8; 16],
+        request: u32,
+        limit: u32,
+        priority: Priority,
+    ) -> Result<(), BoardError> {
+        let Some(e) = self.entry(d) else {
+            return Ok(());
+        };
+        let w = words(uuid);
+        for attempt in 0..ATTEMPTS {
+            let now = now_ns();
+            let state = e.state.load(Ordering::Acquire);
+            let fresh = recent(e.beat_ns.load(Ordering::Relaxed), now, STALE_NS);
+            if state == HELD && fresh && e.is(w) {
+                return Ok(());
+            }
+            if state == PENDING && fresh && e.is(w) {
+                // Another process of this slice is being admitted: wait for its answer.
+                std::thread::sleep(std::time::Duration::from_millis(2));
+                continue;
+            }
+            if e.state
+                .compare_exchange(state, PENDING, Ordering::AcqRel, Ordering::Relaxed)
+                .is_err()
+            {
+                continue;
+            }
+            e.uuid[0].store(w.0, Ordering::Relaxed);
+            e.uuid[1].store(w.1, Ordering::Relaxed);
+            e.request.store(request, Ordering::Relaxed);
+            e.limit.store(limit, Ordering::Relaxed);
+            e.priority.store(priority.code(), Ordering::Relaxed);
+            e.usage.store(0, Ordering::Relaxed);
+            e.hungry_until.store(0, Ordering::Relaxed);
+            e.high_until.store(0, Ordering::Relaxed);
+            e.active_ns.store(0, Ordering::Relaxed);
+            e.beat_ns.store(now, Ordering::Relaxed);
+            if request == 0 {
+                e.state.store(HELD, Ordering::Release);
+                return Ok(());
+            }
+            // The claim is visible before anybody's is read.
+            fence(Ordering::SeqCst);
+            let (held, pending) = self.requests_on(w, now);
+            if held.saturating_add(request) > FULL {
+                e.state.store(FREE, Ordering::Release);
+                return Err(oversubscribed(uuid, held, request));
+            }
+            if held.saturating_add(pending).saturating_add(request) > FULL {
+                e.state.store(FREE, Ordering::Release);
+                if attempt + 1 == ATTEMPTS {
+                    return Err(oversubscribed(uuid, held.saturating_add(pending), request));
+                }
+                // Somebody else is posting at this moment: one of us gives way for a random
+                // moment (1 to 16 ms).
+                let wait = 1 + (now ^ (std::process::id() as u64) * 0x9e37_79b9) % 16;
+                std::thread::sleep(std::time::Duration::from_millis(wait));
+                continue;
+            }
+            e.state.store(HELD, Ordering::Release);
+            return Ok(());
+        }
+        Err(oversubscribed(uuid, 0, request))
+    }
+
+    /// The requests other slices hold and are being admitted for on device `w` (ppm, each
+    /// bounded by its grant).
+    fn requests_on(&self, w: (u64, u64), now: u64) -> (u32, u32) {
+        let (mut held, mut pending) = (0u32, 0u32);
+        self.each_other(now, |o, c| {
+            for e in c.entries.iter() {
+                if !e.is(w) || !recent(e.beat_ns.load(Ordering::Relaxed), now, STALE_NS) {
+                    continue;
+                }
+                let (request, _, _) = o.grant.bound(
+                    e.request.load(Ordering::Relaxed),
+                    e.limit.load(Ordering::Relaxed),
+                    Priority::Low,
+                );
+                match e.state.load(Ordering::Relaxed) {
+                    HELD => held = held.saturating_add(request),
+                    PENDING => pending = pending.saturating_add(request),
+                    _ => {}
+                }
+            }
+        });
+        (held, pending)
+    }
+
+    /// Posts what this process did on device `d` in its last period, for the slice.
+    pub fn post(&self, d: u32, uuid: &[u8; 16], p: &Post, now: u64) {
+        let Some(e) = self.entry(d) else { return };
+        let w = words(uuid);
+        if !e.is(w) {
+            e.uuid[0].store(w.0, Ordering::Relaxed);
+            e.uuid[1].store(w.1, Ordering::Relaxed);
+        }
+        e.request.store(p.request, Ordering::Relaxed);
+        e.limit.store(p.limit, Ordering::Relaxed);
+        e.priority.store(p.priority.code(), Ordering::Relaxed);
+        e.usage.store(p.usage, Ordering::Relaxed);
+        e.hungry_until.fetch_max(p.hungry_until, Ordering::Relaxed);
+        e.active_ns.fetch_max(p.active_ns, Ordering::Relaxed);
+        e.beat_ns.fetch_max(now, Ordering::Relaxed);
+        if e.state.load(Ordering::Relaxed) != HELD {
+            // Admitted at joining; a claim left FREE by a process of the slice that died
+            // half-way, or changed by `cuslice set` (which checked the device), is held again.
+            e.state.store(HELD, Ordering::Release);
+        }
+        self.claims()
+            .header
+            .beat_ns
+            .fetch_max(now, Ordering::Relaxed);
+    }
+
+    /// A high-priority launch on device `d`: its work (and what the slice launched before) is
+    /// expected to be done at `until`. One relaxed read-modify-write of the slice's own entry.
+    #[inline]
+    pub fn raise_high_until(&self, d: u32, until: u64) {
+        if let Some(e) = self.entry(d) {
+            e.high_until.fetch_max(until, Ordering::Relaxed);
+        }
+    }
+
+    /// Calls `f` with each other slice on the board and a copy of its claims, valid ones only.
+    fn each_other(&self, now: u64, mut f: impl FnMut(&Other, &Claims)) {
+        let mut others = self.others.lock();
+        self.rescan(&mut others, now);
+        for o in others.iter() {
+            let c = read_claims(&o.claims);
+            if valid(&c, o.id) {
+                f(o, &c);
+            }
+        }
+    }
+
+    /// Brings the list of other slices up to date with the board's directory.
+    fn rescan(&self, others: &mut Vec<Other>, now: u64) {
+        let Ok(dir) = std::fs::read_dir(&self.node) else {
+            others.clear();
+            return;
+        };
+        let mut seen = Vec::new();
+        for entry in dir.flatten() {
+            let name = entry.file_name();
+            let Some(id) = name
+                .to_str()
+                .filter(|n| n.len() == 16)
+                .and_then(|n| u64::from_str_radix(n, 16).ok())
+            else {
+                continue;
+            };
+            if id == self.slice {
+                continue;
+            }
+            seen.push(id);
+            let place = self.node.join(&name);
+            match others.iter_mut().find(|o| o.id == id) {
+                Some(o) => {
+                    if now.saturating_sub(o.grant_read_ns) >= GRANT_EVERY_NS {
+                        o.grant = read_grant(&place.join(GRANT));
+                        o.grant_read_ns = now;
+                    }
+                }
+                None => {
+                    if let Some(f) = open_theirs(&place.join(CLAIMS)) {
+                        others.push(Other {
+                            id,
+                            claims: Arc::new(f),
+                            grant: read_grant(&place.join(GRANT)),
+                            grant_read_ns: now,
+                        });
+                    }
+                }
+            }
+        }
+        others.retain(|o| seen.contains(&o.id));
+    }
+
+    /// The slices on device `uuid` (this process's slice's ledger index `d`) that launched
+    /// work since `since_ns`, this process's own slice first (always), each bounded by its
+    /// grant; and where the high-priority ones among the others post their work's end.
+    pub fn views(
+        &self,
+        d: u32,
+        uuid: &[u8; 16],
+        now: u64,
+        since_ns: u64,
+    ) -> (Vec<SliceView>, Vec<HighRef>) {
+        let w = words(uuid);
+        let mut out = Vec::new();
+        if let Some(e) = self.entry(d) {
+            out.push(SliceView {
+                slice: self.slice,
+                demand: Demand {
+                    request: e.request.load(Ordering::Relaxed),
+                    limit: e.limit.load(Ordering::Relaxed),
+                    hungry: e.hungry_until.load(Ordering::Relaxed) > now,
+                    usage: e.usage.load(Ordering::Relaxed),
+                },
+                priority: Priority::from_code(e.priority.load(Ordering::Relaxed)),
+            });
+        }
+        let mut highs = Vec::new();
+        self.each_other(now, |o, c| {
+            for (i, e) in c.entries.iter().enumerate() {
+                if !e.is(w)
+                    || e.state.load(Ordering::Relaxed) != HELD
+                    || !recent(e.beat_ns.load(Ordering::Relaxed), now, STALE_NS)
+                    || !recent(
+                        e.active_ns.load(Ordering::Relaxed),
+                        now,
+                        now - since_ns.min(now),
+                    )
+                {
+                    continue;
+                }
+                let (request, limit, priority) = o.grant.bound(
+                    e.request.load(Ordering::Relaxed),
+                    e.limit.load(Ordering::Relaxed),
+                    Priority::from_code(e.priority.load(Ordering::Relaxed)),
+                );
+                if priority == Priority::High {
+                    let offset = std::mem::offset_of!(Claims, entries)
+                        + i * std::mem::size_of::<Entry>()
+                        + std::mem::offset_of!(Entry, high_until);
+                    highs.push(HighRef {
+                        file: o.claims.clone(),
+                        offset: offset as u64,
+                    });
+                }
+                out.push(SliceView {
+                    slice: o.id,
+                    demand: Demand {
+                        request,
+                        limit,
+                        hungry: e.hungry_until.load(Ordering::Relaxed) > now,
+                        usage: e.usage.load(Ordering::Relaxed).min(FULL),
+                    },
+                    priority,
+                });
+                // One entry per device is a slice's; a second one naming the same device is not.
+                break;
+            }
+        });
+        (out, highs)
+    }
+
+    /// Removes the slice's place from the board: for a standalone slice's last process.
+    pub fn leave(&self) {
+        if self.standalone {
+            remove_place(&self.dir);
+        }
+    }
+}
+
+/// The core requests (ppm) that slices other than `except` hold or are being admitted for on
+/// device `uuid`, each bounded by its grant: for `cuslice set`, which checks a new request
+/// against them.
+pub fn requested(node: &Path, uuid: &[u8; 16], except: u64) -> u32 {
+    let now = now_ns();
+    let w = words(uuid);
+    let Ok(dir) = std::fs::read_dir(node) else {
+        return 0;
+    };
+    let mut sum = 0u32;
+    for entry in dir.flatten() {
+        let Some(id) = entry
+            .file_name()
+            .to_str()
+            .filter(|n| n.len() == 16)
+            .and_then(|n| u64::from_str_radix(n, 16).ok())
+        else {
+            continue;
+        };
+        if id == except {
+            continue;
+        }
+        let place = entry.path();
+        let Some(f) = open_theirs(&place.join(CLAIMS)) else {
+            continue;
+        };
+        let c = read_claims(&f);
+        if !valid(&c, id) {
+            continue;
+        }
+        let grant = read_grant(&place.join(GRANT));
+        for e in c.entries.iter() {
+            let state = e.state.load(Ordering::Relaxed);
+            if e.is(w)
+                && (state == HELD || state == PENDING)
+                && recent(e.beat_ns.load(Ordering::Relaxed), now, STALE_NS)
+            {
+                let (request, _, _) = grant.bound(
+                    e.request.load(Ordering::Relaxed),
+                    e.limit.load(Ordering::Relaxed),
+                    Priority::Low,
+                );
+                sum = sum.saturating_add(request);
+                break;
+            }
+        }
+    }
+    sum
+}
+
+/// When the high-priority work posted at `highs` is expected to be done at the latest, as far as
+/// it is believed at `now` (at most `AHEAD_NS` ahead); 0 when none is posted.
+pub fn high_until(highs: &[HighRef], now: u64) -> u64 {
+    let mut until = 0;
+    for h in highs {
+        let mut b = [0u8; 8];
+        if h.file.read_at(&mut b, h.offset).ok() == Some(8) {
+            until = until.max(u64::from_ne_bytes(b).min(now.saturating_add(AHEAD_NS)));
+        }
+    }
+    until
+}
+
+/// Removes a slice's place: its two files, then the directory (which stays if anything else is
+/// in it).
+pub fn remove_place(dir: &Path) {
+    let _ = std::fs::remove_file(dir.join(CLAIMS));
+    let _ = std::fs::remove_file(dir.join(GRANT));
+    let _ = std::fs::remove_dir(dir);
+}
+
+/// The places of standalone slices under `node` that no process refreshed for `LEFTOVER_NS`
+/// (their processes died without removing them), and those of containers of the hook's state
+/// root `root` for which `live` says no (the container is gone): removed where this process may.
+pub fn sweep(node: &Path, root: Option<(&Path, &dyn Fn(&str) -> bool)>) {
+    let now = now_ns();
+    let Ok(dir) = std::fs::read_dir(node) else {
+        return;
+    };
+    for entry in dir.flatten() {
+        let name = entry.file_name();
+        let Some(id) = name
+            .to_str()
+            .filter(|n| n.len() == 16)
+            .and_then(|n| u64::from_str_radix(n, 16).ok())
+        else {
+            continue;
+        };
+        let place = node.join(&name);
+        let grant = read_grant(&place.join(GRANT));
+        let gone = match (&grant.origin, root) {
+            (Origin::Standalone, _) => {
+                // A place being made (its directory changed lately) is never a leftover: its
+                // grant or claims may not be there yet.
+                let young = std::fs::metadata(&place)
+                    .ok()
+                    .and_then(|m| m.modified().ok())
+                    .and_then(|t| t.elapsed().ok())
+                    .is_none_or(|age| (age.as_nanos() as u64) < LEFTOVER_NS);
+                let beat = open_theirs(&place.join(CLAIMS))
+                    .map(|f| read_claims(&f))
+                    .filter(|c| valid(c, id))
+                    .map_or(0, |c| c.header.beat_ns.load(Ordering::Relaxed));
+                !young && !recent(beat, now, LEFTOVER_NS)
+            }
+            (Origin::Hook { id, root: r }, Some((root, live))) => r == root && !live(id),
+            (Origin::Hook { .. }, None) => false,
+        };
+        if gone {
+            remove_place(&place);
+        }
+    }
+}
+
+pub fn now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec to write; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cuslice_policy::grant::Origin;
+
+    const UUID: [u8; 16] = [7; 16];
+
+    fn grant(request: u32, limit: u32, priority: Priority) -> Grant {
+        Grant {
+            request,
+            limit,
+            priority,
+            origin: Origin::Standalone,
+        }
+    }
+
+    fn standalone(node: &Path, slice: u64, g: Grant) -> Board {
+        Board::open(node, slice, Maker::Standalone(g)).unwrap()
+    }
+
+    fn post(b: &Board, request: u32, limit: u32, priority: Priority, usage: u32) {
+        let now = now_ns();
+        b.post(
+            0,
+            &UUID,
+            &Post {
+                request,
+                limit,
+                priority,
+                usage,
+                hungry_until: now + 1_000_000_000,
+                active_ns: now,
+            },
+            now,
+        );
+    }
+
+    #[test]
+    fn a_slice_sees_the_others_bounded_by_their_grants() {
+        let node = tempfile::tempdir().unwrap();
+        let a = standalone(node.path(), 1, grant(0, FULL, Priority::Normal));
+        let b = standalone(node.path(), 2, grant(300_000, 500_000, Priority::Normal));
+        a.claim(0, &UUID, 0, FULL, Priority::Normal).unwrap();
+        b.claim(0, &UUID, 300_000, 500_000, Priority::Normal)
+            .unwrap();
+        post(&a, 0, FULL, Priority::Normal, 100_000);
+        // B says more than it was granted: the whole device, high priority.
+        post(&b, FULL, FULL, Priority::High, 2 * FULL);
+        let now = now_ns();
+        let (views, highs) = a.views(0, &UUID, now, now - 1_000_000_000);
+        assert_eq!(views.len(), 2);
+        assert_eq!(views[0].slice, 1);
+        assert_eq!(views[0].demand.usage, 100_000);
+        let v = views[1];
+        assert_eq!(v.slice, 2);
+        assert_eq!((v.demand.request, v.demand.limit), (300_000, 500_000));
+        assert_eq!(v.priority, Priority::Normal);
+        assert_eq!(v.demand.usage, FULL);
+        assert!(v.demand.hungry);
+        assert!(highs.is_empty());
+    }
+
+    #[test]
+    fn requests_past_the_device_are_refused_and_a_stale_claim_frees_its_request() {
+        let node = tempfile::tempdir().unwrap();
+        let a = standalone(node.path(), 1, grant(600_000, FULL, Priority::Normal));
+        let b = standalone(node.path(), 2, grant(600_000, FULL, Priority::Normal));
+        a.claim(0, &UUID, 600_000, FULL, Priority::Normal).unwrap();
+        let e = b
+            .claim(0, &UUID, 500_000, FULL, Priority::Normal)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("has 60% requested by other slices"), "{e}");
+        assert!(e.contains("ask for at most 40%"), "{e}");
+        b.claim(0, &UUID, 400_000, FULL, Priority::Normal).unwrap();
+        // A process of A joining later finds the claim held.
+        let a2 = Board::open(node.path(), 1, Maker::Hooked).unwrap();
+        a2.claim(0, &UUID, 600_000, FULL, Priority::Normal).unwrap();
+        // A's processes die: once its claim is stale, its request counts no more.
+        a.entry(0)
+            .unwrap()
+            .beat_ns
+            .store(now_ns() - STALE_NS - 1, Ordering::Relaxed);
+        let c = standalone(node.path(), 3, grant(FULL, FULL, Priority::Normal));
+        c.claim(0, &UUID, 600_000, FULL, Priority::Normal).unwrap();
+    }
+
+    #[test]
+    fn slices_posting_at_once_never_both_take_more_than_the_device() {
+        for round in 0..20 {
+            let node = tempfile::tempdir().unwrap();
+            let boards: Vec<Board> = (1..=4)
+                .map(|s| standalone(node.path(), s, grant(FULL, FULL, Priority::Normal)))
+                .collect();
+            let barrier = std::sync::Barrier::new(boards.len());
+            let admitted: u32 = std::thread::scope(|s| {
+                let hs: Vec<_> = boards
+                    .iter()
+                    .map(|b| {
+                        let barrier = &barrier;
+                        s.spawn(move || {
+                            barrier.wait();
+                            u32::from(b.claim(0, &UUID, 400_000, FULL, Priority::Normal).is_ok())
+                        })
+                    })
+                    .collect();
+                hs.into_iter().map(|h| h.join().unwrap()).sum()
+            });
+            // 40% each: two fit, a third would not. Never more than two; and contention is
+            // resolved, not turned into refusals for all.
+            assert_eq!(admitted, 2, "round {round}");
+        }
+    }
+
+    #[test]
+    fn what_a_slice_does_to_its_own_file_harms_nobody_else() {
+        let node = tempfile::tempdir().unwrap();
+        let a = standalone(node.path(), 1, grant(500_000, FULL, Priority::Normal));
+        let b = standalone(node.path(), 2, grant(0, FULL, Priority::Normal));
+        a.claim(0, &UUID, 500_000, FULL, Priority::Normal).unwrap();
+        post(&b, 0, FULL, Priority::Normal, 0);
+        let claims = slice_dir(node.path(), 2).join(CLAIMS);
+        // Truncated: B's own mapping would fault, A's reading does not.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&claims)
+            .unwrap()
+            .set_len(0)
+            .unwrap();
+        let now = now_ns();
+        let (views, _) = a.views(0, &UUID, now, 0);
+        assert_eq!(views.len(), 1);
+        // Grown past any size, with garbage: read up to its size, found not valid.
+        std::fs::write(&claims, vec![0xffu8; 3 * SIZE]).unwrap();
+        assert_eq!(a.views(0, &UUID, now, 0).0.len(), 1);
+        // Replaced by a FIFO: passed over without waiting.
+        std::fs::remove_file(&claims).unwrap();
+        let c = std::ffi::CString::new(claims.to_str().unwrap()).unwrap();
+        // SAFETY: a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o666) }, 0);
+        a.others.lock().clear();
+        assert_eq!(a.views(0, &UUID, now, 0).0.len(), 1);
+        // A grant replaced by garbage is the least: no request.
+        std::fs::write(slice_dir(node.path(), 2).join(GRANT), b"request x\0").unwrap();
+        assert_eq!(
+            read_grant(&slice_dir(node.path(), 2).join(GRANT)).request,
+            0
+        );
+    }
+
+    #[test]
+    fn high_priority_is_believed_only_as_granted_and_only_so_far_ahead() {
+        let node = tempfile::tempdir().unwrap();
+        let a = standalone(node.path(), 1, grant(0, FULL, Priority::Normal));
+        let hi = standalone(node.path(), 2, grant(0, FULL, Priority::High));
+        let liar = standalone(node.path(), 3, grant(0, FULL, Priority::Normal));
+        for b in [&hi, &liar] {
+            post(b, 0, FULL, Priority::High, FULL);
+            b.raise_high_until(0, u64::MAX);
+        }
+        let now = now_ns();
+        let (views, highs) = a.views(0, &UUID, now, now - 1_000_000_000);
+        assert_eq!(views.len(), 3);
+        assert_eq!(highs.len(), 1, "only the slice granted high priority");
+        let until = high_until(&highs, now);
+        assert_eq!(until, now + AHEAD_NS);
+    }
+
+    #[test]
+    fn a_standalone_slice_leaves_and_its_leftovers_are_swept() {
+        let node = tempfile::tempdir().unwrap();
+        let a = standalone(node.path(), 1, grant(0, FULL, Priority::Normal));
+        assert!(a.dir().join(CLAIMS).is_file());
+        a.leave();
+        assert!(!a.dir().exists());
+        let b = standalone(node.path(), 2, grant(0, FULL, Priority::Normal));
+        post(&b, 0, FULL, Priority::Normal, 0);
+        b.claims()
+            .header
+            .beat_ns
+            .store(now_ns() - LEFTOVER_NS - 1, Ordering::Relaxed);
+        // Its directory made long ago too (a place made in the last minute is never swept).
+        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(120);
+        std::fs::File::open(b.dir())
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+        // A container's place is never a standalone sweep's.
+        let c = slice_dir(node.path(), 3);
+        std::fs::create_dir(&c).unwrap();
+        let hooked = Grant {
+            origin: Origin::Hook {
+                id: "c1".into(),
+                root: "/run/cuslice".into(),
+            },
+            ..grant(0, FULL, Priority::Normal)
+        };
+        write_grant(&c.join(GRANT), &hooked, 0o644).unwrap();
+        create_claims(&c.join(CLAIMS), 3, 0o666).unwrap();
+        // One being made: an empty directory, no grant yet.
+        let making = slice_dir(node.path(), 4);
+        std::fs::create_dir(&making).unwrap();
+        sweep(node.path(), None);
+        assert!(!b.dir().exists());
+        assert!(making.exists());
+        assert!(c.exists());
+        // The hook's sweep removes it once its container is gone.
+        sweep(
+            node.path(),
+            Some((Path::new("/run/cuslice"), &|id| id != "c1")),
+        );
+        assert!(!c.exists());
+    }
+}
