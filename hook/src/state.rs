@@ -432,6 +432,20 @@ mod tests {
     use super::*;
     use std::os::unix::fs::MetadataExt;
 
+    /// Makes container `id`'s state under `root`, its place on the board under `node`.
+    fn make(root: &Root, id: &str, config: &str, node: &Path) -> Made {
+        let grant = cuslice_policy::grant::Grant {
+            request: 0,
+            limit: cuslice_policy::share::FULL,
+            priority: cuslice_policy::Priority::Normal,
+            origin: cuslice_policy::grant::Origin::Hook {
+                id: id.to_string(),
+                root: root.path.clone(),
+            },
+        };
+        root.create(id, config, node, &grant).unwrap()
+    }
+
     #[test]
     fn ids() {
         assert!(valid_id("abc-123_x.y+z"));
@@ -493,9 +507,12 @@ mod tests {
         let _l = root.lock().unwrap();
         let rootfs = tempfile::tempdir().unwrap();
         std::fs::write(rootfs.path().join("made"), "").unwrap();
+        let node = tempfile::tempdir().unwrap();
         let me = std::process::id() as i32;
+        let mut places = Vec::new();
         for (id, pid, start) in [("live", me, start_time(me).unwrap()), ("dead", me, 1)] {
-            root.create(id, "CUSLICE_MEMORY_LIMIT=1GiB\n").unwrap();
+            let made = make(&root, id, "CUSLICE_MEMORY_LIMIT=1GiB\n", node.path());
+            places.push(made.claims.parent().unwrap().to_path_buf());
             root.write_record(&Record {
                 name: None,
                 id: id.into(),
@@ -506,17 +523,23 @@ mod tests {
             })
             .unwrap();
         }
-        root.create("half", "").unwrap();
+        let half = make(&root, "half", "", node.path());
         let mut gone = root.sweep();
         gone.sort();
         assert_eq!(gone, ["dead", "half"]);
         assert!(root.dir("live").join("mnt/slice/ledger").exists());
+        // Their places on the compute board went with them; the live one's stays.
+        assert!(places[0].join("claims").is_file());
+        assert!(places[0].join("grant").is_file());
+        assert!(!places[1].exists());
+        assert!(!half.claims.parent().unwrap().exists());
         // The live container shares the rootfs: it inherits the dead one's mount point.
         assert!(rootfs.path().join("made").exists());
         assert_eq!(root.read_record("live").unwrap().created, ["made", "made"]);
         root.remove("live", &[]);
         assert!(!rootfs.path().join("made").exists());
         assert!(!root.dir("live").exists());
+        assert!(!places[0].exists());
     }
 
     #[test]
@@ -527,7 +550,8 @@ mod tests {
         let rootfs = tempfile::tempdir().unwrap();
         std::fs::create_dir(rootfs.path().join("made")).unwrap();
         let me = std::process::id() as i32;
-        root.create("c", "CUSLICE_MEMORY_LIMIT=1GiB\n").unwrap();
+        let node = tempfile::tempdir().unwrap();
+        let made = make(&root, "c", "CUSLICE_MEMORY_LIMIT=1GiB\n", node.path());
         root.write_record(&Record {
             name: None,
             id: "c".into(),
@@ -539,6 +563,8 @@ mod tests {
         .unwrap();
         root.discard("c", &[]);
         assert!(!root.dir("c").exists());
+        // Off the board at once, not when the trash is emptied.
+        assert!(!made.claims.parent().unwrap().exists());
         assert!(!rootfs.path().join("made").exists());
         assert!(root.records().is_empty());
         assert_eq!(std::fs::read_dir(root.trash()).unwrap().count(), 1);
