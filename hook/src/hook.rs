@@ -184,6 +184,9 @@ pub fn create(opts: &Options, state_json: &str) -> Result<Outcome, String> {
         bundle.join(rootfs)
     };
     let id = state.id();
+    // The image's own /etc/ld.so.preload is the tenant's data: read (boundedly) and sanitised
+    // before the node-wide lock, so that no image can hold up another container's start.
+    let preload = crate::inject::image_preload(pid, &rootfs)?;
 
     let root = Root::new(&opts.state_root);
     let _lock = root.lock().map_err(|e| {
@@ -225,6 +228,7 @@ pub fn create(opts: &Options, state_json: &str) -> Result<Outcome, String> {
         node_dir: &opts.node_dir,
         agent_dir: &root.agent(),
         library: &library,
+        preload: &preload,
     }) {
         Ok(c) => c,
         Err(e) => {
