@@ -587,7 +587,11 @@ fn negative_huge_and_long_values_are_refused_in_one_line_and_a_request_of_100_is
             "--core-request \"-1\"",
             "--core-request 50",
         ),
-        (&["--priority", "-1"], "--priority \"-1\"", "--priority high"),
+        (
+            &["--priority", "-1"],
+            "--priority \"-1\"",
+            "--priority high",
+        ),
         (
             &["--memory-limit", "18446744073709551615"],
             "--memory-limit \"18446744073709551615\" is too large",
@@ -610,7 +614,10 @@ fn negative_huge_and_long_values_are_refused_in_one_line_and_a_request_of_100_is
         assert!(out.stdout.is_empty(), "{what:?}");
     }
     let s = &status(&sim, &[dir.path()])[0];
-    assert_eq!(s["memory"]["limit"], GIB, "a refused change changed the cap: {s}");
+    assert_eq!(
+        s["memory"]["limit"], GIB,
+        "a refused change changed the cap: {s}"
+    );
     let said = set_ok(dir.path(), node.path(), &["--core-request", "100"]);
     assert!(said.contains("core request 100% (was none)"), "{said}");
     let s = &status(&sim, &[dir.path()])[0];

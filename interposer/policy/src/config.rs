@@ -48,8 +48,7 @@ pub const MAX_ORDINAL: u32 = 63;
 /// value.
 pub const MAX_MEMORY_LIMIT: u64 = 1 << 50;
 
-const TOO_LARGE: &str =
-    "is too large: a memory limit is at most 1 PiB (1125899906842624 bytes), more than any device holds";
+const TOO_LARGE: &str = "is too large: a memory limit is at most 1 PiB (1125899906842624 bytes), more than any device holds";
 
 /// How much the interposer writes to stderr. Ordered: `Error < Warn < Info < Debug`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -701,7 +700,11 @@ impl Config {
                 }
                 Name::BadOrdinal { base, suffix } => {
                     let value = cut(entry.value.trim());
-                    let value = if value.is_empty() { "...".into() } else { value };
+                    let value = if value.is_empty() {
+                        "...".into()
+                    } else {
+                        value
+                    };
                     return Err(entry.error(
                         format!(
                             "has device index {}, which is not a number from 0 to \
