@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use cuslice_policy::config::{self, Config};
+use cuslice_policy::echo::{cut, quoted};
 
 /// Annotations under this prefix are settings too: `cuslice.io/memory-limit` is
 /// `CUSLICE_MEMORY_LIMIT`, `cuslice.io/core-limit-1` is `CUSLICE_CORE_LIMIT_1`,
@@ -73,13 +74,18 @@ pub fn read<'a>(
         any = true;
         if config::is_placement(&name) {
             return Err(format!(
-                "annotation {key} is not accepted: the hook decides where a container's slice state lives; remove it"
+                "annotation {} is not accepted: the hook decides where a container's slice state lives; remove it",
+                cut(key)
             ));
         }
         match found.get(&name) {
             Some((v, None)) if v.trim() != value.trim() => {
+                let (name, key) = (cut(&name), cut(key));
                 return Err(format!(
-                    "{name}={v:?} in the environment and annotation {key}={value:?} disagree; set one of them (e.g. {name}={value})"
+                    "{name}={} in the environment and annotation {key}={} disagree; set one of them (e.g. {name}={})",
+                    quoted(v),
+                    quoted(value),
+                    cut(value)
                 ));
             }
             _ => {
@@ -92,7 +98,7 @@ pub fn read<'a>(
     }
     if let Err(e) = Config::from_vars(found.iter().map(|(n, (v, _))| (n.as_str(), v.as_str()))) {
         return Err(match found.get(&e.variable) {
-            Some((_, Some(key))) => format!("annotation {key}: {e}"),
+            Some((_, Some(key))) => format!("annotation {}: {e}", cut(key)),
             _ => e.to_string(),
         });
     }
@@ -250,6 +256,27 @@ mod tests {
         assert!(e.starts_with("CUSLICE_CORE_LIMIT=\"-5\""), "{e}");
         let e = read_env(&["CUSLICE_MEMORY_LIMT=1GiB"]).unwrap_err();
         assert!(e.contains("CUSLICE_MEMORY_LIMT"), "{e}");
+    }
+
+    #[test]
+    fn long_values_and_keys_are_echoed_cut_short() {
+        let long = "9".repeat(100_000);
+        let env = format!("CUSLICE_CORE_LIMIT={long}");
+        let e = read([env.as_str()], [("cuslice.io/core-limit", "40")]).unwrap_err();
+        assert!(e.len() < 600, "{} bytes", e.len());
+        assert!(e.contains("(100000 bytes)"), "{e}");
+        let e = read(
+            ["CUSLICE_CORE_LIMIT=40"],
+            [("cuslice.io/core-limit", long.as_str())],
+        )
+        .unwrap_err();
+        assert!(e.len() < 600, "{} bytes", e.len());
+        let key = format!("cuslice.io/state-dir{long}");
+        let e = read([], [(key.as_str(), "/x")]).unwrap_err();
+        assert!(e.len() < 600, "{} bytes", e.len());
+        let key = format!("cuslice.io/memory-limit-{long}");
+        let e = read([], [(key.as_str(), "1GiB")]).unwrap_err();
+        assert!(e.len() < 600, "{} bytes", e.len());
     }
 
     #[test]
