@@ -410,7 +410,8 @@ fn a_bad_image_preload_is_refused_without_waiting_for_the_lock() {
         .unwrap();
     };
     let huge = |rootfs: &Path| preload::sparse_preload(rootfs, FOUR_GIB);
-    let cases: [(&str, &dyn Fn(&Path), &str); 2] = [
+    type Prepare<'a> = &'a dyn Fn(&Path);
+    let cases: [(&str, Prepare, &str); 2] = [
         ("a FIFO", &fifo, "/etc/ld.so.preload is a FIFO"),
         ("4 GiB", &huge, "/etc/ld.so.preload is 4294967296 bytes"),
     ];
