@@ -259,6 +259,19 @@ mod tests {
     }
 
     #[test]
+    fn a_memory_limit_above_1_pib_is_refused_as_an_annotation_too() {
+        let e = read([], [("cuslice.io/memory-limit", "18446744073709551615")]).unwrap_err();
+        assert!(
+            e.starts_with(
+                "annotation cuslice.io/memory-limit: CUSLICE_MEMORY_LIMIT=\"18446744073709551615\" \
+                 is too large: a memory limit is at most 1 PiB"
+            ),
+            "{e}"
+        );
+        assert!(read([], [("cuslice.io/memory-limit", "1PiB")]).is_ok());
+    }
+
+    #[test]
     fn long_values_and_keys_are_echoed_cut_short() {
         let long = "9".repeat(100_000);
         let env = format!("CUSLICE_CORE_LIMIT={long}");
