@@ -97,8 +97,8 @@ fn read_state(text: &str) -> Result<State, String> {
     })?;
     if !valid_id(state.id()) {
         return Err(format!(
-            "container id {:?} is not a valid OCI container id",
-            state.id()
+            "container id {} is not a valid OCI container id",
+            cuslice_policy::echo::quoted(state.id())
         ));
     }
     Ok(state)
@@ -159,8 +159,9 @@ pub fn create(opts: &Options, state_json: &str) -> Result<Outcome, String> {
         .map(|(k, v)| {
             v.map(|v| (k, v)).ok_or_else(|| {
                 format!(
-                    "{}: the annotation {k} is not a string; annotations map names to strings",
-                    config_path.display()
+                    "{}: the annotation {} is not a string; annotations map names to strings",
+                    config_path.display(),
+                    cuslice_policy::echo::cut(k)
                 )
             })
         })
@@ -184,6 +185,9 @@ pub fn create(opts: &Options, state_json: &str) -> Result<Outcome, String> {
         bundle.join(rootfs)
     };
     let id = state.id();
+    // The image's own /etc/ld.so.preload is the tenant's data: read (boundedly) and sanitised
+    // before the node-wide lock, so that no image can hold up another container's start.
+    let preload = crate::inject::image_preload(pid, &rootfs)?;
 
     let root = Root::new(&opts.state_root);
     let _lock = root.lock().map_err(|e| {
@@ -235,6 +239,7 @@ pub fn create(opts: &Options, state_json: &str) -> Result<Outcome, String> {
         slice: made.slice,
         agent_dir: &root.agent(),
         library: &library,
+        preload: &preload,
     }) {
         Ok(c) => c,
         Err(e) => {
@@ -406,6 +411,23 @@ mod tests {
         let (_dir, state) =
             bundle(serde_json::json!({"process": {"env": [7]}, "annotations": {"x": 1}}));
         assert_eq!(create(&opts, &state), Ok(Outcome::Untouched));
+    }
+
+    #[test]
+    fn a_long_container_id_or_annotation_is_echoed_cut_short() {
+        let opts = Options {
+            state_root: PathBuf::from("/nonexistent/state"),
+            node_dir: PathBuf::from("/nonexistent/node"),
+            library: None,
+        };
+        let state = serde_json::json!({"ociVersion": "1.0.2", "id": "/".repeat(100_000),
+            "status": "creating", "pid": 1, "bundle": "/nonexistent"});
+        let err = create(&opts, &state.to_string()).unwrap_err();
+        assert!(err.len() < 600, "{} bytes", err.len());
+        let key = format!("cuslice.io/{}", "x".repeat(100_000));
+        let (_dir, state) = bundle(serde_json::json!({"annotations": {key: 1}}));
+        let err = create(&opts, &state).unwrap_err();
+        assert!(err.len() < 600, "{} bytes", err.len());
     }
 
     #[test]

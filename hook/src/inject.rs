@@ -13,7 +13,7 @@
 //! | `/run/cuslice/lib/libcuslice.so` | the interposer's loader | read-only |
 //! | `/run/cuslice/lib/libcuslice_core.so` | the interposer, which the loader opens beside itself | read-only |
 //! | `/run/cuslice/agent` | `<state root>/agent`: the node agent's socket | read-only (a socket still connects) |
-//! | `/etc/ld.so.preload` | `mnt/ld.so.preload`: the image's own file, then the interposer | read-only |
+//! | `/etc/ld.so.preload` | `mnt/ld.so.preload`: the interposer, then the image's own entries | read-only |
 //!
 //! All of them nosuid,nodev. Without CAP_SYS_ADMIN (which containers do not get unless
 //! privileged) a process inside can neither unmount nor remount them.
@@ -41,24 +41,56 @@ pub struct Plan<'a> {
     /// `<state root>/agent`, the node agent's socket directory.
     pub agent_dir: &'a Path,
     pub library: &'a Path,
+    /// The container's `/etc/ld.so.preload` ([`image_preload`]).
+    pub preload: &'a str,
 }
 
 /// Paths in the rootfs the mounts need, and what must be there.
 const DIRS: [&str; 2] = ["run/cuslice", "etc"];
 const PRELOAD: &str = "etc/ld.so.preload";
 
+/// The container's `/etc/ld.so.preload`: the interposer first, then the well-formed entries of
+/// the image's own file (`settings::preload_file`). The image's file is read in the container's
+/// mount namespace, as the container will see it, and at most `settings::PRELOAD_MAX` bytes of
+/// it: a larger file, or one that is not a regular file, stops the container with one line. The
+/// hook calls this before it takes the node-wide lock, so that what a tenant put in its image
+/// never holds up another container's start.
+pub fn image_preload(pid: i32, rootfs: &Path) -> Result<String, String> {
+    use crate::rootfs::ReadError;
+    use crate::settings::{PRELOAD_MAX, preload_file};
+    in_container(pid, || {
+        let r = Rootfs::open(rootfs).map_err(|e| format!("{}: {e}", rootfs.display()))?;
+        match r.read_at_most(PRELOAD, PRELOAD_MAX) {
+            Ok(image) => Ok(preload_file(image.as_deref())),
+            Err(ReadError::TooLarge(size)) => Err(format!(
+                "the image's /{PRELOAD} is {size} bytes; cuslice-hook reads at most {PRELOAD_MAX} \
+                 bytes (64 KiB) of it: list the libraries to preload in a smaller file, one path \
+                 per line, or remove it"
+            )),
+            Err(ReadError::NotRegular(kind)) => Err(format!(
+                "the image's /{PRELOAD} is {kind}, not a regular file; the dynamic loader reads a \
+                 list of libraries there: make it a regular file, or remove it"
+            )),
+            Err(ReadError::Io(e)) => Err(format!("cannot read the image's /{PRELOAD}: {e}")),
+        }
+    })
+}
+
 /// Makes the mounts. Returns the mount points it had to create in the rootfs (relative to it,
 /// outermost first). On failure it removes those again and says what failed.
 pub fn inject(plan: &Plan<'_>) -> Result<Vec<String>, String> {
-    in_container(plan.pid, |created| {
+    in_container(plan.pid, || {
         let r = Rootfs::open(plan.rootfs).map_err(|e| format!("{}: {e}", plan.rootfs.display()))?;
-        let result = mount_all(&r, plan, created);
-        if result.is_err() {
-            for rel in created.iter().rev() {
-                r.remove_if_empty(rel);
+        let mut created = Vec::new();
+        match mount_all(&r, plan, &mut created) {
+            Ok(()) => Ok(created),
+            Err(e) => {
+                for rel in created.iter().rev() {
+                    r.remove_if_empty(rel);
+                }
+                Err(e)
             }
         }
-        result
     })
 }
 
@@ -72,14 +104,11 @@ fn mount_all(r: &Rootfs, plan: &Plan<'_>, created: &mut Vec<String>) -> Result<(
     for d in DIRS {
         created.extend(r.ensure_dir(d).map_err(|e| cant_make(d, e))?);
     }
-    let image = r
-        .read(PRELOAD)
-        .map_err(|e| format!("cannot read the image's /{PRELOAD}: {e}"))?;
     // Made here, once (not first empty at `Root::create`): readable by every user, since the
     // dynamic loader of every process in the container reads it.
     crate::state::write_new(
         &plan.mnt.join("ld.so.preload"),
-        crate::settings::preload_file(image.as_deref()).as_bytes(),
+        plan.preload.as_bytes(),
         0o644,
     )
     .map_err(|e| format!("{}: {e}", plan.mnt.join("ld.so.preload").display()))?;
@@ -149,12 +178,9 @@ fn bind(r: &Rootfs, source: &Path, target: &str, read_only: bool) -> std::io::Re
 
 /// Runs `work` in `pid`'s mount namespace: the hook enters it and goes back to its own after,
 /// with the working directory it had (entering a mount namespace moves it to the root). No
-/// child process: forking one for this cost about 0.3 ms of every container's creation (issue
-/// #18). setns into a mount namespace needs a single-threaded caller, which the hook is.
-fn in_container(
-    pid: i32,
-    work: impl FnOnce(&mut Vec<String>) -> Result<(), String>,
-) -> Result<Vec<String>, String> {
+/// child process: forking one for this cost about 0.3 ms of every container's creation.
+/// setns into a mount namespace needs a single-threaded caller, which the hook is.
+fn in_container<T>(pid: i32, work: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
     let ns = std::fs::File::open(format!("/proc/{pid}/ns/mnt")).map_err(|e| {
         format!("cannot open the container's mount namespace (/proc/{pid}/ns/mnt): {e}")
     })?;
@@ -163,13 +189,12 @@ fn in_container(
     let cwd = std::fs::File::open(".").ok();
     setns(ns.as_fd(), CloneFlags::CLONE_NEWNS)
         .map_err(|e| format!("cannot enter the container's mount namespace: {e}"))?;
-    let mut out = Vec::new();
-    let result = work(&mut out);
+    let result = work();
     // Everything after (the record, a failure's clean-up) is on the host's paths.
     setns(home.as_fd(), CloneFlags::CLONE_NEWNS)
         .map_err(|e| format!("cannot go back to the hook's own mount namespace: {e}"))?;
     if let Some(cwd) = cwd {
         let _ = nix::unistd::fchdir(cwd.as_fd());
     }
-    result.map(|()| out)
+    result
 }

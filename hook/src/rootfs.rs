@@ -17,6 +17,16 @@ pub struct Rootfs {
     pub path: PathBuf,
 }
 
+/// Why [`Rootfs::read_at_most`] gave no bytes.
+#[derive(Debug)]
+pub enum ReadError {
+    /// The path is not a regular file; what it is (`a FIFO`).
+    NotRegular(&'static str),
+    /// The file is larger than the bound: its size in bytes.
+    TooLarge(u64),
+    Io(io::Error),
+}
+
 fn io(e: Errno) -> io::Error {
     if e == Errno::ENOSYS {
         return io::Error::other(
@@ -55,21 +65,45 @@ impl Rootfs {
         self.resolve(rel, OFlag::O_PATH).map_err(io)
     }
 
-    /// The file's text, or `None` when it does not exist.
-    pub fn read(&self, rel: &str) -> io::Result<Option<String>> {
-        match self.resolve(rel, OFlag::O_RDONLY | OFlag::O_NOCTTY | OFlag::O_NONBLOCK) {
-            Ok(fd) => {
-                let mut f = File::from(fd);
-                if !f.metadata()?.is_file() {
-                    return Err(io::Error::other(format!("/{rel} is not a regular file")));
-                }
-                let mut s = String::new();
-                f.read_to_string(&mut s)?;
-                Ok(Some(s))
-            }
-            Err(Errno::ENOENT) => Ok(None),
-            Err(e) => Err(io(e)),
+    /// The bytes of the regular file `rel`, or `None` when there is none (nothing at that
+    /// path, or a path through something that is not a directory). Reads at most `max` bytes:
+    /// a larger file is [`ReadError::TooLarge`], whatever its size, without reading it. What is
+    /// not a regular file (a FIFO, a device, a socket, a directory) is [`ReadError::NotRegular`]
+    /// and is never opened for reading: its type is checked on an `O_PATH` handle, and only a
+    /// regular file is then opened, through that handle (the same inode, whatever happens to the
+    /// path meanwhile).
+    pub fn read_at_most(&self, rel: &str, max: u64) -> Result<Option<Vec<u8>>, ReadError> {
+        let at = match self.resolve(rel, OFlag::O_PATH) {
+            Ok(fd) => fd,
+            Err(Errno::ENOENT | Errno::ENOTDIR) => return Ok(None),
+            Err(e) => return Err(ReadError::Io(io(e))),
+        };
+        let st = nix::sys::stat::fstat(at.as_fd()).map_err(|e| ReadError::Io(io(e)))?;
+        let kind = st.st_mode & libc::S_IFMT;
+        if kind != libc::S_IFREG {
+            return Err(ReadError::NotRegular(match kind {
+                libc::S_IFIFO => "a FIFO",
+                libc::S_IFCHR => "a character device",
+                libc::S_IFBLK => "a block device",
+                libc::S_IFSOCK => "a socket",
+                libc::S_IFDIR => "a directory",
+                _ => "not a regular file",
+            }));
         }
+        let size = st.st_size as u64;
+        if size > max {
+            return Err(ReadError::TooLarge(size));
+        }
+        let f = File::open(fd_path(&at)).map_err(ReadError::Io)?;
+        let mut bytes = Vec::with_capacity(size as usize);
+        // A file that grew since: still no more than `max` + 1 bytes read.
+        f.take(max + 1)
+            .read_to_end(&mut bytes)
+            .map_err(ReadError::Io)?;
+        if bytes.len() as u64 > max {
+            return Err(ReadError::TooLarge(bytes.len() as u64));
+        }
+        Ok(Some(bytes))
     }
 
     fn split(rel: &str) -> (&str, &str) {
@@ -171,7 +205,7 @@ mod tests {
         .unwrap();
         std::os::unix::fs::symlink("/", root.path().join("run")).unwrap();
         let r = Rootfs::open(root.path()).unwrap();
-        assert_eq!(r.read("etc/ld.so.preload").unwrap(), None);
+        assert_eq!(r.read_at_most("etc/ld.so.preload", 100).unwrap(), None);
         // `run -> /` resolves to the root itself, so run/cuslice is made inside it.
         assert_eq!(r.ensure_dir("run/cuslice").unwrap(), vec!["run/cuslice"]);
         assert!(root.path().join("cuslice").is_dir());
@@ -183,13 +217,57 @@ mod tests {
     }
 
     #[test]
+    fn reads_are_bounded_and_only_of_regular_files() {
+        let root = tempfile::tempdir().unwrap();
+        std::fs::create_dir(root.path().join("etc")).unwrap();
+        let r = Rootfs::open(root.path()).unwrap();
+        let file = root.path().join("etc/f");
+        std::fs::write(&file, b"0123456789").unwrap();
+        assert_eq!(r.read_at_most("etc/f", 10).unwrap().unwrap(), b"0123456789");
+        assert!(matches!(
+            r.read_at_most("etc/f", 9),
+            Err(ReadError::TooLarge(10))
+        ));
+        // A sparse file of 1 TiB: refused by its size, in no time and no memory.
+        std::fs::File::create(root.path().join("etc/huge"))
+            .unwrap()
+            .set_len(1 << 40)
+            .unwrap();
+        let start = std::time::Instant::now();
+        assert!(matches!(
+            r.read_at_most("etc/huge", 1 << 16),
+            Err(ReadError::TooLarge(n)) if n == 1 << 40
+        ));
+        assert!(start.elapsed() < std::time::Duration::from_millis(100));
+        // A FIFO nobody writes to: refused at once, never opened for reading.
+        nix::unistd::mkfifo(
+            &root.path().join("etc/fifo"),
+            Mode::from_bits_truncate(0o644),
+        )
+        .unwrap();
+        assert!(matches!(
+            r.read_at_most("etc/fifo", 100),
+            Err(ReadError::NotRegular("a FIFO"))
+        ));
+        assert!(matches!(
+            r.read_at_most("etc", 100),
+            Err(ReadError::NotRegular("a directory"))
+        ));
+        // Through a file where a directory should be: nothing there.
+        assert_eq!(r.read_at_most("etc/f/x", 100).unwrap(), None);
+    }
+
+    #[test]
     fn made_and_removed() {
         let root = tempfile::tempdir().unwrap();
         let r = Rootfs::open(root.path()).unwrap();
         assert_eq!(r.ensure_dir("etc").unwrap(), vec!["etc"]);
         assert!(r.ensure_file("etc/ld.so.preload").unwrap());
         assert!(!r.ensure_file("etc/ld.so.preload").unwrap());
-        assert_eq!(r.read("etc/ld.so.preload").unwrap().as_deref(), Some(""));
+        assert_eq!(
+            r.read_at_most("etc/ld.so.preload", 100).unwrap().as_deref(),
+            Some(&b""[..])
+        );
         std::fs::write(root.path().join("etc/other"), "x").unwrap();
         r.remove_if_empty("etc/ld.so.preload");
         r.remove_if_empty("etc");

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use cuslice_policy::config::{self, Config};
+use cuslice_policy::echo::{cut, quoted};
 use cuslice_policy::grant::{Grant, Origin};
 
 /// Annotations under this prefix are settings too: `cuslice.io/memory-limit` is
@@ -77,13 +78,18 @@ pub fn read<'a>(
         any = true;
         if config::is_placement(&name) {
             return Err(format!(
-                "annotation {key} is not accepted: the hook decides where a container's slice state lives; remove it"
+                "annotation {} is not accepted: the hook decides where a container's slice state lives; remove it",
+                cut(key)
             ));
         }
         match found.get(&name) {
             Some((v, None)) if v.trim() != value.trim() => {
+                let (name, key) = (cut(&name), cut(key));
                 return Err(format!(
-                    "{name}={v:?} in the environment and annotation {key}={value:?} disagree; set one of them (e.g. {name}={value})"
+                    "{name}={} in the environment and annotation {key}={} disagree; set one of them (e.g. {name}={})",
+                    quoted(v),
+                    quoted(value),
+                    cut(value)
                 ));
             }
             _ => {
@@ -96,7 +102,7 @@ pub fn read<'a>(
     }
     if let Err(e) = Config::from_vars(found.iter().map(|(n, (v, _))| (n.as_str(), v.as_str()))) {
         return Err(match found.get(&e.variable) {
-            Some((_, Some(key))) => format!("annotation {key}: {e}"),
+            Some((_, Some(key))) => format!("annotation {}: {e}", cut(key)),
             _ => e.to_string(),
         });
     }
@@ -136,22 +142,49 @@ impl Settings {
     }
 }
 
-/// `/etc/ld.so.preload` as the container will see it: the image's own file as it is, then the
-/// interposer on a line of its own (unless the image already lists it).
-pub fn preload_file(image: Option<&str>) -> String {
-    let image = image.unwrap_or("");
-    if image
-        .split(|c: char| c.is_whitespace() || c == ':')
-        .any(|e| e == CONTAINER_LIBRARY)
-    {
-        return image.to_string();
+/// The most of an image's `/etc/ld.so.preload` the hook reads: 64 KiB, thousands of library
+/// paths. A larger file stops the container (a 4 GiB one once took the hook 8 GB of memory).
+pub const PRELOAD_MAX: u64 = 64 << 10;
+
+/// The longest library name kept from the image's file: PATH_MAX.
+const PRELOAD_NAME_MAX: usize = 4096;
+
+/// The library names the dynamic loader reads from an image's `/etc/ld.so.preload`, as glibc
+/// parses the file (Ref: glibc elf/rtld.c, dl_main): the text ends at its first NUL byte (the
+/// loader's string functions stop there), `#` starts a comment that runs to the end of the
+/// line, and names are separated by spaces, tabs, newlines and `:`. Of those only the
+/// well-formed names are kept: UTF-8 without control characters (a `\r` is not a separator to
+/// the loader, so `a.so\r` names no file), at most 4096 bytes, and not the interposer (it comes
+/// first anyway). In the file's order; no de-duplication (the loader loads a library once).
+pub fn preload_entries(image: &[u8]) -> Vec<&str> {
+    let text = image.split(|&b| b == 0).next().unwrap_or_default();
+    let mut names = Vec::new();
+    for line in text.split(|&b| b == b'\n') {
+        let line = line.split(|&b| b == b'#').next().unwrap_or_default();
+        for name in line.split(|&b| matches!(b, b' ' | b'\t' | b':')) {
+            if name.is_empty() || name.len() > PRELOAD_NAME_MAX {
+                continue;
+            }
+            let Ok(name) = std::str::from_utf8(name) else {
+                continue;
+            };
+            if !name.chars().any(char::is_control) && name != CONTAINER_LIBRARY {
+                names.push(name);
+            }
+        }
     }
-    let mut out = image.to_string();
-    if !out.is_empty() && !out.ends_with('\n') {
+    names
+}
+
+/// `/etc/ld.so.preload` as the container will see it: the interposer on the first line, then
+/// the image's own well-formed entries ([`preload_entries`]), one per line. Whatever the image's
+/// file holds, the loader reads the interposer first.
+pub fn preload_file(image: Option<&[u8]>) -> String {
+    let mut out = format!("{CONTAINER_LIBRARY}\n");
+    for name in preload_entries(image.unwrap_or_default()) {
+        out.push_str(name);
         out.push('\n');
     }
-    out.push_str(CONTAINER_LIBRARY);
-    out.push('\n');
     out
 }
 
@@ -245,6 +278,40 @@ mod tests {
     }
 
     #[test]
+    fn a_memory_limit_above_1_pib_is_refused_as_an_annotation_too() {
+        let e = read([], [("cuslice.io/memory-limit", "18446744073709551615")]).unwrap_err();
+        assert!(
+            e.starts_with(
+                "annotation cuslice.io/memory-limit: CUSLICE_MEMORY_LIMIT=\"18446744073709551615\" \
+                 is too large: a memory limit is at most 1 PiB"
+            ),
+            "{e}"
+        );
+        assert!(read([], [("cuslice.io/memory-limit", "1PiB")]).is_ok());
+    }
+
+    #[test]
+    fn long_values_and_keys_are_echoed_cut_short() {
+        let long = "9".repeat(100_000);
+        let env = format!("CUSLICE_CORE_LIMIT={long}");
+        let e = read([env.as_str()], [("cuslice.io/core-limit", "40")]).unwrap_err();
+        assert!(e.len() < 600, "{} bytes", e.len());
+        assert!(e.contains("(100000 bytes)"), "{e}");
+        let e = read(
+            ["CUSLICE_CORE_LIMIT=40"],
+            [("cuslice.io/core-limit", long.as_str())],
+        )
+        .unwrap_err();
+        assert!(e.len() < 600, "{} bytes", e.len());
+        let key = format!("cuslice.io/state-dir{long}");
+        let e = read([], [(key.as_str(), "/x")]).unwrap_err();
+        assert!(e.len() < 600, "{} bytes", e.len());
+        let key = format!("cuslice.io/memory-limit-{long}");
+        let e = read([], [(key.as_str(), "1GiB")]).unwrap_err();
+        assert!(e.len() < 600, "{} bytes", e.len());
+    }
+
+    #[test]
     fn placement_is_the_hooks() {
         let s = read_env(&["CUSLICE_STATE_DIR=/tmp/x", "CUSLICE_MEMORY_LIMIT=2GiB"])
             .unwrap()
@@ -298,16 +365,58 @@ mod tests {
     }
 
     #[test]
-    fn preload_keeps_the_images_entries() {
-        assert_eq!(preload_file(None), "/run/cuslice/lib/libcuslice.so\n");
-        assert_eq!(
-            preload_file(Some("/lib/a.so /lib/b.so")),
-            "/lib/a.so /lib/b.so\n/run/cuslice/lib/libcuslice.so\n"
-        );
-        assert_eq!(
-            preload_file(Some("/run/cuslice/lib/libcuslice.so\n")),
-            "/run/cuslice/lib/libcuslice.so\n"
-        );
+    fn preload_puts_the_interposer_first_and_keeps_the_images_well_formed_entries() {
+        const LIB: &str = "/run/cuslice/lib/libcuslice.so\n";
+        assert_eq!(preload_file(None), LIB);
+        assert_eq!(preload_file(Some(b"")), LIB);
+        for (image, kept) in [
+            (&b"/lib/a.so /lib/b.so"[..], &["/lib/a.so", "/lib/b.so"][..]),
+            (b"/lib/a.so\n", &["/lib/a.so"]),
+            (b"/run/cuslice/lib/libcuslice.so\n", &[]),
+            // As the loader reads it: space, tab, newline and ':' separate; '#' to the end of
+            // the line is a comment; a name without a newline after it still counts.
+            (
+                b"# preloads\n/lib/a.so:libb.so\t/lib/c.so # not/this.so\n\n  /lib/d.so",
+                &["/lib/a.so", "libb.so", "/lib/c.so", "/lib/d.so"],
+            ),
+            // One NUL byte, where the loader stops reading: nothing of the image's.
+            (b"\0", &[]),
+            (b"/lib/a.so\n\0/lib/after.so\n", &["/lib/a.so"]),
+            // The loader reads "/lib/a" here, which is well-formed.
+            (b"/lib/a\0.so\n", &["/lib/a"]),
+            // Control characters, bytes that are not UTF-8, a name longer than PATH_MAX.
+            (
+                b"/lib/a.so\r\n/lib/\x01b.so /lib/\xffc.so /lib/d.so",
+                &["/lib/d.so"],
+            ),
+        ] {
+            assert_eq!(
+                preload_entries(image),
+                kept,
+                "{:?}",
+                String::from_utf8_lossy(image)
+            );
+            let file = preload_file(Some(image));
+            assert!(file.starts_with(LIB), "{file:?}");
+            assert_eq!(file.lines().skip(1).collect::<Vec<_>>(), kept, "{file:?}");
+        }
+        let long = format!("/{}.so /lib/e.so", "x".repeat(4096));
+        assert_eq!(preload_entries(long.as_bytes()), ["/lib/e.so"]);
+    }
+
+    #[test]
+    fn a_full_size_preload_file_is_parsed_quickly() {
+        let image: Vec<u8> = b"/lib/x.so\n"
+            .iter()
+            .copied()
+            .cycle()
+            .take(PRELOAD_MAX as usize)
+            .collect();
+        let start = std::time::Instant::now();
+        let file = preload_file(Some(&image));
+        assert!(start.elapsed() < std::time::Duration::from_millis(50));
+        // Whole lines, and the last one cut short (still a name).
+        assert_eq!(file.lines().count(), 1 + image.len().div_ceil(10));
     }
 
     #[test]

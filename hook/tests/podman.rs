@@ -42,3 +42,24 @@ fn demo_shares_hold_with_the_agent() {
     root_required();
     common::shares::shares_hold(engine());
 }
+
+/// An image whose /etc/ld.so.preload is one NUL byte still gets the interposer loaded.
+#[test]
+fn a_nul_byte_in_the_image_preload_does_not_drop_the_library() {
+    root_required();
+    common::preload::nul_byte(engine());
+}
+
+/// An image's 4 GiB (sparse) /etc/ld.so.preload: refused at once in one line, no copy left.
+#[test]
+fn a_huge_image_preload_is_refused_at_once() {
+    root_required();
+    common::preload::huge(engine(), 4 << 30);
+}
+
+/// A cap of 2^64-1 bytes and a 100 kB value: refused in one short line.
+#[test]
+fn a_cap_no_device_holds_and_a_long_value_are_refused_in_one_short_line() {
+    root_required();
+    common::too_large_or_too_long(engine());
+}

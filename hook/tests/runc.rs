@@ -5,30 +5,55 @@ mod common;
 
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
-use common::runc::{RuncContainer, bundle, state_pid};
+use common::preload::{self, Prepared};
+use common::runc::{Bundle, RuncContainer, bundle, state_pid};
 use common::*;
 use cuslice_test_harness::Sim;
+use serde_json::{Value, json};
 
 struct Runc;
 
 impl Engine for Runc {
     fn run(&self, sim: &Sim, spec: &Spec<'_>) -> Output {
-        let b = bundle(sim, spec, &[]);
-        let out = Command::new("runc")
-            .args(["run", spec.name])
-            .current_dir(&b.path)
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
-        let _ = Command::new("runc")
-            .args(["delete", "--force", spec.name])
-            .output();
-        out
+        run_bundle(&bundle(sim, spec, &[]), spec.name)
     }
     fn spawn(&self, sim: &Sim, spec: &Spec<'_>) -> Box<dyn Container + '_> {
         Box::new(RuncContainer::start(sim, spec, &[]))
     }
+}
+
+impl Prepared for Runc {
+    fn run_prepared(&self, sim: &Sim, spec: &Spec<'_>, prepare: &dyn Fn(&Path)) -> Output {
+        let b = bundle(sim, spec, &[]);
+        prepare(&b.path.join("rootfs"));
+        run_bundle(&b, spec.name)
+    }
+    fn spawn_prepared(
+        &self,
+        sim: &Sim,
+        spec: &Spec<'_>,
+        prepare: &dyn Fn(&Path),
+    ) -> Box<dyn Container + '_> {
+        let b = bundle(sim, spec, &[]);
+        prepare(&b.path.join("rootfs"));
+        Box::new(RuncContainer::start_bundle(b, spec.name))
+    }
+}
+
+/// `runc run ID` in the bundle `b`, to completion; the container is deleted after.
+fn run_bundle(b: &Bundle, id: &str) -> Output {
+    let out = Command::new("runc")
+        .args(["run", id])
+        .current_dir(&b.path)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let _ = Command::new("runc")
+        .args(["delete", "--force", id])
+        .output();
+    out
 }
 
 engine_scenarios!(&Runc);
@@ -73,23 +98,12 @@ fn rootfs_left_as_it_was() {
         "/run/cuslice/lib/libcuslice.so\n"
     );
     let after = listing(&b.path.join("rootfs"));
-    // runc itself makes the mount points of the spec's mounts (/run/simgpu/state); the hook's
-    // (/etc, /etc/ld.so.preload, /run/cuslice) must be gone.
-    let extra: Vec<_> = after.iter().filter(|p| !before.contains(p)).collect();
-    let runcs: Vec<String> = gpu_mounts(&sim)
-        .iter()
-        .map(|(_, dst, _)| dst.trim_start_matches('/').to_string())
-        .collect();
-    assert!(
-        extra
-            .iter()
-            .all(|p| runcs.iter().any(|m| m.starts_with(p.as_str()))),
-        "left in the image: {extra:?}"
-    );
+    let extra = not_runcs(&sim, &before, &after);
+    assert!(extra.is_empty(), "left in the image: {extra:?}");
     assert!(!b.path.join("rootfs/etc").exists());
 }
 
-/// An image's own /etc/ld.so.preload entries are kept, after the interposer.
+/// An image's own /etc/ld.so.preload entries are kept, after the interposer, which comes first.
 #[test]
 fn image_preload_entries_kept() {
     root_required();
@@ -123,7 +137,7 @@ fn image_preload_entries_kept() {
     );
     assert_eq!(
         String::from_utf8_lossy(&out.stdout),
-        "/lib/x86_64-linux-gnu/libm.so.6\n/run/cuslice/lib/libcuslice.so\n"
+        "/run/cuslice/lib/libcuslice.so\n/lib/x86_64-linux-gnu/libm.so.6\n"
     );
     assert_eq!(
         std::fs::read_to_string(b.path.join("rootfs/etc/ld.so.preload")).unwrap(),
@@ -161,6 +175,20 @@ fn concurrent_starts() {
         assert_eq!(v["total"], want, "{cap}: {v}");
         c.remove();
     }
+}
+
+/// What is in `after` and was not in `before`, less the mount points runc itself makes for the
+/// spec's mounts (/run/simgpu/state and the driver's libraries): what the hook left.
+fn not_runcs(sim: &Sim, before: &[String], after: &[String]) -> Vec<String> {
+    let runcs: Vec<String> = gpu_mounts(sim)
+        .iter()
+        .map(|(_, dst, _)| dst.trim_start_matches('/').to_string())
+        .collect();
+    after
+        .iter()
+        .filter(|p| !before.contains(p) && !runcs.iter().any(|m| m.starts_with(p.as_str())))
+        .cloned()
+        .collect()
 }
 
 fn listing(root: &Path) -> Vec<String> {
@@ -238,4 +266,259 @@ fn vanished_container_swept() {
     let _ = Command::new("runc")
         .args(["delete", "--force", &n])
         .output();
+}
+
+// ---- an image's own /etc/ld.so.preload, used against the hook ---------------------------
+
+/// An image whose /etc/ld.so.preload is one NUL byte still gets the interposer loaded.
+#[test]
+fn a_nul_byte_in_the_image_preload_does_not_drop_the_library() {
+    root_required();
+    preload::nul_byte(&Runc);
+}
+
+/// A bundle whose hooks keep their state under `state_root`; with `limit_kib`, each hook runs
+/// with its address space held to that (`ulimit -v`), so a hook that reads a whole huge file
+/// fails there instead of taking the host's memory.
+fn bundle_in(sim: &Sim, spec: &Spec<'_>, state_root: &Path, limit_kib: Option<u64>) -> Bundle {
+    let b = bundle(sim, spec, &["--state-root", state_root.to_str().unwrap()]);
+    if let Some(kib) = limit_kib {
+        let path = b.path.join("config.json");
+        let mut c: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        for stage in ["prestart", "poststop"] {
+            let h = &mut c["hooks"][stage][0];
+            let mut args = vec![
+                json!("sh"),
+                json!("-c"),
+                json!(format!("ulimit -v {kib} && exec \"$0\" \"$@\"")),
+                h["path"].clone(),
+            ];
+            args.extend(h["args"].as_array().unwrap()[1..].iter().cloned());
+            h["path"] = json!("/bin/sh");
+            h["args"] = json!(args);
+        }
+        std::fs::write(&path, serde_json::to_string_pretty(&c).unwrap()).unwrap();
+    }
+    b
+}
+
+/// `runc run ID` in `b`, waited for at most `limit`: its output and how long it took, or how
+/// long it was waited for (then it is killed and deleted).
+fn run_within(b: &Bundle, id: &str, limit: Duration) -> Result<(Output, Duration), Duration> {
+    let start = Instant::now();
+    let mut child = Command::new("runc")
+        .args(["run", id])
+        .current_dir(&b.path)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            let _ = Command::new("runc")
+                .args(["delete", "--force", id])
+                .output();
+            return Err(start.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let took = start.elapsed();
+    let out = child.wait_with_output().unwrap();
+    let _ = Command::new("runc")
+        .args(["delete", "--force", id])
+        .output();
+    Ok((out, took))
+}
+
+fn engine_output(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+const FOUR_GIB: u64 = 4 << 30;
+/// The address space a hook gets in these tests: 256 MiB.
+const HOOK_KIB: u64 = 256 * 1024;
+
+/// An image's 4 GiB (sparse) /etc/ld.so.preload: refused at once in one line naming the file,
+/// its size and the bound, by a hook held to 256 MiB of address space; nothing is left in the
+/// state root or the rootfs.
+#[test]
+fn a_huge_image_preload_is_refused_at_once_in_little_memory() {
+    root_required();
+    let sim = Sim::new(&["--memory", "8GiB"]);
+    let root = tempfile::tempdir().unwrap();
+    let n = name("huge");
+    let b = bundle_in(
+        &sim,
+        &Spec {
+            name: &n,
+            env: &["CUSLICE_MEMORY_LIMIT=1GiB"],
+            cmd: &["echo", "STARTED"],
+            read_only: false,
+        },
+        root.path(),
+        Some(HOOK_KIB),
+    );
+    preload::sparse_preload(&b.path.join("rootfs"), FOUR_GIB);
+    let before = listing(&b.path.join("rootfs"));
+    let (out, took) = run_within(&b, &n, Duration::from_secs(60))
+        .unwrap_or_else(|t| panic!("neither started nor refused in {t:?}"));
+    let all = engine_output(&out);
+    assert!(!out.status.success(), "started anyway: {all}");
+    assert!(!all.contains("STARTED"), "{all}");
+    let line = preload::hook_line(&all);
+    for says in [
+        "/etc/ld.so.preload is 4294967296 bytes",
+        "65536 bytes",
+        "the container is not started",
+    ] {
+        assert!(line.contains(says), "{line:?} does not say {says:?}");
+    }
+    assert!(took < Duration::from_secs(5), "refused after {took:?}");
+    let (size, path) = preload::largest_file(root.path());
+    assert!(size < 64 << 10, "{}: {size} bytes", path.display());
+    assert!(!root.path().join("containers").join(&n).exists());
+    let after = listing(&b.path.join("rootfs"));
+    assert!(before.iter().all(|p| after.contains(p)), "{after:?}");
+    let extra = not_runcs(&sim, &before, &after);
+    assert!(extra.is_empty(), "left in the image: {extra:?}");
+}
+
+/// The image's preload file is read without the node-wide lock: with the state root's lock
+/// held by someone else (here, the test), a container whose /etc/ld.so.preload is a FIFO or a
+/// 4 GiB file is refused at once, not queued behind the lock.
+#[test]
+fn a_bad_image_preload_is_refused_without_waiting_for_the_lock() {
+    root_required();
+    let sim = Sim::new(&["--memory", "8GiB"]);
+    let root = tempfile::tempdir().unwrap();
+    let lock = std::fs::File::create(root.path().join("lock")).unwrap();
+    let _held = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusiveNonblock)
+        .map_err(|(_, e)| e)
+        .unwrap();
+    let fifo = |rootfs: &Path| {
+        std::fs::create_dir_all(rootfs.join("etc")).unwrap();
+        nix::unistd::mkfifo(
+            &rootfs.join("etc/ld.so.preload"),
+            nix::sys::stat::Mode::from_bits_truncate(0o644),
+        )
+        .unwrap();
+    };
+    let huge = |rootfs: &Path| preload::sparse_preload(rootfs, FOUR_GIB);
+    type Prepare<'a> = &'a dyn Fn(&Path);
+    let cases: [(&str, Prepare, &str); 2] = [
+        ("a FIFO", &fifo, "/etc/ld.so.preload is a FIFO"),
+        ("4 GiB", &huge, "/etc/ld.so.preload is 4294967296 bytes"),
+    ];
+    for (what, prepare, says) in cases {
+        let n = name("locked");
+        let b = bundle_in(
+            &sim,
+            &Spec {
+                name: &n,
+                env: &["CUSLICE_MEMORY_LIMIT=1GiB"],
+                cmd: &["echo", "STARTED"],
+                read_only: false,
+            },
+            root.path(),
+            Some(HOOK_KIB),
+        );
+        prepare(&b.path.join("rootfs"));
+        let (out, took) = run_within(&b, &n, Duration::from_secs(10)).unwrap_or_else(|t| {
+            panic!(
+                "{what}: neither started nor refused in {t:?}: the hook waits for the lock, \
+                 which another holds"
+            )
+        });
+        let all = engine_output(&out);
+        assert!(!out.status.success(), "{what}: started anyway: {all}");
+        let line = preload::hook_line(&all);
+        assert!(
+            line.contains(says),
+            "{what}: {line:?} does not say {says:?}"
+        );
+        assert!(
+            took < Duration::from_secs(5),
+            "{what}: refused after {took:?}"
+        );
+    }
+}
+
+/// While one container's hook deals with its image's 4 GiB /etc/ld.so.preload, another
+/// container of the same node starts about as fast as alone.
+#[test]
+fn a_huge_image_preload_does_not_hold_up_other_containers() {
+    root_required();
+    let sim = Sim::new(&["--memory", "8GiB"]);
+    let root = tempfile::tempdir().unwrap();
+    let other = || {
+        let n = name("other");
+        let b = bundle_in(
+            &sim,
+            &Spec {
+                name: &n,
+                env: &["CUSLICE_MEMORY_LIMIT=1GiB"],
+                cmd: &["cuda-workload", "info"],
+                read_only: false,
+            },
+            root.path(),
+            None,
+        );
+        let start = Instant::now();
+        let out = run_bundle(&b, &n);
+        let took = start.elapsed();
+        let all = engine_output(&out);
+        assert!(out.status.success(), "{all}");
+        let lines = cuslice_test_harness::parse_lines(&String::from_utf8_lossy(&out.stdout));
+        assert_eq!(lines[0]["total"], cuslice_test_harness::GIB, "{all}");
+        took
+    };
+    let alone = other();
+    let n = name("huge");
+    let b = bundle_in(
+        &sim,
+        &Spec {
+            name: &n,
+            env: &["CUSLICE_MEMORY_LIMIT=1GiB"],
+            cmd: &["echo", "STARTED"],
+            read_only: false,
+        },
+        root.path(),
+        None,
+    );
+    preload::sparse_preload(&b.path.join("rootfs"), FOUR_GIB);
+    let huge = Command::new("runc")
+        .args(["run", &n])
+        .current_dir(&b.path)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Time for runc to reach the hook.
+    std::thread::sleep(Duration::from_millis(300));
+    let beside = other();
+    let out = huge.wait_with_output().unwrap();
+    let _ = Command::new("runc")
+        .args(["delete", "--force", &n])
+        .output();
+    assert!(
+        beside < alone + Duration::from_secs(2),
+        "a container took {alone:?} to run alone and {beside:?} beside one with a 4 GiB \
+         /etc/ld.so.preload"
+    );
+    assert!(!out.status.success(), "{}", engine_output(&out));
+}
+
+/// A cap of 2^64-1 bytes and a 100 kB value: refused in one short line.
+#[test]
+fn a_cap_no_device_holds_and_a_long_value_are_refused_in_one_short_line() {
+    root_required();
+    common::too_large_or_too_long(&Runc);
 }

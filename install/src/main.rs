@@ -70,6 +70,8 @@ struct StatusArgs {
     json: bool,
 }
 
+/// `cuslice set`'s values take a leading `-` (`--memory-limit -1`), so that a negative or
+/// otherwise bad value reaches cuslice's own check and its one-line refusal, not clap's usage.
 #[derive(Args, Debug)]
 struct SetArgs {
     /// The slice: a container's id (or a unique prefix), name or pod/container, or a standalone
@@ -77,18 +79,18 @@ struct SetArgs {
     target: String,
     /// The new memory cap for every device of the slice (e.g. 4GiB); lowered below what the
     /// slice holds, new allocations are refused until it is under it
-    #[arg(long, value_name = "SIZE")]
+    #[arg(long, value_name = "SIZE", allow_hyphen_values = true)]
     memory_limit: Option<String>,
     /// The new core limit, percent of device time (1-100)
-    #[arg(long, value_name = "PERCENT")]
+    #[arg(long, value_name = "PERCENT", allow_hyphen_values = true)]
     core_limit: Option<String>,
     /// The new core request, percent of device time (1-100); refused if the requests on the
     /// device would add up to more than 100
-    #[arg(long, value_name = "PERCENT")]
+    #[arg(long, value_name = "PERCENT", allow_hyphen_values = true)]
     core_request: Option<String>,
     /// The new priority on the slice's devices: high, normal or low (docs/compute.md,
     /// "Priority")
-    #[arg(long, value_name = "PRIORITY")]
+    #[arg(long, value_name = "PRIORITY", allow_hyphen_values = true)]
     priority: Option<String>,
     /// The OCI hook's state root, where container slices are found
     #[arg(long, default_value = "/run/cuslice", value_name = "DIR")]
@@ -467,6 +469,36 @@ mod tests {
     #[test]
     fn cli_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn set_takes_values_with_a_leading_hyphen_for_its_own_check() {
+        let cli = Cli::try_parse_from([
+            "cuslice",
+            "set",
+            "web",
+            "--memory-limit",
+            "-1",
+            "--core-limit",
+            "-5",
+            "--core-request",
+            "-1",
+            "--priority",
+            "-high",
+        ])
+        .expect("parse");
+        let Command::Set(a) = cli.command else {
+            panic!("not set: {cli:?}");
+        };
+        assert_eq!(
+            (a.memory_limit, a.core_limit, a.core_request, a.priority),
+            (
+                Some("-1".into()),
+                Some("-5".into()),
+                Some("-1".into()),
+                Some("-high".into())
+            )
+        );
     }
 
     #[test]

@@ -546,3 +546,81 @@ fn bad_values_and_a_request_past_the_device_are_refused_with_one_line_and_change
         "{s}"
     );
 }
+
+/// Values a shell or a script gets wrong: a negative number, a cap no device holds (2^64-1
+/// bytes), 100 kB of text. Each is refused in one line naming the flag, the value (cut
+/// short) and a value that works, and changes nothing. A core request of 100 is applied, and
+/// what is printed says 100%.
+#[test]
+fn negative_huge_and_long_values_are_refused_in_one_line_and_a_request_of_100_is_said() {
+    let sim = Sim::new(&["--memory", "8GiB"]);
+    let (dir, node) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut w = start(
+        &sim,
+        dir.path(),
+        node.path(),
+        &["CUSLICE_MEMORY_LIMIT=1GiB"],
+        &["steps", "--bytes", "64MiB"],
+    );
+    w.wait_for("ready", Duration::from_secs(30));
+    // One argument may be at most 128 KiB (execve's MAX_ARG_STRLEN).
+    let long = "9".repeat(100_000);
+    let cut = format!("--memory-limit \"{}\"… ({} bytes)", &long[..64], long.len());
+    let cases: &[(&[&str], &str, &str)] = &[
+        (
+            &["--memory-limit", "-1"],
+            "--memory-limit \"-1\"",
+            "--memory-limit 4GiB",
+        ),
+        (
+            &["--memory-limit", "-1GiB"],
+            "--memory-limit \"-1GiB\"",
+            "--memory-limit 4GiB",
+        ),
+        (
+            &["--core-limit", "-5"],
+            "--core-limit \"-5\"",
+            "--core-limit 50",
+        ),
+        (
+            &["--core-request", "-1"],
+            "--core-request \"-1\"",
+            "--core-request 50",
+        ),
+        (
+            &["--priority", "-1"],
+            "--priority \"-1\"",
+            "--priority high",
+        ),
+        (
+            &["--memory-limit", "18446744073709551615"],
+            "--memory-limit \"18446744073709551615\" is too large",
+            "at most 1 PiB",
+        ),
+        (&["--memory-limit", &long], &cut, "--memory-limit 4GiB"),
+    ];
+    for (args, says, example) in cases {
+        let out = set(dir.path(), node.path(), args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        let shown = &err[..err.len().min(2000)];
+        let what = &args[..1];
+        assert_eq!(out.status.code(), Some(2), "{what:?}: {shown}");
+        assert_eq!(err.lines().count(), 1, "{what:?}: not one line: {shown}");
+        assert!(err.len() < 600, "{what:?}: {} bytes: {shown}", err.len());
+        assert!(err.starts_with("cuslice set: "), "{what:?}: {shown}");
+        for s in [says, example] {
+            assert!(err.contains(s), "{what:?}: {shown:?} does not say {s:?}");
+        }
+        assert!(out.stdout.is_empty(), "{what:?}");
+    }
+    let s = &status(&sim, &[dir.path()])[0];
+    assert_eq!(
+        s["memory"]["limit"], GIB,
+        "a refused change changed the cap: {s}"
+    );
+    let said = set_ok(dir.path(), node.path(), &["--core-request", "100"]);
+    assert!(said.contains("core request 100% (was none)"), "{said}");
+    let s = &status(&sim, &[dir.path()])[0];
+    assert_eq!(s["compute"]["request_pct"], 100.0, "{s}");
+    drop(w);
+}

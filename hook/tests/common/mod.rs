@@ -12,6 +12,7 @@ pub mod cdi;
 pub mod containerd;
 pub mod hostile;
 pub mod podman;
+pub mod preload;
 pub mod runc;
 pub mod shares;
 
@@ -401,6 +402,60 @@ pub fn bad_value(engine: &dyn Engine) {
         "no example in: {all}"
     );
     assert!(!slice_dir(&n).exists(), "state left behind");
+}
+
+/// A cap no device holds (2^64-1 bytes, which would be no cap at all) and a 100 kB value are
+/// refused in one line naming the variable, the value (cut short) and what would work.
+pub fn too_large_or_too_long(engine: &dyn Engine) {
+    let sim = Sim::new(&["--memory", "8GiB"]);
+    let digits = "9".repeat(100_000);
+    let long = format!("CUSLICE_MEMORY_LIMIT={digits}XB");
+    let cut = format!(
+        "CUSLICE_MEMORY_LIMIT=\"{}\"… ({} bytes)",
+        &digits[..64],
+        digits.len() + 2
+    );
+    let cases: [(&str, [&str; 2]); 2] = [
+        (
+            "CUSLICE_MEMORY_LIMIT=18446744073709551615",
+            [
+                "CUSLICE_MEMORY_LIMIT=\"18446744073709551615\" is too large",
+                "at most 1 PiB",
+            ],
+        ),
+        (&long, [&cut, "CUSLICE_MEMORY_LIMIT=4GiB"]),
+    ];
+    for (env, says) in cases {
+        let n = name("bad");
+        let out = engine.run(
+            &sim,
+            &Spec {
+                name: &n,
+                env: &[env],
+                cmd: &["echo", "STARTED"],
+                read_only: false,
+            },
+        );
+        // runc's log line escapes the quotes of the hook's message.
+        let all = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+        .replace("\\\"", "\"");
+        let shown = &all[..all.len().min(2000)];
+        assert!(!out.status.success(), "started anyway: {shown}");
+        assert!(!all.contains("STARTED"), "{shown}");
+        assert!(
+            all.len() < 4000,
+            "the engine's output is {} bytes: {shown}",
+            all.len()
+        );
+        for s in says {
+            assert!(all.contains(s), "{shown} does not say {s:?}");
+        }
+        assert!(!slice_dir(&n).exists(), "state left behind");
+    }
 }
 
 /// A container without cuslice settings: no preload, no slice, full device.

@@ -221,8 +221,20 @@ impl Container for PodmanContainer<'_> {
 
 impl Podman {
     fn run_cdi(&self, sim: &Sim, spec: &Spec<'_>, cdi: Option<&[String]>) -> Output {
+        self.run_in(sim, spec, cdi, &|_| {})
+    }
+
+    /// `run_cdi` in a rootfs that `prepare` has changed first.
+    fn run_in(
+        &self,
+        sim: &Sim,
+        spec: &Spec<'_>,
+        cdi: Option<&[String]>,
+        prepare: &dyn Fn(&Path),
+    ) -> Output {
         let dir = tempfile::tempdir().unwrap();
         make_rootfs(&dir.path().join("rootfs"));
+        prepare(&dir.path().join("rootfs"));
         let out = self
             .run_command(sim, spec, &dir.path().join("rootfs"), None, cdi)
             .output()
@@ -241,8 +253,20 @@ impl Podman {
         spec: &Spec<'_>,
         cdi: Option<&[String]>,
     ) -> Box<dyn Container + '_> {
+        self.spawn_in(sim, spec, cdi, &|_| {})
+    }
+
+    /// `spawn_cdi` in a rootfs that `prepare` has changed first.
+    fn spawn_in(
+        &self,
+        sim: &Sim,
+        spec: &Spec<'_>,
+        cdi: Option<&[String]>,
+        prepare: &dyn Fn(&Path),
+    ) -> Box<dyn Container + '_> {
         let dir = tempfile::tempdir().unwrap();
         make_rootfs(&dir.path().join("rootfs"));
+        prepare(&dir.path().join("rootfs"));
         let (child, out, err) = spawn_piped(self.run_command(
             sim,
             spec,
@@ -268,6 +292,20 @@ impl Engine for Podman {
     }
     fn spawn(&self, sim: &Sim, spec: &Spec<'_>) -> Box<dyn Container + '_> {
         self.spawn_cdi(sim, spec, None)
+    }
+}
+
+impl super::preload::Prepared for Podman {
+    fn run_prepared(&self, sim: &Sim, spec: &Spec<'_>, prepare: &dyn Fn(&Path)) -> Output {
+        self.run_in(sim, spec, None, prepare)
+    }
+    fn spawn_prepared(
+        &self,
+        sim: &Sim,
+        spec: &Spec<'_>,
+        prepare: &dyn Fn(&Path),
+    ) -> Box<dyn Container + '_> {
+        self.spawn_in(sim, spec, None, prepare)
     }
 }
 

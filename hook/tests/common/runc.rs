@@ -72,15 +72,19 @@ pub struct RuncContainer {
 
 impl RuncContainer {
     pub fn start(sim: &Sim, spec: &Spec<'_>, hook_args: &[&str]) -> RuncContainer {
-        let b = bundle(sim, spec, hook_args);
+        RuncContainer::start_bundle(bundle(sim, spec, hook_args), spec.name)
+    }
+
+    /// `runc run ID` in a bundle made (and perhaps changed) by the caller.
+    pub fn start_bundle(b: Bundle, id: &str) -> RuncContainer {
         let mut cmd = Command::new("runc");
-        cmd.args(["run", spec.name]).current_dir(&b.path);
+        cmd.args(["run", id]).current_dir(&b.path);
         let (child, out, err) = spawn_piped(cmd);
         RuncContainer {
             child,
             out,
             err,
-            id: spec.name.to_string(),
+            id: id.to_string(),
             _bundle: b,
         }
     }

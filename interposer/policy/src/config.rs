@@ -36,11 +36,19 @@
 use std::fmt;
 use std::path::PathBuf;
 
+use crate::echo::{cut, quoted};
 use crate::priority::Priority;
 use crate::size::{Reason, parse_size};
 
 /// The highest device ordinal a per-device variable (`..._<i>`) may name.
 pub const MAX_ORDINAL: u32 = 63;
+
+/// The largest memory limit: 1 PiB, more than any device holds. A limit above it (say
+/// 18446744073709551615 bytes) would be no limit at all, so it is refused like any other bad
+/// value.
+pub const MAX_MEMORY_LIMIT: u64 = 1 << 50;
+
+const TOO_LARGE: &str = "is too large: a memory limit is at most 1 PiB (1125899906842624 bytes), more than any device holds";
 
 /// How much the interposer writes to stderr. Ordered: `Error < Warn < Info < Debug`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -115,13 +123,14 @@ impl fmt::Display for ConfigError {
             write!(f, "hook file line {line}: ")?;
         }
         if !self.variable.is_empty() {
-            write!(f, "{}=", one_line(&self.variable))?;
+            write!(f, "{}=", one_line(&cut(&self.variable)))?;
         }
-        // `{:?}` quotes the value and escapes any newline or control character in it.
+        // `quoted` escapes any newline or control character in the value, and cuts a long one
+        // short; values the problem and the example show are cut where they are made.
         write!(
             f,
-            "{:?} {}; write e.g. {}",
-            self.value,
+            "{} {}; write e.g. {}",
+            quoted(&self.value),
             one_line(&self.problem),
             one_line(&self.example)
         )
@@ -368,8 +377,10 @@ fn parse_cuslice_memory(entry: &Entry) -> Result<u64, ConfigError> {
     let example = format!("{}=4GiB ({SIZE_UNITS})", entry.name);
     match parse_size(&entry.value) {
         Ok(0) => Err(entry.error("is 0; a memory limit must be more than 0", example)),
+        Ok(bytes) if bytes > MAX_MEMORY_LIMIT => Err(entry.error(TOO_LARGE, example)),
         Ok(bytes) => Ok(bytes),
         Err(e) if e.reason == Reason::Empty => Err(entry.error(EMPTY, example)),
+        Err(e) if e.reason == Reason::TooLarge => Err(entry.error(TOO_LARGE, example)),
         Err(e) => Err(entry.error(format!("is not a size ({})", e.reason), example)),
     }
 }
@@ -431,7 +442,8 @@ fn parse_hami_memory(entry: &Entry) -> Result<u64, ConfigError> {
         return Err(entry.error("is 0; a memory limit must be more than 0", example));
     }
     n.checked_mul(1 << shift)
-        .ok_or_else(|| entry.error("is too large", example))
+        .filter(|&bytes| bytes <= MAX_MEMORY_LIMIT)
+        .ok_or_else(|| entry.error(TOO_LARGE, example))
 }
 
 /// HAMi-core's SM limit: 0 to 100. HAMi-core treats 0 as "no limit" (it logs that and applies
@@ -469,7 +481,8 @@ fn parse_aliyun_container(entry: &Entry, shift: u32, unit: &str) -> Result<u64, 
         return Err(entry.error("is 0; a memory limit must be more than 0", example));
     }
     n.checked_mul(1 << shift)
-        .ok_or_else(|| entry.error("is too large", example))
+        .filter(|&bytes| bytes <= MAX_MEMORY_LIMIT)
+        .ok_or_else(|| entry.error(TOO_LARGE, example))
 }
 
 fn parse_priority(entry: &Entry) -> Result<Priority, ConfigError> {
@@ -546,8 +559,8 @@ fn dedupe(entries: Vec<Entry>) -> Result<Vec<Entry>, ConfigError> {
                     .line
                     .map_or(String::new(), |l| format!(" on line {l}"));
                 return Err(entry.error(
-                    format!("is set twice, also to {:?}{at}", first.value),
-                    format!("{}={} (once)", first.name, first.value),
+                    format!("is set twice, also to {}{at}", quoted(&first.value)),
+                    format!("{}={} (once)", cut(&first.name), cut(&first.value)),
                 ));
             }
             None => kept.push(entry),
@@ -636,7 +649,7 @@ impl Config {
                     .iter()
                     .any(|e| e.name == name && e.value == value.trim())
             {
-                ignored.push(name.to_string());
+                ignored.push(cut(name).into_owned());
             }
         }
         let mut config = Config::build(dedupe(all)?)?;
@@ -663,7 +676,7 @@ impl Config {
                 value,
                 variable: entry.name.clone(),
                 written: entry.value.trim().to_string(),
-                shown: format!("{}={}", entry.name, entry.value.trim()),
+                shown: format!("{}={}", cut(&entry.name), cut(entry.value.trim())),
                 line: entry.line,
             };
             match classify(&entry.name) {
@@ -686,12 +699,17 @@ impl Config {
                     }
                 }
                 Name::BadOrdinal { base, suffix } => {
-                    let value = entry.value.trim();
-                    let value = if value.is_empty() { "..." } else { value };
+                    let value = cut(entry.value.trim());
+                    let value = if value.is_empty() {
+                        "...".into()
+                    } else {
+                        value
+                    };
                     return Err(entry.error(
                         format!(
-                            "has device index {suffix:?}, which is not a number from 0 to \
-                             {MAX_ORDINAL} without leading zeros"
+                            "has device index {}, which is not a number from 0 to \
+                             {MAX_ORDINAL} without leading zeros",
+                            quoted(suffix)
                         ),
                         format!("{base}_0={value} (device 0) or {base}={value} (all devices)"),
                     ));
@@ -720,7 +738,7 @@ impl Config {
                 Name::AliyunUnit => aliyun_unit = Some(entry),
                 Name::UnknownCuslice => {
                     let example = match suggest(&entry.name) {
-                        Some(name) => format!("{name}={}", entry.value.trim()),
+                        Some(name) => format!("{name}={}", cut(entry.value.trim())),
                         // The problem already lists the known names.
                         None => "CUSLICE_MEMORY_LIMIT=4GiB".to_string(),
                     };
@@ -733,7 +751,7 @@ impl Config {
                     if let Some(line) = entry.line {
                         config.notices.push(format!(
                             "hook file line {line}: {} is not a cuslice setting; ignored",
-                            entry.name
+                            cut(&entry.name)
                         ));
                     }
                 }
@@ -746,7 +764,7 @@ impl Config {
                     Some(unit) => {
                         let shift = parse_aliyun_unit(unit)?;
                         let name = if shift == 30 { "GiB" } else { "MiB" };
-                        let shown = format!(" ({ALIYUN_UNIT}={})", unit.value.trim());
+                        let shown = format!(" ({ALIYUN_UNIT}={})", cut(unit.value.trim()));
                         (shift, name, shown)
                     }
                     None => (30, "GiB", String::new()),
@@ -759,14 +777,14 @@ impl Config {
                     value: bytes,
                     variable: container.name.clone(),
                     written: container.value.trim().to_string(),
-                    shown: format!("{}={}{shown}", container.name, container.value.trim()),
+                    shown: format!("{}={}{shown}", container.name, cut(container.value.trim())),
                     line: container.line,
                 });
             }
             (None, Some(unit)) => config.notices.push(format!(
                 "{}={} is ignored without {ALIYUN_CONTAINER}",
                 unit.name,
-                unit.value.trim()
+                cut(unit.value.trim())
             )),
             (None, None) => {}
         }
@@ -929,8 +947,9 @@ pub fn parse_live(what: LiveLimit, value: &str) -> Result<u64, String> {
             .map(|p| u64::from(p.code()))
             .ok_or_else(|| {
                 format!(
-                    "--priority {value:?} is not a priority (high, normal or low); write e.g. \
-                     --priority high"
+                    "--priority {} is not a priority (high, normal or low); write e.g. \
+                     --priority high",
+                    quoted(value)
                 )
             });
     }
@@ -952,9 +971,9 @@ pub fn parse_live(what: LiveLimit, value: &str) -> Result<u64, String> {
                 .split_once('=')
                 .map_or(e.example.as_str(), |(_, v)| v);
             Err(one_line(&format!(
-                "{} {:?} {}; write e.g. {} {}",
+                "{} {} {}; write e.g. {} {}",
                 what.flag(),
-                value,
+                quoted(value),
                 e.problem,
                 what.flag(),
                 example
@@ -1048,7 +1067,7 @@ mod tests {
         let message = e.to_string();
         assert!(!message.contains('\n'), "not one line: {message}");
         assert!(
-            message.contains(&format!("{}={:?}", e.variable, e.value)),
+            message.contains(&format!("{}={}", cut(&e.variable), quoted(&e.value))),
             "variable and value missing: {message}"
         );
         assert!(message.contains("; write e.g. "), "no example: {message}");
@@ -1928,5 +1947,104 @@ mod tests {
         let e = live_core((10 * P, 30 * P), Some(40), None).unwrap_err();
         assert!(e.contains("at most 30"), "{e}");
         assert!(live_core((20 * P, 30 * P), None, Some(10)).is_err());
+    }
+
+    #[test]
+    fn memory_limits_above_1_pib_are_refused_naming_the_maximum() {
+        const PIB: u64 = 1 << 50;
+        for (variable, value) in [
+            ("CUSLICE_MEMORY_LIMIT", "1PiB"),
+            ("CUSLICE_MEMORY_LIMIT", "1125899906842624"),
+            ("CUDA_DEVICE_MEMORY_LIMIT", "1048576g"),
+            ("ALIYUN_COM_GPU_MEM_CONTAINER", "1048576"),
+        ] {
+            assert_eq!(
+                config(&[(variable, value)]).limits(0).memory,
+                Some(PIB),
+                "{variable}={value}"
+            );
+        }
+        for (variable, value) in [
+            ("CUSLICE_MEMORY_LIMIT", "18446744073709551615"),
+            ("CUSLICE_MEMORY_LIMIT", "1125899906842625"),
+            ("CUSLICE_MEMORY_LIMIT", "1.5PiB"),
+            ("CUSLICE_MEMORY_LIMIT_3", "16384PiB"),
+            ("CUDA_DEVICE_MEMORY_LIMIT", "18446744073709551615"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_1", "1048577g"),
+            ("ALIYUN_COM_GPU_MEM_CONTAINER", "1048577"),
+        ] {
+            let line = error(&[(variable, value)]).to_string();
+            assert!(
+                line.starts_with(&format!("{variable}={value:?} is too large")),
+                "{line}"
+            );
+            assert!(line.contains("at most 1 PiB"), "{line}");
+        }
+        let line = error(&[
+            ("ALIYUN_COM_GPU_MEM_CONTAINER", "1073741825"),
+            ("ALIYUN_COM_GPU_MEM_UNIT", "MiB"),
+        ])
+        .to_string();
+        assert!(line.contains("at most 1 PiB"), "{line}");
+        let e = parse_live(LiveLimit::Memory, "18446744073709551615").unwrap_err();
+        assert!(
+            e.starts_with("--memory-limit \"18446744073709551615\" is too large"),
+            "{e}"
+        );
+        assert!(e.contains("at most 1 PiB"), "{e}");
+    }
+
+    #[test]
+    fn a_long_value_or_name_is_echoed_cut_short() {
+        let long = format!("{}XB", "9".repeat(1 << 20));
+        let cut = format!("\"{}\"… ({} bytes)", &long[..64], long.len());
+        for variable in [
+            "CUSLICE_MEMORY_LIMIT",
+            "CUSLICE_CORE_LIMIT",
+            "CUSLICE_CORE_REQUEST_2",
+            "CUDA_DEVICE_MEMORY_LIMIT",
+            "CUDA_DEVICE_SM_LIMIT",
+            "ALIYUN_COM_GPU_MEM_CONTAINER",
+            "CUSLICE_PRIORITY",
+            "CUSLICE_LOG",
+            "CUSLICE_MEMORY_LIMT",
+            "CUSLICE_MEMORY_LIMIT_99",
+        ] {
+            let line = Config::from_vars([(variable, long.as_str())])
+                .unwrap_err()
+                .to_string();
+            assert!(line.len() < 600, "{variable}: {} bytes", line.len());
+            assert!(
+                line.starts_with(&format!("{variable}={cut}")),
+                "{variable}: {line}"
+            );
+        }
+        // A long name, a long value set twice, a long value beside a core limit.
+        let name = format!("CUSLICE_{}", "X".repeat(1 << 20));
+        let line = Config::from_vars([(name.as_str(), "1")])
+            .unwrap_err()
+            .to_string();
+        assert!(line.len() < 600, "{} bytes", line.len());
+        let text = format!("CUSLICE_LOG=info\nCUSLICE_LOG={long}\n");
+        let line = hook(&text, &[]).unwrap_err().to_string();
+        assert!(line.len() < 600, "{} bytes", line.len());
+        let padded = format!("{}50", "0".repeat(1 << 20));
+        let line = Config::from_vars([
+            ("CUSLICE_CORE_REQUEST", padded.as_str()),
+            ("CUSLICE_CORE_LIMIT", "40"),
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(line.len() < 600, "{} bytes", line.len());
+        let c = config(&[
+            ("CUSLICE_CORE_LIMIT", padded.as_str()),
+            ("CUDA_DEVICE_SM_LIMIT", "40"),
+        ]);
+        assert!(c.notices.iter().all(|n| n.len() < 600), "{:?}", c.notices);
+        let e = parse_live(LiveLimit::Memory, &long).unwrap_err();
+        assert!(e.len() < 600, "{} bytes", e.len());
+        assert!(e.starts_with(&format!("--memory-limit {cut}")), "{e}");
+        let e = parse_live(LiveLimit::Priority, &long).unwrap_err();
+        assert!(e.starts_with(&format!("--priority {cut}")), "{e}");
     }
 }

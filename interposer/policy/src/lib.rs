@@ -4,6 +4,7 @@
 //! tests.
 
 pub mod config;
+pub mod echo;
 pub mod grant;
 pub mod meminfo;
 pub mod priority;

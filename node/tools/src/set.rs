@@ -26,6 +26,7 @@ use std::path::{Path, PathBuf};
 
 use cuslice_hook::state::{Record, Root, start_time};
 use cuslice_policy::config::{Config, LiveLimit, live_core, parse_live, rewrite_hook_file};
+use cuslice_policy::echo::quoted;
 use cuslice_policy::format_size;
 use cuslice_policy::grant::Grant;
 use cuslice_policy::priority::Priority;
@@ -109,7 +110,8 @@ pub fn resolve(target: &str, state_root: &Path) -> Result<Target, String> {
         many => {
             let ids: Vec<&str> = many.iter().map(|r| short(&r.id)).collect();
             return Err(format!(
-                "{target:?} names {} containers ({}); give more of the id",
+                "{} names {} containers ({}); give more of the id",
+                quoted(target),
                 many.len(),
                 ids.join(", ")
             ));
@@ -126,9 +128,10 @@ pub fn resolve(target: &str, state_root: &Path) -> Result<Target, String> {
         });
     }
     Err(format!(
-        "{target:?} is neither a running container under {} (by id, id prefix, name or \
+        "{} is neither a running container under {} (by id, id prefix, name or \
          pod/container) nor a standalone slice's CUSLICE_STATE_DIR (a directory with a ledger); \
          `cuslice status` lists the slices",
+        quoted(target),
         state_root.display()
     ))
 }
@@ -321,7 +324,15 @@ pub fn set(target: &str, change: &Change, places: &Places) -> Result<String, Str
                 ));
             }
             if v.core_request.is_some() {
-                let req = |r: u32| if r == 0 { "none".into() } else { pct(r) };
+                // A request of 100% is a request (the whole device when contended), not "none"
+                // as a limit of 100% is.
+                let req = |r: u32| {
+                    if r == 0 {
+                        "none".to_string()
+                    } else {
+                        format!("{}%", r.min(FULL).div_ceil(FULL / 100))
+                    }
+                };
                 what.push(format!(
                     "core request {} (was {})",
                     req(request),
@@ -424,6 +435,10 @@ mod tests {
         assert!(e.contains("names 2 containers"), "{e}");
         let e = id("nothing").unwrap_err();
         assert!(e.contains("`cuslice status` lists the slices"), "{e}");
+        let long = "x".repeat(100_000);
+        let e = id(&long).unwrap_err();
+        assert!(e.len() < 600, "{} bytes", e.len());
+        assert!(e.starts_with(&quoted(&long)), "{}", &e[..100]);
         let t = resolve("9999", r.path()).unwrap();
         assert_eq!(t.config, Some(mnt("9999").join("slice/config")));
         // A standalone slice: a directory with a ledger.
