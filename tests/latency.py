@@ -12,7 +12,7 @@ process of its own slice, through libcuslice, on one simulated device. For each 
 
 The neighbour's throughput is its device time over the probe's reported window, as a fraction of
 the device time the probe leaves idle (window - the probe's device time): both from
-`device_time_ns` in `simgpu show --json` (the simulator's ground truth). Goals (issue #19): p99
+`device_time_ns` in `simgpu show --json` (the simulator's ground truth). Goals: p99
 with a low-priority neighbour at most p99 alone + one neighbour kernel; the neighbour gets at least
 80% of the idle time. Used by tests/bench; `tests/latency.py [1ms|10ms ...]` runs some.
 """

@@ -141,7 +141,7 @@ pub fn create(opts: &Options, state_json: &str) -> Result<Outcome, String> {
         return Ok(Outcome::Untouched);
     }
     // Only the fields the hook uses are read (not the whole spec into oci-spec's types: that
-    // cost about 45 µs of every creation, issue #18), each checked the way the runtime-spec
+    // cost about 45 µs of every creation), each checked the way the runtime-spec
     // types would: a setting in a field of the wrong type is refused, never passed over.
     let env: Vec<&str> = spec_env(&spec).collect();
     if env.len()

@@ -124,7 +124,7 @@ pub fn valid_id(id: &str) -> bool {
 /// status`, a hook of another container) sees the old file or the new one, never a part. No
 /// fsync: this is per-boot runtime state under /run (tmpfs on a usual host, where fsync does
 /// nothing), and on a host whose /run is a disk file system an fsync per file cost about a
-/// millisecond of every container's creation (issue #18) to keep files that a reboot makes
+/// millisecond of every container's creation to keep files that a reboot makes
 /// meaningless anyway (their containers are gone; the next hook sweeps them).
 fn write_atomic(path: &Path, text: &[u8], mode: u32) -> io::Result<()> {
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
@@ -154,7 +154,7 @@ fn umask() -> u32 {
 
 /// Sets `path`'s mode to `mode` where the umask narrowed it at creation. Under the usual umask
 /// (022) the paths the hook makes come out right at once, and every chmod saved is one
-/// metadata update fewer on the container's creation path (issue #18).
+/// metadata update fewer on the container's creation path.
 fn fix_mode(path: &Path, mode: u32) -> io::Result<()> {
     if umask() & mode != 0 {
         fs::set_permissions(path, fs::Permissions::from_mode(mode))?;
@@ -289,7 +289,7 @@ impl Root {
         // the directory before its record exists (a directory without one is a hook's half-made
         // work, see `sweep`), so no temporary files and renames are needed until the record.
         // Every path here is made again and deleted again for each container, which is why
-        // the mount points all containers share live in the skeleton instead (issue #18).
+        // the mount points all containers share live in the skeleton instead.
         let made = (|| {
             make_dir(&dir, 0o755)?;
             make_dir(&mnt, 0o755)?;
@@ -350,7 +350,7 @@ impl Root {
     /// rather than deleted file by file: `poststop` answers at once and deletes it after
     /// (`empty_trash`). Where the state root is on a disk file system, deleting the files
     /// and directories of a slice took most of `poststop`'s time (1 to 30 ms on a busy disk,
-    /// issue #18). The rootfs's mount points still go at once: the bundle is the engine's.
+    /// measured). The rootfs's mount points still go at once: the bundle is the engine's.
     /// Requires the lock.
     pub fn discard(&self, id: &str, live: &[Record]) {
         self.remove_mount_points(id, live);

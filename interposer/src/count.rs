@@ -2,7 +2,7 @@
 //! the usual case.
 //!
 //! A locked read-modify-write (`fetch_add`) costs about 7 ns a launch on the 2-core CI machine
-//! (issue #18: the launch under a limit went from +15.8 to +8.8 ns without it), most of it the
+//! (the launch under a limit went from +15.8 to +8.8 ns without it), most of it the
 //! store buffer drained behind the driver's own writes. Most processes launch from one thread
 //! per device (PyTorch's launching thread), so the first thread to count owns a word it alone
 //! writes (a plain load and store); any other thread counts in a second word with `fetch_add`.

@@ -67,7 +67,7 @@ fn set_process_samples(sim: &Sim, on: &str) {
     assert!(out.status.success(), "{out:?}");
 }
 
-/// The demo's failure (issue #16): a slice metered by launch estimates while NVML did not list
+/// A failure the demo once showed: a slice metered by launch estimates while NVML did not list
 /// it, then by NVML's samples once it did. Its first sample was taken to cover the whole time
 /// since the process began, which had already been charged by estimate: the slice owed seconds
 /// it never used and was held at 0% far below its request. Each 1 s window after the switch

@@ -327,7 +327,7 @@ impl Ledger {
     /// maker needs the temporary name and link of `open_dir`. The header is formatted in memory
     /// and written with one `write`; the process table after it stays a hole in the file (zero
     /// until a process takes a slot). Writing through a shared mapping of the file instead made
-    /// the file system handle a page fault per page (issue #18).
+    /// the file system handle a page fault per page.
     /// Returns the new slice's id.
     pub fn create_file(path: &Path, mode: u32) -> Result<u64, LedgerError> {
         use std::io::Write;

@@ -206,7 +206,7 @@ fn cumemalloc_through_the_bindings_is_held_to_a_cap() {
     }
 }
 
-/// Needs the pool accounting of issue #20 (defect 1): memory given back by cuMemFreeAsync and a
+/// Needs the pool accounting: memory given back by cuMemFreeAsync and a
 /// synchronise must leave the slice's charge.
 #[test]
 fn cumemallocasync_with_frees_through_the_bindings_is_held_to_a_cap() {
