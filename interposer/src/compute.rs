@@ -122,6 +122,9 @@ struct Period {
     frontier_ns: u64,
     /// Whether the "no NVML samples" warning was given.
     warned: bool,
+    /// When the driver last gave a utilisation sample of this process's own (not the device's,
+    /// taken for this process's while it is alone): 0, never.
+    sampled_ns: u64,
 }
 
 pub fn now_ns() -> u64 {
@@ -231,6 +234,7 @@ pub fn join(s: &Slice, devs: &[Dev]) -> Result<Vec<Meter>, String> {
                 estimate: share::CostEstimate::default(),
                 frontier_ns: now,
                 warned: false,
+                sampled_ns: 0,
             }),
             priority: AtomicU32::new(priority.code()),
             yields: AtomicBool::new(false),
@@ -324,7 +328,6 @@ impl Meter {
                 launches: d_launches,
             });
         }
-        let period_ns = now.saturating_sub(p.at_ns).max(1);
         p.at_ns = now;
         // NVML names processes by host pid: in a container, the one the node tools told us.
         let pid = s
@@ -333,10 +336,10 @@ impl Meter {
             .map_or(std::process::id(), |h| h as u32);
         let wall = wall_us();
         let mut overcharged = 0;
-        // This process's use of the device in the period by its own samples, else by its
-        // launches at the estimated cost (for `leaves`).
-        let mut measured = None;
         let mut reading = crate::nvml::own_utilisation(&self.uuid, pid, &mut p.cursor);
+        if reading.is_some_and(|u| u.newest_us != 0) {
+            p.sampled_ns = now;
+        }
         if reading.is_none() && self.alone(s) {
             // NVML gives no per-process samples (MIG instances, some vGPU profiles): while this
             // process is the only one of the only slice using the device, the device's own
@@ -356,7 +359,6 @@ impl Meter {
                 p.frontier_ns = p.frontier_ns.max(stamp);
                 p.usage = (used.ns as u128 * FULL as u128 / used.span_ns.max(1) as u128)
                     .min(FULL as u128) as u32;
-                measured = Some(p.usage);
                 p.estimate.add(used.ns, n);
                 self.cost.store(p.estimate.cost(cost), Ordering::Relaxed);
                 // Device time used while the slice had the whole device was not metered (its
@@ -455,13 +457,6 @@ impl Meter {
             }
             _ => self.priority(),
         };
-        // (Between two of the driver's samples, the last one stands.)
-        let own_use = match measured {
-            Some(u) => u,
-            None if p.cursor.seen_own() => p.usage,
-            None => (d_launches as u128 * cost as u128 * FULL as u128 / period_ns as u128)
-                .min(FULL as u128) as u32,
-        };
         let mut others = false;
         let allot = match &self.board {
             Some(b) => {
@@ -482,24 +477,27 @@ impl Meter {
                     },
                     now,
                 );
-                let (views, highs) =
+                let (mut views, highs) =
                     b.views(self.index, &self.uuid, now, now.saturating_sub(ACTIVE_NS));
                 *self.highs.lock() = Arc::new(highs);
+                // What the other slices say they want is theirs to write, what the driver counts
+                // is not: when the device shows nobody but this slice at work, their claims do
+                // not count (priority aside: a high-priority slice's work is often light). Only
+                // where this process's own use is the driver's per-process count too (in the
+                // last second): by launch estimates, or by the device's figure taken for its
+                // own, it could take a neighbour its own throttling starves for an idle one.
+                let mine = slice_usage;
+                if views.len() > 1
+                    && p.sampled_ns.saturating_add(ACTIVE_NS) > now
+                    && crate::nvml::device_utilisation(&self.uuid)
+                        .is_some_and(|util| share::others_idle(util.min(100) * (FULL / 100), mine))
+                {
+                    views.truncate(1);
+                }
                 others = views.len() > 1;
                 let views: Vec<_> = views.iter().map(|v| (v.demand, v.priority)).collect();
                 let demands = priority::view(prio, &views);
-                let allot = share::allot(&demands).first().copied().unwrap_or(limit);
-                // What the other slices say they want is theirs to write: what the device counts
-                // they use is not. Never hold this slice back from time the driver shows nobody
-                // else is using.
-                let leaves = crate::nvml::device_utilisation(&self.uuid).map(|util| {
-                    let mine = slice_usage
-                        .saturating_sub(usage)
-                        .saturating_add(own_use)
-                        .min(FULL);
-                    share::leaves(util.min(100) * (FULL / 100), mine)
-                });
-                share::bounded_by_use(allot, limit, leaves)
+                share::allot(&demands).first().copied().unwrap_or(limit)
             }
             None => limit,
         };

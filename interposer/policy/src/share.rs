@@ -80,31 +80,12 @@ pub fn allot(slices: &[Demand]) -> Vec<u32> {
     got.into_iter().map(|g| g.min(FULL as u64) as u32).collect()
 }
 
-/// How far above its allotment the time the device leaves a slice must be before the slice is
-/// let use it: more than the noise of the driver's readings (whole percent, sampled over other
-/// windows than the meters'), so that slices that use what they are allotted keep exactly the
-/// shares `allot` gives them.
-pub const IDLE_GUARD: u32 = 2 * SLACK;
-
-/// What the device leaves a slice (ppm): all of it but what the others use, by the driver's
-/// count: `busy`, the device's utilisation, less `mine`, what the slice itself used. Use by the
-/// others below `SLACK` is taken for the readings' noise (the two figures come from different
-/// sample windows), not for work: the device is all the slice's then.
-pub fn leaves(busy: u32, mine: u32) -> u32 {
-    let others = busy.min(FULL).saturating_sub(mine);
-    if others < SLACK { FULL } else { FULL - others }
-}
-
-/// A slice's allotment, given what the device leaves it (`leaves`; None when the driver cannot
-/// say): where the other slices measurably leave more than `IDLE_GUARD` beyond its allotment, the
-/// slice may use that, up to its limit. What other slices say they want comes from them; this
-/// bounds what it costs the slice by what they are seen to use, so a slice claiming time it does
-/// not use keeps nobody from the device.
-pub fn bounded_by_use(allot: u32, limit: u32, leaves: Option<u32>) -> u32 {
-    match leaves {
-        Some(free) if free > allot.saturating_add(IDLE_GUARD) => free.min(limit).max(allot),
-        _ => allot,
-    }
+/// Whether the other slices on a device are idle by the driver's count: the device's
+/// utilisation `busy`, less `mine` (what this slice used), under `SLACK` (the readings' noise:
+/// the two figures come from different sample windows). Then what the other slices say they want
+/// is not taken from this one: their claims are theirs to write, the driver's count is not.
+pub fn others_idle(busy: u32, mine: u32) -> bool {
+    busy.min(FULL).saturating_sub(mine) < SLACK
 }
 
 /// Water-fills what is left of the device among slices with a positive weight that want more,
@@ -383,30 +364,15 @@ mod tests {
     }
 
     #[test]
-    fn time_others_claim_but_do_not_use_is_not_kept_from_a_slice() {
-        // Alone in fact beside a slice that claims to want everything: the device shows nobody
-        // else at work, so the slice may use it all (up to its limit).
-        assert_eq!(leaves(760_000, 760_000), FULL);
-        assert_eq!(leaves(FULL, 960_000), FULL);
-        assert_eq!(leaves(FULL, 900_000), 900_000);
-        assert_eq!(
-            bounded_by_use(500_000, FULL, Some(leaves(500_000, 500_000))),
-            FULL
-        );
-        assert_eq!(bounded_by_use(500_000, 700_000, Some(FULL)), 700_000);
-        // Two slices using what they are allotted: the readings' noise changes nothing.
-        for noise in [0, 20_000, 90_000] {
-            let free = leaves(FULL - noise, 500_000);
-            assert_eq!(
-                bounded_by_use(500_000, FULL, Some(free)),
-                500_000,
-                "{noise}"
-            );
-        }
-        // Busy beyond what the slice used: never less than its allotment.
-        assert_eq!(leaves(FULL, 0), 0);
-        assert_eq!(bounded_by_use(300_000, FULL, Some(0)), 300_000);
-        // The driver cannot say: the allotment as it is.
-        assert_eq!(bounded_by_use(300_000, FULL, None), 300_000);
+    fn others_are_idle_when_the_device_shows_only_this_slice_at_work() {
+        // Alone in fact, whatever the others claim: 76% busy, all of it this slice's.
+        assert!(others_idle(760_000, 760_000));
+        assert!(others_idle(FULL, 960_000));
+        assert!(others_idle(0, 0));
+        // The others use 10 points: their claims count.
+        assert!(!others_idle(FULL, 900_000));
+        assert!(!others_idle(600_000, 500_000));
+        // This slice's figure above the device's (different windows): idle.
+        assert!(others_idle(500_000, 700_000));
     }
 }

@@ -506,7 +506,7 @@ impl Board {
                 }
                 // Somebody else is posting at this moment: one of us gives way for a random
                 // moment (1 to 16 ms).
-                let wait = 1 + (now ^ (std::process::id() as u64) * 0x9e37_79b9) % 16;
+                let wait = 1 + (now ^ ((std::process::id() as u64) * 0x9e37_79b9)) % 16;
                 std::thread::sleep(std::time::Duration::from_millis(wait));
                 continue;
             }
@@ -778,10 +778,13 @@ pub fn remove_place(dir: &Path) {
     let _ = std::fs::remove_dir(dir);
 }
 
+/// A hook's state root, and whether a container of its is live (by id).
+pub type HookRoot<'a> = (&'a Path, &'a dyn Fn(&str) -> bool);
+
 /// The places of standalone slices under `node` that no process refreshed for `LEFTOVER_NS`
 /// (their processes died without removing them), and those of containers of the hook's state
 /// root `root` for which `live` says no (the container is gone): removed where this process may.
-pub fn sweep(node: &Path, root: Option<(&Path, &dyn Fn(&str) -> bool)>) {
+pub fn sweep(node: &Path, root: Option<HookRoot<'_>>) {
     let now = now_ns();
     let Ok(dir) = std::fs::read_dir(node) else {
         return;
