@@ -102,7 +102,8 @@ impl OverTime {
 
     /// The time over counted within the window at the last check.
     pub fn total(&self) -> f64 {
-        self.counted.iter().map(|c| c.1).sum()
+        // A fold from +0.0: an empty f64 sum is -0.0, which findings.json would show.
+        self.counted.iter().fold(0.0, |a, c| a + c.1)
     }
 
     /// Nothing over and nothing killed within the window: nothing worth keeping.
@@ -418,6 +419,18 @@ pub fn compute_over(usage: Option<Usage>, limit_pct: f64, was_over: bool) -> boo
     } else {
         demand > limit_pct + OVER_PCT
     }
+}
+
+/// A core limit changed while the slice runs (`cuslice set`): the history was used under the
+/// old limit, so the window starts afresh, and the bucket is full again and not spent for this
+/// long, while the library's meters take up the new limit (at their next period, 50 ms; the
+/// share settles within 2 s, docs/live-limits.md).
+pub const LIMIT_SETTLE_NS: u64 = 2 * S;
+
+/// Whether a slice's core limit changed while the agent watched it: it had seen one (`seen`;
+/// a slice's first limit is no change), and it is not the same (set, lifted or moved).
+pub fn limit_changed(seen: bool, was: Option<f64>, now: Option<f64>) -> bool {
+    seen && was != now
 }
 
 /// `stop` holds a slice to its limit plus this many points (so a slice the library already
@@ -1028,6 +1041,27 @@ mod tests {
         ];
         for (what, held, over, kill, want) in cases {
             assert_eq!(memory_action(cap, held, *over, 2.0, *kill), *want, "{what}");
+        }
+    }
+
+    #[test]
+    fn a_limit_changed_while_running_is_told_apart_from_a_first_one() {
+        let cases = [
+            (false, None, Some(30.0), false),
+            (false, Some(30.0), Some(40.0), false),
+            (true, Some(30.0), Some(30.0), false),
+            (true, None, None, false),
+            (true, Some(30.0), Some(40.0), true),
+            (true, Some(40.0), Some(5.0), true),
+            (true, None, Some(30.0), true),
+            (true, Some(30.0), None, true),
+        ];
+        for (seen, was, now, want) in cases {
+            assert_eq!(
+                limit_changed(seen, was, now),
+                want,
+                "{seen} {was:?} {now:?}"
+            );
         }
     }
 

@@ -124,6 +124,10 @@ struct Meter {
     /// The core limit (percent) from the slice's config, and the rate `stop` holds it to.
     limit_pct: Option<f64>,
     rate: Option<f64>,
+    /// The agent's loop has set the limit at least once.
+    limit_seen: bool,
+    /// Until when (ns) the bucket is not spent: the limit changed while the slice ran.
+    settle_until: u64,
     /// Pids whose samples counted, and when they last did (ns).
     pids: BTreeMap<u32, u64>,
     /// The last time `stop` killed the processes that ran on the device because the slice
@@ -539,6 +543,7 @@ impl Verifier {
         type Measured = (judge::Usage, Vec<i32>, Option<ComputeKill>);
         let usage: BTreeMap<(String, String), Measured> = {
             let mut st = self.shared.lock();
+            let now_ns = self.shared.mono_ns(Instant::now());
             st.devices = devices.clone();
             st.slices = slices.clone();
             st.pids = pid_slice.clone();
@@ -548,6 +553,13 @@ impl Verifier {
                     continue;
                 }
                 let m = st.meters.entry(key.clone()).or_default();
+                if judge::limit_changed(m.limit_seen, m.limit_pct, limit_pct) {
+                    // Judged afresh against the new limit (`cuslice set`).
+                    m.window = Window::default();
+                    m.bucket = Bucket::default();
+                    m.settle_until = now_ns + judge::LIMIT_SETTLE_NS;
+                }
+                m.limit_seen = true;
                 m.limit_pct = limit_pct;
                 m.rate = match self.shared.enforce {
                     Enforce::Stop => limit_pct.map(judge::enforced_rate),
@@ -1254,7 +1266,11 @@ fn poll(shared: &Shared) {
         m.pids
             .retain(|_, t| now_ns.saturating_sub(*t) < judge::WINDOW_NS);
         if let Some(rate) = m.rate {
-            m.bucket.step(rate, dt, u);
+            if now_ns < m.settle_until {
+                m.bucket = Bucket::default();
+            } else {
+                m.bucket.step(rate, dt, u);
+            }
             holds.push((key, m.bucket.hold(rate, frozen, just_thawed)));
         }
     }
