@@ -151,7 +151,8 @@ struct AgentArgs {
         allow_negative_numbers = true
     )]
     period: f64,
-    /// Seconds a slice may stay over its memory cap before `--enforce stop` acts
+    /// Seconds a slice may be over its memory cap, in total within any window of ten times
+    /// this, before `--enforce stop` acts
     #[arg(
         long,
         default_value_t = 2.0,

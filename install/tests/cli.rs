@@ -727,9 +727,13 @@ fn the_agent_is_installed_as_a_systemd_unit_and_removed_with_the_last_engine() {
         "{out}"
     );
     let unit = env.get(UNIT);
+    // systemd restarts the agent 2 s after it exits, however it exits and however often: the
+    // next agent thaws what a killed one left frozen as it starts.
     for line in [
         "ExecStart=/usr/local/bin/cuslice agent $CUSLICE_AGENT_ARGS\n",
         "Restart=always\n",
+        "RestartSec=2\n",
+        "StartLimitIntervalSec=0\n",
         "EnvironmentFile=-/etc/default/cuslice-agent\n",
         "WantedBy=multi-user.target\n",
     ] {

@@ -112,7 +112,8 @@ pub const AGENT_BEFORE: &str = "containerd.service docker.service crio.service p
 /// ProtectControlGroups (read-only cgroups), ProtectProc/PrivatePIDs, PrivateTmp (standalone
 /// slices' state directories may be under /tmp), ProtectClock or DeviceAllow (any device rule
 /// closes the device policy), and no RuntimeDirectory (systemd would delete /run/cuslice, the
-/// hook's state, when the agent stops).
+/// hook's state, when the agent stops). It is restarted 2 s after it exits, however it exits
+/// and however often (no start limit): the next agent thaws what a killed one left frozen.
 pub fn agent_unit(l: &Layout) -> String {
     format!(
         "# Written by `cuslice install`; `cuslice uninstall` removes it. The agent's options go in\n\
@@ -122,6 +123,7 @@ pub fn agent_unit(l: &Layout) -> String {
          Description=cuslice node agent (host pids for containers, slices checked against the driver)\n\
          After=nvidia-persistenced.service\n\
          Before={before}\n\
+         StartLimitIntervalSec=0\n\
          \n\
          [Service]\n\
          Type=simple\n\
@@ -327,7 +329,8 @@ mod tests {
             "\n[Service]\nType=simple\n",
             "\nEnvironmentFile=-/etc/default/cuslice-agent\n",
             "\nExecStart=/usr/local/bin/cuslice agent $CUSLICE_AGENT_ARGS\n",
-            "\nRestart=always\n",
+            "\nRestart=always\nRestartSec=2\n",
+            "\nStartLimitIntervalSec=0\n",
             "\nCapabilityBoundingSet=CAP_KILL CAP_SYS_PTRACE ",
             "\n[Install]\nWantedBy=multi-user.target\n",
         ] {

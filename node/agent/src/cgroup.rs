@@ -1,7 +1,8 @@
 //! A container's cgroup, found from its init process, for two things: telling whether a process
 //! belongs to the container, and freezing the container (cgroup v2 `cgroup.freeze`, or the
-//! cgroup v1 freezer's `freezer.state`). Which cgroups the agent has frozen is recorded on disk,
-//! so an agent that dies while one is frozen thaws it when it starts again.
+//! cgroup v1 freezer's `freezer.state`). Which cgroups the agent holds frozen is recorded on
+//! disk (added before each freeze, removed after its thaw), so the next agent after one that
+//! died thaws exactly what that one held frozen, and nothing an operator froze.
 //!
 //! Ref: Documentation/admin-guide/cgroup-v2.rst ("cgroup.freeze", "cgroup.events") and
 //! Documentation/admin-guide/cgroup-v1/freezer-subsystem.rst in the Linux sources.
@@ -211,6 +212,17 @@ impl Freezer {
         self.write(false)
     }
 
+    /// Whether the cgroup itself is asked to be frozen (by anyone: the agent, or an operator's
+    /// `runc pause`), as opposed to frozen because a cgroup above it is: v2 `cgroup.freeze`,
+    /// v1 `freezer.self_freezing`.
+    pub fn requested(&self) -> io::Result<bool> {
+        let file = match self {
+            Freezer::V2 { dir } => dir.join("cgroup.freeze"),
+            Freezer::V1 { dir } => dir.join("freezer.self_freezing"),
+        };
+        Ok(fs::read_to_string(file)?.trim() == "1")
+    }
+
     /// Whether the kernel reports the cgroup frozen (every process in it stopped).
     pub fn frozen(&self) -> io::Result<bool> {
         match self {
@@ -224,9 +236,11 @@ impl Freezer {
     }
 }
 
-/// The cgroups this agent may have left frozen: `<dir>/frozen.json`. A cgroup is added before
-/// it is first frozen and removed when its container is gone, so whatever kills the agent, the
-/// next agent thaws everything it had frozen.
+/// The cgroups this agent holds frozen: `<dir>/frozen.json`. A cgroup is added before it is
+/// frozen and removed once it is thawed (or its container is gone), so whatever kills the
+/// agent, the next agent thaws what it held frozen then, and only that: a container an
+/// operator froze (`runc pause`, `docker pause`) while the agent did not hold it frozen is not
+/// in the record.
 pub struct Record {
     path: PathBuf,
     pub freezers: Vec<Freezer>,
@@ -271,13 +285,14 @@ impl Record {
         Ok(())
     }
 
-    /// Thaws every recorded cgroup that still exists and forgets them all. Returns those it
-    /// thawed, and one line per cgroup it could not.
+    /// Thaws every recorded cgroup that is still frozen and forgets them all. Returns those it
+    /// thawed, and one line per cgroup it could not. (One recorded but not frozen: the agent
+    /// died between recording it and freezing it, or between thawing it and forgetting it.)
     pub fn thaw_all(&mut self) -> (Vec<Freezer>, Vec<String>) {
         let mut thawed = Vec::new();
         let mut failed = Vec::new();
         for f in std::mem::take(&mut self.freezers) {
-            if !f.dir().exists() {
+            if !f.dir().exists() || matches!(f.requested(), Ok(false)) {
                 continue;
             }
             match f.thaw() {

@@ -54,6 +54,108 @@ pub fn victims(cap: u64, held: &[Held]) -> Vec<i32> {
     out
 }
 
+/// The window over which `stop` counts a slice's time over its memory cap: this many times the
+/// grace, and at least this many agent periods. A slice may be over its cap for the grace in
+/// total within any such window, whether at once or in pieces; a tenant that comes back over
+/// and over gets at most 1/10 of the time, and only until its first kill.
+pub const OVER_WINDOW_GRACES: f64 = 10.0;
+pub const OVER_WINDOW_PERIODS: f64 = 10.0;
+
+pub fn over_window_s(grace_s: f64, period_s: f64) -> f64 {
+    (OVER_WINDOW_GRACES * grace_s).max(OVER_WINDOW_PERIODS * period_s)
+}
+
+/// How long a slice was over its memory cap, in total, over the last window, from checks about
+/// a period apart. The time between two checks counts in full when both saw the slice over,
+/// half when one did (it went over, or came back, somewhere between them), not at all when
+/// neither did.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct OverTime {
+    /// The last check: when (seconds) and whether the slice was over.
+    last: Option<(f64, bool)>,
+    /// (when, seconds over counted then), oldest first.
+    counted: VecDeque<(f64, f64)>,
+    /// When `stop` last killed for it, and whom.
+    pub kill: Option<(f64, Vec<i32>)>,
+}
+
+impl OverTime {
+    /// Takes the check at `now` (seconds); returns the time over the cap within the window
+    /// ending now.
+    pub fn check(&mut self, now: f64, over: bool, window_s: f64) -> f64 {
+        if let Some((t, was)) = self.last {
+            let halves = u8::from(was) + u8::from(over);
+            let add = (now - t).max(0.0) * f64::from(halves) / 2.0;
+            if add > 0.0 {
+                self.counted.push_back((now, add));
+            }
+        }
+        self.last = Some((now, over));
+        while self.counted.front().is_some_and(|c| c.0 <= now - window_s) {
+            self.counted.pop_front();
+        }
+        if self.kill.as_ref().is_some_and(|k| k.0 <= now - window_s) {
+            self.kill = None;
+        }
+        self.total()
+    }
+
+    /// The time over counted within the window at the last check.
+    pub fn total(&self) -> f64 {
+        // A fold from +0.0: an empty f64 sum is -0.0, which findings.json would show.
+        self.counted.iter().fold(0.0, |a, c| a + c.1)
+    }
+
+    /// Nothing over and nothing killed within the window: nothing worth keeping.
+    pub fn idle(&self) -> bool {
+        self.counted.is_empty() && self.kill.is_none() && !self.last.is_some_and(|l| l.1)
+    }
+}
+
+/// What `stop` does about a slice's memory at a check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MemoryAction {
+    Nothing,
+    /// Kill these processes (`victims`): the slice was over its cap for the grace in total
+    /// within the window.
+    Kill(Vec<i32>),
+    /// Kill every process of the container: after a kill within the window, processes other
+    /// than those killed hold more than the cap (a loop that starts the bypass again).
+    KillAll,
+}
+
+/// What to do about a slice holding `held` under `cap`, over it for `over_s` in total within
+/// the window (`OverTime::check`), with its last kill `kill` (within the window, else None).
+pub fn memory_action(
+    cap: u64,
+    held: &[Held],
+    over_s: f64,
+    grace_s: f64,
+    kill: Option<&(f64, Vec<i32>)>,
+) -> MemoryAction {
+    if total(held) <= cap {
+        return MemoryAction::Nothing;
+    }
+    if let Some((_, killed)) = kill {
+        // What the killed processes held may not be released yet; only the others count.
+        let others: Vec<Held> = held
+            .iter()
+            .filter(|h| !killed.contains(&h.pid))
+            .copied()
+            .collect();
+        return if total(&others) > cap {
+            MemoryAction::KillAll
+        } else {
+            MemoryAction::Nothing
+        };
+    }
+    if over_s >= grace_s {
+        MemoryAction::Kill(victims(cap, held))
+    } else {
+        MemoryAction::Nothing
+    }
+}
+
 /// A cap lowered while the slice runs (`cuslice set`, which alone can change the hook file)
 /// frees nothing: the slice keeps what it held, and the library refuses its new allocations
 /// until it is under the cap. So what the driver counted when the cap went down is allowed
@@ -257,10 +359,13 @@ pub struct Window {
 pub struct Usage {
     /// History the window holds (ns).
     pub span_ns: u64,
-    /// Device time used over the span, as a share of the span (0-1).
+    /// Device time used over the span, as a share of the span (0-1): what the driver measured.
     pub share: f64,
-    /// As a share of the time the slice was not frozen (0-1): what it would use if let.
+    /// As a share of the time the slice was not frozen (0-1): what it would use if let. Work
+    /// queued before a freeze runs on while the slice is frozen, so this is at most 1.
     pub demand: f64,
+    /// The share of the span the slice was frozen (0-1).
+    pub frozen: f64,
 }
 
 impl Window {
@@ -294,6 +399,7 @@ impl Window {
             span_ns: span,
             share: (used as f64 / span as f64).min(1.0),
             demand: (used as f64 / running as f64).min(1.0),
+            frozen: (frozen as f64 / span as f64).min(1.0),
         })
     }
 }
@@ -315,15 +421,32 @@ pub fn compute_over(usage: Option<Usage>, limit_pct: f64, was_over: bool) -> boo
     }
 }
 
+/// A core limit changed while the slice runs (`cuslice set`): the history was used under the
+/// old limit, so the window starts afresh, and the bucket is full again and not spent for this
+/// long, while the library's meters take up the new limit (at their next period, 50 ms; the
+/// share settles within 2 s, docs/live-limits.md).
+pub const LIMIT_SETTLE_NS: u64 = 2 * S;
+
+/// Whether a slice's core limit changed while the agent watched it: it had seen one (`seen`;
+/// a slice's first limit is no change), and it is not the same (set, lifted or moved).
+pub fn limit_changed(seen: bool, was: Option<f64>, now: Option<f64>) -> bool {
+    seen && was != now
+}
+
 /// `stop` holds a slice to its limit plus this many points (so a slice the library already
 /// holds at its limit is never frozen for the driver's rounding)...
 pub const ENFORCE_SLACK_PCT: f64 = 2.0;
 /// ...with this much device time banked while it uses less...
 pub const BANK_NS: i64 = 200_000_000;
-/// ...by freezing it for at most this long at a time...
+/// ...by freezing it while it owes, decided afresh at every meter step for at most this long
+/// past it (so a meter that stalls leaves nothing frozen for longer)...
 pub const MAX_FREEZE_NS: u64 = 250_000_000;
-/// ...and not for less than this.
+/// ...a new freeze not for less than this...
 pub const MIN_FREEZE_NS: u64 = 5_000_000;
+/// ...and by killing the processes that ran on the device once it owes more than this: work it
+/// queued before it was frozen runs on while it is frozen (the device is not frozen with it),
+/// so past this much, freezing is not holding it.
+pub const KILL_DEBT_NS: i64 = 2_000_000_000;
 
 /// What a slice may still use (ns of device time) before `stop` freezes it: earned at the
 /// slice's limit (plus `ENFORCE_SLACK_PCT`), spent by what the driver says it used, banked up
@@ -356,12 +479,61 @@ impl Bucket {
     /// How long to freeze the slice now: the time it takes to earn its debt back at `rate`, at
     /// most `MAX_FREEZE_NS`; None when it owes less than `MIN_FREEZE_NS` worth.
     pub fn freeze_for(&self, rate: f64) -> Option<u64> {
+        let ns = self.owed_for(rate)?;
+        (ns >= MIN_FREEZE_NS).then(|| ns.min(MAX_FREEZE_NS))
+    }
+
+    /// The time it takes to earn the debt back at `rate` (ns); None when nothing is owed.
+    fn owed_for(&self, rate: f64) -> Option<u64> {
         if self.tokens >= 0 || rate <= 0.0 {
             return None;
         }
-        let ns = ((-self.tokens) as f64 / rate) as u64;
-        (ns >= MIN_FREEZE_NS).then(|| ns.min(MAX_FREEZE_NS))
+        Some(((-self.tokens) as f64 / rate) as u64)
     }
+
+    /// Device time owed beyond the slice's share (ns); 0 when it owes nothing.
+    pub fn debt_ns(&self) -> u64 {
+        self.tokens.min(0).unsigned_abs()
+    }
+
+    /// What `stop` does about the slice at a meter step, given whether the agent holds it
+    /// frozen now and whether it thawed it since the last step (a slice runs for at least one
+    /// step between two freezes). The debt counts everything the driver's samples show, also
+    /// what ran while the slice was frozen, so a freeze lasts until what was used is paid for,
+    /// whatever the length of the kernels queued.
+    pub fn hold(&self, rate: f64, frozen: bool, just_thawed: bool) -> Hold {
+        if self.tokens < -KILL_DEBT_NS {
+            return Hold::Kill;
+        }
+        let Some(ns) = self.owed_for(rate) else {
+            return Hold::Nothing;
+        };
+        if frozen {
+            Hold::Extend(ns.min(MAX_FREEZE_NS))
+        } else if just_thawed || ns < MIN_FREEZE_NS {
+            Hold::Nothing
+        } else {
+            Hold::Freeze(ns.min(MAX_FREEZE_NS))
+        }
+    }
+
+    /// After the processes that ran on the device were killed: the debt stands (the slice
+    /// stays frozen until it is paid for), but only new use beyond it kills again.
+    pub fn killed(&mut self) {
+        self.tokens = self.tokens.max(-KILL_DEBT_NS);
+    }
+}
+
+/// What `stop` does about a slice over its core limit at a meter step (`Bucket::hold`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hold {
+    Nothing,
+    /// Freeze it for this long (ns).
+    Freeze(u64),
+    /// It is frozen and still owes: keep it frozen at least this long from now (ns).
+    Extend(u64),
+    /// It owes more than `KILL_DEBT_NS`: kill the processes that ran on the device.
+    Kill,
 }
 
 // ---- findings over time -----------------------------------------------------------------------
@@ -559,6 +731,7 @@ mod tests {
                 span_ns: span_s * S,
                 share: demand,
                 demand,
+                frozen: 0.0,
             })
         };
         assert!(!compute_over(None, 30.0, false));
@@ -630,6 +803,266 @@ mod tests {
         }
         let share = used as f64 / total as f64;
         assert!((share - rate).abs() < 0.01, "{share}");
+    }
+
+    #[test]
+    fn stop_holds_by_the_debt_and_kills_past_what_freezing_holds() {
+        let rate = enforced_rate(30.0);
+        let b = |tokens: i64| Bucket { tokens };
+        let ms = |n: u64| n * MS;
+        // (tokens, frozen, just thawed) -> what to do
+        let cases: &[(i64, bool, bool, Hold)] = &[
+            (BANK_NS, false, false, Hold::Nothing),
+            (0, false, false, Hold::Nothing),
+            (0, true, false, Hold::Nothing),
+            // Owes 1 ms: too little for a new freeze, but a freeze in progress lasts until
+            // it is paid (3.1 ms at 32%).
+            (-(MS as i64), false, false, Hold::Nothing),
+            (-(MS as i64), true, false, Hold::Extend(3_125_000)),
+            // Owes 16 ms: 50 ms to earn back at 32%.
+            (-16 * (MS as i64), false, false, Hold::Freeze(ms(50))),
+            (-16 * (MS as i64), false, true, Hold::Nothing),
+            (-16 * (MS as i64), true, false, Hold::Extend(ms(50))),
+            // A large debt: frozen no more than MAX_FREEZE_NS past this step, then decided again.
+            (-(S as i64), false, false, Hold::Freeze(MAX_FREEZE_NS)),
+            (-(S as i64), true, false, Hold::Extend(MAX_FREEZE_NS)),
+            (-KILL_DEBT_NS, true, false, Hold::Extend(MAX_FREEZE_NS)),
+            // More than freezing holds: kill, frozen or not, just thawed or not.
+            (-KILL_DEBT_NS - 1, true, false, Hold::Kill),
+            (-KILL_DEBT_NS - 1, false, true, Hold::Kill),
+        ];
+        for &(tokens, frozen, thawed, want) in cases {
+            assert_eq!(
+                b(tokens).hold(rate, frozen, thawed),
+                want,
+                "{tokens} owed, frozen {frozen}, just thawed {thawed}"
+            );
+        }
+        // After the kill the debt stands, and only new use beyond it kills again.
+        let mut k = b(-3 * (S as i64));
+        k.killed();
+        assert_eq!(k.debt_ns(), KILL_DEBT_NS as u64);
+        assert_eq!(k.hold(rate, true, false), Hold::Extend(MAX_FREEZE_NS));
+        k.step(rate, 50 * MS, 50 * MS);
+        assert_eq!(k.hold(rate, true, false), Hold::Kill);
+        assert_eq!(b(5).debt_ns(), 0);
+    }
+
+    #[test]
+    fn a_queue_that_runs_while_frozen_is_held_by_the_debt() {
+        // A slice that keeps four 100 ms kernels queued whenever it runs: frozen, the device
+        // still runs what it queued (up to 400 ms). The samples arrive 100 ms late. Frozen for
+        // the debt the driver shows, its long-run share is the enforced rate, and it never
+        // owes enough to be killed.
+        let rate = enforced_rate(30.0);
+        let mut b = Bucket::default();
+        let step = 10 * MS;
+        let (mut frozen, mut until, mut thawed_at) = (false, 0u64, None::<u64>);
+        let mut queued = 0u64; // device time queued, ns
+        let mut pending: VecDeque<u64> = VecDeque::new();
+        let (mut used, mut worst) = (0u64, 0u64);
+        let total = 600 * S / 10;
+        let mut t = 0;
+        while t < total {
+            if !frozen {
+                queued = 400 * MS; // refilled as kernels complete
+            }
+            let ran = queued.min(step);
+            queued -= ran;
+            used += ran;
+            pending.push_back(ran);
+            let seen = if pending.len() > 10 {
+                pending.pop_front().unwrap()
+            } else {
+                0
+            };
+            b.step(rate, step, seen);
+            worst = worst.max(b.debt_ns());
+            if frozen && t >= until {
+                frozen = false;
+                thawed_at = Some(t);
+            }
+            // The meter decides every 50 ms.
+            if t % (50 * MS) == 0 {
+                let just = thawed_at.is_some_and(|x| t - x < 50 * MS);
+                match b.hold(rate, frozen, just) {
+                    Hold::Freeze(ns) => (frozen, until) = (true, t + ns),
+                    Hold::Extend(ns) => until = until.max(t + ns),
+                    Hold::Kill => panic!("killed at {t}"),
+                    Hold::Nothing => {}
+                }
+            }
+            t += step;
+        }
+        let share = used as f64 / total as f64;
+        assert!((share - rate).abs() < 0.01, "{share}");
+        assert!(worst < (KILL_DEBT_NS / 2) as u64, "{worst}");
+    }
+
+    #[test]
+    fn time_over_the_cap_adds_up_within_the_window() {
+        assert_eq!(over_window_s(2.0, 1.0), 20.0);
+        assert_eq!(over_window_s(0.0, 1.0), 10.0);
+        assert_eq!(over_window_s(0.5, 0.1), 5.0);
+        let w = over_window_s(2.0, 1.0);
+        // Checks 1 s apart: (time, over) ... -> the total at the last check.
+        let f = false;
+        let t = true;
+        type Case<'a> = (&'a str, &'a [(f64, bool)], f64);
+        let cases: &[Case] = &[
+            ("never over", &[(0.0, f), (1.0, f), (2.0, f)], 0.0),
+            ("over throughout", &[(0.0, t), (1.0, t), (2.0, t)], 2.0),
+            (
+                "went over between two checks",
+                &[(0.0, f), (1.0, t), (2.0, t)],
+                1.5,
+            ),
+            (
+                "came back between two checks",
+                &[(0.0, t), (1.0, f), (2.0, f)],
+                0.5,
+            ),
+            ("seen over once", &[(0.0, f), (1.0, t), (2.0, f)], 1.0),
+            // Over from 0.3 to 2.1 s of every 3 s (a loop holding for 1.8 s, resting for 1.2):
+            // never over for 2 s at once, over for 2 s in total by the check at 3 s.
+            ("in pieces", &[(0.0, f), (1.0, t), (2.0, t), (3.0, f)], 2.0),
+            (
+                "in pieces, on",
+                &[(0.0, f), (1.0, t), (2.0, t), (3.0, f), (4.0, t)],
+                2.5,
+            ),
+            // What is older than the window is forgotten.
+            (
+                "out of the window",
+                &[(0.0, t), (1.0, t), (2.0, f), (25.0, f)],
+                0.0,
+            ),
+        ];
+        for (what, checks, want) in cases {
+            let mut o = OverTime::default();
+            let mut got = 0.0;
+            for &(now, over) in *checks {
+                got = o.check(now, over, w);
+            }
+            assert_eq!(got, *want, "{what}");
+            assert_eq!(o.total(), *want, "{what}");
+        }
+        // Over at 0 and 1 s, back by 2 s, over again at 21 s: at 21 s the window (1 s to 21 s)
+        // holds the half second before 2 s and the half before 21 s.
+        let mut o = OverTime::default();
+        for i in 0..=21 {
+            o.check(f64::from(i), i < 2 || i == 21, w);
+        }
+        assert_eq!(o.total(), 1.0);
+        // A kill is remembered for the window.
+        let mut o = OverTime::default();
+        o.check(0.0, true, w);
+        o.kill = Some((0.0, vec![7]));
+        o.check(19.0, false, w);
+        assert!(o.kill.is_some() && !o.idle());
+        o.check(20.0, false, w);
+        assert!(o.kill.is_none());
+        o.check(41.0, false, w);
+        assert!(o.idle());
+    }
+
+    #[test]
+    fn memory_action_by_time_over_and_kills() {
+        let cap = GIB;
+        let bypass = [h(1, 300 * MIB, Some(300 * MIB)), h(2, 1800 * MIB, None)];
+        let killed = (0.0, vec![2]);
+        // (what, held, time over, last kill, action)
+        type Case<'a> = (
+            &'a str,
+            &'a [Held],
+            f64,
+            Option<&'a (f64, Vec<i32>)>,
+            MemoryAction,
+        );
+        let cases: &[Case] = &[
+            (
+                "within its cap",
+                &[h(1, GIB, None)],
+                10.0,
+                None,
+                MemoryAction::Nothing,
+            ),
+            (
+                "over, for less than the grace",
+                &bypass,
+                1.5,
+                None,
+                MemoryAction::Nothing,
+            ),
+            (
+                "over, for the grace",
+                &bypass,
+                2.0,
+                None,
+                MemoryAction::Kill(vec![2]),
+            ),
+            (
+                "over, for more",
+                &bypass,
+                9.0,
+                None,
+                MemoryAction::Kill(vec![2]),
+            ),
+            // The killed process is still counted until the driver releases it.
+            (
+                "after a kill, not released yet",
+                &bypass,
+                3.0,
+                Some(&killed),
+                MemoryAction::Nothing,
+            ),
+            (
+                "after a kill, under the cap",
+                &[h(1, 300 * MIB, Some(300 * MIB))],
+                3.0,
+                Some(&killed),
+                MemoryAction::Nothing,
+            ),
+            // The bypass started again: the whole container.
+            (
+                "after a kill, over again",
+                &[h(1, 300 * MIB, Some(300 * MIB)), h(3, 1800 * MIB, None)],
+                3.0,
+                Some(&killed),
+                MemoryAction::KillAll,
+            ),
+            (
+                "after a kill, over again at once",
+                &[h(1, 300 * MIB, Some(300 * MIB)), h(3, 1800 * MIB, None)],
+                0.0,
+                Some(&killed),
+                MemoryAction::KillAll,
+            ),
+        ];
+        for (what, held, over, kill, want) in cases {
+            assert_eq!(memory_action(cap, held, *over, 2.0, *kill), *want, "{what}");
+        }
+    }
+
+    #[test]
+    fn a_limit_changed_while_running_is_told_apart_from_a_first_one() {
+        let cases = [
+            (false, None, Some(30.0), false),
+            (false, Some(30.0), Some(40.0), false),
+            (true, Some(30.0), Some(30.0), false),
+            (true, None, None, false),
+            (true, Some(30.0), Some(40.0), true),
+            (true, Some(40.0), Some(5.0), true),
+            (true, None, Some(30.0), true),
+            (true, Some(30.0), None, true),
+        ];
+        for (seen, was, now, want) in cases {
+            assert_eq!(
+                limit_changed(seen, was, now),
+                want,
+                "{seen} {was:?} {now:?}"
+            );
+        }
     }
 
     #[test]

@@ -22,8 +22,10 @@ use std::time::Duration;
 pub enum Enforce {
     /// A log line, a status line and a metric.
     Report,
-    /// Also: kill the processes of a slice over its memory cap for longer than the grace, and
-    /// freeze the cgroup of a slice over its core limit for the time it owes.
+    /// Also: kill the processes of a slice over its memory cap for the grace in total within
+    /// a window, and freeze the cgroup of a slice over its core limit while it owes device
+    /// time (killing the processes that ran on the device once it owes more than freezing
+    /// holds).
     Stop,
 }
 
@@ -38,7 +40,8 @@ pub struct Config {
     /// How often slices are checked against the driver.
     pub period: Duration,
     pub enforce: Enforce,
-    /// How long a slice may stay over its memory cap before `stop` kills.
+    /// How long a slice may be over its memory cap, in total within a window of ten times
+    /// this (`judge::over_window_s`), before `stop` kills.
     pub grace: Duration,
 }
 

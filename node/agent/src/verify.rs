@@ -3,8 +3,11 @@
 //! state root, checked against each slice's cap and core limit from the hook's `config` (which
 //! the container cannot write; read again when `cuslice set` replaces it), never from its ledger
 //! (which it can). Under `Enforce::Stop` a
-//! slice over its cap for longer than the grace has its processes killed, and a slice over its
-//! core limit is frozen (its cgroup) for the time it owes. See docs/agent.md.
+//! slice over its cap for the grace in total within a window has its processes killed (the
+//! whole container if it goes over again within the window), and a slice over its core limit
+//! is frozen (its cgroup) while it owes device time by the driver's count, what ran while it
+//! was frozen included, and has the processes that ran on the device killed once it owes more
+//! than freezing holds. See docs/agent.md.
 //!
 //! Three threads: `tick` (the agent's loop, every period) reads the slices and the memory,
 //! judges, kills, logs and writes `findings.json`; a meter thread started by `Verifier::new`
@@ -32,7 +35,9 @@ use cuslice_state::ledger::ReadOnly;
 use cuslice_state::uuid_string;
 
 use crate::cgroup::{self, Freezer, Mounts, Placement, Scope};
-use crate::judge::{self, Bucket, Held, SampleClock, Tracker, Window};
+use crate::judge::{
+    self, Bucket, Held, Hold, MemoryAction, OverTime, SampleClock, Tracker, Window,
+};
 use crate::{Config, Enforce};
 
 /// How often the meter thread reads the driver's utilisation samples and decides freezes.
@@ -119,8 +124,25 @@ struct Meter {
     /// The core limit (percent) from the slice's config, and the rate `stop` holds it to.
     limit_pct: Option<f64>,
     rate: Option<f64>,
+    /// The agent's loop has set the limit at least once.
+    limit_seen: bool,
+    /// Until when (ns) the bucket is not spent: the limit changed while the slice ran.
+    settle_until: u64,
     /// Pids whose samples counted, and when they last did (ns).
     pids: BTreeMap<u32, u64>,
+    /// The last time `stop` killed the processes that ran on the device because the slice
+    /// owed more than freezing holds.
+    killed: Option<ComputeKill>,
+}
+
+/// A kill for device time owed (`judge::Hold::Kill`).
+#[derive(Debug, Clone)]
+struct ComputeKill {
+    /// Unix seconds.
+    at: f64,
+    pids: Vec<i32>,
+    /// Device time owed beyond the slice's share when it was killed (ns).
+    debt_ns: u64,
 }
 
 /// A slice frozen now.
@@ -146,9 +168,35 @@ struct State {
     thawing: bool,
     /// Slices whose cgroup could not be frozen (logged once).
     unfreezable: BTreeSet<String>,
+    /// Slices whose cgroup someone else froze (an operator's pause): the agent leaves them be
+    /// (logged once per pause).
+    paused: BTreeSet<String>,
     record: cgroup::Record,
     actions: Actions,
     last_poll: Option<Instant>,
+}
+
+impl State {
+    /// Thaws slice `id` if the agent holds it frozen, counts the time, forgets it in the
+    /// record, and tells the meter (which counts the frozen time, and lets the slice run for a
+    /// step before it freezes it again).
+    fn unfreeze(&mut self, id: &str, now: Instant) {
+        let Some(f) = self.frozen.remove(id) else {
+            return;
+        };
+        match f.freezer.thaw() {
+            Ok(()) => {
+                let _ = self.record.remove(&f.freezer);
+            }
+            Err(e) => log(&format!(
+                "cannot thaw slice {} ({}): {e}",
+                short(id),
+                f.freezer.dir().display()
+            )),
+        }
+        self.actions.frozen_seconds += now.saturating_duration_since(f.since).as_secs_f64();
+        self.thawed.insert(id.to_string(), (f.since, now));
+    }
 }
 
 struct Shared {
@@ -211,6 +259,9 @@ pub struct Verifier {
     /// Per slice and device: the cap at the last check, and what the slice may hold over it
     /// since `cuslice set` lowered it (`judge::lowered_allowance`).
     caps: BTreeMap<(String, String), CapState>,
+    /// Per slice and device: its time over its memory cap within the window, and its last
+    /// kill for it.
+    over: BTreeMap<(String, String), OverTime>,
     /// Each slice's ledger, mapped once (with the file's inode: a new file is mapped afresh).
     ledgers: HashMap<PathBuf, (u64, ReadOnly)>,
     /// A process in a slice whose ledger was read has no host pid yet (it started before the
@@ -280,6 +331,7 @@ impl Verifier {
                 thawed: BTreeMap::new(),
                 thawing: false,
                 unfreezable: BTreeSet::new(),
+                paused: BTreeSet::new(),
                 record,
                 actions: Actions::default(),
                 last_poll: None,
@@ -304,6 +356,7 @@ impl Verifier {
             tracker: Tracker::default(),
             ledger_streak: BTreeMap::new(),
             caps: BTreeMap::new(),
+            over: BTreeMap::new(),
             ledgers: HashMap::new(),
             untold: true,
             logged: BTreeSet::new(),
@@ -374,6 +427,8 @@ impl Verifier {
         // Who holds what, by the driver's count, per slice and device.
         let mut pid_slice: HashMap<u32, Option<String>> = HashMap::new();
         let mut held: BTreeMap<(String, String), Vec<Held>> = BTreeMap::new();
+        // Devices whose processes were read: a slice with none there holds nothing there.
+        let mut read: BTreeSet<String> = BTreeSet::new();
         for (d, uuid) in &devices {
             let procs = match nvml.processes(*d) {
                 Ok(p) => p,
@@ -382,6 +437,7 @@ impl Verifier {
                     continue;
                 }
             };
+            read.insert(uuid.clone());
             for p in procs {
                 let slice = pid_slice
                     .entry(p.pid)
@@ -484,8 +540,10 @@ impl Verifier {
         }
 
         // Hand the slices and limits to the meter; take what it measured.
-        let usage: BTreeMap<(String, String), (judge::Usage, Vec<i32>)> = {
+        type Measured = (judge::Usage, Vec<i32>, Option<ComputeKill>);
+        let usage: BTreeMap<(String, String), Measured> = {
             let mut st = self.shared.lock();
+            let now_ns = self.shared.mono_ns(Instant::now());
             st.devices = devices.clone();
             st.slices = slices.clone();
             st.pids = pid_slice.clone();
@@ -495,6 +553,13 @@ impl Verifier {
                     continue;
                 }
                 let m = st.meters.entry(key.clone()).or_default();
+                if judge::limit_changed(m.limit_seen, m.limit_pct, limit_pct) {
+                    // Judged afresh against the new limit (`cuslice set`).
+                    m.window = Window::default();
+                    m.bucket = Bucket::default();
+                    m.settle_until = now_ns + judge::LIMIT_SETTLE_NS;
+                }
+                m.limit_seen = true;
                 m.limit_pct = limit_pct;
                 m.rate = match self.shared.enforce {
                     Enforce::Stop => limit_pct.map(judge::enforced_rate),
@@ -510,6 +575,7 @@ impl Verifier {
                         (
                             m.window.usage()?,
                             m.pids.keys().map(|&p| p as i32).collect(),
+                            m.killed.clone(),
                         ),
                     ))
                 })
@@ -519,6 +585,8 @@ impl Verifier {
         // Judge.
         let mut found: Vec<(Key, Finding)> = Vec::new();
         let now = unix_now();
+        let grace = self.cfg.grace.as_secs_f64();
+        let window = judge::over_window_s(grace, self.cfg.period.as_secs_f64());
         for ((id, uuid), list) in &held {
             let s = &slices[id];
             let driver = judge::total(list);
@@ -547,6 +615,14 @@ impl Verifier {
             }
             let allowance = judge::lowered_allowance(st.cap, l.memory, driver, allowance);
             (st.cap, st.allowance) = (l.memory, allowance);
+            // Time over the cap adds up within the window (what a lowered cap allows aside).
+            let over_cap = l.memory.is_some_and(|cap| driver > cap);
+            let allowed = allowance.is_some_and(|a| driver <= a);
+            let over_s = self
+                .over
+                .entry((id.clone(), uuid.clone()))
+                .or_default()
+                .check(now, over_cap && !allowed, window);
             if let Some(cap) = l.memory
                 && driver > cap
             {
@@ -558,8 +634,8 @@ impl Verifier {
                         format_size(a)
                     ),
                     (Enforce::Stop, _) => format!(
-                        "its processes are killed once over for {:.1} s (--grace)",
-                        self.cfg.grace.as_secs_f64()
+                        "its processes are killed once over for {grace:.1} s in total within \
+                         {window:.0} s (--grace)"
                     ),
                 };
                 found.push((
@@ -579,6 +655,8 @@ impl Verifier {
                         ),
                         driver_bytes: Some(driver),
                         cap_bytes: Some(cap),
+                        over_s: Some(round1(over_s)),
+                        window_s: Some(window),
                         ..finding(s, uuid, Kind::Memory, pids.clone(), action)
                     },
                 ));
@@ -625,10 +703,18 @@ impl Verifier {
                 ));
             }
         }
+        // A slice seen on a device before and holding nothing there now is not over there.
+        for ((id, uuid), o) in &mut self.over {
+            if read.contains(uuid) && !held.contains_key(&(id.clone(), uuid.clone())) {
+                o.check(now, false, window);
+            }
+        }
+        self.over
+            .retain(|(id, _), o| slices.contains_key(id) && !o.idle());
         self.ledger_streak
             .retain(|k, n| *n > 0 && slices.contains_key(&k.slice));
         self.caps.retain(|(id, _), _| slices.contains_key(id));
-        for ((id, uuid), (u, pids)) in &usage {
+        for ((id, uuid), (u, pids, killed)) in &usage {
             let Some(s) = slices.get(id) else { continue };
             let Some(limit) = limits
                 .get(&(id.clone(), uuid.clone()))
@@ -645,29 +731,45 @@ impl Verifier {
             if !judge::compute_over(Some(*u), limit, self.tracker.active(&key)) {
                 continue;
             }
-            let action = match (self.cfg.enforce, &s.freezer) {
-                (Enforce::Report, _) => "none (--enforce report)".to_string(),
-                (Enforce::Stop, Ok(_)) => format!(
-                    "held to {:.0}% by freezing its cgroup",
-                    judge::enforced_rate(limit) * 100.0
+            // Only figures measured: the driver's device time, the agent's own freezes.
+            let span_s = u.span_ns as f64 / 1e9;
+            let kill_past = format!(
+                "its processes on the device are killed if it owes more than {:.1} s of device \
+                 time beyond its limit",
+                judge::KILL_DEBT_NS as f64 / 1e9
+            );
+            let action = match (self.cfg.enforce, &s.freezer, killed) {
+                (Enforce::Report, _, _) => "none (--enforce report)".to_string(),
+                (Enforce::Stop, _, Some(k)) if now - k.at < span_s => format!(
+                    "killed pids {} {:.0} s ago: it owed {:.2} s of device time beyond its \
+                     limit by the driver's count, more than freezing holds",
+                    join(&k.pids),
+                    now - k.at,
+                    k.debt_ns as f64 / 1e9
                 ),
-                (Enforce::Stop, Err(e)) => format!("cannot be frozen: {e}"),
+                (Enforce::Stop, Ok(_), _) => format!(
+                    "its cgroup is frozen while it owes device time by the driver's count \
+                     (frozen {:.0}% of the last {span_s:.1} s); {kill_past}",
+                    u.frozen * 100.0
+                ),
+                (Enforce::Stop, Err(e), _) => format!("cannot be frozen ({e}); {kill_past}"),
             };
             found.push((
                 key,
                 Finding {
                     message: format!(
-                        "{} used {:.1}% of {uuid} while not frozen over the last {:.0} s, \
-                         over its core limit of {limit:.0}% ({:.1}% of the time in all; pids {})",
+                        "{} used {:.1}% of {uuid} by the driver's count over the last \
+                         {span_s:.1} s, over its core limit of {limit:.0}% ({:.1}% of the time \
+                         it was not frozen; pids {})",
                         s.label(),
-                        u.demand * 100.0,
-                        u.span_ns as f64 / 1e9,
                         u.share * 100.0,
+                        u.demand * 100.0,
                         join(pids)
                     ),
                     share_pct: Some(round1(u.share * 100.0)),
                     demand_pct: Some(round1(u.demand * 100.0)),
                     limit_pct: Some(limit),
+                    window_s: Some(round1(span_s)),
                     ..finding(s, uuid, Kind::Compute, pids.clone(), action)
                 },
             ));
@@ -698,30 +800,60 @@ impl Verifier {
             f.since = self.tracker.since(k).unwrap_or(now);
         }
 
-        // Stop: kill what stayed over its cap for the grace.
+        // Stop: kill what was over its cap for the grace in total within the window, and the
+        // whole container when it goes over again after that.
         if self.cfg.enforce == Enforce::Stop {
-            // Ticks are `period` apart: a finding this close to the grace is taken as over it.
+            // Ticks are `period` apart: a total this close to the grace is taken as over it.
             let slack = self.cfg.period.as_secs_f64() / 10.0;
             for (k, f) in &mut found {
-                if k.kind != Kind::Memory || now - f.since + slack < self.cfg.grace.as_secs_f64() {
+                if k.kind != Kind::Memory {
                     continue;
                 }
-                let (Some(list), Some(cap)) =
-                    (held.get(&(k.slice.clone(), k.uuid.clone())), f.cap_bytes)
-                else {
+                let key = (k.slice.clone(), k.uuid.clone());
+                let (Some(list), Some(cap)) = (held.get(&key), f.cap_bytes) else {
                     continue;
                 };
                 let allowed = self
                     .caps
-                    .get(&(k.slice.clone(), k.uuid.clone()))
+                    .get(&key)
                     .and_then(|c| c.allowance)
                     .is_some_and(|a| f.driver_bytes.is_some_and(|d| d <= a));
                 if allowed {
                     continue;
                 }
-                let victims = judge::victims(cap, list);
-                let killed = self.kill(&slices[&k.slice], &victims, list, cap, now - f.since);
-                f.action = format!("killed pids {}", join(&killed));
+                let (over_s, last_kill) = self
+                    .over
+                    .get(&key)
+                    .map_or((0.0, None), |o| (o.total(), o.kill.clone()));
+                let s = &slices[&k.slice];
+                let killed = match judge::memory_action(
+                    cap,
+                    list,
+                    over_s + slack,
+                    grace,
+                    last_kill.as_ref(),
+                ) {
+                    MemoryAction::Nothing => continue,
+                    MemoryAction::Kill(victims) => {
+                        let killed = self.kill(s, &victims, list, cap, over_s, window);
+                        f.action = format!("killed pids {}", join(&killed));
+                        killed
+                    }
+                    MemoryAction::KillAll => {
+                        let killed = self.kill_all(s, list, cap, window);
+                        f.action = format!(
+                            "killed every process of the container (pids {}): over its cap \
+                             again within {window:.0} s of a kill",
+                            join(&killed)
+                        );
+                        killed
+                    }
+                };
+                if let Some(o) = self.over.get_mut(&key)
+                    && !killed.is_empty()
+                {
+                    o.kill = Some((now, killed));
+                }
             }
         }
 
@@ -819,40 +951,76 @@ impl Verifier {
         held: &[Held],
         cap: u64,
         over_s: f64,
+        window: f64,
     ) -> Vec<i32> {
-        let slices: BTreeMap<String, Arc<Slice>> = self.shared.lock().slices.clone();
-        let mut killed = Vec::new();
-        // SIGKILL stays pending on a process frozen by the v1 freezer: thaw first.
-        {
-            let mut st = self.shared.lock();
-            if let Some(f) = st.frozen.remove(&s.id) {
-                let _ = f.freezer.thaw();
-            }
-        }
-        for &pid in victims {
-            if classify(pid, &slices).as_deref() != Some(s.id.as_str()) {
-                continue; // gone, or the pid is another process's now
-            }
+        let killed = self.signal(s, victims);
+        for &pid in &killed {
             let bytes = held.iter().find(|h| h.pid == pid).map_or(0, |h| h.driver);
+            log(&format!(
+                "killed pid {pid} of {} (it held {} by the driver's count): the slice was over \
+                 its cap of {} for {over_s:.1} s in the last {window:.0} s (--grace {:.1} s)",
+                s.label(),
+                format_size(bytes),
+                format_size(cap),
+                self.cfg.grace.as_secs_f64()
+            ));
+        }
+        killed
+    }
+
+    /// SIGKILLs every process of slice `s` (its init and everything in its pid namespace or
+    /// cgroup): it went over its cap again after a kill, within the window.
+    fn kill_all(&mut self, s: &Slice, held: &[Held], cap: u64, window: f64) -> Vec<i32> {
+        let mut all: Vec<i32> = fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+            .collect();
+        all.sort_unstable();
+        // The init first: in a pid namespace of its own, the kernel kills the rest with it.
+        all.retain(|&p| p != s.init);
+        all.insert(0, s.init);
+        let killed = self.signal(s, &all);
+        if !killed.is_empty() {
+            log(&format!(
+                "killed every process of {} (pids {}): it went over its cap of {} again \
+                 within {window:.0} s of a kill ({} by the driver's count, pids {})",
+                s.label(),
+                join(&killed),
+                format_size(cap),
+                format_size(judge::total(held)),
+                join(&held.iter().map(|h| h.pid).collect::<Vec<_>>())
+            ));
+        }
+        killed
+    }
+
+    /// SIGKILLs those of `pids` that are slice `s`'s still (not gone, not another process's
+    /// pid now), thawing its cgroup first if the agent froze it (SIGKILL stays pending on a
+    /// process frozen by the v1 freezer). Returns those killed.
+    fn signal(&mut self, s: &Slice, pids: &[i32]) -> Vec<i32> {
+        let slices: BTreeMap<String, Arc<Slice>> = self.shared.lock().slices.clone();
+        let ours: Vec<i32> = pids
+            .iter()
+            .copied()
+            .filter(|&p| classify(p, &slices).as_deref() == Some(s.id.as_str()))
+            .collect();
+        if ours.is_empty() {
+            return ours;
+        }
+        self.shared.lock().unfreeze(&s.id, Instant::now());
+        let mut killed = Vec::new();
+        for pid in ours {
             match nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(pid),
                 nix::sys::signal::Signal::SIGKILL,
             ) {
-                Ok(()) => {
-                    killed.push(pid);
-                    self.shared.lock().actions.kills += 1;
-                    log(&format!(
-                        "killed pid {pid} of {} (it held {} by the driver's count): the slice \
-                         was over its cap of {} for {over_s:.1} s",
-                        s.label(),
-                        format_size(bytes),
-                        format_size(cap)
-                    ));
-                }
+                Ok(()) => killed.push(pid),
                 Err(nix::errno::Errno::ESRCH) => {}
                 Err(e) => log(&format!("cannot kill pid {pid} of {}: {e}", s.label())),
             }
         }
+        self.shared.lock().actions.kills += killed.len() as u64;
         killed
     }
 
@@ -913,6 +1081,8 @@ fn finding(s: &Slice, uuid: &str, kind: Kind, pids: Vec<i32>, action: String) ->
         share_pct: None,
         demand_pct: None,
         limit_pct: None,
+        window_s: None,
+        over_s: None,
         action,
     }
 }
@@ -1005,12 +1175,7 @@ fn thaw_loop(shared: &Shared) {
             .map(|(id, _)| id.clone())
             .collect();
         for id in due {
-            let f = st.frozen.remove(&id).expect("listed above");
-            if let Err(e) = f.freezer.thaw() {
-                log(&format!("cannot thaw slice {}: {e}", short(&id)));
-            }
-            st.actions.frozen_seconds += now.duration_since(f.since).as_secs_f64();
-            st.thawed.insert(id, (f.since, now));
+            st.unfreeze(&id, now);
         }
         let next = st.frozen.values().map(|f| f.until).min();
         st = match next {
@@ -1090,32 +1255,50 @@ fn poll(shared: &Shared) {
         let was_frozen = thawed.get(id).map(|&(since, at)| span(since, at));
         (now_frozen.unwrap_or_default() + was_frozen.unwrap_or_default()).as_nanos() as u64
     };
-    let mut owed: BTreeMap<String, u64> = BTreeMap::new();
+    let mut holds: Vec<((String, String), Hold)> = Vec::new();
     let keys: Vec<(String, String)> = st.meters.keys().cloned().collect();
     for key in keys {
         let f = frozen_ns(&key.0);
         let u = used.get(&key).copied().unwrap_or(0);
+        let (frozen, just_thawed) = (st.frozen.contains_key(&key.0), thawed.contains_key(&key.0));
         let m = st.meters.get_mut(&key).expect("listed above");
         m.window.add(now_ns, u, f);
         m.pids
             .retain(|_, t| now_ns.saturating_sub(*t) < judge::WINDOW_NS);
         if let Some(rate) = m.rate {
-            m.bucket.step(rate, dt, u);
-            if let Some(ns) = m.bucket.freeze_for(rate) {
-                let e = owed.entry(key.0.clone()).or_default();
-                *e = (*e).max(ns);
+            if now_ns < m.settle_until {
+                m.bucket = Bucket::default();
+            } else {
+                m.bucket.step(rate, dt, u);
             }
+            holds.push((key, m.bucket.hold(rate, frozen, just_thawed)));
         }
     }
     if shared.enforce != Enforce::Stop || !st.thawing || shared.stop.load(Ordering::SeqCst) {
         return;
     }
-    // A slice thawed since the last step runs for at least one step before it may be frozen
-    // again.
-    owed.retain(|id, _| !thawed.contains_key(id));
+    // Per slice: the processes to kill for device time owed, and how long to hold it frozen
+    // (the longest any device asks).
+    let mut owed: BTreeMap<String, u64> = BTreeMap::new();
+    for (key, hold) in holds {
+        match hold {
+            Hold::Nothing => {}
+            Hold::Freeze(ns) | Hold::Extend(ns) => {
+                let e = owed.entry(key.0.clone()).or_default();
+                *e = (*e).max(ns);
+            }
+            Hold::Kill => kill_for_debt(st, &key, now, now_ns),
+        }
+    }
     for (id, ns) in owed {
-        if st.frozen.contains_key(&id) {
+        let until = now + Duration::from_nanos(ns);
+        if let Some(f) = st.frozen.get_mut(&id) {
+            // Still owed, counting what ran while frozen: frozen on.
+            f.until = f.until.max(until);
             continue;
+        }
+        if thawed.contains_key(&id) || st.thawed.contains_key(&id) {
+            continue; // thawed since the last step, or just now to be killed
         }
         let Some(s) = st.slices.get(&id).cloned() else {
             continue;
@@ -1132,6 +1315,20 @@ fn poll(shared: &Shared) {
                 continue;
             }
         };
+        // A cgroup frozen by someone else (an operator's `runc pause`) is theirs: the agent
+        // neither freezes it nor, later, thaws it.
+        if freezer.requested().unwrap_or(false) {
+            if st.paused.insert(id.clone()) {
+                log(&format!(
+                    "{} is over its core limit, but {} is frozen by someone else (a pause); \
+                     the agent leaves it as it is",
+                    s.label(),
+                    freezer.dir().display()
+                ));
+            }
+            continue;
+        }
+        st.paused.remove(&id);
         if let Err(e) = st.record.add(&freezer) {
             log(&format!(
                 "cannot record {} before freezing it: {e}; not frozen",
@@ -1163,4 +1360,61 @@ fn poll(shared: &Shared) {
             }
         }
     }
+}
+
+/// Kills the processes of slice `key.0` that ran on device `key.1` (those the driver's samples
+/// showed in the last second), each checked to be the slice's still: the slice owes more
+/// device time than freezing holds (`judge::KILL_DEBT_NS`). Its cgroup is thawed first
+/// (SIGKILL stays pending on a process frozen by the v1 freezer); the debt stands, so the meter
+/// freezes what is left of the slice again until it is paid.
+fn kill_for_debt(st: &mut State, key: &(String, String), now: Instant, now_ns: u64) {
+    let (id, uuid) = key;
+    let Some(s) = st.slices.get(id).cloned() else {
+        return;
+    };
+    let Some(m) = st.meters.get(key) else { return };
+    let debt_ns = m.bucket.debt_ns();
+    let limit = m.limit_pct.unwrap_or(0.0);
+    // Each checked to be the slice's still (not gone, not another process's pid now).
+    let ran: Vec<i32> = m
+        .pids
+        .iter()
+        .filter(|(_, t)| now_ns.saturating_sub(**t) < 1_000_000_000)
+        .map(|(&p, _)| p as i32)
+        .filter(|&p| classify(p, &st.slices).as_deref() == Some(id.as_str()))
+        .collect();
+    if !ran.is_empty() {
+        st.unfreeze(id, now);
+    }
+    let mut killed = Vec::new();
+    for pid in ran {
+        match nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        ) {
+            Ok(()) => killed.push(pid),
+            Err(nix::errno::Errno::ESRCH) => {}
+            Err(e) => log(&format!("cannot kill pid {pid} of {}: {e}", s.label())),
+        }
+    }
+    let m = st.meters.get_mut(key).expect("read above");
+    m.bucket.killed();
+    if killed.is_empty() {
+        return;
+    }
+    st.actions.kills += killed.len() as u64;
+    log(&format!(
+        "killed pids {} of {}: by the driver's count it owed {:.2} s of device time on {uuid} \
+         beyond its core limit of {limit:.0}%, more than freezing holds ({:.1} s): work it \
+         queued ran on while it was frozen",
+        join(&killed),
+        s.label(),
+        debt_ns as f64 / 1e9,
+        judge::KILL_DEBT_NS as f64 / 1e9
+    ));
+    m.killed = Some(ComputeKill {
+        at: unix_now(),
+        pids: killed,
+        debt_ns,
+    });
 }

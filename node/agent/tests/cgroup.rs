@@ -98,11 +98,14 @@ fn freeze_and_thaw(hierarchy: Option<PathBuf>, version: &str) {
     assert!(scope.contains(&p));
     assert!(!scope.contains(&me));
     assert!(busy.runs());
+    assert!(!f.requested().unwrap());
     f.freeze().unwrap();
     until("frozen", || f.frozen().unwrap());
+    assert!(f.requested().unwrap());
     assert!(!busy.runs(), "a frozen process got CPU time");
     f.thaw().unwrap();
     until("thawed", || !f.frozen().unwrap());
+    assert!(!f.requested().unwrap());
     assert!(busy.runs());
 }
 
@@ -118,16 +121,14 @@ fn v2_cgroup_freeze() {
     freeze_and_thaw(cgroup::mounts().v2, "v2");
 }
 
-/// What an agent froze and recorded is thawed by the next one, even if the first never got
-/// to thaw it (SIGKILL).
-#[test]
-fn a_later_agent_thaws_what_was_recorded() {
-    root_required();
+/// A busy process in a cgroup of its own with a freezer, and that freezer; None (the test
+/// says so) where no freezer hierarchy is mounted.
+fn busy_freezer(what: &str) -> Option<(Busy, Freezer)> {
     let Some(h) = cgroup::mounts().v1_freezer.or(cgroup::mounts().v2) else {
         eprintln!("SKIPPED: no cgroup freezer here");
-        return;
+        return None;
     };
-    let busy = Busy::start(&h, "record");
+    let busy = Busy::start(&h, what);
     let f = if busy.dir.join("freezer.state").exists() {
         Freezer::V1 {
             dir: busy.dir.clone(),
@@ -136,6 +137,17 @@ fn a_later_agent_thaws_what_was_recorded() {
         Freezer::V2 {
             dir: busy.dir.clone(),
         }
+    };
+    Some((busy, f))
+}
+
+/// What an agent froze and recorded is thawed by the next one, even if the first never got
+/// to thaw it (SIGKILL).
+#[test]
+fn a_later_agent_thaws_what_was_recorded() {
+    root_required();
+    let Some((busy, f)) = busy_freezer("record") else {
+        return;
     };
     let state = tempfile::tempdir().unwrap();
     {
@@ -152,4 +164,46 @@ fn a_later_agent_thaws_what_was_recorded() {
     until("thawed", || !f.frozen().unwrap());
     assert!(busy.runs());
     assert!(Record::load(state.path()).freezers.is_empty());
+}
+
+/// The record holds what the agent holds frozen now: a freeze it ended is forgotten, so a
+/// later agent leaves a cgroup someone else froze since (an operator's pause) alone, and one
+/// recorded but never frozen (the agent died in between) is not said to be thawed.
+#[test]
+fn a_later_agent_leaves_what_no_agent_holds_frozen() {
+    root_required();
+    let Some((busy, f)) = busy_freezer("paused") else {
+        return;
+    };
+    let state = tempfile::tempdir().unwrap();
+    {
+        let mut r = Record::load(state.path());
+        r.add(&f).unwrap();
+        f.freeze().unwrap();
+        until("frozen", || f.frozen().unwrap());
+        f.thaw().unwrap();
+        r.remove(&f).unwrap();
+    }
+    // The operator's pause.
+    f.freeze().unwrap();
+    until("frozen", || f.frozen().unwrap());
+    let (thawed, failed) = Record::load(state.path()).thaw_all();
+    assert!(
+        thawed.is_empty() && failed.is_empty(),
+        "{thawed:?} {failed:?}"
+    );
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(f.frozen().unwrap(), "the pause was undone");
+    f.thaw().unwrap();
+    until("thawed", || !f.frozen().unwrap());
+    // Recorded, then the agent died before it froze.
+    Record::load(state.path()).add(&f).unwrap();
+    let mut r = Record::load(state.path());
+    let (thawed, failed) = r.thaw_all();
+    assert!(
+        thawed.is_empty() && failed.is_empty(),
+        "{thawed:?} {failed:?}"
+    );
+    assert!(Record::load(state.path()).freezers.is_empty());
+    assert!(busy.runs());
 }

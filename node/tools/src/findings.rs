@@ -66,13 +66,20 @@ pub struct Finding {
     pub demand_pct: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limit_pct: Option<f64>,
-    /// What the agent is doing about it ("none (report)", "killing", "freezing").
+    /// compute: the time the shares cover, ending at the agent's last look at the driver's
+    /// samples; memory: the window over which the time over the cap adds up (seconds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_s: Option<f64>,
+    /// memory: the time the slice was over its cap, in total, within the window (seconds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub over_s: Option<f64>,
+    /// What the agent is doing about it ("none (--enforce report)", a freeze, a kill).
     pub action: String,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Actions {
-    /// Processes killed over a memory cap.
+    /// Processes killed: over a memory cap, or owing more device time than freezing holds.
     pub kills: u64,
     /// Times a slice's cgroup was frozen, and the time they stayed frozen.
     pub freezes: u64,
@@ -153,6 +160,8 @@ mod tests {
                 share_pct: None,
                 demand_pct: None,
                 limit_pct: None,
+                window_s: None,
+                over_s: None,
                 action: "none (report)".into(),
             }],
             actions: Actions::default(),
