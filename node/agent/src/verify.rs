@@ -19,7 +19,8 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::ffi::OsStringExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -48,6 +49,9 @@ enum Kind {
     Memory,
     Compute,
     Ledger,
+    /// A file of the slice's that its processes write (its ledger, its claims on the compute
+    /// board) larger than cuslice makes it: written past its end, using the host's memory.
+    Files,
 }
 
 impl Kind {
@@ -56,6 +60,7 @@ impl Kind {
             Kind::Memory => "memory",
             Kind::Compute => "compute",
             Kind::Ledger => "ledger",
+            Kind::Files => "files",
         }
     }
 }
@@ -703,6 +708,66 @@ impl Verifier {
                 ));
             }
         }
+        // The files a slice's processes may write: no larger than cuslice makes them. Under
+        // `stop`, cut back to that size (the slice's own mappings never reach past it).
+        for (id, s) in &slices {
+            let claims = fs::read(Root::new(&self.cfg.state_root).dir(id).join("board"))
+                .ok()
+                .map(|p| {
+                    PathBuf::from(std::ffi::OsString::from_vec(p))
+                        .join(cuslice_state::board::CLAIMS)
+                });
+            let files = [
+                Some((s.ledger.clone(), cuslice_state::ledger::file_size())),
+                claims.map(|c| (c, cuslice_state::board::SIZE as u64)),
+            ];
+            let mut grown = Vec::new();
+            for (path, want) in files.into_iter().flatten() {
+                let Ok(m) = fs::symlink_metadata(&path) else {
+                    continue;
+                };
+                if !m.is_file() || m.len() <= want {
+                    continue;
+                }
+                let mut what = format!("{} is {} bytes, not {want}", path.display(), m.len());
+                if self.cfg.enforce == Enforce::Stop {
+                    let cut = fs::OpenOptions::new()
+                        .write(true)
+                        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+                        .open(&path)
+                        .and_then(|f| f.set_len(want));
+                    what.push_str(&match cut {
+                        Ok(()) => " (cut back)".to_string(),
+                        Err(e) => format!(" (cannot cut it back: {e})"),
+                    });
+                }
+                grown.push(what);
+            }
+            if grown.is_empty() {
+                continue;
+            }
+            let action = if self.cfg.enforce == Enforce::Stop {
+                "cut back to their size"
+            } else {
+                "none"
+            };
+            found.push((
+                Key {
+                    slice: id.clone(),
+                    uuid: "-".into(),
+                    kind: Kind::Files,
+                },
+                Finding {
+                    message: format!(
+                        "{}'s processes wrote past the end of their files, which use the host's \
+                         memory: {}",
+                        s.label(),
+                        grown.join("; ")
+                    ),
+                    ..finding(s, "-", Kind::Files, Vec::new(), action.into())
+                },
+            ));
+        }
         // A slice seen on a device before and holding nothing there now is not over there.
         for ((id, uuid), o) in &mut self.over {
             if read.contains(uuid) && !held.contains_key(&(id.clone(), uuid.clone())) {
@@ -788,6 +853,7 @@ impl Verifier {
                 Kind::Memory => "back within its memory cap",
                 Kind::Compute => "back within its core limit",
                 Kind::Ledger => "ledger matches the driver again",
+                Kind::Files => "its files are their size again",
             };
             log(&format!(
                 "slice {} on {}: {what} (after {:.1} s)",

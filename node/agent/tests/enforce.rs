@@ -619,6 +619,66 @@ fn a_ledger_written_over_is_found() {
     Box::new(c).remove();
 }
 
+/// A tenant writes past the end of the files its processes may write (its ledger, its claims on
+/// the compute board), which live in the host's memory: the agent reports it and, under
+/// `--enforce stop`, cuts them back to their size (the kernel's count of the files' sizes).
+#[test]
+fn files_grown_past_their_size_are_found_and_cut_back() {
+    root_required();
+    let _serial = cuslice_test_harness::serial();
+    let sim = Sim::new(&["--memory", "8GiB"]);
+    let root = state_root();
+    let agent = Agent::start(&sim, root.path(), &["--enforce", "stop"]);
+    let n = name("grow");
+    let mut c = runc(
+        &sim,
+        root.path(),
+        &Spec {
+            name: &n,
+            env: &["CUSLICE_MEMORY_LIMIT=1GiB"],
+            cmd: &[
+                "cuda-workload",
+                "tamper",
+                "--grow-mib",
+                "64",
+                "--secs",
+                "60",
+            ],
+            read_only: false,
+        },
+    );
+    let (tried, _) = common::lines_until(&mut c, "ready");
+    let grown: Vec<String> = tried
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["what"] == "grow" && v["ok"] == true)
+        .map(|v| v["path"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        grown.len(),
+        2,
+        "it grows its ledger and its claims: {tried:?}"
+    );
+    let state = root.path().join("containers").join(&n);
+    let ledger = state.join("mnt/slice/ledger");
+    let claims = PathBuf::from(std::fs::read_to_string(state.join("board")).unwrap())
+        .join(cuslice_state::board::CLAIMS);
+    let f = poll("a files finding", 15, || {
+        finding_of(root.path(), &n, "files")
+    });
+    assert_eq!(f["action"], "cut back to their size", "{f}");
+    let line = agent.wait_log("wrote past the end of their files", 5);
+    assert!(line.contains(&n[..12]), "{line}");
+    // By the kernel's count: back to the sizes cuslice makes them.
+    poll("the files cut back", 10, || {
+        let l = std::fs::metadata(&ledger).ok()?.len();
+        let c = std::fs::metadata(&claims).ok()?.len();
+        (l == cuslice_state::ledger::file_size() && c == cuslice_state::board::SIZE as u64)
+            .then_some(())
+    });
+    Box::new(c).remove();
+}
+
 /// GET /metrics from `cuslice exporter` over the same state root.
 fn scrape(sim: &Sim, root: &Path) -> String {
     let mut child = sim

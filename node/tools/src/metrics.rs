@@ -246,7 +246,8 @@ impl Collector for NodeCollector {
                 e,
                 "slice_violation",
                 "1 while the node agent finds the slice over its cap (check=memory) or core limit \
-                 (compute) by the driver's count, or its ledger not matching the driver (ledger)",
+                 (compute) by the driver's count, its ledger not matching the driver (ledger), \
+                 or its files written past their end (files)",
                 None,
                 Gauge,
                 violations,

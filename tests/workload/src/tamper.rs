@@ -32,6 +32,10 @@ pub struct TamperArgs {
     /// can with a dangling symlink, and hold an exclusive lock on every file it can open
     #[arg(long)]
     pub replace: bool,
+    /// Write this many MiB past the end of every file it can write under --root (its ledger,
+    /// its claims): the host's memory, where those files live
+    #[arg(long, default_value_t = 0)]
+    pub grow_mib: u64,
     /// How long to keep it up after `ready`
     #[arg(long, value_parser = parse_secs, default_value = "0")]
     pub secs: f64,
@@ -151,6 +155,22 @@ fn mkfifo(path: &Path) -> std::io::Result<()> {
         Ok(())
     } else {
         Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Writes `mib` MiB past the end of every regular file under `root` this process can write.
+fn grow(root: &Path, mib: u64) {
+    use std::os::unix::fs::FileExt;
+    let chunk = vec![0x5au8; 1 << 20];
+    for (path, m) in everything(root) {
+        if !m.is_file() || !can_write(&path, &m) {
+            continue;
+        }
+        let r = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .and_then(|f| (0..mib).try_for_each(|i| f.write_all_at(&chunk, m.len() + (i << 20))));
+        attempt("grow", &path, r);
     }
 }
 
@@ -338,6 +358,9 @@ pub fn tamper(s: &Session<'_>, a: &TamperArgs) {
     };
     if a.replace {
         replace(&a.root, &mut held);
+    }
+    if a.grow_mib > 0 {
+        grow(&a.root, a.grow_mib);
     }
     emit("ready", json!({}));
     std::thread::sleep(until.saturating_duration_since(Instant::now()));
