@@ -280,6 +280,10 @@ fn soak() {
             );
             common::wait_for(&mut c, "start");
             let pid = c.host_pid() as i64;
+            eprintln!(
+                "a compute bypass starts at {:.0} s",
+                t0.elapsed().as_secs_f64()
+            );
             compute_bypass = Some((c, pid, 0, Instant::now()));
         }
         if round % 120 == 30
@@ -381,6 +385,7 @@ fn soak() {
     let window = Duration::from_secs(10);
     for (k, limit) in [30.0, 20.0].iter().enumerate() {
         let mut worst: (f64, f64) = (f64::MAX, f64::MIN);
+        let mut low_at = 0.0;
         let start = samples
             .iter()
             .position(|(t, _)| t.duration_since(t0) >= window)
@@ -394,10 +399,14 @@ fn soak() {
             };
             let (a, b) = (&samples[j], &samples[i]);
             let share = 100.0 * (b.1[k] - a.1[k]) as f64 / (b.0 - a.0).as_nanos() as f64;
+            if share < worst.0 {
+                low_at = b.0.duration_since(t0).as_secs_f64();
+            }
             worst = (worst.0.min(share), worst.1.max(share));
         }
         eprintln!(
-            "honest, core limit {limit}%: 10 s windows {:.1}% to {:.1}%",
+            "honest, core limit {limit}%: 10 s windows {:.1}% to {:.1}% (the lowest ending at \
+             {low_at:.0} s)",
             worst.0, worst.1
         );
         if worst.0 < limit - 3.0 || worst.1 > limit + 3.0 {
