@@ -341,6 +341,56 @@ pub fn replaced_state_hangs_nobody(engine: &dyn Engine) {
     );
 }
 
+/// A tenant keeps the library from loading in its own processes with an LD_AUDIT module (the
+/// loader asks it before each library, /etc/ld.so.preload's too). Nothing in the container can
+/// stop that; the driver still counts what the process holds, and the node agent under
+/// `--enforce stop` kills it once over its cap for the grace: by the simulator's count, 2 GiB
+/// under a 1 GiB cap is gone within the grace (2 s) and two periods (1 s each) of its holding.
+pub fn preload_dropped_is_stopped_by_the_agent(engine: &dyn Engine) {
+    let _turn = super::agent_turn();
+    let sim = Sim::new(&["--memory", "8GiB"]);
+    let agent = super::NodeAgent::start_with(&sim, &["--enforce", "stop"]);
+    let mut c = spawn(
+        engine,
+        &sim,
+        "audit",
+        &["CUSLICE_MEMORY_LIMIT=1GiB", "LD_AUDIT=/lib/drop-preload.so"],
+        "exec cuda-workload hold --bytes 2GiB --secs 60",
+    );
+    let (_, held) = within(c.as_mut(), "holding", 60)
+        .unwrap_or_else(|| panic!("the workload did not hold its memory: {}", c.stderr()));
+    let t0 = Instant::now();
+    // The library did not load: the process sees the whole device and holds past its cap.
+    assert_eq!(held["total"], 8u64 << 30, "{held}");
+    let pid = c.host_pid();
+    let gone = loop {
+        let held_now = sim.device(0)["processes"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .iter()
+            .find(|p| p["pid"] == pid)
+            .map_or(0, |p| p["held"].as_u64().unwrap_or(0));
+        if held_now <= 1 << 30 {
+            break Some(t0.elapsed());
+        }
+        if t0.elapsed() > Duration::from_secs(20) {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let log = agent.log();
+    c.remove();
+    let gone = gone.unwrap_or_else(|| {
+        panic!("the process holding 2 GiB under a 1 GiB cap was not stopped in 20 s; agent: {log}")
+    });
+    assert!(
+        gone <= Duration::from_secs(5),
+        "stopped {gone:?} after it held 2 GiB (grace 2 s, period 1 s); agent: {log}"
+    );
+    assert!(log.contains("killed pid"), "{log}");
+}
+
 /// The scenarios as `#[test]`s of an engine's test binary.
 #[macro_export]
 macro_rules! hostile_scenarios {
@@ -354,6 +404,11 @@ macro_rules! hostile_scenarios {
         fn hostile_forged_claims_take_nothing_from_a_neighbour() {
             $crate::common::root_required();
             $crate::common::hostile::forged_claims_take_nothing($engine);
+        }
+        #[test]
+        fn hostile_preload_dropped_by_ld_audit_is_stopped_by_the_agent() {
+            $crate::common::root_required();
+            $crate::common::hostile::preload_dropped_is_stopped_by_the_agent($engine);
         }
         #[test]
         fn hostile_replaced_or_locked_state_hangs_nobody() {

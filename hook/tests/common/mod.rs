@@ -124,6 +124,40 @@ pub fn make_rootfs(dir: &Path) {
     run(Command::new("cp")
         .arg("/lib64/ld-linux-x86-64.so.2")
         .arg(dir.join("lib64/")));
+    // Also where a Debian image has it, and where a second link map (an audit module's) finds
+    // it by name.
+    run(Command::new("cp")
+        .arg("/lib64/ld-linux-x86-64.so.2")
+        .arg(dir.join("lib/x86_64-linux-gnu/")));
+    run(Command::new("cp")
+        .arg(drop_preload())
+        .arg(dir.join("lib/drop-preload.so")));
+}
+
+/// tests/data/drop-preload.c built (once per test binary): an LD_AUDIT module with which a
+/// process keeps /etc/ld.so.preload's cuslice from loading; in every test rootfs at
+/// /lib/drop-preload.so.
+fn drop_preload() -> &'static Path {
+    static SO: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+    &SO.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let so = dir.path().join("drop-preload.so");
+        let src = bin_dir().join("../../tests/data/drop-preload.c");
+        let out = Command::new("cc")
+            .args(["-shared", "-fPIC", "-O2", "-o"])
+            .arg(&so)
+            .arg(&src)
+            .output()
+            .expect("cc is missing: apt-get install gcc (tests/ensure-tools does)");
+        assert!(
+            out.status.success(),
+            "cc {}: {}",
+            src.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (dir, so)
+    })
+    .1
 }
 
 fn busybox() -> &'static str {
@@ -716,16 +750,25 @@ pub fn agent_turn() -> std::sync::MutexGuard<'static, ()> {
 pub struct NodeAgent {
     child: Child,
     /// Its log, shown with a failing test's output.
-    _err: cuslice_test_harness::Stderr,
+    err: cuslice_test_harness::Stderr,
 }
 
 impl NodeAgent {
     pub fn start(sim: &Sim) -> NodeAgent {
+        NodeAgent::start_with(sim, &[])
+    }
+
+    /// What it has logged so far.
+    pub fn log(&self) -> String {
+        self.err.text()
+    }
+
+    /// The agent with more arguments (`--enforce stop`).
+    pub fn start_with(sim: &Sim, args: &[&str]) -> NodeAgent {
+        let mut a = vec!["agent", "--state-root", STATE_ROOT];
+        a.extend_from_slice(args);
         let mut child = sim
-            .command(
-                &bin_dir().join("cuslice"),
-                &["agent", "--state-root", STATE_ROOT],
-            )
+            .command(&bin_dir().join("cuslice"), &a)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -745,7 +788,7 @@ impl NodeAgent {
                 err.text()
             );
         }
-        NodeAgent { child, _err: err }
+        NodeAgent { child, err }
     }
 }
 
