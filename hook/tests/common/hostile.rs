@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use cuslice_test_harness::{Sim, bin_dir};
 use serde_json::Value;
 
+use super::shares::device_times;
 use super::{Container, Engine, Spec, name};
 
 /// 1 ms kernels back to back.
@@ -72,21 +73,6 @@ fn spawn<'e>(
             read_only: false,
         },
     )
-}
-
-/// Device time (ns) per host pid, by the simulator's count.
-fn device_times(sim: &Sim) -> BTreeMap<i64, u64> {
-    let d = sim.device(0);
-    ["processes", "exited"]
-        .iter()
-        .flat_map(|k| d[*k].as_array().cloned().unwrap_or_default())
-        .map(|p| {
-            (
-                p["pid"].as_i64().unwrap(),
-                p["device_time_ns"].as_u64().unwrap(),
-            )
-        })
-        .collect()
 }
 
 /// Each pid's share of the device (%) over `secs`, by the simulator's count.

@@ -51,7 +51,7 @@ const SLICES: [Slice; 3] = [
 ];
 
 /// Device time (ns) per host pid, from the simulator.
-fn device_times(sim: &Sim) -> std::collections::HashMap<i64, u64> {
+pub fn device_times(sim: &Sim) -> std::collections::HashMap<i64, u64> {
     let d = sim.device(0);
     ["processes", "exited"]
         .iter()

@@ -362,6 +362,20 @@ fn valid(c: &Claims, slice: u64) -> bool {
         && c.header.slice == slice
 }
 
+/// The places under the board's directory `node`: (slice id, its directory). None when the
+/// directory cannot be read.
+fn places(node: &Path) -> Option<impl Iterator<Item = (u64, PathBuf)> + '_> {
+    let dir = std::fs::read_dir(node).ok()?;
+    Some(dir.flatten().filter_map(move |entry| {
+        let id = entry
+            .file_name()
+            .to_str()
+            .filter(|n| n.len() == 16)
+            .and_then(|n| u64::from_str_radix(n, 16).ok())?;
+        Some((id, node.join(entry.file_name())))
+    }))
+}
+
 impl Board {
     /// Opens this process's slice's place on the board under `node` (making it for a
     /// standalone slice).
@@ -589,25 +603,16 @@ impl Board {
 
     /// Brings the list of other slices up to date with the board's directory.
     fn rescan(&self, others: &mut Vec<Other>, now: u64) {
-        let Ok(dir) = std::fs::read_dir(&self.node) else {
+        let Some(places) = places(&self.node) else {
             others.clear();
             return;
         };
         let mut seen = Vec::new();
-        for entry in dir.flatten() {
-            let name = entry.file_name();
-            let Some(id) = name
-                .to_str()
-                .filter(|n| n.len() == 16)
-                .and_then(|n| u64::from_str_radix(n, 16).ok())
-            else {
-                continue;
-            };
+        for (id, place) in places {
             if id == self.slice {
                 continue;
             }
             seen.push(id);
-            let place = self.node.join(&name);
             match others.iter_mut().find(|o| o.id == id) {
                 Some(o) => {
                     if now.saturating_sub(o.grant_read_ns) >= GRANT_EVERY_NS {
@@ -713,23 +718,14 @@ impl Board {
 pub fn requested(node: &Path, uuid: &[u8; 16], except: u64) -> u32 {
     let now = now_ns();
     let w = words(uuid);
-    let Ok(dir) = std::fs::read_dir(node) else {
+    let Some(places) = places(node) else {
         return 0;
     };
     let mut sum = 0u32;
-    for entry in dir.flatten() {
-        let Some(id) = entry
-            .file_name()
-            .to_str()
-            .filter(|n| n.len() == 16)
-            .and_then(|n| u64::from_str_radix(n, 16).ok())
-        else {
-            continue;
-        };
+    for (id, place) in places {
         if id == except {
             continue;
         }
-        let place = entry.path();
         let Some(f) = open_theirs(&place.join(CLAIMS)) else {
             continue;
         };
@@ -786,19 +782,10 @@ pub type HookRoot<'a> = (&'a Path, &'a dyn Fn(&str) -> bool);
 /// root `root` for which `live` says no (the container is gone): removed where this process may.
 pub fn sweep(node: &Path, root: Option<HookRoot<'_>>) {
     let now = now_ns();
-    let Ok(dir) = std::fs::read_dir(node) else {
+    let Some(places) = places(node) else {
         return;
     };
-    for entry in dir.flatten() {
-        let name = entry.file_name();
-        let Some(id) = name
-            .to_str()
-            .filter(|n| n.len() == 16)
-            .and_then(|n| u64::from_str_radix(n, 16).ok())
-        else {
-            continue;
-        };
-        let place = node.join(&name);
+    for (id, place) in places {
         let grant = read_grant(&place.join(GRANT));
         let gone = match (&grant.origin, root) {
             (Origin::Standalone, _) => {
