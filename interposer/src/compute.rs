@@ -125,6 +125,11 @@ struct Period {
     /// When the driver last gave a utilisation sample of this process's own (not the device's,
     /// taken for this process's while it is alone): 0, never.
     sampled_ns: u64,
+    /// The other slices count as idle until then: the device last showed nobody but this slice
+    /// at work less than `ACTIVE_NS` before (its readings and this process's own are taken over
+    /// different windows, so a slice ramping up into idle time would otherwise see the others
+    /// busy again at every other period).
+    others_idle_until: u64,
 }
 
 pub fn now_ns() -> u64 {
@@ -235,6 +240,7 @@ pub fn join(s: &Slice, devs: &[Dev]) -> Result<Vec<Meter>, String> {
                 frontier_ns: now,
                 warned: false,
                 sampled_ns: 0,
+                others_idle_until: 0,
             }),
             priority: AtomicU32::new(priority.code()),
             yields: AtomicBool::new(false),
@@ -492,6 +498,9 @@ impl Meter {
                     && crate::nvml::device_utilisation(&self.uuid)
                         .is_some_and(|util| share::others_idle(util.min(100) * (FULL / 100), mine))
                 {
+                    p.others_idle_until = now + ACTIVE_NS;
+                }
+                if now < p.others_idle_until {
                     views.truncate(1);
                 }
                 others = views.len() > 1;
