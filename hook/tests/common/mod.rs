@@ -711,20 +711,26 @@ pub fn agent_turn() -> std::sync::MutexGuard<'static, ()> {
     TURN.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// `cuslice agent --state-root /run/cuslice` under the simulator, stopped when dropped. Hold
-/// `agent_turn` while it runs.
+/// `cuslice agent --state-root /run/cuslice` (or a test's own root) under the simulator, stopped
+/// when dropped. Hold `agent_turn` while it runs on /run/cuslice.
 pub struct NodeAgent {
     child: Child,
     /// Its log, shown with a failing test's output.
     _err: cuslice_test_harness::Stderr,
+    socket: PathBuf,
 }
 
 impl NodeAgent {
     pub fn start(sim: &Sim) -> NodeAgent {
+        NodeAgent::start_at(sim, Path::new(STATE_ROOT))
+    }
+
+    /// The agent on state root `root` (a test's own, which needs no `agent_turn`).
+    pub fn start_at(sim: &Sim, root: &Path) -> NodeAgent {
         let mut child = sim
             .command(
                 &bin_dir().join("cuslice"),
-                &["agent", "--state-root", STATE_ROOT],
+                &["agent", "--state-root", &root.display().to_string()],
             )
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -736,7 +742,8 @@ impl NodeAgent {
         BufReader::new(child.stdout.take().unwrap())
             .read_line(&mut line)
             .unwrap();
-        let want = format!("cuslice agent: listening on {}", agent_socket().display());
+        let socket = root.join("agent").join(cuslice_state::agent::SOCKET_NAME);
+        let want = format!("cuslice agent: listening on {}", socket.display());
         if line.trim_end() != want {
             let _ = child.kill();
             let _ = child.wait();
@@ -745,7 +752,11 @@ impl NodeAgent {
                 err.text()
             );
         }
-        NodeAgent { child, _err: err }
+        NodeAgent {
+            child,
+            _err: err,
+            socket,
+        }
     }
 }
 
@@ -755,7 +766,7 @@ impl Drop for NodeAgent {
         let _ = self.child.kill();
         let _ = self.child.wait();
         let deadline = Instant::now() + Duration::from_secs(10);
-        while cuslice_state::agent::ask(&agent_socket(), Duration::from_secs(1)).is_ok()
+        while cuslice_state::agent::ask(&self.socket, Duration::from_secs(1)).is_ok()
             && Instant::now() < deadline
         {
             std::thread::sleep(Duration::from_millis(20));
