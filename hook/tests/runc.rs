@@ -522,3 +522,150 @@ fn a_cap_no_device_holds_and_a_long_value_are_refused_in_one_short_line() {
     root_required();
     common::too_large_or_too_long(&Runc);
 }
+
+// ---- a slice's first context beside busy neighbours --------------------------------------------
+
+/// Capped containers started three at a time beside three containers that allocate and free all
+/// the time, on a state root of the test's own: each capped container's first context is charged
+/// what it takes, so by the simulator's count none ever holds more than its cap, and none has its
+/// first context refused. Without the agent every container's process is NVML's pid 1 (simgpu
+/// names a container's process by its container pid until a host process resolves it); with it,
+/// each process knows its host pid.
+fn first_contexts_beside_churn(with_agent: bool) {
+    root_required();
+    let sim = Sim::new(&["--memory", "40GiB", "--context-overhead", "300MiB"]);
+    let root = tempfile::tempdir().unwrap();
+    let _agent = with_agent.then(|| NodeAgent::start_at(&sim, root.path()));
+    let hook_args = ["--state-root", root.path().to_str().unwrap()];
+    let churn = [
+        "cuda-workload",
+        "churn",
+        "--threads",
+        "4",
+        "--secs",
+        "300",
+        "--min",
+        "1MiB",
+        "--max",
+        "96MiB",
+        "--hold-max",
+        "8",
+    ];
+    let mut neighbours = Vec::new();
+    for _ in 0..3 {
+        let n = name("churn");
+        let spec = Spec {
+            name: &n,
+            env: &["CUSLICE_MEMORY_LIMIT=2GiB"],
+            cmd: &churn,
+            read_only: false,
+        };
+        let mut c = RuncContainer::start(&sim, &spec, &hook_args);
+        wait_for(&mut c, "start");
+        neighbours.push(c);
+    }
+    const CAP: u64 = 400 << 20;
+    let fill = [
+        "cuda-workload",
+        "fill",
+        "--family",
+        "mem",
+        "--chunk",
+        "16MiB",
+        "--hold",
+        "30",
+    ];
+    let (mut bad, mut peaks, mut how) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..12 {
+        let names: Vec<String> = (0..5).map(|_| name("capped")).collect();
+        let mut capped: Vec<RuncContainer> = names
+            .iter()
+            .map(|n| {
+                let spec = Spec {
+                    name: n,
+                    env: &["CUSLICE_MEMORY_LIMIT=400MiB", "CUSLICE_LOG=debug"],
+                    cmd: &fill,
+                    read_only: false,
+                };
+                RuncContainer::start(&sim, &spec, &hook_args)
+            })
+            .collect();
+        for (k, c) in capped.iter_mut().enumerate() {
+            let (refused, line) = fill_outcome(c);
+            let what = format!("round {round}.{k}: {line}");
+            if !refused {
+                // The library's own account of it, which may trail the workload's output.
+                std::thread::sleep(Duration::from_millis(300));
+                bad.push(format!("{what}: first context refused; {}", c.stderr()));
+                continue;
+            }
+            let (_, peak) = held_by(&sim, c.host_pid());
+            peaks.push(peak >> 20);
+            if peak > CAP {
+                bad.push(format!("{what}: held {} MiB of a 400 MiB cap", peak >> 20));
+            }
+        }
+        for c in capped {
+            how.extend(measured_by(&c.stderr()));
+            Box::new(c).remove();
+        }
+    }
+    for c in neighbours {
+        Box::new(c).remove();
+    }
+    eprintln!("{}", summary(&peaks, &how));
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
+
+/// How the library says it measured a context (its debug log).
+fn measured_by(log: &str) -> Vec<String> {
+    log.lines()
+        .filter_map(|l| l.split_once("measured by ").map(|m| m.1.to_string()))
+        .collect()
+}
+
+/// The peaks (MiB) the simulator counted, and how many contexts were measured which way.
+fn summary(peaks: &[u64], how: &[String]) -> String {
+    let mut ways = std::collections::BTreeMap::new();
+    for h in how {
+        *ways.entry(h.as_str()).or_insert(0) += 1;
+    }
+    format!(
+        "{} capped containers held {:?}..={:?} MiB at most by the simulator's \
+         count; measured by {ways:?}",
+        peaks.len(),
+        peaks.iter().min(),
+        peaks.iter().max()
+    )
+}
+
+/// Reads a `fill` container's lines until its refusal (true) or an error or its end (false);
+/// the line that decided.
+fn fill_outcome(c: &mut RuncContainer) -> (bool, String) {
+    use std::io::BufRead;
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if c.stdout().read_line(&mut line).unwrap() == 0 {
+            return (false, "ended without a refusal".into());
+        }
+        if let Ok(v) = serde_json::from_str::<Value>(&line) {
+            if v["event"] == "refused" {
+                return (true, line.trim_end().to_string());
+            }
+            if v["event"] == "error" {
+                return (false, line.trim_end().to_string());
+            }
+        }
+    }
+}
+
+#[test]
+fn first_contexts_beside_churn_without_the_agent() {
+    first_contexts_beside_churn(false);
+}
+
+#[test]
+fn first_contexts_beside_churn_with_the_agent() {
+    first_contexts_beside_churn(true);
+}

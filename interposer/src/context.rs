@@ -3,28 +3,33 @@
 //! and global data). cuslice measures it where it appears:
 //!
 //! - a context: the slice's first context on a device is measured alone (racing first contexts
-//!   wait for it): what NVML says the process that appeared on the device across the creation
-//!   holds (this process, the only one new there; its pid may be a host pid cuslice does not
-//!   know), less whatever this process charged meanwhile. Where not exactly one process appeared
-//!   (NVML lists no processes, or another slice's first context was made at the same moment),
-//!   the rise in the device's used memory across the creation, less the same. (The rise alone
-//!   counted a neighbour's allocations made meanwhile, which refused a container's first context
-//!   while the container beside it filled its cap.) The figure is kept in the ledger per device; every later
-//!   context reserves and is charged that figure before it is created (measuring it again while
-//!   other processes make or drop contexts would count theirs).
+//!   wait for it), by what NVML's process list says this process holds there, less whatever it
+//!   charged there meanwhile. Under its own pid where NVML's pid for it is known (its own, in the
+//!   host's pid namespace; the host pid the node agent told it, in a container): exact, whatever
+//!   other processes do at the same moment. Otherwise the entries that appeared or changed
+//!   across the creation, less those under a pid listed before other than its own (this process
+//!   was not listed: it had no context there); if more than one is left, more lists are taken
+//!   until one figure is left (neighbours' figures change, this process's holds still), up to
+//!   100 ms, and then the largest is charged: never less than the context takes. Only where
+//!   NVML gives no figure for processes is it the rise in the device's used memory across the
+//!   creation, which a neighbour freeing at that moment makes smaller (docs/interposer.md). The
+//!   figure is kept in the ledger per device; every later context reserves and is charged that
+//!   figure before it is created (measuring it again while other processes make or drop
+//!   contexts would count theirs).
 //! - a module or library: the drop in the device's free memory (cuMemGetInfo) across the load,
 //!   less this process's own charges meanwhile, charged after the load; if it does not fit, the
 //!   module is unloaded again and the load refused.
 //!
-//! Other processes allocating at the same moment can only make a measurement larger (the safe
-//! direction); one freeing at that moment can make it smaller. Destroying a context (or the last
-//! release or a reset of a primary context) gives back everything made in it.
+//! For a module, other processes allocating at the same moment make the measurement larger (the
+//! safe direction); one freeing at that moment makes it smaller. Destroying a context (or the
+//! last release or a reset of a primary context) gives back everything made in it.
 
 #![allow(non_snake_case)]
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
 use cuda_abi::*;
+use cuslice_policy::overhead::{self, Found};
 
 use crate::hooks::real;
 use crate::slice::{self, Charge, Slice};
@@ -59,7 +64,7 @@ fn create(cudev: CUdevice, out: *mut CUcontext, make: impl FnOnce() -> CUresult)
     }
     let before = first.then(|| crate::nvml::device_used(&uuid)).flatten();
     let procs_before = first.then(|| crate::nvml::process_memory(&uuid)).flatten();
-    let own0 = s.own_charged();
+    let own0 = s.own_charged(dev);
     let r = make();
     if !r.is_ok() {
         s.release(dev, estimate);
@@ -73,17 +78,8 @@ fn create(cudev: CUdevice, out: *mut CUcontext, make: impl FnOnce() -> CUresult)
         return r;
     }
     let charge = match (first, before) {
-        (true, Some(b)) => {
-            let after = crate::nvml::device_used(&uuid).unwrap_or(b);
-            let procs_after = crate::nvml::process_memory(&uuid);
-            let own1 = s.own_charged();
-            let seen = match (&procs_before, &procs_after) {
-                (Some(was), Some(now)) => appeared(was, now),
-                _ => None,
-            };
-            let measured = seen
-                .unwrap_or_else(|| after.saturating_sub(b))
-                .saturating_sub(own1.saturating_sub(own0));
+        (true, Some(used0)) => {
+            let measured = measure(s, dev, &uuid, used0, procs_before.as_deref(), own0);
             s.ledger.set_context_overhead(index, measured);
             measured
         }
@@ -111,15 +107,87 @@ fn create(cudev: CUdevice, out: *mut CUcontext, make: impl FnOnce() -> CUresult)
     r
 }
 
-/// What the one process listed in `now` and not in `was` holds; None unless exactly one appeared.
-fn appeared(was: &[(u32, u64)], now: &[(u32, u64)]) -> Option<u64> {
-    let mut new = now
-        .iter()
-        .filter(|(pid, _)| !was.iter().any(|(p, _)| p == pid));
-    match (new.next(), new.next()) {
-        (Some(&(_, bytes)), None) => Some(bytes),
-        _ => None,
+/// How long a measurement that could not tell this process's entry goes on taking process lists,
+/// and how far apart: a neighbour that allocates or frees shows in one of them, this process
+/// holds still (it has no other context on the device, and its own later contexts wait for the
+/// measurement).
+const NARROW_FOR: std::time::Duration = std::time::Duration::from_millis(100);
+const NARROW_EVERY: std::time::Duration = std::time::Duration::from_millis(2);
+
+/// What the slice's first context on device `dev` (just made) takes: this process's own figure
+/// in NVML's process list, where it can be told; else the device's rise since `used0` (module
+/// header). Less what this process charged on the device since `own0`.
+fn measure(
+    s: &Slice,
+    dev: usize,
+    uuid: &[u8; 16],
+    used0: u64,
+    was: Option<&[(u32, u64)]>,
+    own0: u64,
+) -> u64 {
+    let used1 = crate::nvml::device_used(uuid).unwrap_or(used0);
+    let now = crate::nvml::process_memory(uuid);
+    let found = match (was, now.as_deref()) {
+        (Some(was), Some(now)) => overhead::identify(was, now, nvml_pid(s), std::process::id()),
+        _ => Found::Unlisted,
+    };
+    let mut lists = 0;
+    let (bytes, how) = match found {
+        Found::Own(b) => (b, "this process's entry in NVML's process list"),
+        Found::Unlisted => (
+            used1.saturating_sub(used0),
+            "the device's rise (NVML lists no figure for this process)",
+        ),
+        Found::Among(mut among) => {
+            let until = std::time::Instant::now() + NARROW_FOR;
+            while overhead::settled(&among).is_none() && std::time::Instant::now() < until {
+                std::thread::sleep(NARROW_EVERY);
+                let Some(later) = crate::nvml::process_memory(uuid) else {
+                    break;
+                };
+                among = overhead::narrow(among, &later);
+                lists += 1;
+            }
+            match overhead::settled(&among) {
+                Some(b) => (
+                    b,
+                    "the one figure in NVML's process list that could be this process",
+                ),
+                None => {
+                    crate::log::info!(
+                        "context on device {dev}: {} entries of NVML's process list could be this \
+                         process's after {lists} more lists; charged the largest",
+                        among.len()
+                    );
+                    (
+                        overhead::largest(&among),
+                        "the largest figure in NVML's process list that could be this process",
+                    )
+                }
+            }
+        }
+    };
+    let measured = bytes.saturating_sub(s.own_charged(dev).saturating_sub(own0));
+    crate::log::debug!("context on device {dev} measured by {how} ({lists} more lists)");
+    measured
+}
+
+/// NVML's pid for this process, where it is known: the host pid the node agent told it, else its
+/// own pid in the host's pid namespace (in another, such as a container's, NVML gives pids this
+/// process cannot see).
+fn nvml_pid(s: &Slice) -> Option<u32> {
+    match s.ledger.host_pid(s.slot) {
+        Some(p) => u32::try_from(p).ok(),
+        None => initial_pid_namespace().then(std::process::id),
     }
+}
+
+/// The initial pid namespace's inode number (PROC_PID_INIT_INO, include/linux/proc_ns.h).
+const PROC_PID_INIT_INO: u64 = 0xEFFF_FFFC;
+
+fn initial_pid_namespace() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self/ns/pid").is_ok_and(|m| m.ino() == PROC_PID_INIT_INO)
 }
 
 /// # Safety
@@ -315,12 +383,12 @@ fn load(
     let Some((ctx, dev)) = slice::current(s) else {
         return load();
     };
-    let (free0, own0) = (free_now(), s.own_charged());
+    let (free0, own0) = (free_now(), s.own_charged(dev));
     let r = load();
     if !r.is_ok() {
         return r;
     }
-    let (free1, own1) = (free_now(), s.own_charged());
+    let (free1, own1) = (free_now(), s.own_charged(dev));
     let took = match (free0, free1) {
         (Some(a), Some(b)) => a
             .saturating_sub(b)
@@ -499,24 +567,4 @@ pub unsafe extern "C" fn cuLibraryUnload(lib: CUlibrary) -> CUresult {
     };
     // SAFETY: forwarded unchanged.
     unload_counted(lib, || unsafe { f(lib) })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::appeared;
-
-    #[test]
-    fn the_one_process_that_appeared_is_measured_and_no_other() {
-        let was = [(10, 5 << 30)];
-        // The neighbour grew while this process appeared with its context: the context only.
-        assert_eq!(
-            appeared(&was, &[(10, 7 << 30), (11, 300 << 20)]),
-            Some(300 << 20)
-        );
-        // Two appeared (another slice's first context at the same moment): cannot tell.
-        assert_eq!(appeared(&was, &[(10, 5 << 30), (11, 1), (12, 2)]), None);
-        // None appeared (this process was listed already, or NVML lists nothing).
-        assert_eq!(appeared(&was, &was), None);
-        assert_eq!(appeared(&[], &[]), None);
-    }
 }

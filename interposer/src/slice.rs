@@ -411,14 +411,13 @@ impl Slice {
         bytes.div_ceil(g).saturating_mul(g)
     }
 
-    /// Everything this process has charged, on all devices: for telling its own allocations
-    /// apart from hidden memory when measuring a drop in free memory. Read from its own slot of
-    /// the ledger (no process-wide counter for every allocation to update).
-    pub fn own_charged(&self) -> u64 {
+    /// What this process has charged on device `ordinal`: for telling its own allocations apart
+    /// from hidden memory when measuring what the device holds. Read from its own slot of the
+    /// ledger (no process-wide counter for every allocation to update).
+    pub fn own_charged(&self, ordinal: usize) -> u64 {
         self.devs()
-            .iter()
-            .map(|d| self.ledger.charged(self.slot, d.index))
-            .fold(0, u64::saturating_add)
+            .get(ordinal)
+            .map_or(0, |d| self.ledger.charged(self.slot, d.index))
     }
 }
 

@@ -745,17 +745,28 @@ pub fn agent_turn() -> std::sync::MutexGuard<'static, ()> {
     TURN.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// `cuslice agent --state-root /run/cuslice` under the simulator, stopped when dropped. Hold
-/// `agent_turn` while it runs.
+/// `cuslice agent --state-root /run/cuslice` (or a test's own root) under the simulator, stopped
+/// when dropped. Hold `agent_turn` while it runs on /run/cuslice.
 pub struct NodeAgent {
     child: Child,
     /// Its log, shown with a failing test's output.
     err: cuslice_test_harness::Stderr,
+    socket: PathBuf,
 }
 
 impl NodeAgent {
     pub fn start(sim: &Sim) -> NodeAgent {
-        NodeAgent::start_with(sim, &[])
+        NodeAgent::start_at_with(sim, Path::new(STATE_ROOT), &[])
+    }
+
+    /// The agent on state root `root` (a test's own, which needs no `agent_turn`).
+    pub fn start_at(sim: &Sim, root: &Path) -> NodeAgent {
+        NodeAgent::start_at_with(sim, root, &[])
+    }
+
+    /// The agent on /run/cuslice with more arguments (`--enforce stop`).
+    pub fn start_with(sim: &Sim, args: &[&str]) -> NodeAgent {
+        NodeAgent::start_at_with(sim, Path::new(STATE_ROOT), args)
     }
 
     /// What it has logged so far.
@@ -763,9 +774,9 @@ impl NodeAgent {
         self.err.text()
     }
 
-    /// The agent with more arguments (`--enforce stop`).
-    pub fn start_with(sim: &Sim, args: &[&str]) -> NodeAgent {
-        let mut a = vec!["agent", "--state-root", STATE_ROOT];
+    fn start_at_with(sim: &Sim, root: &Path, args: &[&str]) -> NodeAgent {
+        let root_arg = root.display().to_string();
+        let mut a = vec!["agent", "--state-root", root_arg.as_str()];
         a.extend_from_slice(args);
         let mut child = sim
             .command(&bin_dir().join("cuslice"), &a)
@@ -779,7 +790,8 @@ impl NodeAgent {
         BufReader::new(child.stdout.take().unwrap())
             .read_line(&mut line)
             .unwrap();
-        let want = format!("cuslice agent: listening on {}", agent_socket().display());
+        let socket = root.join("agent").join(cuslice_state::agent::SOCKET_NAME);
+        let want = format!("cuslice agent: listening on {}", socket.display());
         if line.trim_end() != want {
             let _ = child.kill();
             let _ = child.wait();
@@ -788,7 +800,7 @@ impl NodeAgent {
                 err.text()
             );
         }
-        NodeAgent { child, err }
+        NodeAgent { child, err, socket }
     }
 }
 
@@ -798,7 +810,7 @@ impl Drop for NodeAgent {
         let _ = self.child.kill();
         let _ = self.child.wait();
         let deadline = Instant::now() + Duration::from_secs(10);
-        while cuslice_state::agent::ask(&agent_socket(), Duration::from_secs(1)).is_ok()
+        while cuslice_state::agent::ask(&self.socket, Duration::from_secs(1)).is_ok()
             && Instant::now() < deadline
         {
             std::thread::sleep(Duration::from_millis(20));

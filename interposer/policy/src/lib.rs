@@ -1,12 +1,13 @@
 //! cuslice policy that needs no FFI: parsing and formatting of sizes, the interposer's
-//! configuration (limits, aliases, precedence), what memory queries report under a cap (and, as
-//! they arrive, ledgers and token buckets). Everything here is ordinary Rust with ordinary unit
-//! tests.
+//! configuration (limits, aliases, precedence), what memory queries report under a cap, which
+//! entry of NVML's process list is this process (and, as they arrive, ledgers and token
+//! buckets). Everything here is ordinary Rust with ordinary unit tests.
 
 pub mod config;
 pub mod echo;
 pub mod grant;
 pub mod meminfo;
+pub mod overhead;
 pub mod priority;
 pub mod share;
 pub mod size;
