@@ -47,6 +47,9 @@ enum Command {
     Set(SetArgs),
     /// The node agent: tells container processes their host pids, checks every slice against
     /// the driver's own counts, serves /metrics (docs/agent.md)
+    // A flag given twice takes the later value: the systemd unit says `--enforce stop` before
+    // the operator's own options, which may say `--enforce report`.
+    #[command(args_override_self = true)]
     Agent(AgentArgs),
 }
 

@@ -711,7 +711,9 @@ fn the_agent_is_installed_as_a_systemd_unit_and_removed_with_the_last_engine() {
         "{out}"
     );
     assert!(
-        out.contains("+ExecStart=/usr/local/bin/cuslice agent $CUSLICE_AGENT_ARGS\n"),
+        out.contains(
+            "+ExecStart=/usr/local/bin/cuslice agent --enforce stop $CUSLICE_AGENT_ARGS\n"
+        ),
         "{out}"
     );
     assert_eq!(env.snapshot(), before);
@@ -730,7 +732,7 @@ fn the_agent_is_installed_as_a_systemd_unit_and_removed_with_the_last_engine() {
     // systemd restarts the agent 2 s after it exits, however it exits and however often: the
     // next agent thaws what a killed one left frozen as it starts.
     for line in [
-        "ExecStart=/usr/local/bin/cuslice agent $CUSLICE_AGENT_ARGS\n",
+        "ExecStart=/usr/local/bin/cuslice agent --enforce stop $CUSLICE_AGENT_ARGS\n",
         "Restart=always\n",
         "RestartSec=2\n",
         "StartLimitIntervalSec=0\n",
@@ -839,7 +841,9 @@ fn systemd_analyze_accepts_the_unit() {
     ));
     let unit = env.get(UNIT);
     assert!(
-        unit.contains("ExecStart=\"/opt/cuslice 1/bin/cuslice\" agent $CUSLICE_AGENT_ARGS\n"),
+        unit.contains(
+            "ExecStart=\"/opt/cuslice 1/bin/cuslice\" agent --enforce stop $CUSLICE_AGENT_ARGS\n"
+        ),
         "{unit}"
     );
     // The command as it lies under the scratch root, so that the check finds it.

@@ -616,6 +616,11 @@ fn daemonset_runs_the_agent_with_the_hosts_pids_cgroups_and_state() {
         args.windows(2).any(|w| w == ["--listen", ":9400"]),
         "{args:?}"
     );
+    // It stops what it finds (docs/agent.md, "Which mode").
+    assert!(
+        args.windows(2).any(|w| w == ["--enforce", "stop"]),
+        "{args:?}"
+    );
     // This cuslice accepts the command line (--help after it: parsed, then help, exit 0).
     let out = Command::new(BIN)
         .args(&args)

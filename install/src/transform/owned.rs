@@ -117,7 +117,7 @@ pub const AGENT_BEFORE: &str = "containerd.service docker.service crio.service p
 pub fn agent_unit(l: &Layout) -> String {
     format!(
         "# Written by `cuslice install`; `cuslice uninstall` removes it. The agent's options go in\n\
-         # {defaults} (CUSLICE_AGENT_ARGS=\"--listen :9400 --enforce stop\"),\n\
+         # {defaults} (CUSLICE_AGENT_ARGS=\"--listen :9400\"; \"--enforce report\" to report only),\n\
          # then: systemctl restart {unit}\n\
          [Unit]\n\
          Description=cuslice node agent (host pids for containers, slices checked against the driver)\n\
@@ -128,7 +128,7 @@ pub fn agent_unit(l: &Layout) -> String {
          [Service]\n\
          Type=simple\n\
          EnvironmentFile=-{defaults}\n\
-         ExecStart={cli} agent $CUSLICE_AGENT_ARGS\n\
+         ExecStart={cli} agent --enforce stop $CUSLICE_AGENT_ARGS\n\
          Restart=always\n\
          RestartSec=2\n\
          NoNewPrivileges=yes\n\
@@ -328,7 +328,7 @@ mod tests {
             "\nBefore=containerd.service docker.service crio.service podman.service\n",
             "\n[Service]\nType=simple\n",
             "\nEnvironmentFile=-/etc/default/cuslice-agent\n",
-            "\nExecStart=/usr/local/bin/cuslice agent $CUSLICE_AGENT_ARGS\n",
+            "\nExecStart=/usr/local/bin/cuslice agent --enforce stop $CUSLICE_AGENT_ARGS\n",
             "\nRestart=always\nRestartSec=2\n",
             "\nStartLimitIntervalSec=0\n",
             "\nCapabilityBoundingSet=CAP_KILL CAP_SYS_PTRACE ",
