@@ -7,7 +7,7 @@
 //! /run/cuslice/skel/                (0755)   mounted read-only at /run/cuslice in every
 //!                                            container; made once, shared, never deleted
 //!   slice/                                   mount point: the container's mnt/slice
-//!   node/                                    mount point: the node's compute regions
+//!   node/                                    mount point: the node's compute board
 //!   agent/                                   mount point: the node agent's directory
 //!   lib/libcuslice.so               (0644)   mount point: the interposer's loader
 //!   lib/libcuslice_core.so          (0644)   mount point: the interposer's core

@@ -98,7 +98,7 @@ struct SetArgs {
     /// The OCI hook's state root, where container slices are found
     #[arg(long, default_value = "/run/cuslice", value_name = "DIR")]
     state_root: PathBuf,
-    /// The node's compute regions: the hook's --node-dir, a standalone slice's
+    /// The node's compute board: the hook's --node-dir, a standalone slice's
     /// CUSLICE_NODE_DIR [default: $CUSLICE_NODE_DIR if set, else /dev/shm/cuslice]
     #[arg(long, value_name = "DIR")]
     node_dir: Option<PathBuf>,

@@ -10,7 +10,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Stdio};
 use std::time::Duration;
 
-/// One process of its own slice on `sim` (node regions under `node`), stdout piped; its pid.
+/// One process of its own slice on `sim` (the compute board under `node`), stdout piped; its pid.
 fn start(sim: &Sim, node: &std::path::Path, env: &[(&str, &str)], args: &[&str]) -> (Child, u64) {
     let mut c = sim.command(&workload(), args);
     c.env("LD_PRELOAD", libcuslice())

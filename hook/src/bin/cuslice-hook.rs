@@ -38,7 +38,7 @@ struct Cli {
     /// Where the containers' slice state lives on the host.
     #[arg(long, default_value = DEFAULT_ROOT)]
     state_root: PathBuf,
-    /// The node's compute regions (the interposer's CUSLICE_NODE_DIR on the host).
+    /// The node's compute board (the interposer's CUSLICE_NODE_DIR on the host).
     #[arg(long, default_value = DEFAULT_NODE_DIR)]
     node_dir: PathBuf,
 }

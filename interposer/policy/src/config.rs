@@ -159,7 +159,7 @@ pub struct Config {
     pub log: LogLevel,
     /// `CUSLICE_STATE_DIR` as given (standalone mode); never empty.
     pub state_dir: Option<PathBuf>,
-    /// `CUSLICE_NODE_DIR`: where the node-level compute regions (one file per device UUID) live,
+    /// `CUSLICE_NODE_DIR`: where the node's compute board (one place per slice) lives,
     /// when not the default.
     pub node_dir: Option<PathBuf>,
     /// `CUSLICE_PRIORITY`: the slice's priority on its devices (default normal).

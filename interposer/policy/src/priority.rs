@@ -1,6 +1,6 @@
 //! Priority between slices on one device (`CUSLICE_PRIORITY=high|normal|low`): the decisions the
 //! compute gate makes for a launch of a slice below a high-priority one. Pure functions over plain
-//! numbers (ns of `CLOCK_MONOTONIC`); the interposer feeds them what the node-level region says
+//! numbers (ns of `CLOCK_MONOTONIC`); the interposer feeds them what the node's compute board says
 //! about the high-priority work in flight and whether the launching stream is idle.
 //!
 //! - A **high** slice publishes, at each launch, when the work it has launched so far is expected
@@ -50,7 +50,7 @@ impl Priority {
         }
     }
 
-    /// How the node-level region stores it (0, the zero of a fresh slot, is normal).
+    /// How the compute board stores it (0, the zero of a fresh entry, is normal).
     pub fn code(self) -> u32 {
         match self {
             Priority::Normal => 0,

@@ -1,6 +1,6 @@
 //! Compute time-share policy: how much of a device each slice may use, and the token arithmetic
 //! that holds it there. Pure functions over plain numbers; the interposer feeds them what it
-//! measured and what the node-level region says about the other slices on the device.
+//! measured and what the node's compute board says about the other slices on the device.
 //!
 //! Shares are in parts per million of device time (1_000_000 = the whole device).
 

@@ -59,7 +59,10 @@ pub struct Header {
     file_size: u64,
     max_devices: u32,
     max_procs: u32,
-    /// A random identity for the slice, by which the node-level regions tell slices apart.
+    /// One past the highest process slot ever taken (slots are taken lowest first): the node's
+    /// tools read the process table that far, not all `MAX_PROCS` slots.
+    procs_used: AtomicU32,
+    /// A random identity for the slice, which names its place on the node's compute board.
     slice_id: u64,
     table_lock: RobustMutex,
     devices: [DeviceRec; MAX_DEVICES],
@@ -540,6 +543,9 @@ impl Ledger {
             }
             p.state.store(LIVE, Ordering::Release);
             self.me.store(s as u32, Ordering::Relaxed);
+            self.header()
+                .procs_used
+                .fetch_max(s as u32 + 1, Ordering::Relaxed);
             return Ok(s as u32);
         }
         Err(LedgerError::Full {
@@ -1169,19 +1175,41 @@ fn zeroed_header() -> Box<Header> {
 
 /// Reads the ledger in `f` into `copy` (zeros past what could be read).
 fn read_copy(f: &File, copy: &mut Header) {
+    read_range(f, copy, 0, size());
+}
+
+/// Reads the ledger in `f` into `copy`: the header and the device records, then the process
+/// slots that were ever taken (`procs_used`, as the header just read says). The slots past them
+/// stay as they were in `copy`: zero, since no slot there was taken when it was read before.
+fn read_copy_used(f: &File, copy: &mut Header) {
+    let table = std::mem::offset_of!(Header, procs);
+    read_range(f, copy, 0, table);
+    let used = (copy.procs_used.load(Ordering::Relaxed) as usize).min(MAX_PROCS);
+    read_range(
+        f,
+        copy,
+        table,
+        table + used * std::mem::size_of::<ProcRec>(),
+    );
+}
+
+/// Reads bytes `from..to` of the ledger in `f` into the same bytes of `copy` (zeros past what
+/// could be read).
+fn read_range(f: &File, copy: &mut Header, from: usize, to: usize) {
     // SAFETY: `copy` is `size()` bytes we hold exclusively; any bytes are a valid `Header`.
     let bytes =
         unsafe { std::slice::from_raw_parts_mut((copy as *mut Header).cast::<u8>(), size()) };
-    let mut done = 0;
-    while done < bytes.len() {
-        match f.read_at(&mut bytes[done..], done as u64) {
+    let to = to.min(bytes.len());
+    let mut done = from;
+    while done < to {
+        match f.read_at(&mut bytes[done..to], done as u64) {
             Ok(0) => break,
             Ok(n) => done += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(_) => break,
         }
     }
-    bytes[done..].fill(0);
+    bytes[done..to].fill(0);
 }
 
 impl ReadOnly {
@@ -1198,7 +1226,7 @@ impl ReadOnly {
     pub fn snapshot(&self) -> Snapshot {
         let mut copy = self.copy.lock();
         for _ in 0..10 {
-            read_copy(&self.file, &mut copy);
+            read_copy_used(&self.file, &mut copy);
             if self.marks_settled(&copy) {
                 break;
             }
