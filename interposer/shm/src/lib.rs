@@ -9,6 +9,8 @@
 
 pub mod file;
 pub mod liveness;
+pub mod lock;
 pub mod robust;
 
-pub use robust::{Locked, RobustMutex};
+pub use lock::{Locked, OwnerLock, OwnerTokens};
+pub use robust::RobustMutex;

@@ -7,17 +7,11 @@
 use std::cell::UnsafeCell;
 use std::io;
 
+pub use crate::lock::Locked;
+
 #[repr(C, align(64))]
 pub struct RobustMutex {
     raw: UnsafeCell<libc::pthread_mutex_t>,
-}
-
-/// How a lock was obtained.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Locked {
-    Clean,
-    /// The previous owner died holding it; the protected data may be half-updated.
-    OwnerDied,
 }
 
 impl RobustMutex {

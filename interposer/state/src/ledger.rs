@@ -26,12 +26,13 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI32, AtomicI64, AtomicU32, AtomicU64, Ordering};
 
-use cuslice_shm::{Locked, RobustMutex, liveness};
+use cuslice_shm::{Locked, OwnerLock, OwnerTokens, RobustMutex, liveness};
 
 use crate::snapshot::{DeviceSnapshot, ProcSnapshot, Snapshot};
 
 pub const MAGIC: [u8; 8] = *b"CUSLICE\x00";
-/// 4: the device lock is cuslice's own (`DevLock`), next to the figures it guards.
+/// 4: the device lock is cuslice's own (`cuslice_shm::OwnerLock`), next to the figures it
+/// guards.
 /// 5: each process's compute usage per device (`ProcRec::usage`), summed for the node's compute
 /// board.
 pub const VERSION: u32 = 5;
@@ -70,8 +71,12 @@ pub struct Header {
 /// lock, the cap, what the slice holds and its peak.
 #[repr(C, align(64))]
 pub struct DeviceRec {
-    /// Guards `used`, `peak`, the processes' `charged` on this device and the marks.
-    lock: DevLock,
+    /// Guards `used`, `peak`, the processes' `charged` on this device and the marks. It names
+    /// its holder by token (slot and registration generation, see `TOKENS`): a waiter that
+    /// wonders asks whether the holder still lives through its liveness lock, and takes the lock
+    /// over from a dead one ([`Locked::OwnerDied`]: the charges are the truth, `used` is
+    /// recounted). One compare-and-swap to take, a plain store to give back.
+    lock: OwnerLock,
     state: AtomicU32,
     /// What `cuslice set` changed while the slice ran (`LIVE_MEMORY`, `LIVE_CORE`): a process
     /// that joins later takes those values from here, not from its own configuration.
@@ -250,7 +255,7 @@ pub struct Ledger {
     path: PathBuf,
     /// This process's slot once registered (u32::MAX before).
     me: AtomicU32,
-    /// What this process writes into a device lock it holds (see `DevLock`).
+    /// What this process writes into a device lock it holds (see `TOKENS`).
     token: AtomicU32,
 }
 
@@ -1277,107 +1282,20 @@ impl Drop for DevGuard<'_> {
 // ---- the device lock -------------------------------------------------------------------------
 
 /// Tokens: the holder's slot + 1 in the low 11 bits, its registration's generation above.
-const SLOT_BITS: u32 = 11;
-const SLOT_MASK: u32 = (1 << SLOT_BITS) - 1;
-const GEN_MASK: u32 = (1 << (32 - SLOT_BITS)) - 1;
+const TOKENS: OwnerTokens = OwnerTokens::new(11);
+const GEN_MASK: u32 = TOKENS.generation_mask();
 /// The token of a process not registered yet: never taken for dead.
-const UNKNOWN_OWNER: u32 = SLOT_MASK;
-/// How long a waiter waits before it checks whether the holder died (and again after each such
-/// period).
-const DEAD_CHECK: std::time::Duration = std::time::Duration::from_millis(20);
-/// A waiter spins this many times, then yields; after `YIELD_FOR` it sleeps `NAP` between tries.
-const SPINS: u32 = 64;
-const YIELD_FOR: std::time::Duration = std::time::Duration::from_millis(1);
-const NAP: std::time::Duration = std::time::Duration::from_micros(50);
+const UNKNOWN_OWNER: u32 = TOKENS.unknown();
 
-const _: () = assert!(MAX_PROCS < SLOT_MASK as usize);
+const _: () = assert!(MAX_PROCS <= TOKENS.slots() as usize);
 
 fn make_token(slot: u32, generation: u32) -> u32 {
-    (slot + 1) | (generation & GEN_MASK) << SLOT_BITS
+    TOKENS.make(slot, generation)
 }
 
 /// (slot, generation) of a token; None for `UNKNOWN_OWNER`.
 fn token_owner(token: u32) -> Option<(u32, u32)> {
-    let slot = token & SLOT_MASK;
-    (slot != 0 && slot != UNKNOWN_OWNER).then(|| (slot - 1, (token >> SLOT_BITS) & GEN_MASK))
-}
-
-/// The per-device lock every allocation and free takes: one word in the shared mapping, taken
-/// with one compare-and-swap and given back with a plain store (a glibc robust mutex costs
-/// about four times that: a second atomic operation, and the kernel's robust list kept on both
-/// sides). The word names the holder (its slot and registration generation), so a thread that
-/// waits long enough to wonder (`DEAD_CHECK`) can tell a holder killed inside the lock from a
-/// slow one through the holder's liveness lock, and take the lock over
-/// ([`Locked::OwnerDied`]: the caller repairs what the dead holder left). The lock is held for
-/// a few dozen instructions at a time, so waiters do not sleep in the kernel (that would take an
-/// atomic swap at every unlock to learn whether to wake anyone): they spin briefly, then yield
-/// the CPU (to the holder, if it was preempted), then nap.
-#[repr(C)]
-struct DevLock {
-    word: AtomicU32,
-}
-
-impl DevLock {
-    #[inline]
-    fn lock(&self, token: u32, dead: impl Fn(u32) -> bool) -> Locked {
-        if self
-            .word
-            .compare_exchange(0, token, Ordering::Acquire, Ordering::Relaxed)
-            .is_ok()
-        {
-            return Locked::Clean;
-        }
-        self.lock_contended(token, dead)
-    }
-
-    #[cold]
-    fn lock_contended(&self, token: u32, dead: impl Fn(u32) -> bool) -> Locked {
-        let mut spins = 0;
-        let mut since: Option<std::time::Instant> = None;
-        let mut checked: Option<std::time::Instant> = None;
-        loop {
-            let w = self.word.load(Ordering::Relaxed);
-            if w == 0 {
-                if self
-                    .word
-                    .compare_exchange(0, token, Ordering::Acquire, Ordering::Relaxed)
-                    .is_ok()
-                {
-                    return Locked::Clean;
-                }
-                continue;
-            }
-            if spins < SPINS {
-                spins += 1;
-                std::hint::spin_loop();
-                continue;
-            }
-            let now = std::time::Instant::now();
-            let since = *since.get_or_insert(now);
-            let last = *checked.get_or_insert(now);
-            if now.duration_since(last) >= DEAD_CHECK {
-                checked = Some(now);
-                if dead(w)
-                    && self
-                        .word
-                        .compare_exchange(w, token, Ordering::Acquire, Ordering::Relaxed)
-                        .is_ok()
-                {
-                    return Locked::OwnerDied;
-                }
-            }
-            if now.duration_since(since) < YIELD_FOR {
-                std::thread::yield_now();
-            } else {
-                std::thread::sleep(NAP);
-            }
-        }
-    }
-
-    #[inline]
-    fn unlock(&self) {
-        self.word.store(0, Ordering::Release);
-    }
+    TOKENS.owner(token)
 }
 
 /// Copies device record `r` out, its marks read consistently (see `note_device_time`).
