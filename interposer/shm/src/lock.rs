@@ -23,8 +23,62 @@
 //! whether to wake anyone): they spin briefly, then yield the CPU (to the holder, if it was
 //! preempted), then nap.
 
+use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
+
+/// A lock between processes that needs no token, for what is taken rarely or before a process
+/// has a token (a process registering): an OFD write lock on one byte of the shared file, waited
+/// for in the kernel (F_OFD_SETLKW), plus a mutex of this process, since an OFD lock does not
+/// exclude threads that share its open file description. The kernel drops the byte's lock when
+/// its holder dies, however it dies, whatever its pid namespace; a stopped or frozen holder keeps
+/// it. Taking and giving it back costs two system calls. Nothing of it is in the shared memory,
+/// so it cannot tell its taker that the last holder died: what it guards must never be left
+/// half-done in a way the next holder could trip on.
+pub struct ByteLock {
+    byte: i64,
+    local: std::sync::Mutex<()>,
+}
+
+/// A held [`ByteLock`]; dropping it gives the lock back.
+pub struct ByteGuard<'a> {
+    fd: Option<RawFd>,
+    byte: i64,
+    _local: std::sync::MutexGuard<'a, ()>,
+}
+
+impl ByteLock {
+    /// The lock on byte `byte` of a file (OFD locks need no bytes there: it may lie past the end).
+    pub const fn new(byte: i64) -> ByteLock {
+        ByteLock {
+            byte,
+            local: std::sync::Mutex::new(()),
+        }
+    }
+
+    /// Takes the lock through `fd`, this process's descriptor of the shared file (None: the
+    /// memory is this process's alone, and the mutex is enough). If the kernel refuses the byte's
+    /// lock for another reason than a conflict (it cannot: the arguments are valid), only this
+    /// process's threads are kept out.
+    pub fn lock(&self, fd: Option<RawFd>) -> ByteGuard<'_> {
+        // A thread that panicked holding it left nothing half-done that the mutex protects.
+        let local = self.local.lock().unwrap_or_else(|e| e.into_inner());
+        let fd = fd.filter(|&fd| crate::liveness::wait_hold(fd, self.byte).is_ok());
+        ByteGuard {
+            fd,
+            byte: self.byte,
+            _local: local,
+        }
+    }
+}
+
+impl Drop for ByteGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(fd) = self.fd {
+            let _ = crate::liveness::release(fd, self.byte);
+        }
+    }
+}
 
 /// How a lock was obtained.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -269,5 +323,48 @@ mod tests {
         assert!(asked.load(Ordering::Relaxed) >= 2, "the waiter kept asking");
         lock.unlock();
         assert_eq!(waiter.join().unwrap(), Locked::Clean);
+    }
+
+    #[test]
+    fn a_byte_lock_keeps_other_descriptions_out_until_given_back_or_closed() {
+        let file =
+            std::env::temp_dir().join(format!("cuslice-shm-bytelock-{}", std::process::id()));
+        std::fs::write(&file, b"").unwrap();
+        let open = || {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&file)
+                .unwrap()
+        };
+        use std::os::fd::AsRawFd;
+        // Two "processes": each its own open file description and its own ByteLock.
+        let (a, b) = (open(), Arc::new(open()));
+        let (la, lb) = (ByteLock::new(5), Arc::new(ByteLock::new(5)));
+        let g = la.lock(Some(a.as_raw_fd()));
+        let taker = |b: &Arc<std::fs::File>, lb: &Arc<ByteLock>| {
+            let (b, lb) = (Arc::clone(b), Arc::clone(lb));
+            std::thread::spawn(move || drop(lb.lock(Some(b.as_raw_fd()))))
+        };
+        let t = taker(&b, &lb);
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(!t.is_finished(), "taken while held");
+        drop(g);
+        t.join().unwrap();
+        // A holder that goes away holding it (its description closed, as at death).
+        std::mem::forget(la.lock(Some(a.as_raw_fd())));
+        let t = taker(&b, &lb);
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!t.is_finished(), "taken while held");
+        drop(a);
+        t.join().unwrap();
+        // Threads sharing one description take turns through the mutex.
+        let g = lb.lock(Some(b.as_raw_fd()));
+        let t = taker(&b, &lb);
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!t.is_finished(), "taken by a second thread while held");
+        drop(g);
+        t.join().unwrap();
+        std::fs::remove_file(&file).unwrap();
     }
 }
