@@ -31,6 +31,17 @@ pub fn hold(fd: RawFd, byte: i64) -> io::Result<()> {
     ofd(fd, byte, libc::F_OFD_SETLK, libc::F_WRLCK).map(|_| ())
 }
 
+/// Takes the lock on `byte`, waiting in the kernel for as long as another open file description
+/// holds it (F_OFD_SETLKW). Interrupted waits go on.
+pub fn wait_hold(fd: RawFd, byte: i64) -> io::Result<()> {
+    loop {
+        match ofd(fd, byte, libc::F_OFD_SETLKW, libc::F_WRLCK) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            r => return r.map(|_| ()),
+        }
+    }
+}
+
 /// Gives up the liveness lock on `byte` held through `fd`.
 pub fn release(fd: RawFd, byte: i64) -> io::Result<()> {
     ofd(fd, byte, libc::F_OFD_SETLK, libc::F_UNLCK).map(|_| ())

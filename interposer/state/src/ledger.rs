@@ -5,8 +5,8 @@
 //! Layout: a versioned header, a table of devices (by UUID: the cap, the total held, the peak,
 //! refusals, the last measured context overhead) and a table of process slots (pid and what the
 //! process holds on each device). The per-process charges are the truth; a device's `used` is
-//! their sum, kept up to date under the device's robust mutex, so "check and reserve" is one
-//! step for every process of the slice.
+//! their sum, kept up to date under the device's lock, so "check and reserve" is one step for
+//! every process of the slice.
 //!
 //! Each device record also carries what the node tools show of the slice's compute: the core
 //! request and limit, the device time its processes used as their meters measured it, the time
@@ -14,10 +14,14 @@
 //! which `cuslice status` works out the share achieved over the last 1 s and 10 s. `read` takes
 //! a snapshot of a ledger without joining it.
 //!
-//! SIGKILL at any instruction: a process that dies holding a device lock leaves the lock to the
-//! next locker flagged EOWNERDEAD, which recomputes `used` from the charges; a dead process's
-//! liveness lock (an OFD lock on one byte of the file) is dropped by the kernel, and its charges
-//! are reclaimed by the next sweep, which runs before any refusal and on every memory read.
+//! SIGKILL at any instruction, in any pid namespace (a slice's processes may be in several: a
+//! standalone CUSLICE_STATE_DIR shared by containers, a sandbox inside a container): each
+//! process's liveness lock (an OFD lock on one byte of the file) is dropped by the kernel when it
+//! dies, and no lock names a process by pid or thread id. A process that dies holding a device
+//! lock (a word naming it by token) leaves the lock to the next locker that finds it dead, which
+//! recomputes `used` from the charges; the table lock is an OFD lock the kernel drops; a dead
+//! process's charges are reclaimed by the next sweep, which runs before any refusal and on every
+//! memory read.
 
 use std::fs::File;
 use std::io;
@@ -26,19 +30,26 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI32, AtomicI64, AtomicU32, AtomicU64, Ordering};
 
-use cuslice_shm::{Locked, RobustMutex, liveness};
+use cuslice_shm::{ByteLock, Locked, OwnerLock, OwnerTokens, liveness};
 
 use crate::snapshot::{DeviceSnapshot, ProcSnapshot, Snapshot};
 
 pub const MAGIC: [u8; 8] = *b"CUSLICE\x00";
-/// 4: the device lock is cuslice's own (`DevLock`), next to the figures it guards.
+/// 4: the device lock is cuslice's own (`cuslice_shm::OwnerLock`), next to the figures it
+/// guards.
 /// 5: each process's compute usage per device (`ProcRec::usage`), summed for the node's compute
 /// board.
-pub const VERSION: u32 = 5;
+/// 6: no glibc robust mutexes (their owner is a thread id, which means something only in the
+/// owner's pid namespace, and the processes of a slice may be in several): the table lock is an
+/// OFD lock on a byte of the file (`TABLE_LOCK_BYTE`), the measuring lock an `OwnerLock`; the
+/// header says how far the process table was ever used (`procs_used`).
+pub const VERSION: u32 = 6;
 pub const MAX_DEVICES: usize = 64;
 pub const MAX_PROCS: usize = 1024;
 /// Liveness locks sit far past the end of the file (OFD locks need no backing bytes).
 const LIVENESS_BASE: i64 = 1 << 40;
+/// The table lock (see `Ledger::lock_table`): an OFD lock on this byte.
+const TABLE_LOCK_BYTE: i64 = LIVENESS_BASE - 1;
 pub const FILE_NAME: &str = "ledger";
 /// Seconds of history kept per device (one mark a second).
 pub const MARKS: usize = 16;
@@ -64,7 +75,6 @@ pub struct Header {
     procs_used: AtomicU32,
     /// A random identity for the slice, which names its place on the node's compute board.
     slice_id: u64,
-    table_lock: RobustMutex,
     devices: [DeviceRec; MAX_DEVICES],
     procs: [ProcRec; MAX_PROCS],
 }
@@ -73,8 +83,12 @@ pub struct Header {
 /// lock, the cap, what the slice holds and its peak.
 #[repr(C, align(64))]
 pub struct DeviceRec {
-    /// Guards `used`, `peak`, the processes' `charged` on this device and the marks.
-    lock: DevLock,
+    /// Guards `used`, `peak`, the processes' `charged` on this device and the marks. It names
+    /// its holder by token (slot and registration generation, see `TOKENS`): a waiter that
+    /// wonders asks whether the holder still lives through its liveness lock, and takes the lock
+    /// over from a dead one ([`Locked::OwnerDied`]: the charges are the truth, `used` is
+    /// recounted). One compare-and-swap to take, a plain store to give back.
+    lock: OwnerLock,
     state: AtomicU32,
     /// What `cuslice set` changed while the slice ran (`LIVE_MEMORY`, `LIVE_CORE`): a process
     /// that joins later takes those values from here, not from its own configuration.
@@ -85,8 +99,9 @@ pub struct DeviceRec {
     peak: AtomicU64,
     /// The device's UUID, as two words (written once, under the table lock, before `state`).
     uuid: [AtomicU64; 2],
-    /// Held while a process measures the slice's first context on the device.
-    measure: RobustMutex,
+    /// Held while a process measures the slice's first context on the device (named by token,
+    /// as `lock`).
+    measure: OwnerLock,
     refusals: AtomicU64,
     context_overhead: AtomicU64,
     /// Compute time-share: the slice's tokens (ns of device time it may still use; negative: it
@@ -253,11 +268,14 @@ pub struct Ledger {
     path: PathBuf,
     /// This process's slot once registered (u32::MAX before).
     me: AtomicU32,
-    /// What this process writes into a device lock it holds (see `DevLock`).
+    /// What this process writes into a device lock it holds (see `TOKENS`).
     token: AtomicU32,
+    /// This process's side of the table lock (see `lock_table`).
+    table: ByteLock,
 }
 
-// SAFETY: the mapping is shared memory accessed only through atomics and under robust mutexes.
+// SAFETY: the mapping is shared memory accessed only through atomics and under the ledger's
+// locks.
 unsafe impl Send for Ledger {}
 // SAFETY: as above.
 unsafe impl Sync for Ledger {}
@@ -300,6 +318,7 @@ impl Ledger {
             path,
             me: AtomicU32::new(u32::MAX),
             token: AtomicU32::new(UNKNOWN_OWNER),
+            table: ByteLock::new(TABLE_LOCK_BYTE),
         };
         // SAFETY: the mapping is new and ours alone.
         unsafe { l.format() }.map_err(|err| LedgerError::Io {
@@ -403,6 +422,7 @@ impl Ledger {
             path: path.to_path_buf(),
             me: AtomicU32::new(u32::MAX),
             token: AtomicU32::new(UNKNOWN_OWNER),
+            table: ByteLock::new(TABLE_LOCK_BYTE),
         })
     }
 
@@ -428,9 +448,8 @@ impl Ledger {
             (*h).max_devices = MAX_DEVICES as u32;
             (*h).max_procs = MAX_PROCS as u32;
             (*h).slice_id = random_id();
-            (*h).table_lock.init()?;
+            // The locks are zero: free.
             for d in (*h).devices.iter() {
-                d.measure.init()?;
                 d.limit.store(LIMIT_UNSET, Ordering::Relaxed);
                 d.share
                     .store(cuslice_policy::share::FULL, Ordering::Relaxed);
@@ -456,14 +475,14 @@ impl Ledger {
         self.header().devices.get(d as usize)
     }
 
-    fn lock_table(&self) -> TableGuard<'_> {
-        let lock = &self.header().table_lock;
-        // Nothing under the table lock is left half-done in a way a reader could trip on: slots
-        // and devices turn LIVE/used only after their fields are written.
-        if let Ok(Locked::OwnerDied) = lock.lock() {
-            lock.mark_consistent();
-        }
-        TableGuard { lock }
+    /// Locks the tables of processes and devices. A process takes it to register, before it
+    /// has a slot (so no token could name it): an OFD lock on `TABLE_LOCK_BYTE`, which the
+    /// kernel drops when its holder dies and which holds across pid namespaces, plus this
+    /// process's mutex. Nothing under it is left half-done in a way the next holder or a reader
+    /// could trip on: slots and devices turn LIVE only after their fields are written, and a
+    /// sweep killed half-way is done again by the next.
+    fn lock_table(&self) -> cuslice_shm::lock::ByteGuard<'_> {
+        self.table.lock(self.file.as_ref().map(|f| f.as_raw_fd()))
     }
 
     fn lock_dev<'a>(&'a self, rec: &'a DeviceRec, d: usize) -> DevGuard<'a> {
@@ -773,11 +792,9 @@ impl Ledger {
     /// reserve the measured figure. A holder killed mid-measurement passes the lock on.
     pub fn measuring(&self, d: u32) -> Option<impl Drop + '_> {
         let rec = self.dev(d)?;
-        match rec.measure.lock() {
-            Ok(Locked::OwnerDied) => rec.measure.mark_consistent(),
-            Ok(_) => {}
-            Err(_) => return None,
-        }
+        // Nothing to repair after a dead holder: the overhead is written in one store.
+        let token = self.token.load(Ordering::Relaxed);
+        rec.measure.lock(token, |owner| self.owner_dead(owner));
         Some(MeasureGuard { rec })
     }
 
@@ -1168,8 +1185,8 @@ fn open_checked(path: &Path, write: bool) -> Result<File, LedgerError> {
 
 /// A zeroed header on the heap (a megabyte: never on a stack).
 fn zeroed_header() -> Box<Header> {
-    // SAFETY: every field of `Header` is an integer, an atomic integer or a pthread mutex, for
-    // all of which all-zero bytes are a valid value.
+    // SAFETY: every field of `Header` is an integer, an atomic integer or a lock word, for all of
+    // which all-zero bytes are a valid value.
     unsafe { Box::<Header>::new_zeroed().assume_init() }
 }
 
@@ -1272,16 +1289,6 @@ fn write_at(f: &File, at: usize, bytes: &[u8]) -> io::Result<()> {
     f.write_all_at(bytes, at as u64)
 }
 
-struct TableGuard<'a> {
-    lock: &'a RobustMutex,
-}
-
-impl Drop for TableGuard<'_> {
-    fn drop(&mut self) {
-        self.lock.unlock();
-    }
-}
-
 struct MeasureGuard<'a> {
     rec: &'a DeviceRec,
 }
@@ -1305,107 +1312,20 @@ impl Drop for DevGuard<'_> {
 // ---- the device lock -------------------------------------------------------------------------
 
 /// Tokens: the holder's slot + 1 in the low 11 bits, its registration's generation above.
-const SLOT_BITS: u32 = 11;
-const SLOT_MASK: u32 = (1 << SLOT_BITS) - 1;
-const GEN_MASK: u32 = (1 << (32 - SLOT_BITS)) - 1;
+const TOKENS: OwnerTokens = OwnerTokens::new(11);
+const GEN_MASK: u32 = TOKENS.generation_mask();
 /// The token of a process not registered yet: never taken for dead.
-const UNKNOWN_OWNER: u32 = SLOT_MASK;
-/// How long a waiter waits before it checks whether the holder died (and again after each such
-/// period).
-const DEAD_CHECK: std::time::Duration = std::time::Duration::from_millis(20);
-/// A waiter spins this many times, then yields; after `YIELD_FOR` it sleeps `NAP` between tries.
-const SPINS: u32 = 64;
-const YIELD_FOR: std::time::Duration = std::time::Duration::from_millis(1);
-const NAP: std::time::Duration = std::time::Duration::from_micros(50);
+const UNKNOWN_OWNER: u32 = TOKENS.unknown();
 
-const _: () = assert!(MAX_PROCS < SLOT_MASK as usize);
+const _: () = assert!(MAX_PROCS <= TOKENS.slots() as usize);
 
 fn make_token(slot: u32, generation: u32) -> u32 {
-    (slot + 1) | (generation & GEN_MASK) << SLOT_BITS
+    TOKENS.make(slot, generation)
 }
 
 /// (slot, generation) of a token; None for `UNKNOWN_OWNER`.
 fn token_owner(token: u32) -> Option<(u32, u32)> {
-    let slot = token & SLOT_MASK;
-    (slot != 0 && slot != UNKNOWN_OWNER).then(|| (slot - 1, (token >> SLOT_BITS) & GEN_MASK))
-}
-
-/// The per-device lock every allocation and free takes: one word in the shared mapping, taken
-/// with one compare-and-swap and given back with a plain store (a glibc robust mutex costs
-/// about four times that: a second atomic operation, and the kernel's robust list kept on both
-/// sides). The word names the holder (its slot and registration generation), so a thread that
-/// waits long enough to wonder (`DEAD_CHECK`) can tell a holder killed inside the lock from a
-/// slow one through the holder's liveness lock, and take the lock over
-/// ([`Locked::OwnerDied`]: the caller repairs what the dead holder left). The lock is held for
-/// a few dozen instructions at a time, so waiters do not sleep in the kernel (that would take an
-/// atomic swap at every unlock to learn whether to wake anyone): they spin briefly, then yield
-/// the CPU (to the holder, if it was preempted), then nap.
-#[repr(C)]
-struct DevLock {
-    word: AtomicU32,
-}
-
-impl DevLock {
-    #[inline]
-    fn lock(&self, token: u32, dead: impl Fn(u32) -> bool) -> Locked {
-        if self
-            .word
-            .compare_exchange(0, token, Ordering::Acquire, Ordering::Relaxed)
-            .is_ok()
-        {
-            return Locked::Clean;
-        }
-        self.lock_contended(token, dead)
-    }
-
-    #[cold]
-    fn lock_contended(&self, token: u32, dead: impl Fn(u32) -> bool) -> Locked {
-        let mut spins = 0;
-        let mut since: Option<std::time::Instant> = None;
-        let mut checked: Option<std::time::Instant> = None;
-        loop {
-            let w = self.word.load(Ordering::Relaxed);
-            if w == 0 {
-                if self
-                    .word
-                    .compare_exchange(0, token, Ordering::Acquire, Ordering::Relaxed)
-                    .is_ok()
-                {
-                    return Locked::Clean;
-                }
-                continue;
-            }
-            if spins < SPINS {
-                spins += 1;
-                std::hint::spin_loop();
-                continue;
-            }
-            let now = std::time::Instant::now();
-            let since = *since.get_or_insert(now);
-            let last = *checked.get_or_insert(now);
-            if now.duration_since(last) >= DEAD_CHECK {
-                checked = Some(now);
-                if dead(w)
-                    && self
-                        .word
-                        .compare_exchange(w, token, Ordering::Acquire, Ordering::Relaxed)
-                        .is_ok()
-                {
-                    return Locked::OwnerDied;
-                }
-            }
-            if now.duration_since(since) < YIELD_FOR {
-                std::thread::yield_now();
-            } else {
-                std::thread::sleep(NAP);
-            }
-        }
-    }
-
-    #[inline]
-    fn unlock(&self) {
-        self.word.store(0, Ordering::Release);
-    }
+    TOKENS.owner(token)
 }
 
 /// Copies device record `r` out, its marks read consistently (see `note_device_time`).
@@ -1627,5 +1547,60 @@ mod tests {
         rec.lock.unlock();
         assert!(waiter.join().unwrap());
         assert_eq!(b.used(d), CHUNK);
+    }
+
+    #[test]
+    fn a_process_that_dies_holding_the_table_lock_does_not_block_the_slice() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut dead, _, _) = join(dir.path(), None);
+        std::mem::forget(dead.lock_table());
+        // Its lock goes with its descriptor and its mapping, as at exit.
+        dead.forget_in_child();
+        let start = std::time::Instant::now();
+        let (live, me, d) = join(dir.path(), None);
+        assert!(start.elapsed() < std::time::Duration::from_secs(2));
+        live.reserve(me, d, CHUNK).unwrap();
+        assert_eq!(live.used(d), CHUNK);
+    }
+
+    #[test]
+    fn a_live_holder_of_the_table_lock_is_waited_for() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, _, _) = join(dir.path(), None);
+        let g = a.lock_table();
+        let path = dir.path().to_path_buf();
+        let joining = std::thread::spawn(move || join(&path, None).1);
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert!(
+            !joining.is_finished(),
+            "registered while another held the table lock"
+        );
+        drop(g);
+        joining.join().unwrap();
+    }
+
+    #[test]
+    fn a_process_that_dies_measuring_passes_the_measuring_lock_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut dead, _, d) = join(dir.path(), Some(100 * CHUNK));
+        let (live, _, _) = join(dir.path(), None);
+        std::mem::forget(dead.measuring(d).unwrap());
+        let waiter = {
+            let path = dir.path().to_path_buf();
+            std::thread::spawn(move || {
+                let (other, _, d) = join(&path, None);
+                let started = std::time::Instant::now();
+                drop(other.measuring(d).unwrap());
+                started.elapsed()
+            })
+        };
+        // A live holder is waited for...
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert!(!waiter.is_finished(), "a live measurer's lock was taken");
+        // ...a dead one is not.
+        dead.forget_in_child();
+        let waited = waiter.join().unwrap();
+        assert!(waited < std::time::Duration::from_secs(2), "{waited:?}");
+        drop(live.measuring(d).unwrap());
     }
 }

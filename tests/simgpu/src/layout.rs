@@ -7,10 +7,13 @@
 
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64};
 
-use crate::robust::RobustMutex;
+use cuslice_shm::OwnerLock;
 
 pub const MAGIC: [u8; 8] = *b"SIMGPU\0\0";
-pub const LAYOUT_VERSION: u32 = 6;
+/// 7: the locks are simgpu's own (`OwnerLock` words naming a locker, see `lockers.rs`), no
+/// longer glibc robust mutexes, whose owner is a thread id that only means something in the
+/// owner's pid namespace; the header has the lockers' generations.
+pub const LAYOUT_VERSION: u32 = 7;
 
 /// Allocation granularity: every allocation takes whole 2 MiB granules.
 pub const GRANULE: u64 = 2 << 20;
@@ -33,6 +36,9 @@ pub const UTIL_POINTS: usize = 128;
 pub const UTIL_BUCKET_NS: u64 = 10_000_000;
 
 pub const NONE: u32 = u32::MAX;
+
+/// Lockers (see `lockers.rs`): open states that take locks, at the same time.
+pub const MAX_LOCKERS: usize = 2048;
 
 /// Configuration fixed when the file is made.
 #[repr(C)]
@@ -75,7 +81,12 @@ pub struct Header {
     pub lost: AtomicU32,
     /// What each device is; fixed when the file is made, read without locks.
     pub devices: [DeviceInfo; MAX_DEVICES],
-    pub procs_lock: RobustMutex,
+    /// Guards the process table: registration, and freeing the slots of dead processes.
+    pub procs_lock: OwnerLock,
+    pub _pad2: u32,
+    /// Each locker's generation, bumped by the state that takes the locker; a lock word holds
+    /// a locker and its generation.
+    pub lockers: [AtomicU32; MAX_LOCKERS],
     pub procs: [ProcSlot; MAX_PROCS],
 }
 
@@ -100,6 +111,8 @@ pub struct ProcSlot {
 }
 
 pub const LIVENESS_LOCK_BASE: i64 = 1 << 40;
+/// Locker `i`'s liveness lock is on byte `LOCKER_LOCK_BASE + i`.
+pub const LOCKER_LOCK_BASE: i64 = LIVENESS_LOCK_BASE + (1 << 20);
 
 /// Busy time per bucket of [`UTIL_BUCKET_NS`], for utilisation over a window.
 #[repr(C)]
@@ -232,7 +245,8 @@ pub struct MemState {
 
 #[repr(C)]
 pub struct DeviceBlock {
-    pub lock: RobustMutex,
+    /// Guards everything of the device but its `DeviceInfo` (see `State::lock_device`).
+    pub lock: OwnerLock,
     pub mem: MemState,
     pub engine: EngineState,
     pub exited_next: u64,

@@ -11,15 +11,14 @@ pub mod clock;
 pub mod dev;
 pub mod engine;
 pub mod layout;
-/// The robust mutex lives in `cuslice-shm`, shared with cuslice's ledger.
-pub use cuslice_shm::robust;
+mod lockers;
 pub mod snapshot;
 pub mod state;
 
 pub use dev::{AllocId, Dev, OutOfMemory};
 pub use layout::{AllocKind, GRANULE};
 pub use snapshot::{DeviceSnap, ProcSnap, Snapshot};
-pub use state::{CreateOptions, DevGuard, State, StateError};
+pub use state::{CreateOptions, DevGuard, ProcsGuard, State, StateError};
 
 /// The variable through which the simulated driver finds its state file.
 pub const STATE_ENV: &str = "SIMGPU_STATE";

@@ -7,18 +7,22 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 
 use crate::clock::{self, MS};
 use crate::dev::{Dev, Reclaimed};
 use crate::layout::*;
-use crate::robust::Locked;
-use cuslice_shm::liveness;
+use crate::lockers::{self, TOKENS};
+use cuslice_shm::{Locked, liveness};
 
 /// Inode number of the initial PID namespace (`PROC_PID_INIT_INO` in the kernel).
 const INIT_PIDNS_INO: u64 = 0xEFFF_FFFC;
 /// How often device-level code looks for dead processes while the device is in use.
 const SCAN_INTERVAL_NS: u64 = 100 * MS;
+/// `State::locker`'s token while a thread of the state takes a locker.
+const CLAIMING: u32 = u32::MAX;
+
+const _: () = assert!(MAX_LOCKERS <= TOKENS.slots() as usize);
 
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
@@ -140,10 +144,15 @@ pub struct State {
     len: usize,
     my_slot: AtomicU32,
     data: OnceLock<Result<DataMap, String>>,
+    /// This state's locker (see `lockers.rs`): the fork count when it was taken in the high
+    /// half, its token in the low half (0: none yet; `CLAIMING`: a thread is taking one).
+    locker: AtomicU64,
+    /// The descriptor holding the locker's liveness lock (-1: none).
+    locker_fd: AtomicI32,
 }
 
 // SAFETY: the mapping is shared memory designed for concurrent use; every mutable access goes
-// through a robust mutex (device guards, the process-table lock) or an atomic.
+// through a lock of the file (device guards, the process-table lock) or an atomic.
 unsafe impl Send for State {}
 // SAFETY: as above.
 unsafe impl Sync for State {}
@@ -286,6 +295,8 @@ impl State {
             len: len as usize,
             my_slot: AtomicU32::new(NONE),
             data: OnceLock::new(),
+            locker: AtomicU64::new(0),
+            locker_fd: AtomicI32::new(-1),
         };
         std::mem::forget(map); // owned by State from here on
         state.validate()?;
@@ -408,40 +419,150 @@ impl State {
     }
 
     /// Locks device `d`. If the last holder died mid-update, repairs the device first.
+    #[inline]
     pub fn lock_device(&self, d: u32) -> DevGuard<'_> {
         let block = self.block_ptr(d);
         // SAFETY: the lock lives in the mapping for our lifetime.
         let lock = unsafe { &(*block).lock };
-        let how = lock.lock().unwrap_or_else(|e| {
-            panic!(
-                "simgpu: cannot lock device {d} of {}: {e}",
-                self.path.display()
-            )
-        });
+        let how = lock.lock(self.token(), |t| self.locker_dead(t));
         let mut g = DevGuard {
             state: self,
             block,
             d,
+            taken_over: how == Locked::OwnerDied,
         };
-        if how == Locked::OwnerDied {
+        if g.taken_over {
             g.dev().repair();
-            lock.mark_consistent();
         }
         g
     }
 
-    fn lock_procs(&self) -> ProcsGuard<'_> {
+    /// Locks the process table (registration and sweeps take it; tests hold it).
+    pub fn lock_process_table(&self) -> ProcsGuard<'_> {
         let lock = &self.header().procs_lock;
         // Nothing under this lock can be left half-done: a slot is either LIVE with its fields
         // written or FREE, and `sweep` settles the rest.
-        if lock
-            .lock()
-            .unwrap_or_else(|e| panic!("simgpu: cannot lock {}: {e}", self.path.display()))
-            == Locked::OwnerDied
-        {
-            lock.mark_consistent();
+        let how = lock.lock(self.token(), |t| self.locker_dead(t));
+        ProcsGuard {
+            state: self,
+            taken_over: how == Locked::OwnerDied,
         }
-        ProcsGuard { state: self }
+    }
+
+    fn lock_procs(&self) -> ProcsGuard<'_> {
+        self.lock_process_table()
+    }
+
+    // ---- lockers (see lockers.rs) ---------------------------------------------------------
+
+    /// The token this state writes into the locks it takes.
+    #[inline]
+    fn token(&self) -> u32 {
+        let v = self.locker.load(Ordering::Acquire);
+        let token = v as u32;
+        if (v >> 32) as u32 == lockers::forks() && token != 0 && token != CLAIMING {
+            return token;
+        }
+        self.claim_locker()
+    }
+
+    #[cold]
+    fn claim_locker(&self) -> u32 {
+        loop {
+            let forks = lockers::forks();
+            let v = self.locker.load(Ordering::Acquire);
+            let (at, token) = ((v >> 32) as u32, v as u32);
+            if at == forks && token != 0 && token != CLAIMING {
+                return token;
+            }
+            if at == forks && token == CLAIMING {
+                std::thread::yield_now();
+                continue;
+            }
+            // None yet, or the parent's (this is a forked child, whose copy of the parent's
+            // descriptor was closed): take one.
+            let mine = (forks as u64) << 32;
+            if self
+                .locker
+                .compare_exchange(
+                    v,
+                    mine | CLAIMING as u64,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                )
+                .is_err()
+            {
+                continue;
+            }
+            let token = self.take_locker();
+            self.locker.store(mine | token as u64, Ordering::Release);
+            return token;
+        }
+    }
+
+    /// Opens a description of the state file of its own and takes a free locker through it.
+    fn take_locker(&self) -> u32 {
+        let warn = |why: String| {
+            eprintln!(
+                "simgpu: {why}; this process's locks of {} will never be taken over if it dies holding one",
+                self.path.display()
+            );
+            TOKENS.unknown()
+        };
+        let reopened = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(format!("/proc/self/fd/{}", self.file.as_raw_fd()))
+            .or_else(|_| {
+                OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .custom_flags(libc::O_CLOEXEC)
+                    .open(&self.path)
+            });
+        let fd = match reopened {
+            Ok(f) => std::os::fd::IntoRawFd::into_raw_fd(f),
+            Err(e) => return warn(format!("cannot open {} again: {e}", self.path.display())),
+        };
+        if !lockers::keep_out_of_children(fd) {
+            // SAFETY: closing the descriptor opened just above.
+            unsafe { libc::close(fd) };
+            return warn("too many simgpu states are open in this process".into());
+        }
+        self.locker_fd.store(fd, Ordering::Relaxed);
+        // Start the search somewhere else in each process, so that many starting at once do not
+        // all try the same lockers first.
+        let start = (clock::now_ns() ^ std::process::id() as u64) as usize;
+        for k in 0..MAX_LOCKERS {
+            let i = (start + k) % MAX_LOCKERS;
+            if liveness::hold(fd, LOCKER_LOCK_BASE + i as i64).is_ok() {
+                let generation = self.header().lockers[i]
+                    .fetch_add(1, Ordering::AcqRel)
+                    .wrapping_add(1);
+                return TOKENS.make(i as u32, generation);
+            }
+        }
+        warn(format!("all {MAX_LOCKERS} lockers are taken"))
+    }
+
+    /// Whether the state that wrote `token` into a lock is gone: its locker was taken by another
+    /// since (the generation differs), or nobody holds the locker's liveness lock. Never says so
+    /// of a token it cannot place.
+    fn locker_dead(&self, token: u32) -> bool {
+        let Some((i, generation)) = TOKENS.owner(token) else {
+            return false;
+        };
+        let Some(g) = self.header().lockers.get(i as usize) else {
+            return false;
+        };
+        let mine = self.locker.load(Ordering::Acquire);
+        if (mine >> 32) as u32 == lockers::forks() && mine as u32 == token {
+            // Another thread of this state: slow, not dead (we are alive).
+            return false;
+        }
+        g.load(Ordering::Acquire) & TOKENS.generation_mask() != generation
+            || !liveness::held_by_other(self.file.as_raw_fd(), LOCKER_LOCK_BASE + i as i64)
     }
 
     // ---- processes ------------------------------------------------------------------------
@@ -628,6 +749,13 @@ impl State {
 
 impl Drop for State {
     fn drop(&mut self) {
+        let fd = self.locker_fd.load(Ordering::Relaxed);
+        if fd >= 0 && (self.locker.load(Ordering::Relaxed) >> 32) as u32 == lockers::forks() {
+            // (After a fork the child closed it already, and the number may be another's now.)
+            lockers::forget(fd);
+            // SAFETY: the locker's descriptor, opened by `take_locker` and closed once here.
+            unsafe { libc::close(fd) };
+        }
         // SAFETY: base/len describe the mapping made in `open`, unmapped once here.
         unsafe { libc::munmap(self.base as *mut libc::c_void, self.len) };
         if let Some(Ok(d)) = self.data.get() {
@@ -637,8 +765,17 @@ impl Drop for State {
     }
 }
 
-struct ProcsGuard<'a> {
+/// The locked process table. Dropping it unlocks.
+pub struct ProcsGuard<'a> {
     state: &'a State,
+    taken_over: bool,
+}
+
+impl ProcsGuard<'_> {
+    /// Whether the lock was taken over from a holder that died holding it.
+    pub fn taken_over(&self) -> bool {
+        self.taken_over
+    }
 }
 
 impl Drop for ProcsGuard<'_> {
@@ -652,11 +789,18 @@ pub struct DevGuard<'a> {
     state: &'a State,
     block: *mut DeviceBlock,
     d: u32,
+    taken_over: bool,
 }
 
 impl DevGuard<'_> {
     pub fn index(&self) -> u32 {
         self.d
+    }
+
+    /// Whether the lock was taken over from a holder that died holding it (the device was
+    /// repaired before this guard was handed out).
+    pub fn taken_over(&self) -> bool {
+        self.taken_over
     }
 
     pub fn dev(&mut self) -> Dev<'_> {
@@ -803,11 +947,10 @@ unsafe fn init_file(
             nvml_driver_version: cstr_field("580.95.05"),
         };
         h.process_samples = AtomicU32::new(o.process_samples as u32);
-        h.procs_lock.init()?;
+        // The locks and the lockers' generations are zero: free.
         for d in 0..o.devices {
             let off = header_size + dl.size * d as u64;
             let b = &mut *(base.add(off as usize) as *mut DeviceBlock);
-            b.lock.init()?;
             let mut uuid = [0u8; 16];
             uuid[..8].copy_from_slice(&random_u64().to_le_bytes());
             uuid[8..].copy_from_slice(&random_u64().to_le_bytes());
