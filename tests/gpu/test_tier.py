@@ -34,6 +34,15 @@ class PeakHeld(unittest.TestCase):
         self.assertEqual(nvml.peak_held([], [1], 0), (None, None))
 
 
+    def test_the_device_above_its_baseline(self):
+        # A managed fill on an H200: NVML's entry for the process stays at its context while the
+        # device's used memory rises by what the process touched.
+        samples = [(0.0, 1141 * MIB, {1: 518 * MIB}), (0.1, 4661 * MIB, {1: 518 * MIB}), (0.2, None, {})]
+        self.assertEqual(nvml.peak_device(samples, 615 * MIB), 4046 * MIB)
+        self.assertIsNone(nvml.peak_device(samples, None))
+        self.assertIsNone(nvml.peak_device([(0.0, None, {})], 0))
+
+
 class Share(unittest.TestCase):
     # Two processes sampled every 100 ms (timestamps in us) for 2 s: 30% and 70% of each period,
     # which NVML reports rounded down.
@@ -79,6 +88,15 @@ class JudgeFill(unittest.TestCase):
         self.assertEqual(self.judge(proc(self.START, dict(self.REFUSED, code=999)), 4076 * MIB).status, FAIL)
         self.assertEqual(self.judge(proc(self.START, dict(self.REFUSED, total=80 * GIB)), 4076 * MIB).status, FAIL)
         self.assertEqual(self.judge(proc(self.START, self.REFUSED), None).status, FAIL, "NVML saw nothing")
+
+    def test_managed_memory_is_judged_by_the_device(self):
+        c = memory.judge_fill("managed via dlsym", proc(self.START, self.REFUSED), 4046 * MIB, "device",
+                              4 * GIB, own=518 * MIB)
+        self.assertEqual(c.status, PASS, c.figure)
+        self.assertIn("peak 4046 MiB by NVML (device, its own entry 518 MiB)", c.figure)
+        c = memory.judge_fill("managed via dlsym", proc(self.START, self.REFUSED), 526 * MIB, "device",
+                              4 * GIB, own=518 * MIB)
+        self.assertEqual(c.status, FAIL, "untouched managed memory: the device held only the context")
 
     def test_a_crash_fails_with_its_last_line(self):
         c = self.judge(proc(self.START, rc=-11, stderr="boom\nSegmentation fault"), 4076 * MIB)
