@@ -119,10 +119,17 @@ def peak_held(samples, pids, baseline_used=None):
                    if pids & used.keys()]
     if per_process:
         return max(per_process), "process"
+    device = peak_device(samples, baseline_used)
+    return (device, "device") if device is not None else (None, None)
+
+
+def peak_device(samples, baseline_used):
+    """The device's used memory above `baseline_used` at its highest sample, by NVML's count;
+    None when NVML gave no device figure or there is no baseline."""
     device = [d for _, d, _ in samples if d is not None]
-    if device and baseline_used is not None:
-        return max(0, max(device) - baseline_used), "device"
-    return None, None
+    if not device or baseline_used is None:
+        return None
+    return max(0, max(device) - baseline_used)
 
 
 def sample_period_us(util):
