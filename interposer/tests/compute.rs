@@ -207,21 +207,54 @@ fn three_and_four_slices_each_get_their_limit() {
     assert_near(&got, &[25.0; 4], "25 x 4");
 }
 
+/// With a sample per process. With one sample a period (what real drivers give), graph
+/// launches and 4 streams hold too; 10 ms and 50 µs kernels do not yet (see the ignored test
+/// below).
 #[test]
 fn short_and_long_kernels_graphs_and_streams_are_held_to_their_limits() {
     let _turn = serial();
+    let each = ["--process-samples", "per-process"];
     for kernel_us in [50, 10_000] {
-        let got = shares(&limits(&["30", "70"]), kernel_us, "kernel");
+        let got = shares_sampled(&each, &limits(&["30", "70"]), kernel_us, "kernel", 1);
         assert_near(
             &got,
             &[30.0, 70.0],
             &format!("30/70, {kernel_us} us kernels"),
         );
     }
-    let got = shares(&limits(&["30", "70"]), 1000, "graph");
+    let got = shares_sampled(&each, &limits(&["30", "70"]), 1000, "graph", 1);
     assert_near(&got, &[30.0, 70.0], "30/70, graph launches");
-    let got = shares_on(&limits(&["30", "70"]), 1000, "kernel", 4);
+    let got = shares_sampled(&each, &limits(&["30", "70"]), 1000, "kernel", 4);
     assert_near(&got, &[30.0, 70.0], "30/70, 4 streams each");
+    let one = ["--process-samples", "one-per-period"];
+    let got = shares_sampled(&one, &limits(&["30", "70"]), 1000, "graph", 1);
+    assert_near(
+        &got,
+        &[30.0, 70.0],
+        "30/70, graph launches, one sample a period",
+    );
+    let got = shares_sampled(&one, &limits(&["30", "70"]), 1000, "kernel", 4);
+    assert_near(&got, &[30.0, 70.0], "30/70, 4 streams, one sample a period");
+}
+
+/// Launches far from the 1 ms starting estimate, in slices that are never alone on a driver
+/// that gives one sample a period. A slice learns what a launch costs from shared periods only
+/// while it has too few samples of its own, and a shared period is charged at most at 1 ms a
+/// launch then (`Meter::attribute`): 10 ms kernels are undercharged (46.5/53.5%); 50 µs ones
+/// came to 3.6/93.9% in one run, 30.6/69.0% in another.
+#[test]
+#[ignore = "known limit: kernels far from 1 ms, never alone, one sample a period (docs/compute.md)"]
+fn long_and_short_kernels_with_one_sample_a_period() {
+    let _turn = serial();
+    let one = ["--process-samples", "one-per-period"];
+    for kernel_us in [10_000, 50] {
+        let got = shares_sampled(&one, &limits(&["30", "70"]), kernel_us, "kernel", 1);
+        assert_near(
+            &got,
+            &[30.0, 70.0],
+            &format!("30/70, {kernel_us} us kernels, one sample a period"),
+        );
+    }
 }
 
 #[test]
