@@ -185,17 +185,8 @@ impl State {
         if how != ProcessSamples::OnePerPeriod {
             return (end, samples);
         }
-        let Some(most) = samples.iter().map(|&(_, b)| b).max() else {
-            return (end, samples);
-        };
-        let ties: Vec<u32> = samples
-            .iter()
-            .filter(|&&(_, b)| b == most)
-            .map(|&(s, _)| s)
-            .collect();
-        let named = ties[(end / period) as usize % ties.len()];
         let device = busy_between(&dev.b.engine.util, end - period, end);
-        (end, vec![(named, device)])
+        (end, one_per_period(&samples, device, end / period))
     }
 
     /// Percent of the last second device `d` was busy.
@@ -208,5 +199,39 @@ impl State {
 
     pub fn now_wall_us() -> u64 {
         clock::wall_us()
+    }
+}
+
+/// What a real driver reports of a period: one sample, naming the process with the most busy
+/// time in it (ties go round by `period_no`), with the device's busy time. `busy`: (slot, busy
+/// ns) of each process that ran.
+fn one_per_period(busy: &[(u32, u64)], device: u64, period_no: u64) -> Vec<(u32, u64)> {
+    let Some(most) = busy.iter().map(|&(_, b)| b).max() else {
+        return Vec::new();
+    };
+    let ties: Vec<u32> = busy
+        .iter()
+        .filter(|&&(_, b)| b == most)
+        .map(|&(s, _)| s)
+        .collect();
+    vec![(ties[period_no as usize % ties.len()], device)]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::one_per_period;
+
+    #[test]
+    fn one_sample_a_period_names_the_busiest_process_with_the_device_busy_time() {
+        // 30 and 70 ms of a 100 ms period, the device busy 100 ms (time-sliced): the 70 is
+        // named, with the device's 100.
+        assert_eq!(one_per_period(&[(0, 30), (1, 70)], 100, 7), [(1, 100)]);
+        // Alone: its own time is the device's.
+        assert_eq!(one_per_period(&[(3, 40)], 40, 7), [(3, 40)]);
+        // Idle: no sample.
+        assert_eq!(one_per_period(&[], 0, 7), []);
+        // A tie goes round by period.
+        assert_eq!(one_per_period(&[(0, 50), (1, 50)], 100, 0), [(0, 100)]);
+        assert_eq!(one_per_period(&[(0, 50), (1, 50)], 100, 1), [(1, 100)]);
     }
 }
