@@ -101,7 +101,7 @@ def run(name, slices, expected):
 
 
 def main(names):
-    print(f"simulated device; NVML per-process samples every 100 ms (simgpu default); {SECS:g} s "
+    print(f"simulated device; NVML samples every 100 ms, one a period naming one process (simgpu default); {SECS:g} s "
           f"per scenario, share over {SETTLE:g} s to the end; 1 ms kernels unless named")
     print(f"{'scenario':34} {'slice':>5} {'configured':>10} {'achieved':>9} {'worst 1 s':>9} {'settled':>8}")
     worst_err, slowest = 0.0, 0.0

@@ -40,7 +40,7 @@ use parking_lot::Mutex;
 
 use crate::hooks::real;
 use crate::log::{debug, error, warning};
-use crate::nvml::SampleCursor;
+use crate::nvml::{SampleCursor, Used};
 use crate::slice::{self, Dev, Slice};
 use cuslice_state::board::{self, Board, HighRef, Maker, Post};
 use cuslice_state::ledger::{Ledger, Tokens};
@@ -61,6 +61,10 @@ const USAGE_FRESH_NS: u64 = 1_000_000_000;
 /// Launches NVML has still not accounted for after this long are taken to have cost what they
 /// were charged (NVML does not list this process, or its work was too small to sample).
 const STALE_NS: u64 = 2_000_000_000;
+
+/// Own samples (a second's worth at the simulator's 100 ms) after which a process's estimate of
+/// what a launch costs no longer learns from shared periods (see `Meter::attribute`).
+const ANCHOR_SAMPLES: u32 = 10;
 
 static STARTED: AtomicBool = AtomicBool::new(false);
 /// Some device of this process has an allotment below the whole device.
@@ -117,13 +121,24 @@ struct Period {
     pending: VecDeque<Charged>,
     /// What the readings say one launch costs (`cost` is its latest figure).
     estimate: share::CostEstimate,
+    /// How many of this process's own samples the estimate learnt from (see `attribute`).
+    own_samples: u32,
+    /// What the launches of the other slices on the device were charged by their estimates, and
+    /// what this slice's other processes used, as they said at the last period (ppm of the
+    /// device, each within its limit).
+    others_launched: u64,
+    /// What this process's launches in the last period were charged (ppm of the period).
+    launched: u32,
+    /// Another slice launched work on the device in the second before the last period (what it
+    /// claims, whether or not the device shows it at work).
+    others_active: bool,
     /// The device time settled so far (by readings or by estimate) could have run until
     /// this time at the latest.
     frontier_ns: u64,
     /// Whether the "no NVML samples" warning was given.
     warned: bool,
     /// When the driver last gave a utilisation sample of this process's own (not the device's,
-    /// taken for this process's while it is alone): 0, never.
+    /// taken for this process's while it is alone, nor a shared period's): 0, never.
     sampled_ns: u64,
     /// The other slices count as idle until then: the device last showed nobody but this slice
     /// at work less than `ACTIVE_NS` before (its readings and this process's own are taken over
@@ -237,6 +252,10 @@ pub fn join(s: &Slice, devs: &[Dev]) -> Result<Vec<Meter>, String> {
                 usage: 0,
                 pending: VecDeque::new(),
                 estimate: share::CostEstimate::default(),
+                own_samples: 0,
+                others_launched: 0,
+                launched: 0,
+                others_active: false,
                 frontier_ns: now,
                 warned: false,
                 sampled_ns: 0,
@@ -325,6 +344,9 @@ impl Meter {
         let (d_launches, d_throttled) = (launches - p.launches, throttled - p.throttled);
         (p.launches, p.throttled) = (launches, throttled);
         let cost = self.cost.load(Ordering::Relaxed);
+        p.launched = (d_launches as u128 * cost as u128 * FULL as u128
+            / now.saturating_sub(p.at_ns).max(1) as u128)
+            .min(FULL as u128) as u32;
         if d_launches > 0 {
             let from = p.at_ns;
             p.pending.push_back(Charged {
@@ -342,8 +364,12 @@ impl Meter {
             .map_or(std::process::id(), |h| h as u32);
         let wall = wall_us();
         let mut overcharged = 0;
-        let mut reading = crate::nvml::own_utilisation(&self.uuid, pid, &mut p.cursor);
-        if reading.is_some_and(|u| u.newest_us != 0) {
+        // Other processes are active on the device: other slices (at the last period), or other
+        // processes of this slice.
+        let crowded = p.others_active || s.ledger.pids().len() > 1;
+        let mut reading = crate::nvml::own_utilisation(&self.uuid, pid, &mut p.cursor, crowded);
+        // Samples of its own (not a shared period's, which the driver gives for the device).
+        if reading.is_some_and(|u| u.span_ns > u.shared_span_ns) {
             p.sampled_ns = now;
         }
         if reading.is_none() && self.alone(s) {
@@ -351,8 +377,14 @@ impl Meter {
             // process is the only one of the only slice using the device, the device's own
             // utilisation is this process's (and anyone else's work on it is charged to it:
             // never less than it used).
-            reading = crate::nvml::device_utilisation(&self.uuid)
-                .map(|util| p.cursor.take(&[(wall, Some(util))]));
+            reading = crate::nvml::device_utilisation(&self.uuid).map(|util| {
+                let own = crate::nvml::Sample {
+                    at_us: wall,
+                    own: true,
+                    util,
+                };
+                p.cursor.take(&[own], false)
+            });
         }
         // What the settled launches were charged, less what they (and any work queued before
         // them) really used: paid into the tokens, or taken from them.
@@ -363,20 +395,19 @@ impl Meter {
                 let stamp = now.saturating_sub(age_ns);
                 let (charged, n) = settle(&mut p.pending, stamp);
                 p.frontier_ns = p.frontier_ns.max(stamp);
-                p.usage = (used.ns as u128 * FULL as u128 / used.span_ns.max(1) as u128)
+                let used_ns = self.attribute(&mut p, &used, charged, n);
+                p.usage = (used_ns as u128 * FULL as u128 / used.span_ns.max(1) as u128)
                     .min(FULL as u128) as u32;
-                p.estimate.add(used.ns, n);
-                self.cost.store(p.estimate.cost(cost), Ordering::Relaxed);
                 // Device time used while the slice had the whole device was not metered (its
                 // launches were not charged) and is not owed: only the part of the samples'
                 // span after the allotment last dropped below the whole device counts.
-                s.ledger.note_device_time(self.index, used.ns, false, now);
+                s.ledger.note_device_time(self.index, used_ns, false, now);
                 let span_from = stamp.saturating_sub(used.span_ns);
                 let owed = if p.metered_since <= span_from {
-                    used.ns
+                    used_ns
                 } else {
                     let after = stamp.saturating_sub(p.metered_since) as u128;
-                    (used.ns as u128 * after / used.span_ns.max(1) as u128) as u64
+                    (used_ns as u128 * after / used.span_ns.max(1) as u128) as u64
                 };
                 charged as i64 - owed as i64
             }
@@ -478,6 +509,10 @@ impl Meter {
                         limit,
                         priority: prio,
                         usage: slice_usage,
+                        launched: p
+                            .launched
+                            .saturating_add(slice_usage.saturating_sub(usage))
+                            .min(FULL),
                         hungry_until: if hungry { p.hungry_until } else { 0 },
                         active_ns: active,
                     },
@@ -486,6 +521,7 @@ impl Meter {
                 let (mut views, highs) =
                     b.views(self.index, &self.uuid, now, now.saturating_sub(ACTIVE_NS));
                 *self.highs.lock() = Arc::new(highs);
+                p.others_active = views.len() > 1;
                 // What the other slices say they want is theirs to write, what the driver counts
                 // is not: when the device shows nobody but this slice at work, their claims do
                 // not count (priority aside: a high-priority slice's work is often light). Only
@@ -504,6 +540,15 @@ impl Meter {
                     views.truncate(1);
                 }
                 others = views.len() > 1;
+                // What the others' launches were charged, each within its limit (its grant
+                // bounds both), and what this slice's other processes used: how shared periods
+                // are apportioned (`attribute`).
+                p.others_launched = views
+                    .iter()
+                    .skip(1)
+                    .map(|v| v.launched.min(v.demand.limit) as u64)
+                    .sum::<u64>()
+                    + slice_usage.saturating_sub(usage) as u64;
                 let views: Vec<_> = views.iter().map(|v| (v.demand, v.priority)).collect();
                 let demands = priority::view(prio, &views);
                 share::allot(&demands).first().copied().unwrap_or(limit)
@@ -644,6 +689,99 @@ fn stream_idle(stream: CUstream, ptsz: bool) -> bool {
 }
 
 impl Meter {
+    /// This process's device time in the readings `used`, whose charges (`charged` ns over `n`
+    /// launches) they settle.
+    ///
+    /// Its own samples count as they are. A shared period (the driver named one process and gave
+    /// the device's utilisation, while others were active) is apportioned: the device's busy
+    /// time there, in proportion to what this process's launches were charged, against what the
+    /// others said they used (`others_usage`). What the others say is theirs to write, so it
+    /// decides nothing beyond two bounds the driver vouches for:
+    /// - at most this process's launches at the highest cost the driver vouched for: what a
+    ///   launch cost by its own samples (the 1 ms starting estimate before it had any), or in a
+    ///   period the driver named it (`named_cost`). A neighbour that says it used less than it did
+    ///   cannot have this process charged past that.
+    /// - at least, in a period the driver named it, the device's busy time over the number of
+    ///   processes the driver lists (the one named had the most busy time).
+    fn attribute(&self, p: &mut Period, used: &Used, charged: u64, n: u64) -> u64 {
+        let span = used.span_ns.max(1) as u128;
+        let shared = used.shared_span_ns as u128;
+        // The launches settled are taken as spread evenly over the readings' span.
+        let n_shared = n as u128 * shared / span;
+        let n_own = n - n_shared as u64;
+        // The process's own samples teach its estimate (see below for shared periods).
+        if used.span_ns > used.shared_span_ns && n_own > 0 && used.ns > 0 {
+            p.estimate.add(used.ns, n_own);
+            p.own_samples = p.own_samples.saturating_add(1);
+        }
+        let anchored = p.own_samples >= ANCHOR_SAMPLES;
+        if shared > 0 && !anchored && p.own_samples > 0 {
+            // Too few own samples to go by (at the start, with work queued ahead of them): the
+            // estimate starts afresh from the starting figure, as the other slices' have.
+            p.estimate = share::CostEstimate::default();
+            p.own_samples = 0;
+            self.cost.store(INITIAL_COST_NS, Ordering::Relaxed);
+        }
+        if shared == 0 {
+            self.cost.store(
+                p.estimate.cost(self.cost.load(Ordering::Relaxed)),
+                Ordering::Relaxed,
+            );
+            return used.ns;
+        }
+        let (x, measured) = self.apportion(p, used, charged, n_shared, span, anchored);
+        // Until it has had enough samples of its own, shared periods teach it too (launches
+        // counted, the figure apportioned, not the driver's lower bound). Not after: taught by
+        // apportioned figures alone, two slices' estimates could drift apart together, the
+        // apportioning being the same for any ratio between them; beside a slice whose estimate
+        // its own samples anchor, the other's converges.
+        if !anchored && n_shared > 0 {
+            p.estimate.add(measured, n_shared as u64);
+        }
+        self.cost.store(
+            p.estimate.cost(self.cost.load(Ordering::Relaxed)),
+            Ordering::Relaxed,
+        );
+        used.ns + x
+    }
+
+    /// The apportioned part of `attribute`: this process's device time in the shared periods
+    /// of `used` (span `span` ns), in which `n_shared` of its launches were settled; and the
+    /// figure before the driver's lower bound (what the estimate may learn from).
+    fn apportion(
+        &self,
+        p: &Period,
+        used: &Used,
+        charged: u64,
+        n_shared: u128,
+        span: u128,
+        anchored: bool,
+    ) -> (u64, u64) {
+        let shared = used.shared_span_ns as u128;
+        let mine = charged as u128 * shared / span;
+        let others = p.others_launched as u128 * shared / FULL as u128;
+        let apportioned = (used.shared_busy_ns as u128 * mine)
+            .checked_div(mine + others)
+            .unwrap_or(0);
+        // At most its launches at what one cost by its own samples (or by the starting figure,
+        // while it has too few of them).
+        let cost = self.cost.load(Ordering::Relaxed);
+        let ceiling = if anchored {
+            cost
+        } else {
+            cost.max(INITIAL_COST_NS)
+        };
+        let measured = apportioned.min(n_shared.saturating_mul(ceiling as u128)) as u64;
+        // At least, where the driver named it, the busy time over the processes it lists.
+        let least = if used.named_busy_ns > 0 {
+            let listed = crate::nvml::process_memory(&self.uuid).map_or(2, |l| l.len().max(2));
+            used.named_busy_ns / listed as u64
+        } else {
+            0
+        };
+        (measured.max(least), measured)
+    }
+
     /// Whether this process is the only one of its slice, and its slice was the only one active
     /// on the device at the meter's last period.
     fn alone(&self, s: &Slice) -> bool {

@@ -306,20 +306,39 @@ pub fn process_memory(uuid: &[u8; 16]) -> Option<Vec<(u32, u64)>> {
     })
 }
 
-/// What a process's utilisation samples since the last reading say.
+/// What a process's utilisation samples since the last reading say. A sample stamp covers one
+/// of the driver's sample periods. Where the driver gave this process a sample of its own (one
+/// of several at the stamp), or named this process while no other process is known to be
+/// active, the sample is this process's device time (`ns`). Where it named one process alone
+/// while others were active (what real drivers do: one process a period, with the device's
+/// utilisation), the period is shared: what the device was busy (`shared_busy_ns`) is
+/// apportioned by the meter (`compute.rs`), not taken for anyone's own.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Used {
-    /// Device time (ns) the new samples account for.
+    /// Device time (ns) this process's own samples account for.
     pub ns: u64,
-    /// Wall-clock time span (ns) the new samples cover; 0 when there was none.
+    /// Wall-clock time span (ns) the new samples cover, own and shared; 0 when there was none.
     pub span_ns: u64,
     /// Time stamp (wall-clock µs) of the newest of them; 0 when there was none.
     pub newest_us: u64,
+    /// Of `span_ns`, the part in shared periods.
+    pub shared_span_ns: u64,
+    /// Device time (ns, any process's) in the shared periods.
+    pub shared_busy_ns: u64,
+    /// Of `shared_busy_ns`, what was in periods the driver named this process: it had the most
+    /// busy time there.
+    pub named_busy_ns: u64,
 }
 
-/// Reads process `pid`'s per-process utilisation samples on the device newer than
-/// `cursor.seen_us`, and moves the cursor on. None when NVML cannot say.
-pub fn own_utilisation(uuid: &[u8; 16], pid: u32, cursor: &mut SampleCursor) -> Option<Used> {
+/// Reads the device's per-process utilisation samples newer than `cursor.seen_us` as process
+/// `pid` sees them (`crowded`: other processes are known to be active on the device), and moves
+/// the cursor on. None when NVML cannot say.
+pub fn own_utilisation(
+    uuid: &[u8; 16],
+    pid: u32,
+    cursor: &mut SampleCursor,
+    crowded: bool,
+) -> Option<Used> {
     if !init() {
         return None;
     }
@@ -348,12 +367,16 @@ pub fn own_utilisation(uuid: &[u8; 16], pid: u32, cursor: &mut SampleCursor) -> 
             }
         }
     })?;
-    let found: Vec<(u64, Option<u32>)> = samples
+    let found: Vec<Sample> = samples
         .iter()
         .filter(|s| s.timeStamp > since)
-        .map(|s| (s.timeStamp, (s.pid == pid).then_some(s.smUtil)))
+        .map(|s| Sample {
+            at_us: s.timeStamp,
+            own: s.pid == pid,
+            util: s.smUtil,
+        })
         .collect();
-    Some(cursor.take(&found))
+    Some(cursor.take(&found, crowded))
 }
 
 /// The device's own utilisation (percent of the driver's last sample period with a kernel
@@ -370,22 +393,44 @@ pub fn device_utilisation(uuid: &[u8; 16]) -> Option<u32> {
     (r == nvmlReturn_t::NVML_SUCCESS).then_some(u.gpu.min(100))
 }
 
+/// One utilisation sample as the meter reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sample {
+    /// Time stamp (wall-clock µs).
+    pub at_us: u64,
+    /// Whether it names this process.
+    pub own: bool,
+    /// smUtil: whole percent of the period, rounded down.
+    pub util: u32,
+}
+
 /// Where a process is in NVML's stream of utilisation samples, and how often the driver
-/// samples it. The driver reports, per process that ran, the share of its last sample period the
-/// process had work on the device, stamped when the sample was taken; one sample per process per
-/// period, the newest only. A sample therefore stands for the time back to this process's
-/// previous stamp, but never more than one sample period (the smallest gap seen between two of
-/// this process's stamps, and at least the meter's own polling period): a process with no sample
-/// in a period was idle in it.
+/// samples. The driver stamps a sample every sample period; the period is the smallest gap seen
+/// between two stamps of any process (at least the meter's own polling period).
+///
+/// Drivers differ in what a stamp holds:
+/// - One sample per process that ran in the period, each with that process's own share (what
+///   NVML documents). A stamp with several samples is read that way: this process's own sample
+///   is its device time; a stamp without one, of others alone, says nothing of this process.
+/// - One sample in all, naming one process (the one with the most busy time, as far as one
+///   card's log shows) and giving the device's utilisation over the period, not that process's
+///   own share (measured on an NVIDIA H200, driver 580). A stamp with one sample is read that
+///   way: it is this process's own only while no other process is known to be active on the
+///   device (then the device's busy time is its own); otherwise the period is shared.
+///
+/// A reading stands for the time back to this process's previous reading, but never more than
+/// one sample period, and never time already settled by launch estimates.
 #[derive(Debug, Clone, Copy)]
 pub struct SampleCursor {
     /// Newest stamp (µs) of any process seen: the next query asks for newer ones.
     pub seen_us: u64,
-    /// Newest stamp of this process's.
+    /// Newest stamp this process had a reading at.
     own_us: u64,
     /// Whether `own_us` is a stamp (not the time the cursor was made).
     own_seen: bool,
-    /// Smallest gap (µs) between two of this process's stamps; u64::MAX before two were seen.
+    /// Newest stamp of any process seen (0: none yet).
+    stamp_us: u64,
+    /// Smallest gap (µs) between two stamps; u64::MAX before two were seen.
     period_us: u64,
     /// The least time (µs) one sample is taken to cover.
     floor_us: u64,
@@ -400,6 +445,7 @@ impl SampleCursor {
             seen_us: now_us,
             own_us: now_us,
             own_seen: false,
+            stamp_us: 0,
             period_us: u64::MAX,
             floor_us,
             settled_us: now_us,
@@ -413,59 +459,84 @@ impl SampleCursor {
     }
 
     /// Whether the newest samples (of other processes) are more than one sample period newer
-    /// than this process's last one, or this process has had none for a second before `now_us`
-    /// (wall-clock): it was idle since.
+    /// than this process's last reading, or this process has had none for a second before
+    /// `now_us` (wall-clock): it was idle since.
     pub fn idle(&self, now_us: u64) -> bool {
         let period = self.period_us.max(self.floor_us);
         self.seen_us.saturating_sub(self.own_us) > period
             || now_us.saturating_sub(self.own_us) > 1_000_000
     }
 
-    /// Whether any sample of this process has been seen.
+    /// Whether any reading of this process has been had.
     pub fn seen_own(&self) -> bool {
         self.own_seen
     }
 
-    /// Takes the new samples: (stamp µs, smUtil if the sample is this process's).
-    pub fn take(&mut self, samples: &[(u64, Option<u32>)]) -> Used {
+    /// Takes the new samples (`crowded`: other processes are known to be active on the device;
+    /// see `SampleCursor`).
+    pub fn take(&mut self, samples: &[Sample], crowded: bool) -> Used {
         let mut used = Used::default();
-        let mut mine: Vec<(u64, u32)> = samples
-            .iter()
-            .filter_map(|&(t, util)| Some((t, util?)))
-            .collect();
-        mine.sort_unstable();
-        for (t, util) in mine {
+        let mut stamps: Vec<u64> = samples.iter().map(|s| s.at_us).collect();
+        stamps.sort_unstable();
+        stamps.dedup();
+        for &t in &stamps {
+            if self.stamp_us != 0 && t > self.stamp_us {
+                self.period_us = self.period_us.min(t - self.stamp_us);
+            }
+            self.stamp_us = self.stamp_us.max(t);
             if t <= self.own_us {
                 continue;
             }
+            let at: Vec<&Sample> = samples.iter().filter(|s| s.at_us == t).collect();
+            let own = at.iter().find(|s| s.own).map(|s| s.util);
+            // (own device time, shared device time, named this process)
+            let (own_util, shared) = match (at.len(), own) {
+                // Each process its own sample: this one's is its share; none, it did not run.
+                (n, Some(util)) if n > 1 => (Some(util), None),
+                (n, None) if n > 1 => continue,
+                // One sample: the device's, this process's own while nobody else is active.
+                (_, Some(util)) if !crowded => (Some(util), None),
+                (_, named) => (None, Some((at[0].util, named.is_some()))),
+            };
             let gap = t - self.own_us;
-            if self.own_seen {
-                self.period_us = self.period_us.min(gap);
-            }
-            // Back to this process's previous sample, but never before what was already settled
-            // (a process that has just become visible to NVML, or visible again), and never
-            // more than one sample period.
-            let cover_us = t
+            // Back to this process's previous reading, but never before what was already
+            // settled (a process that has just become visible to NVML, or visible again), and
+            // never more than one sample period.
+            let cover_ns = t
                 .saturating_sub(self.settled_us)
                 .min(gap)
-                .min(self.period_us.max(self.floor_us));
-            // smUtil is a whole percent, rounded down: a reading of k stands for [k, k+1), so
-            // k + 1/2 is the unbiased figure (a slice would otherwise overrun by half a point).
-            // 100 is exact (the process had work the whole period).
-            let half_pcts = match util {
-                k if k >= 100 => 200,
-                k => 2 * k as u64 + 1,
-            };
-            used.ns += cover_us * 1000 * half_pcts / 200;
-            used.span_ns += cover_us * 1000;
+                .min(self.period_us.max(self.floor_us))
+                * 1000;
+            let busy = cover_ns * half_pcts(own_util.or(shared.map(|s| s.0)).unwrap_or(0)) / 200;
+            match shared {
+                None => used.ns += busy,
+                Some((_, named)) => {
+                    used.shared_span_ns += cover_ns;
+                    used.shared_busy_ns += busy;
+                    if named {
+                        used.named_busy_ns += busy;
+                    }
+                }
+            }
+            used.span_ns += cover_ns;
             used.newest_us = t;
             self.own_us = t;
             self.own_seen = true;
         }
-        if let Some(newest) = samples.iter().map(|s| s.0).max() {
+        if let Some(&newest) = stamps.last() {
             self.seen_us = self.seen_us.max(newest);
         }
         used
+    }
+}
+
+/// smUtil is a whole percent, rounded down: a reading of k stands for [k, k+1), so k + 1/2 is
+/// the unbiased figure (a slice would otherwise overrun by half a point). 100 is exact (work the
+/// whole period). In half percents.
+fn half_pcts(util: u32) -> u64 {
+    match util {
+        k if k >= 100 => 200,
+        k => 2 * k as u64 + 1,
     }
 }
 
@@ -565,7 +636,21 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
 mod tests {
     use super::*;
 
-    const OTHER: Option<u32> = None;
+    fn own(at_us: u64, util: u32) -> Sample {
+        Sample {
+            at_us,
+            own: true,
+            util,
+        }
+    }
+
+    fn other(at_us: u64, util: u32) -> Sample {
+        Sample {
+            at_us,
+            own: false,
+            util,
+        }
+    }
 
     #[test]
     fn processes_are_listed_by_host_pid_where_known() {
@@ -578,19 +663,46 @@ mod tests {
     #[test]
     fn each_sample_covers_one_period_back_to_the_previous_one() {
         let mut c = SampleCursor::new(1_000_000, 50_000);
-        // First sample: 100 ms after the cursor was made, at 40%.
-        let u = c.take(&[(1_100_000, Some(40)), (1_100_000, OTHER)]);
+        // First sample: 100 ms after the cursor was made, at 40%, beside another process's.
+        let u = c.take(&[own(1_100_000, 40), other(1_100_000, 20)], true);
         assert_eq!(u.span_ns, 100_000_000);
         assert_eq!(u.ns, 40_500_000);
         assert_eq!((u.newest_us, c.seen_us), (1_100_000, 1_100_000));
-        // Next period, fully busy: exact.
-        let u = c.take(&[(1_200_000, Some(100))]);
+        // Next period, fully busy, alone: exact.
+        let u = c.take(&[own(1_200_000, 100)], false);
         assert_eq!((u.ns, u.span_ns), (100_000_000, 100_000_000));
-        // Idle for two periods (no samples of ours), then 10%: the sample covers one period.
-        assert_eq!(c.take(&[(1_300_000, OTHER)]), Used::default());
+        // Idle for two periods (each process its own sample, none of ours), then 10%: the
+        // sample covers one period.
+        let idle = c.take(&[other(1_300_000, 5), other(1_300_000, 7)], true);
+        assert_eq!(idle, Used::default());
         assert_eq!(c.seen_us, 1_300_000);
-        let u = c.take(&[(1_500_000, Some(10))]);
+        let u = c.take(&[own(1_500_000, 10), other(1_500_000, 1)], true);
         assert_eq!((u.ns, u.span_ns), (10_500_000, 100_000_000));
+    }
+
+    #[test]
+    fn one_sample_a_period_is_shared_while_others_are_active() {
+        // A driver that names one process a period, with the device's utilisation.
+        let mut c = SampleCursor::new(0, 50_000);
+        // Alone: the device's figure is this process's own.
+        let u = c.take(&[own(200_000, 30)], false);
+        assert_eq!(
+            (u.ns, u.span_ns, u.shared_span_ns),
+            (61_000_000, 200_000_000, 0)
+        );
+        // Beside others: named or not, the period is shared, not this process's own; the
+        // period is learnt from every process's stamps, not this process's alone.
+        let u = c.take(&[other(400_000, 99), own(600_000, 100)], true);
+        assert_eq!(u.ns, 0);
+        assert_eq!((u.span_ns, u.shared_span_ns), (400_000_000, 400_000_000));
+        assert_eq!(u.shared_busy_ns, 199_000_000 + 200_000_000);
+        assert_eq!(u.named_busy_ns, 200_000_000);
+        // A long quiet spell: the next stamp covers one period, not the whole gap.
+        let u = c.take(&[other(5_000_000, 50)], true);
+        assert_eq!(
+            (u.shared_span_ns, u.shared_busy_ns),
+            (200_000_000, 101_000_000)
+        );
     }
 
     #[test]
@@ -598,14 +710,15 @@ mod tests {
         // Made at 1 s; NVML did not list the process for 6 s, and its launches up to 5 s were
         // settled by estimate. Its first sample, at 7 s, covers 5 s..7 s, not 1 s..7 s.
         let mut c = SampleCursor::new(1_000_000, 50_000);
-        assert_eq!(c.take(&[(4_000_000, OTHER)]), Used::default());
+        let u = c.take(&[other(4_000_000, 1), other(4_000_000, 2)], true);
+        assert_eq!(u, Used::default());
         c.settled(5_000_000);
-        let u = c.take(&[(7_000_000, Some(50))]);
+        let u = c.take(&[own(7_000_000, 50)], false);
         assert_eq!(u.span_ns, 2_000_000_000);
         assert_eq!(u.ns, 1_010_000_000);
         // An older settlement changes nothing.
         c.settled(3_000_000);
-        let u = c.take(&[(7_100_000, Some(100))]);
+        let u = c.take(&[own(7_100_000, 100)], false);
         assert_eq!((u.ns, u.span_ns), (100_000_000, 100_000_000));
     }
 
@@ -615,11 +728,11 @@ mod tests {
         let mut c = SampleCursor::new(0, 50_000);
         let mut total = 0;
         for k in 1..=20u64 {
-            let u = c.take(&[(k * 50_000, Some(30))]);
+            let u = c.take(&[own(k * 50_000, 30)], false);
             total += u.ns;
         }
         assert_eq!(total, 1_000_000_000 * 305 / 1000);
         // Samples already seen are not counted twice.
-        assert_eq!(c.take(&[(1_000_000, Some(30))]), Used::default());
+        assert_eq!(c.take(&[own(1_000_000, 30)], false), Used::default());
     }
 }

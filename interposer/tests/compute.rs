@@ -30,7 +30,18 @@ fn shares(slices: &[Vec<(&str, &str)>], kernel_us: u32, via: &str) -> Vec<f64> {
 
 /// `shares`, each process launching round-robin on `streams` streams.
 fn shares_on(slices: &[Vec<(&str, &str)>], kernel_us: u32, via: &str, streams: u32) -> Vec<f64> {
-    let sim = Sim::new(&[]);
+    shares_sampled(&[], slices, kernel_us, via, streams)
+}
+
+/// `shares_on` on a simulator made with `sim_args` (`simgpu init`).
+fn shares_sampled(
+    sim_args: &[&str],
+    slices: &[Vec<(&str, &str)>],
+    kernel_us: u32,
+    via: &str,
+    streams: u32,
+) -> Vec<f64> {
+    let sim = Sim::new(sim_args);
     let node = tempfile::tempdir().unwrap();
     let secs = (SETTLE + WINDOW).as_secs_f64() + 1.0;
     let blocks = kernel_us.to_string();
@@ -118,6 +129,71 @@ fn hard_limits_30_and_70_share_one_device() {
     assert_near(&got, &[30.0, 70.0], "30/70, 1 ms kernels");
 }
 
+/// What real drivers give (measured on an NVIDIA H200, driver 580): one utilisation sample a
+/// period, naming one process, with the device's utilisation over the period rather than that
+/// process's own share. Read as each process's own share, the process named was charged
+/// everybody's work and the other ran free: on the simulator 30/70 limits came to 30.0/39.9%,
+/// request 30/limit 100 beside request 70/limit 70 to 63.6/36.4%, a best-effort slice beside a
+/// request of 60 (no limit) took 50% instead of 1% (on the H200: 2.9/65.2%, 90.3/9.9%, and a
+/// best-effort slice at 3.7% beside request 60).
+#[test]
+fn shares_hold_with_one_sample_a_period_as_real_drivers_give() {
+    let _turn = serial();
+    let one = ["--process-samples", "one-per-period"];
+    let req = |r: &'static str, l: &'static str| {
+        vec![("CUSLICE_CORE_REQUEST", r), ("CUSLICE_CORE_LIMIT", l)]
+    };
+    let best_effort = vec![("CUSLICE_MEMORY_LIMIT", "4GiB")];
+    let got = shares_sampled(&one, &limits(&["30", "70"]), 1000, "kernel", 1);
+    assert_near(&got, &[30.0, 70.0], "30/70, one sample a period");
+    let got = shares_sampled(
+        &one,
+        &[req("30", "100"), req("70", "70")],
+        1000,
+        "kernel",
+        1,
+    );
+    assert_near(
+        &got,
+        &[30.0, 70.0],
+        "request 30/limit 100 beside request 70/limit 70, one sample a period",
+    );
+    let got = shares_sampled(
+        &one,
+        &[vec![("CUSLICE_CORE_REQUEST", "60")], best_effort.clone()],
+        1000,
+        "kernel",
+        1,
+    );
+    assert_near(
+        &got,
+        &[99.0, 1.0],
+        "best-effort beside request 60, one sample a period",
+    );
+    let got = shares_sampled(
+        &one,
+        &[vec![("CUSLICE_CORE_LIMIT", "30")], best_effort],
+        1000,
+        "kernel",
+        1,
+    );
+    assert_near(
+        &got,
+        &[30.0, 70.0],
+        "best-effort beside a 30% limit, one sample a period",
+    );
+}
+
+/// A driver that gives each process its own sample, as NVML documents (the simulator's model
+/// before it learnt what real drivers do): each sample is the process's own.
+#[test]
+fn shares_hold_with_a_sample_per_process() {
+    let _turn = serial();
+    let each = ["--process-samples", "per-process"];
+    let got = shares_sampled(&each, &limits(&["30", "70"]), 1000, "kernel", 1);
+    assert_near(&got, &[30.0, 70.0], "30/70, a sample per process");
+}
+
 fn limits(l: &[&'static str]) -> Vec<Vec<(&'static str, &'static str)>> {
     l.iter().map(|v| vec![("CUSLICE_CORE_LIMIT", *v)]).collect()
 }
@@ -131,21 +207,54 @@ fn three_and_four_slices_each_get_their_limit() {
     assert_near(&got, &[25.0; 4], "25 x 4");
 }
 
+/// With a sample per process. With one sample a period (what real drivers give), graph
+/// launches and 4 streams hold too; 10 ms and 50 µs kernels do not yet (see the ignored test
+/// below).
 #[test]
 fn short_and_long_kernels_graphs_and_streams_are_held_to_their_limits() {
     let _turn = serial();
+    let each = ["--process-samples", "per-process"];
     for kernel_us in [50, 10_000] {
-        let got = shares(&limits(&["30", "70"]), kernel_us, "kernel");
+        let got = shares_sampled(&each, &limits(&["30", "70"]), kernel_us, "kernel", 1);
         assert_near(
             &got,
             &[30.0, 70.0],
             &format!("30/70, {kernel_us} us kernels"),
         );
     }
-    let got = shares(&limits(&["30", "70"]), 1000, "graph");
+    let got = shares_sampled(&each, &limits(&["30", "70"]), 1000, "graph", 1);
     assert_near(&got, &[30.0, 70.0], "30/70, graph launches");
-    let got = shares_on(&limits(&["30", "70"]), 1000, "kernel", 4);
+    let got = shares_sampled(&each, &limits(&["30", "70"]), 1000, "kernel", 4);
     assert_near(&got, &[30.0, 70.0], "30/70, 4 streams each");
+    let one = ["--process-samples", "one-per-period"];
+    let got = shares_sampled(&one, &limits(&["30", "70"]), 1000, "graph", 1);
+    assert_near(
+        &got,
+        &[30.0, 70.0],
+        "30/70, graph launches, one sample a period",
+    );
+    let got = shares_sampled(&one, &limits(&["30", "70"]), 1000, "kernel", 4);
+    assert_near(&got, &[30.0, 70.0], "30/70, 4 streams, one sample a period");
+}
+
+/// Launches far from the 1 ms starting estimate, in slices that are never alone on a driver
+/// that gives one sample a period. A slice learns what a launch costs from shared periods only
+/// while it has too few samples of its own, and a shared period is charged at most at 1 ms a
+/// launch then (`Meter::attribute`): 10 ms kernels are undercharged (46.5/53.5%); 50 µs ones
+/// came to 3.6/93.9% in one run, 30.6/69.0% in another.
+#[test]
+#[ignore = "known limit: kernels far from 1 ms, never alone, one sample a period (docs/compute.md)"]
+fn long_and_short_kernels_with_one_sample_a_period() {
+    let _turn = serial();
+    let one = ["--process-samples", "one-per-period"];
+    for kernel_us in [10_000, 50] {
+        let got = shares_sampled(&one, &limits(&["30", "70"]), kernel_us, "kernel", 1);
+        assert_near(
+            &got,
+            &[30.0, 70.0],
+            &format!("30/70, {kernel_us} us kernels, one sample a period"),
+        );
+    }
 }
 
 #[test]

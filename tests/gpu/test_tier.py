@@ -64,25 +64,25 @@ class Share(unittest.TestCase):
         self.assertIsNone(nvml.share([(1, 5, 50)], 1, 0.0, 1.0))
         self.assertIsNone(nvml.share(self.UTIL, 1, 1.0, 1.0))
 
-    def test_one_process_per_stamp(self):
-        # As the real driver reported two time-sliced processes: one pid per 200 ms stamp, the
-        # figure the device's.
+    def test_the_period_comes_from_every_stamp(self):
+        # As the real driver reported two time-sliced processes: one pid per 200 ms stamp.
         util = [(1 if t % 5 else 2, t * 200_000, 99) for t in range(1, 31)]
         self.assertEqual(nvml.sample_period_us(util), 200_000)
-        self.assertTrue(nvml.one_process_per_stamp(util, [1, 2], 0.0, 6.0))
-        self.assertFalse(nvml.one_process_per_stamp(self.UTIL, [1, 2], 0.0, 2.0), "both at each stamp")
-        self.assertFalse(nvml.one_process_per_stamp(util, [1], 0.0, 6.0), "one process alone")
+        self.assertTrue(compute.one_per_period(util))
+        self.assertFalse(compute.one_per_period(self.UTIL), "both at each stamp")
 
     def test_shares_are_judged_by_throughput_where_nvml_names_one_process_per_stamp(self):
         util = [(1 if t % 5 else 2, t * 200_000, 99) for t in range(1, 31)]
-        checks = compute.judge_shares("x", ["a", "b"], [1, 2], [70, 30], util, 0.0, 6.0, [69.0, 26.0])
-        self.assertEqual([c.data["judged_by"] for c in checks], ["throughput", "throughput"])
+        checks = compute.judge_shares("x", ["a", "b"], [1, 2], [70, 30], util, 0.0, 6.0, [69.0, 26.0],
+                                      together=True)
+        self.assertEqual([c.data["by"] for c in checks], ["throughput", "throughput"])
         self.assertEqual([c.status for c in checks], [PASS, FAIL])
         self.assertIn("26.0% by throughput", checks[1].figure)
         # Per-process samples of both at every stamp: NVML judges, as before.
-        checks = compute.judge_shares("x", ["a", "b"], [1, 2], [30, 70], self.UTIL, 0.0, 2.0, [10.0, 10.0])
+        checks = compute.judge_shares("x", ["a", "b"], [1, 2], [30, 70], self.UTIL, 0.0, 2.0, [10.0, 10.0],
+                                      together=True)
         self.assertEqual([c.status for c in checks], [PASS, PASS])
-        self.assertEqual(checks[0].data["judged_by"], "nvml")
+        self.assertNotIn("by", checks[0].data)
 
     def test_worst_window(self):
         util = [(1, t * 100_000, 29 if t <= 10 else 49) for t in range(1, 21)]

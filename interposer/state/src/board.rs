@@ -96,7 +96,10 @@ struct Entry {
     priority: AtomicU32,
     /// The slice's share of the device in its processes' last periods (ppm).
     usage: AtomicU32,
-    _pad: AtomicU32,
+    /// The share of the device the slice's launches in its processes' last periods were
+    /// charged by its launch estimates (ppm): how a period the driver reports for the device as
+    /// a whole is apportioned (docs/compute.md). Once padding: 0 from a writer that predates it.
+    launched: AtomicU32,
     /// When a process of the slice last refreshed the entry (CLOCK_MONOTONIC ns).
     beat_ns: AtomicU64,
     /// When the slice last launched work on the device.
@@ -189,6 +192,8 @@ pub struct SliceView {
     pub slice: u64,
     pub demand: Demand,
     pub priority: Priority,
+    /// What the slice's launches were charged by its estimates (ppm), within its limit.
+    pub launched: u32,
 }
 
 /// Where a high-priority slice posts when its work on a device is expected to be done: read at
@@ -206,6 +211,8 @@ pub struct Post {
     pub limit: u32,
     pub priority: Priority,
     pub usage: u32,
+    /// What the slice's launches were charged by its estimates (ppm of the device).
+    pub launched: u32,
     pub hungry_until: u64,
     pub active_ns: u64,
 }
@@ -566,6 +573,7 @@ impl Board {
         e.limit.store(p.limit, Ordering::Relaxed);
         e.priority.store(p.priority.code(), Ordering::Relaxed);
         e.usage.store(p.usage, Ordering::Relaxed);
+        e.launched.store(p.launched, Ordering::Relaxed);
         e.hungry_until.fetch_max(p.hungry_until, Ordering::Relaxed);
         e.active_ns.fetch_max(p.active_ns, Ordering::Relaxed);
         e.beat_ns.fetch_max(now, Ordering::Relaxed);
@@ -657,6 +665,7 @@ impl Board {
                     usage: e.usage.load(Ordering::Relaxed),
                 },
                 priority: Priority::from_code(e.priority.load(Ordering::Relaxed)),
+                launched: e.launched.load(Ordering::Relaxed),
             });
         }
         let mut highs = Vec::new();
@@ -696,6 +705,7 @@ impl Board {
                         usage: e.usage.load(Ordering::Relaxed).min(FULL),
                     },
                     priority,
+                    launched: e.launched.load(Ordering::Relaxed).min(limit),
                 });
                 // One entry per device is a slice's; a second one naming the same device is not.
                 break;
@@ -851,6 +861,7 @@ mod tests {
                 limit,
                 priority,
                 usage,
+                launched: usage,
                 hungry_until: now + 1_000_000_000,
                 active_ns: now,
             },

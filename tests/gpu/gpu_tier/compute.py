@@ -1,15 +1,25 @@
 """Compute: slices running real kernels (the workload's PTX spin kernel, and PyTorch matmul loops)
-at core limits and requests, each slice's achieved share judged by NVML's per-process samples, or
-by throughput where NVML names one process per sample (see `judge_shares`).
-The spin scenarios are tests/share.py's, so the tier and the benchmark mean the same thing."""
+at core limits and requests, each slice's achieved share judged by NVML's per-process samples.
+The spin scenarios are tests/share.py's, so the tier and the benchmark mean the same thing.
+
+A real driver gives one utilisation sample a period, naming one process, with the device's
+utilisation (docs/compute.md, "The meter"): there NVML cannot say what each of several processes
+running at once used. Slices that ran at the same time in the window are then judged on the
+simulator by its own count of each process's device time (`simgpu show`, over the same window),
+on a real GPU by throughput (device time their launches asked for over their whole run, settling
+included)."""
 import importlib.util
+import json
 import os
+import subprocess
+import threading
+import time
 
 from .common import FAIL, INFO, NOT_RUN, Check, Spec, failed, judged
 from . import nvml
 
 GROUP = "compute"
-TOLERANCE = 2.0  # points, over the settled window by NVML, or by throughput
+TOLERANCE = 2.0  # points, by NVML over the settled window
 SPIN_SCENARIOS = ["30/70", "alone 30", "graph alone 30", "req 30/lim 100 + req 70/lim 70",
                   "req 30/lim 100, other idle", "best-effort + 30", "best-effort + req 60"]
 TORCH = "PyTorch bf16 matmul loops at 30/70"
@@ -37,30 +47,77 @@ def run(tier):
     return checks
 
 
-def judge_shares(name, labels, pids, expected, util, t0, t1, through=None):
-    """One check per slice: its share over [t0, t1] against the configured share.
+def one_per_period(util):
+    """Whether NVML gave at most one process a sample at each stamp (what real drivers do)."""
+    stamps = {}
+    for pid, ts, _ in util:
+        stamps.setdefault(ts, set()).add(pid)
+    return all(len(p) <= 1 for p in stamps.values())
 
-    By NVML's per-process samples, unless the driver named one process per sample while several
-    ran (a real driver does when processes time-slice the device): then a sample's figure is the
-    device's, not the process's, and the slice is judged by its throughput (the work it got done
-    against the work asked for, or against the same work alone), with NVML's figure beside it."""
+
+class SimTruth(threading.Thread):
+    """On the simulator: every process's device time by `simgpu show`, every 250 ms."""
+
+    def __init__(self, simgpu, state):
+        super().__init__(daemon=True)
+        self.simgpu, self.state = simgpu, state
+        self.samples = []
+        self._halt = threading.Event()
+
+    def run(self):
+        while not self._halt.is_set():
+            try:
+                out = subprocess.run([self.simgpu, "show", "--state", self.state, "--json"],
+                                     check=True, capture_output=True, text=True).stdout
+                dev = json.loads(out)["devices"][0]
+                t = {p["pid"]: p["device_time_ns"] for p in dev["processes"] + dev["exited"]}
+                self.samples.append((time.time(), t))
+            except (subprocess.CalledProcessError, ValueError, KeyError, IndexError):
+                pass
+            self._halt.wait(0.25)
+
+    def stop(self):
+        self._halt.set()
+        self.join()
+
+    def share(self, pid, t0, t1):
+        """Percent of [t0, t1] (nearest samples) the simulator ran `pid`'s work."""
+        inside = [s for s in self.samples if t0 <= s[0] <= t1]
+        if len(inside) < 2:
+            return None
+        (a, xa), (b, xb) = inside[0], inside[-1]
+        return 100.0 * (xb.get(pid, 0) - xa.get(pid, 0)) / ((b - a) * 1e9)
+
+
+def judge_shares(name, labels, pids, expected, util, t0, t1, through=None, together=False,
+                 truth=None):
+    """One check per slice: its NVML share over [t0, t1] against the configured share; where NVML
+    names one process a period and the slices ran `together`, by the simulator's count (`truth`)
+    or by throughput."""
     period = nvml.sample_period_us(util)
-    by_throughput = through is not None and None not in through and nvml.one_process_per_stamp(util, pids, t0, t1)
+    by_truth = together and truth is not None and one_per_period(util)
+    by_throughput = not by_truth and together and through is not None \
+        and all(t is not None for t in through) and one_per_period(util)
     out = []
     for k, (label, pid, want) in enumerate(zip(labels, pids, expected)):
+        if by_truth or by_throughput:
+            got = truth.share(pid, t0, t1) if by_truth else through[k]
+            how = (f"by the simulator's count over {t1 - t0:.1f} s" if by_truth
+                   else "by throughput over the run")
+            if got is None:
+                out.append(Check(GROUP, f"{name}: {label}", f"no figure {how}",
+                                 f"{want}% +- {TOLERANCE:g}", FAIL, {"pid": pid}))
+                continue
+            figure = (f"{got:.1f}% {how} (NVML gives one sample a period, naming one process: it "
+                      f"cannot tell the slices apart)")
+            out.append(Check(GROUP, f"{name}: {label}", figure, f"{want}% +- {TOLERANCE:g} points",
+                             judged(abs(got - want) <= TOLERANCE),
+                             {"achieved": got, "expected": want,
+                              "by": "simulator" if by_truth else "throughput",
+                              "sample_period_us": period, "window_s": t1 - t0}))
+            continue
         got = nvml.share(util, pid, t0, t1, period)
         worst = nvml.worst_window(util, pid, t0, t1, want, period_us=period)
-        facts = {"achieved": got, "expected": want, "worst_1s": worst,
-                 "throughput": None if through is None else through[k],
-                 "sample_period_us": period, "window_s": t1 - t0, "judged_by": "nvml"}
-        if by_throughput:
-            nv = "n/a" if got is None else f"{got:.1f}%"
-            figure = (f"{through[k]:.1f}% by throughput (NVML names one process per sample, so its "
-                      f"per-process figure, {nv}, is the device's)")
-            facts.update(achieved=through[k], judged_by="throughput")
-            out.append(Check(GROUP, f"{name}: {label}", figure, f"{want}% +- {TOLERANCE:g} points",
-                             judged(abs(through[k] - want) <= TOLERANCE), facts))
-            continue
         extra = "" if through is None or through[k] is None else f"; by throughput {through[k]:.1f}%"
         if got is None:
             out.append(Check(GROUP, f"{name}: {label}", "no NVML per-process utilisation samples in the window",
@@ -69,7 +126,10 @@ def judge_shares(name, labels, pids, expected, util, t0, t1, through=None):
         figure = (f"{got:.1f}% by NVML over {t1 - t0:.1f} s (worst 1 s window "
                   f"{'n/a' if worst is None else f'{worst:.1f}%'}){extra}")
         out.append(Check(GROUP, f"{name}: {label}", figure, f"{want}% +- {TOLERANCE:g} points",
-                         judged(abs(got - want) <= TOLERANCE), facts))
+                         judged(abs(got - want) <= TOLERANCE),
+                         {"achieved": got, "expected": want, "worst_1s": worst,
+                          "throughput": None if through is None else through[k],
+                          "sample_period_us": period, "window_s": t1 - t0}))
     return out
 
 
@@ -92,7 +152,13 @@ def spin(tier, name, slices, expected, secs, settle):
         env = tier.cuslice(tier.scratch(f"{name}-{k}"))
         env.update(s["env"])
         specs.append(Spec(argv, env, f"slice {k}: {slice_label(s)}"))
+    truth = None
+    if tier.sim and os.environ.get("SIMGPU_STATE"):
+        truth = SimTruth(os.path.join(tier.bin, "simgpu"), os.environ["SIMGPU_STATE"])
+        truth.start()
     procs = tier.run(GROUP, f"spin kernels: {name}", specs, timeout=secs + 60)
+    if truth is not None:
+        truth.stop()
     why = failed(procs)
     labels = [f"slice {k} ({slice_label(s)}, {s['kernel_us']} us kernels via {s['via']})"
               for k, s in enumerate(slices)]
@@ -105,7 +171,10 @@ def spin(tier, name, slices, expected, secs, settle):
         ev = p.event("launched")
         through.append(100.0 * ev["engine_ns_requested"] / ev["wall_ns"] if ev and ev["wall_ns"] else None)
     util = tier.nvml.utilisation(start - 1, start + secs + 1)
-    return judge_shares(name, labels, [p.pid for p in procs], expected, util, t0, t1, through)
+    # Slices that ran in the window at the same time (one that ran only before it does not count).
+    together = sum(1 for s in slices if (s["secs"] if s["secs"] is not None else secs) > settle) > 1
+    return judge_shares(name, labels, [p.pid for p in procs], expected, util, t0, t1, through, together,
+                        truth)
 
 
 def torch_pair(tier, secs, settle):
@@ -132,7 +201,8 @@ def torch_pair(tier, secs, settle):
     t1 = min(s["t"] + r["secs"] for s, r in zip(started, results))
     through = [100.0 * r["per_sec"] / base["per_sec"] for r in results]
     util = tier.nvml.utilisation(t0 - 1, t1 + 1)
-    checks = judge_shares(TORCH, ["limit 30", "limit 70"], [p.pid for p in procs], [30, 70], util, t0, t1, through)
+    checks = judge_shares(TORCH, ["limit 30", "limit 70"], [p.pid for p in procs], [30, 70], util, t0, t1, through,
+                          together=True)
     checks.append(Check(GROUP, f"{TORCH}: alone", f"{base['tflops']:.0f} TFLOP/s ({base['per_sec']:.1f} matmuls/s, "
                         f"n={base['n']})", "reference for the throughput shares", INFO, base))
     return checks

@@ -141,20 +141,6 @@ def sample_period_us(util):
     return statistics.median(gaps) if gaps else None
 
 
-def one_process_per_stamp(util, pids, t0, t1):
-    """Whether, over [t0, t1] (wall s), NVML named more than one of `pids` but never two at one
-    stamp. A real driver does that when processes time-slice the device: each sample names one
-    process, with a figure that follows the whole device, so per-process samples cannot split the
-    device's time between the processes."""
-    pids = set(pids)
-    named = {}
-    for pid, ts, _ in util:
-        if pid in pids and t0 * 1e6 < ts <= t1 * 1e6:
-            named.setdefault(ts, set()).add(pid)
-    seen = set().union(*named.values()) if named else set()
-    return len(seen) > 1 and all(len(v) == 1 for v in named.values())
-
-
 def share(util, pid, t0, t1, period_us=None):
     """Percent of [t0, t1] (wall s) the device ran `pid`'s work, by NVML's per-process samples.
 

@@ -13,7 +13,7 @@ pub const MAGIC: [u8; 8] = *b"SIMGPU\0\0";
 /// 7: the locks are simgpu's own (`OwnerLock` words naming a locker, see `lockers.rs`), no
 /// longer glibc robust mutexes, whose owner is a thread id that only means something in the
 /// owner's pid namespace; the header has the lockers' generations.
-pub const LAYOUT_VERSION: u32 = 7;
+pub const LAYOUT_VERSION: u32 = 8;
 
 /// Allocation granularity: every allocation takes whole 2 MiB granules.
 pub const GRANULE: u64 = 2 << 20;
@@ -71,9 +71,11 @@ pub struct Header {
     pub ndev: u32,
     pub _pad: u32,
     pub config: SimConfig,
-    /// 1 while NVML gives per-process utilisation samples, 0 while it answers
-    /// `nvmlDeviceGetProcessUtilization` with NOT_SUPPORTED, as on MIG instances and some vGPU
-    /// profiles (`simgpu init --no-process-samples`, `simgpu set --process-samples on|off`).
+    /// How NVML gives per-process utilisation samples (`state::ProcessSamples`): 1, one sample
+    /// per period naming one process with the device's utilisation (what a real driver does);
+    /// 2, one per process with its own share; 0, none (`nvmlDeviceGetProcessUtilization`
+    /// answers NOT_SUPPORTED, as on MIG instances and some vGPU profiles). `simgpu init
+    /// --process-samples`, `--no-process-samples`; `simgpu set --process-samples`.
     pub process_samples: AtomicU32,
     /// Bit `i` set while device `i` has fallen off the bus (Xid 79): NVML answers every query
     /// about it with GPU_IS_LOST, as the real driver does until the node is repaired

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicI32, Ordering};
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
-use simgpu::{CreateOptions, STATE_ENV, State};
+use simgpu::{CreateOptions, ProcessSamples, STATE_ENV, State};
 
 #[derive(Parser)]
 #[command(
@@ -42,9 +42,10 @@ enum Cmd {
     Set {
         #[arg(long)]
         state: PathBuf,
-        /// Per-process utilisation samples in NVML: `on`, or `off` (NOT_SUPPORTED)
-        #[arg(long, value_name = "on|off", value_parser = on_off)]
-        process_samples: Option<bool>,
+        /// Per-process utilisation samples in NVML: `one-per-period` (or `on`: what a real
+        /// driver does), `per-process`, or `off` (NOT_SUPPORTED)
+        #[arg(long, value_name = "on|off|one-per-period|per-process", value_parser = ProcessSamples::parse)]
+        process_samples: Option<ProcessSamples>,
         /// The device `--lost` applies to (its index)
         #[arg(long, requires = "lost")]
         device: Option<u32>,
@@ -88,9 +89,15 @@ struct DeviceArgs {
     /// Streaming multiprocessors per device [default: 132]
     #[arg(long)]
     sm_count: Option<u32>,
+    /// How NVML gives per-process utilisation samples: `one-per-period` (what a real driver
+    /// does: each sample period, one process, the one with the most busy time, with the
+    /// device's utilisation), `per-process` (each process that ran, with its own share)
+    /// [default: one-per-period]
+    #[arg(long, value_name = "one-per-period|per-process", value_parser = ProcessSamples::parse)]
+    process_samples: Option<ProcessSamples>,
     /// NVML gives no per-process utilisation samples (nvmlDeviceGetProcessUtilization answers
     /// NOT_SUPPORTED, as on MIG instances and some vGPU profiles); device-wide utilisation stays
-    #[arg(long)]
+    #[arg(long, conflicts_with = "process_samples")]
     no_process_samples: bool,
 }
 
@@ -122,7 +129,11 @@ impl DeviceArgs {
                 .util_sample_ms
                 .map_or(d.util_sample_ns, |ms| ms.saturating_mul(1_000_000)),
             sm_count: self.sm_count.unwrap_or(d.sm_count),
-            process_samples: !self.no_process_samples,
+            process_samples: if self.no_process_samples {
+                ProcessSamples::Off
+            } else {
+                self.process_samples.unwrap_or(d.process_samples)
+            },
             ..d
         }
     }
@@ -344,8 +355,8 @@ fn main() -> ExitCode {
                 }
                 s.set_lost(i, lost);
             }
-            if let Some(on) = process_samples {
-                s.set_process_samples(on);
+            if let Some(how) = process_samples {
+                s.set_process_samples(how);
             }
             Ok(0)
         }),

@@ -8,7 +8,7 @@ use serde::Serialize;
 use crate::clock::{self, MS};
 use crate::engine::busy_between;
 use crate::layout::*;
-use crate::state::State;
+use crate::state::{ProcessSamples, State};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Snapshot {
@@ -152,9 +152,18 @@ impl State {
 
     /// The driver's latest per-process utilisation sample of device `d`, as NVML reports it:
     /// the sample period that ended last (every `util_sample_ns` of monotonic time), if it ended
-    /// after `since` (monotonic ns). Returns the period's end and, for each process that ran work
-    /// in it, (slot, busy ns in the period).
-    pub fn process_utilization(&self, d: u32, since: u64) -> (u64, Vec<(u32, u64)>) {
+    /// after `since` (monotonic ns). Returns the period's end and (slot, busy ns in the period):
+    ///
+    /// - `PerProcess`: one entry for each process that ran work in the period, its own busy time.
+    /// - `OnePerPeriod` (what a real driver does): one entry, the process with the most busy time
+    ///   in the period (ties go round by period number), with the device's busy time over the
+    ///   period (any process's work), not that process's own.
+    pub fn process_utilization(
+        &self,
+        d: u32,
+        since: u64,
+        how: ProcessSamples,
+    ) -> (u64, Vec<(u32, u64)>) {
         let period = self.config().util_sample_ns.max(UTIL_BUCKET_NS);
         let mut g = self.lock_device(d);
         let now = g.advance_now();
@@ -163,7 +172,7 @@ impl State {
             return (end, Vec::new());
         }
         let dev = g.dev();
-        let samples = (0..MAX_PROCS as u32)
+        let samples: Vec<(u32, u64)> = (0..MAX_PROCS as u32)
             .filter_map(|s| {
                 let p = &dev.b.procs[s as usize];
                 if p.contexts == 0 {
@@ -173,7 +182,11 @@ impl State {
                 (busy > 0).then_some((s, busy))
             })
             .collect();
-        (end, samples)
+        if how != ProcessSamples::OnePerPeriod {
+            return (end, samples);
+        }
+        let device = busy_between(&dev.b.engine.util, end - period, end);
+        (end, one_per_period(&samples, device, end / period))
     }
 
     /// Percent of the last second device `d` was busy.
@@ -186,5 +199,39 @@ impl State {
 
     pub fn now_wall_us() -> u64 {
         clock::wall_us()
+    }
+}
+
+/// What a real driver reports of a period: one sample, naming the process with the most busy
+/// time in it (ties go round by `period_no`), with the device's busy time. `busy`: (slot, busy
+/// ns) of each process that ran.
+fn one_per_period(busy: &[(u32, u64)], device: u64, period_no: u64) -> Vec<(u32, u64)> {
+    let Some(most) = busy.iter().map(|&(_, b)| b).max() else {
+        return Vec::new();
+    };
+    let ties: Vec<u32> = busy
+        .iter()
+        .filter(|&&(_, b)| b == most)
+        .map(|&(s, _)| s)
+        .collect();
+    vec![(ties[period_no as usize % ties.len()], device)]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::one_per_period;
+
+    #[test]
+    fn one_sample_a_period_names_the_busiest_process_with_the_device_busy_time() {
+        // 30 and 70 ms of a 100 ms period, the device busy 100 ms (time-sliced): the 70 is
+        // named, with the device's 100.
+        assert_eq!(one_per_period(&[(0, 30), (1, 70)], 100, 7), [(1, 100)]);
+        // Alone: its own time is the device's.
+        assert_eq!(one_per_period(&[(3, 40)], 40, 7), [(3, 40)]);
+        // Idle: no sample.
+        assert_eq!(one_per_period(&[], 0, 7), []);
+        // A tie goes round by period.
+        assert_eq!(one_per_period(&[(0, 50), (1, 50)], 100, 0), [(0, 100)]);
+        assert_eq!(one_per_period(&[(0, 50), (1, 50)], 100, 1), [(1, 100)]);
     }
 }

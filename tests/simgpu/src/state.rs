@@ -60,6 +60,43 @@ pub enum StateError {
     Invalid(String),
 }
 
+/// How the simulated driver answers `nvmlDeviceGetProcessUtilization` (`Header::process_samples`
+/// holds the code).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum ProcessSamples {
+    /// NOT_SUPPORTED, as on MIG instances and some vGPU profiles.
+    Off = 0,
+    /// What a real driver does (measured on an NVIDIA H200, driver 580): one sample per sample
+    /// period, naming one process (the one with the most busy time in the period) and giving
+    /// the device's utilisation over the period, not that process's own share.
+    OnePerPeriod = 1,
+    /// One sample per process that ran in the period, each with that process's own share.
+    PerProcess = 2,
+}
+
+impl ProcessSamples {
+    pub fn from_code(c: u32) -> ProcessSamples {
+        match c {
+            0 => ProcessSamples::Off,
+            2 => ProcessSamples::PerProcess,
+            _ => ProcessSamples::OnePerPeriod,
+        }
+    }
+
+    /// `on` is the default model, one sample per period.
+    pub fn parse(s: &str) -> Result<ProcessSamples, String> {
+        match s {
+            "off" => Ok(ProcessSamples::Off),
+            "on" | "one-per-period" => Ok(ProcessSamples::OnePerPeriod),
+            "per-process" => Ok(ProcessSamples::PerProcess),
+            _ => Err(format!(
+                "{s:?} is none of `one-per-period` (or `on`), `per-process`, `off`"
+            )),
+        }
+    }
+}
+
 /// What a new state file describes.
 #[derive(Debug, Clone)]
 pub struct CreateOptions {
@@ -69,8 +106,8 @@ pub struct CreateOptions {
     pub sm_count: u32,
     pub timeslice_ns: u64,
     pub util_sample_ns: u64,
-    /// Whether NVML gives per-process utilisation samples (see `Header::process_samples`).
-    pub process_samples: bool,
+    /// How NVML gives per-process utilisation samples (see `Header::process_samples`).
+    pub process_samples: ProcessSamples,
     pub name: String,
     pub driver_version: i32,
 }
@@ -84,7 +121,7 @@ impl Default for CreateOptions {
             sm_count: 132,
             timeslice_ns: 2 * MS,
             util_sample_ns: 100 * MS,
-            process_samples: true,
+            process_samples: ProcessSamples::OnePerPeriod,
             name: "SimGPU (simulated)".into(),
             driver_version: 13000,
         }
@@ -367,16 +404,16 @@ impl State {
         self.header().config
     }
 
-    /// Whether NVML gives per-process utilisation samples now.
-    pub fn process_samples(&self) -> bool {
-        self.header().process_samples.load(Ordering::Relaxed) != 0
+    /// How NVML gives per-process utilisation samples now.
+    pub fn process_samples(&self) -> ProcessSamples {
+        ProcessSamples::from_code(self.header().process_samples.load(Ordering::Relaxed))
     }
 
-    /// Turns NVML's per-process utilisation samples on or off, for every process at once.
-    pub fn set_process_samples(&self, on: bool) {
+    /// Changes how NVML gives per-process utilisation samples, for every process at once.
+    pub fn set_process_samples(&self, how: ProcessSamples) {
         self.header()
             .process_samples
-            .store(on as u32, Ordering::Relaxed);
+            .store(how as u32, Ordering::Relaxed);
     }
 
     /// Whether device `i` has fallen off the bus (NVML answers GPU_IS_LOST for it).

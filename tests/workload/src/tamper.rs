@@ -261,6 +261,7 @@ fn forge(s: &Session<'_>, root: &Path, until: Instant) -> Vec<std::thread::JoinH
                     limit: FULL,
                     priority: Priority::High,
                     usage: FULL,
+                    launched: 0,
                     hungry_until: u64::MAX,
                     active_ns: now,
                 };

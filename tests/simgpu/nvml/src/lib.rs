@@ -490,7 +490,8 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
         if count.is_null() {
             return Err(BAD_ARG);
         }
-        if !s.process_samples() {
+        let how = s.process_samples();
+        if how == simgpu::ProcessSamples::Off {
             return Err(nvmlReturn_t::NVML_ERROR_NOT_SUPPORTED);
         }
         s.resolve_host_pids();
@@ -500,7 +501,7 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
         let since = last_seen
             .saturating_sub(c.wall_at_mono_zero_us)
             .saturating_mul(1000);
-        let (end, busy) = s.process_utilization(i, since);
+        let (end, busy) = s.process_utilization(i, since, how);
         let period = c.util_sample_ns.max(1);
         let samples: Vec<_> = busy
             .into_iter()
