@@ -23,6 +23,7 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use cuslice_policy::echo::{cut, quoted};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
@@ -335,20 +336,24 @@ fn check_vendor_or_class(what: &str, s: &str) -> Result<(), String> {
     match chars.next() {
         None => return Err(format!("the {what} is empty")),
         Some(c) if !letter(c) => {
-            return Err(format!("the {what} {s:?} does not start with a letter"));
+            return Err(format!(
+                "the {what} {} does not start with a letter",
+                quoted(s)
+            ));
         }
         _ => {}
     }
     if !s.chars().last().is_some_and(alnum) {
         return Err(format!(
-            "the {what} {s:?} does not end with a letter or digit"
+            "the {what} {} does not end with a letter or digit",
+            quoted(s)
         ));
     }
     if let Some(c) = s
         .chars()
         .find(|c| !(alnum(*c) || matches!(c, '_' | '-' | '.')))
     {
-        return Err(format!("the {what} {s:?} holds {c:?}"));
+        return Err(format!("the {what} {} holds {c:?}", quoted(s)));
     }
     Ok(())
 }
@@ -357,12 +362,13 @@ fn check_vendor_or_class(what: &str, s: &str) -> Result<(), String> {
 pub fn check_kind(kind: &str) -> Result<(), String> {
     let Some((vendor, class)) = kind.split_once('/') else {
         return Err(format!(
-            "kind {kind:?} is not VENDOR/CLASS (e.g. {CLAIM_KIND})"
+            "kind {} is not VENDOR/CLASS (e.g. {CLAIM_KIND})",
+            quoted(kind)
         ));
     };
     check_vendor_or_class("vendor", vendor)
         .and_then(|()| check_vendor_or_class("class", class))
-        .map_err(|e| format!("kind {kind:?}: {e}"))
+        .map_err(|e| format!("kind {}: {e}", quoted(kind)))
 }
 
 /// A device name: a letter or digit first and last, letters, digits, `_`, `-`, `.`, `:`
@@ -375,9 +381,10 @@ pub fn check_device_name(name: &str) -> Result<(), String> {
     match (name.is_empty(), ok_ends, bad) {
         (true, _, _) => Err("the device name is empty".into()),
         (_, false, _) => Err(format!(
-            "device name {name:?} does not start and end with a letter or digit"
+            "device name {} does not start and end with a letter or digit",
+            quoted(name)
         )),
-        (_, _, Some(c)) => Err(format!("device name {name:?} holds {c:?}")),
+        (_, _, Some(c)) => Err(format!("device name {} holds {c:?}", quoted(name))),
         _ => Ok(()),
     }
 }
@@ -387,13 +394,17 @@ pub fn parse_qualified(id: &str) -> Result<(&str, &str), String> {
     let example = format!("{CLAIM_KIND}=5d1f0c1e-gpu-0");
     let Some((kind, name)) = id.split_once('=') else {
         return Err(format!(
-            "{id:?} is not a fully-qualified CDI device id VENDOR/CLASS=NAME (e.g. {example})"
+            "{} is not a fully-qualified CDI device id VENDOR/CLASS=NAME (e.g. {example})",
+            quoted(id)
         ));
     };
     check_kind(kind)
         .and_then(|()| check_device_name(name))
         .map_err(|e| {
-            format!("{id:?} is not a fully-qualified CDI device id ({e}); e.g. {example}")
+            format!(
+                "{} is not a fully-qualified CDI device id ({e}); e.g. {example}",
+                quoted(id)
+            )
         })?;
     Ok((kind, name))
 }
@@ -682,14 +693,16 @@ impl Registry {
             parse_qualified(id).map_err(fail)?;
             if let Some((a, b)) = self.conflicts.get(id) {
                 return Err(fail(format!(
-                    "CDI device {id} is defined differently in {} and {}; remove one",
+                    "CDI device {} is defined differently in {} and {}; remove one",
+                    cut(id),
                     a.display(),
                     b.display()
                 )));
             }
             let Some(d) = self.devices.get(id) else {
                 let mut why = format!(
-                    "CDI device {id} is not defined in any spec under {}",
+                    "CDI device {} is not defined in any spec under {}",
+                    cut(id),
                     self.searched()
                 );
                 if !self.broken.is_empty() {
@@ -758,10 +771,13 @@ pub fn annotated_devices(config: &Value) -> Result<Vec<(String, String)>, String
     let mut out = Vec::new();
     for key in keys {
         let Some(value) = annotations[key].as_str() else {
-            return Err(format!("annotation {key}: the value is not a string"));
+            return Err(format!(
+                "annotation {}: the value is not a string",
+                cut(key)
+            ));
         };
         for id in value.split(',') {
-            parse_qualified(id).map_err(|e| format!("annotation {key}: {e}"))?;
+            parse_qualified(id).map_err(|e| format!("annotation {}: {e}", cut(key)))?;
             out.push((key.clone(), id.to_owned()));
         }
     }
@@ -1298,6 +1314,26 @@ mod tests {
             annotated_devices(&json!({"annotations": {"cdi.k8s.io/k": "v.com/c=a,,v.com/c=b"}}))
                 .unwrap_err();
         assert!(e.starts_with("annotation cdi.k8s.io/k: \"\" is not"), "{e}");
+
+        // A megabyte in an annotation's value, in a vendor, in a device name, or in its key: the
+        // refusal shows 64 characters of each and the length.
+        let mb = "x".repeat(1 << 20);
+        for (k, v) in [
+            ("cdi.k8s.io/k".to_owned(), mb.clone()),
+            ("cdi.k8s.io/k".to_owned(), format!("{mb}!.com/c=d")),
+            ("cdi.k8s.io/k".to_owned(), format!("v.com/c={mb}!")),
+            (format!("cdi.k8s.io/{mb}"), "bad".to_owned()),
+        ] {
+            let Err(e) = annotated_devices(&json!({"annotations": {k: v}})) else {
+                panic!("a megabyte in an annotation was taken");
+            };
+            assert!(
+                e.len() < 1000 && e.contains("(1048"),
+                "{} bytes: {}",
+                e.len(),
+                &e[..200]
+            );
+        }
     }
 
     #[test]

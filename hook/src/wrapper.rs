@@ -16,6 +16,7 @@
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 
+use cuslice_policy::echo::cut;
 use serde_json::{Value, json};
 
 use crate::cdi::{self, HOOK_BIN, HOOK_STAGES};
@@ -188,7 +189,7 @@ pub fn prepare_config(
     // Where an id came from, for messages: an annotation, or the container index.
     let source = |k: &str| {
         if k.starts_with(cdi::ANNOTATION_PREFIX) {
-            format!("annotation {k}")
+            format!("annotation {}", cut(k))
         } else {
             k.to_owned()
         }

@@ -12,8 +12,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 RELEASE = os.path.join(HERE, "..", "..", "target", "release")
 sys.path.insert(0, HERE)
 
-from gpu_tier import common, memory, nvml, report  # noqa: E402
-from gpu_tier.common import FAIL, GIB, MIB, NOT_RUN, PASS, Check, Proc, Spec  # noqa: E402
+from gpu_tier import common, compute, memory, nvml, overhead, report  # noqa: E402
+from gpu_tier.common import FAIL, GIB, INFO, MIB, NOT_RUN, PASS, Check, Proc, Spec  # noqa: E402
 
 
 def proc(*events, rc=0, stderr=""):
@@ -32,6 +32,15 @@ class PeakHeld(unittest.TestCase):
         self.assertEqual(nvml.peak_held(samples, [1], baseline_used=800), (4200, "device"))
         self.assertEqual(nvml.peak_held(samples, [1]), (None, None))
         self.assertEqual(nvml.peak_held([], [1], 0), (None, None))
+
+
+    def test_the_device_above_its_baseline(self):
+        # A managed fill on an H200: NVML's entry for the process stays at its context while the
+        # device's used memory rises by what the process touched.
+        samples = [(0.0, 1141 * MIB, {1: 518 * MIB}), (0.1, 4661 * MIB, {1: 518 * MIB}), (0.2, None, {})]
+        self.assertEqual(nvml.peak_device(samples, 615 * MIB), 4046 * MIB)
+        self.assertIsNone(nvml.peak_device(samples, None))
+        self.assertIsNone(nvml.peak_device([(0.0, None, {})], 0))
 
 
 class Share(unittest.TestCase):
@@ -54,6 +63,26 @@ class Share(unittest.TestCase):
     def test_no_period_or_window_gives_none(self):
         self.assertIsNone(nvml.share([(1, 5, 50)], 1, 0.0, 1.0))
         self.assertIsNone(nvml.share(self.UTIL, 1, 1.0, 1.0))
+
+    def test_one_process_per_stamp(self):
+        # As the real driver reported two time-sliced processes: one pid per 200 ms stamp, the
+        # figure the device's.
+        util = [(1 if t % 5 else 2, t * 200_000, 99) for t in range(1, 31)]
+        self.assertEqual(nvml.sample_period_us(util), 200_000)
+        self.assertTrue(nvml.one_process_per_stamp(util, [1, 2], 0.0, 6.0))
+        self.assertFalse(nvml.one_process_per_stamp(self.UTIL, [1, 2], 0.0, 2.0), "both at each stamp")
+        self.assertFalse(nvml.one_process_per_stamp(util, [1], 0.0, 6.0), "one process alone")
+
+    def test_shares_are_judged_by_throughput_where_nvml_names_one_process_per_stamp(self):
+        util = [(1 if t % 5 else 2, t * 200_000, 99) for t in range(1, 31)]
+        checks = compute.judge_shares("x", ["a", "b"], [1, 2], [70, 30], util, 0.0, 6.0, [69.0, 26.0])
+        self.assertEqual([c.data["judged_by"] for c in checks], ["throughput", "throughput"])
+        self.assertEqual([c.status for c in checks], [PASS, FAIL])
+        self.assertIn("26.0% by throughput", checks[1].figure)
+        # Per-process samples of both at every stamp: NVML judges, as before.
+        checks = compute.judge_shares("x", ["a", "b"], [1, 2], [30, 70], self.UTIL, 0.0, 2.0, [10.0, 10.0])
+        self.assertEqual([c.status for c in checks], [PASS, PASS])
+        self.assertEqual(checks[0].data["judged_by"], "nvml")
 
     def test_worst_window(self):
         util = [(1, t * 100_000, 29 if t <= 10 else 49) for t in range(1, 21)]
@@ -80,10 +109,86 @@ class JudgeFill(unittest.TestCase):
         self.assertEqual(self.judge(proc(self.START, dict(self.REFUSED, total=80 * GIB)), 4076 * MIB).status, FAIL)
         self.assertEqual(self.judge(proc(self.START, self.REFUSED), None).status, FAIL, "NVML saw nothing")
 
+    def test_managed_memory_is_judged_by_the_device(self):
+        c = memory.judge_fill("managed via dlsym", proc(self.START, self.REFUSED), 4046 * MIB, "device",
+                              4 * GIB, own=518 * MIB)
+        self.assertEqual(c.status, PASS, c.figure)
+        self.assertIn("peak 4046 MiB by NVML (device, its own entry 518 MiB)", c.figure)
+        c = memory.judge_fill("managed via dlsym", proc(self.START, self.REFUSED), 526 * MIB, "device",
+                              4 * GIB, own=518 * MIB)
+        self.assertEqual(c.status, FAIL, "untouched managed memory: the device held only the context")
+
     def test_a_crash_fails_with_its_last_line(self):
         c = self.judge(proc(self.START, rc=-11, stderr="boom\nSegmentation fault"), 4076 * MIB)
         self.assertEqual(c.status, FAIL)
         self.assertIn("exit -11: Segmentation fault", c.figure)
+
+
+class Overhead(unittest.TestCase):
+    """Judging an added cost against the noise the rounds themselves show."""
+
+    def tier(self, sim=False):
+        t = common.Tier.__new__(common.Tier)
+        t.sim = sim
+        return t
+
+    def test_the_order_swaps_every_other_round(self):
+        self.assertEqual([overhead.order(r) for r in range(3)],
+                         [("without", "with"), ("with", "without"), ("without", "with")])
+
+    def test_added_cost_per_round(self):
+        self.assertEqual(overhead.added_cost([100, 200], [110, 190]), [10, -10])
+        self.assertEqual(overhead.added_cost([100, 200], [110, 190], higher_is_better=True), [-10, 10])
+        self.assertEqual(overhead.added_cost([100, 200], [102, 190], relative=True), [2.0, -5.0])
+
+    def test_judged_only_outside_the_noise(self):
+        self.assertEqual(overhead.judge([10, 12, 14], 60), (PASS, 12, 2.0))
+        self.assertEqual(overhead.judge([100, 110, 120], 60), (FAIL, 110, 10.0))
+        # within the noise of the threshold either way: not judged
+        self.assertEqual(overhead.judge([50, 60, 70], 60), (INFO, 60, 10.0))
+        self.assertEqual(overhead.judge([45, 55, 65], 60)[0], INFO)
+        # noise larger than the threshold: never a pass, even for an added cost below zero
+        self.assertEqual(overhead.judge([-500, -100, 300], 100), (INFO, -100, 400.0))
+
+    def test_the_h200_rounds_could_not_be_judged(self):
+        # 1 MiB cuMemAlloc_v2 + cuMemFree_v2 pairs on an H200 (ns), 8 rounds: a pair takes 57-75 us
+        # and moves by more than 10 us from one process to the next, against a threshold of 60 ns.
+        got = {"without": [66252.3, 65577.6, 58608.8, 60541.4, 62680.8, 61611.3, 63002.5, 60306.0],
+               "with": [57017.8, 58434.3, 59247.0, 66594.2, 60140.7, 74496.7, 64734.8, 63171.2]}
+        c = overhead.compare(self.tier(), "alloc", got, "ns", "<= +60 ns per pair", 60)
+        self.assertEqual(c.status, INFO, c.figure)
+        self.assertAlmostEqual(c.data["added"], (638.2 + 1732.3) / 2, places=1)
+        self.assertAlmostEqual(c.data["noise"], (12885.4 + 9234.4) / 2, places=1)
+        self.assertIn("added +1185 ns +- 1.11e+04 ns", c.figure)
+        self.assertTrue(c.figure.endswith("; not judged: noise 1.11e+04 ns against threshold 60 ns"), c.figure)
+        # PyTorch's start-up (ms) in the first run on hardware: 4 rounds, the process times drifting
+        # upwards over the run. A difference of medians said +190.8 ms and failed the 100 ms bound.
+        got = {"without": [3520, 3780, 4210, 4030], "with": [3460, 3720, 4520, 4830]}
+        c = overhead.compare(self.tier(), "start-up", got, "ms", "<= +100 ms", 100)
+        self.assertEqual(c.status, INFO, c.figure)
+        self.assertEqual(c.data["differences"], [-60, -60, 310, 800])
+
+    def test_a_steady_figure_is_judged(self):
+        got = {"without": [657.0, 656.8, 657.2], "with": [657.4, 656.9, 657.0]}
+        c = overhead.compare(self.tier(), "matmul", got, "TFLOP/s", "<= 1% slower", 1.0,
+                             higher_is_better=True, relative=True)
+        self.assertEqual(c.status, PASS, c.figure)
+        self.assertEqual(c.data["unit"], "%")
+        got = {"without": [100.0, 101.0, 100.5], "with": [90.0, 91.0, 90.2]}
+        c = overhead.compare(self.tier(), "matmul", got, "TFLOP/s", "<= 1% slower", 1.0,
+                             higher_is_better=True, relative=True)
+        self.assertEqual(c.status, FAIL, c.figure)
+        got = {"without": [100.0, 100.0, 100.0], "with": [99.0, 99.5, 98.0]}
+        c = overhead.compare(self.tier(), "matmul", got, "TFLOP/s", "<= 1% slower", 1.0,
+                             higher_is_better=True, relative=True)
+        self.assertEqual(c.status, INFO, c.figure)
+        self.assertIn("not judged: within the noise of the threshold: 0.75% against threshold 1%", c.figure)
+
+    def test_the_simulator_is_reported_not_judged(self):
+        got = {"without": [100.0, 100.0, 100.0], "with": [500.0, 500.0, 500.0]}
+        c = overhead.compare(self.tier(sim=True), "alloc", got, "ns", "<= +60 ns per pair", 60)
+        self.assertEqual(c.status, INFO)
+        self.assertIn("(not judged on the simulator)", c.expected)
 
 
 class Report(unittest.TestCase):

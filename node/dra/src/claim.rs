@@ -166,6 +166,15 @@ pub fn allotments(
                 r.device
             ));
         }
+        if memory > gpu.description.total {
+            return Err(format!(
+                "{claim}: device {}: consumed memory {} is more than the GPU holds ({}); a \
+                 claim consumes at most the memory capacity the device publishes",
+                r.device,
+                quantity::bytes(memory),
+                quantity::bytes(gpu.description.total)
+            ));
+        }
         let cores = cores as u32;
         let mut limit = cores;
         let mut priority = None;
@@ -353,6 +362,31 @@ mod tests {
         assert!(
             e.contains("priority \"urgent\" is not a priority (high, normal or low)"),
             "{e}"
+        );
+    }
+
+    #[test]
+    fn consumed_memory_beyond_the_gpu_or_a_huge_quantity_is_one_short_line() {
+        // More than the 16 GiB the GPU holds: no cap of the GPU's size or beyond (a cap of
+        // 2^64 - 1 bytes would be none).
+        for q in ["17Gi", "18446744073709551615"] {
+            let c = claim(json!([result("gpu-0", q, "30")]), json!([]));
+            let e = allotments(&r(), &c, "node-a", &gpus()).unwrap_err();
+            assert!(e.contains("is more than the GPU holds (16Gi)"), "{e}");
+        }
+        let c = claim(json!([result("gpu-0", "16Gi", "30")]), json!([]));
+        assert_eq!(
+            allotments(&r(), &c, "node-a", &gpus()).unwrap()[0].memory,
+            16 << 30
+        );
+        // A megabyte of digits is cut in the refusal.
+        let huge = "9".repeat(1 << 20);
+        let c = claim(json!([result("gpu-0", &huge, "30")]), json!([]));
+        let e = allotments(&r(), &c, "node-a", &gpus()).unwrap_err();
+        assert!(
+            e.len() < 500 && e.contains("(1048576 bytes)"),
+            "{} bytes",
+            e.len()
         );
     }
 

@@ -1,11 +1,16 @@
 //! Kubernetes resource quantities (`8Gi`, `30`, `1.5Gi`, `256M`, `1e3`), as whole numbers: the
 //! bytes of a memory capacity, the percent of a `cores` capacity. Pure.
 
+use cuslice_policy::echo::quoted;
+
 /// The exact whole number a quantity stands for, or one line saying why it is not one.
 pub fn parse(q: &str) -> Result<u64, String> {
     let s = q.trim();
     let bad = |why: &str| {
-        format!("{q:?} is not a quantity this driver takes ({why}); write e.g. 8Gi, 512Mi or 30")
+        format!(
+            "{} is not a quantity this driver takes ({why}); write e.g. 8Gi, 512Mi or 30",
+            quoted(q)
+        )
     };
     let end = s
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))

@@ -1,7 +1,11 @@
 """Memory, driver level: every allocation family of `cuda-workload fill` through every route under a
-4 GiB cap, and four processes sharing one cap. Judged by NVML's count of what each process held."""
+4 GiB cap, and four processes sharing one cap. Judged by NVML's count of what each process held.
+
+Managed memory is the exception: the driver backs it with device memory only where it is touched
+(the workload sets each allocation on the device), and NVML lists those pages under no process, so
+a managed fill is judged by the device's used memory above what it was before the check."""
 from .common import GIB, FAIL, Check, Spec, failed, judged, mib
-from .nvml import peak_held
+from .nvml import peak_device, peak_held
 
 GROUP = "memory"
 CAP = 4 * GIB
@@ -10,9 +14,11 @@ ROUTES = ["dlsym", "proc-v1", "proc-v2", "cudart-12.9", "cudart-13.0", "direct"]
 FAMILIES = ["mem", "pitch", "managed", "array", "array3d", "mipmap", "async", "pool", "vmm"]
 
 
-def judge_fill(name, proc, peak, source, cap):
+def judge_fill(name, proc, peak, source, cap, own=None):
     """One fill under `cap`: refused with CUDA_ERROR_OUT_OF_MEMORY, never above the cap by NVML's
-    count, and cuMemGetInfo reported the cap as the total."""
+    count (`source`: "process", or "device" for the device's used memory above its level before;
+    `own`: the process's own entry beside a device figure, shown only), and cuMemGetInfo reported
+    the cap as the total."""
     start, refused = proc.event("start"), proc.event("refused")
     why = failed([proc])
     if why or not start or not refused:
@@ -21,7 +27,8 @@ def judge_fill(name, proc, peak, source, cap):
     usable = cap - 128 * (1 << 20)  # refused no earlier than two chunks short of the cap
     ok = (refused["code"] == 2 and peak is not None and usable <= peak <= cap and reported == cap
           and start["reported_total"] == cap and refused["free"] <= cap)
-    figure = (f"peak {mib(peak)} by NVML{'' if source == 'process' else ' (' + str(source) + ')'}; "
+    shown = "" if source == "process" else f" ({source}{'' if own is None else ', its own entry ' + mib(own)})"
+    figure = (f"peak {mib(peak)} by NVML{shown}; "
               f"cuMemGetInfo total {mib(reported)}, free {mib(start['free'])} at start, "
               f"{mib(refused['free'])} at refusal; {refused['call']} -> {refused['code']} "
               f"after {refused['count']} x {CHUNK}")
@@ -44,8 +51,13 @@ def run(tier):
             argv = [binary, "--route", route, "fill", "--family", family, "--chunk", CHUNK, "--hold", hold]
             base = tier.nvml_used()
             (p,) = tier.run(GROUP, name, [Spec(argv, tier.cuslice(tier.scratch(name), memory_limit="4GiB"))])
-            peak, source = peak_held(tier.nvml.memory(p.t0, p.t1), [p.pid], base)
-            checks.append(judge_fill(name, p, peak, source, CAP))
+            samples = tier.nvml.memory(p.t0, p.t1)
+            if family == "managed":
+                own, _ = peak_held(samples, [p.pid])
+                checks.append(judge_fill(name, p, peak_device(samples, base), "device", CAP, own))
+            else:
+                peak, source = peak_held(samples, [p.pid], base)
+                checks.append(judge_fill(name, p, peak, source, CAP))
     if tier.wanted("4 processes on one 4 GiB cap"):
         checks.append(four_processes(tier))
     return checks

@@ -119,20 +119,40 @@ def peak_held(samples, pids, baseline_used=None):
                    if pids & used.keys()]
     if per_process:
         return max(per_process), "process"
+    device = peak_device(samples, baseline_used)
+    return (device, "device") if device is not None else (None, None)
+
+
+def peak_device(samples, baseline_used):
+    """The device's used memory above `baseline_used` at its highest sample, by NVML's count;
+    None when NVML gave no device figure or there is no baseline."""
     device = [d for _, d, _ in samples if d is not None]
-    if device and baseline_used is not None:
-        return max(0, max(device) - baseline_used), "device"
-    return None, None
+    if not device or baseline_used is None:
+        return None
+    return max(0, max(device) - baseline_used)
 
 
 def sample_period_us(util):
-    """The driver's per-process sample period: the median gap between one process's consecutive
-    samples (None with too few)."""
-    by_pid = {}
-    for pid, ts, _ in util:
-        by_pid.setdefault(pid, []).append(ts)
-    gaps = [b - a for ts in by_pid.values() for a, b in zip(sorted(ts), sorted(ts)[1:]) if b > a]
+    """The driver's per-process sample period: the median gap between consecutive sample stamps,
+    whichever processes they name (None with too few). A driver that names one process per stamp
+    (the real one does) and one that names every process that ran give the same period."""
+    stamps = sorted({ts for _, ts, _ in util})
+    gaps = [b - a for a, b in zip(stamps, stamps[1:])]
     return statistics.median(gaps) if gaps else None
+
+
+def one_process_per_stamp(util, pids, t0, t1):
+    """Whether, over [t0, t1] (wall s), NVML named more than one of `pids` but never two at one
+    stamp. A real driver does that when processes time-slice the device: each sample names one
+    process, with a figure that follows the whole device, so per-process samples cannot split the
+    device's time between the processes."""
+    pids = set(pids)
+    named = {}
+    for pid, ts, _ in util:
+        if pid in pids and t0 * 1e6 < ts <= t1 * 1e6:
+            named.setdefault(ts, set()).add(pid)
+    seen = set().union(*named.values()) if named else set()
+    return len(seen) > 1 and all(len(v) == 1 for v in named.values())
 
 
 def share(util, pid, t0, t1, period_us=None):

@@ -1,19 +1,35 @@
-"""Overhead with no limits set: the same programs with and without the library, interleaved in one
-run (without, with, without, with, ...), medians compared. On the simulated GPU the figures are
-reported but not judged (timings there say nothing about a real driver; tests/bench measures the
-library against the simulator)."""
+"""Overhead with no limits set: the same programs with and without the library, alternated in one
+run, judged on the rounds' paired differences against the noise those rounds show. On the
+simulated GPU the figures are reported but not judged (timings there say nothing about a real
+driver; tests/bench measures the library against the simulator).
+
+How a check is judged: each round runs the program once without and once with the library, the
+order swapped every other round (without-with, with-without, ...), so that a drift over the run
+(a warming GPU, a filling page cache) adds to as many rounds as it takes from. The added cost is
+the median of the rounds' differences (with minus without); the noise is half the spread of those
+differences (largest less smallest, halved): how far the rounds alone move the estimate. A check
+passes when the added cost plus the noise is within the threshold and fails when the added cost
+less the noise is beyond it. Anything else is `info`: a noise larger than the threshold itself,
+or a difference within the noise of the threshold, cannot be judged by these rounds, and the
+figure says so with both numbers.
+"""
 import importlib.util
 import statistics
 
-from .common import FAIL, INFO, NOT_RUN, Check, Spec, failed, judged
+from .common import FAIL, INFO, NOT_RUN, PASS, Check, Spec, failed
 
 GROUP = "overhead"
 TORCH_CHECKS = ["PyTorch launch-bound loop (tiny adds)", "PyTorch large bf16 matmul (8192^3)",
                 "PyTorch start-up to first kernel"]
 
 
+def rounds_for(tier):
+    """Rounds per check: 3 on the simulator (reported only), 4 with --quick, 6 otherwise."""
+    return 3 if tier.sim else 4 if tier.quick else 6
+
+
 def run(tier):
-    rounds = 2 if tier.quick else 3
+    rounds = rounds_for(tier)
     checks = [f(tier, rounds) for name, f in ((ALLOC, bench_alloc), (LAUNCH, bench_launch)) if tier.wanted(name)]
     if tier.sim or importlib.util.find_spec("torch") is None:
         why = "needs a real GPU (PyTorch)" if tier.sim else "PyTorch is not installed"
@@ -25,12 +41,18 @@ def run(tier):
     return checks
 
 
+def order(r):
+    """The sides of round `r` (from 0) in the order they run: swapped every other round."""
+    return ("without", "with") if r % 2 == 0 else ("with", "without")
+
+
 def interleaved(tier, title, argv, rounds, pick, timeout=300):
-    """Runs `argv` `rounds` times without and with the library, alternating; `pick(proc)` reads a
-    figure from each run. Returns ({without: [...], with: [...]}, why-not) ."""
+    """Runs `argv` `rounds` times without and with the library, alternating (see `order`);
+    `pick(proc)` reads a figure from each run. Returns ({without: [...], with: [...]}, why-not),
+    the lists in round order."""
     got = {"without": [], "with": []}
     for r in range(rounds):
-        for side in ("without", "with"):
+        for side in order(r):
             env = tier.cuslice(tier.scratch(title)) if side == "with" else {}
             (p,) = tier.run(GROUP, f"{title}: round {r + 1}, {side} the library", [Spec(argv, env, side)],
                             timeout=timeout)
@@ -41,18 +63,50 @@ def interleaved(tier, title, argv, rounds, pick, timeout=300):
     return got, None
 
 
+def added_cost(without, with_, higher_is_better=False, relative=False):
+    """Each round's added cost (with against without, in the figure's unit, or percent of the
+    round's own figure without the library when `relative`): positive is worse with the library."""
+    out = []
+    for a, b in zip(without, with_):
+        d = (a - b) if higher_is_better else (b - a)
+        out.append(100.0 * d / a if relative else d)
+    return out
+
+
+def judge(diffs, limit):
+    """(status, added, noise) from the rounds' added costs against `limit`: their median and half
+    their spread; PASS if added + noise <= limit, FAIL if added - noise > limit, INFO otherwise,
+    and INFO whenever the noise is larger than the limit."""
+    added = statistics.median(diffs)
+    noise = (max(diffs) - min(diffs)) / 2
+    if noise > limit:
+        return INFO, added, noise
+    if added + noise <= limit:
+        return PASS, added, noise
+    if added - noise > limit:
+        return FAIL, added, noise
+    return INFO, added, noise
+
+
 def compare(tier, name, got, unit, goal, limit, higher_is_better=False, relative=False):
-    """A check from interleaved figures: medians and the added cost, judged against `limit` (in
-    `unit`, or percent when `relative`) on a real GPU."""
+    """A check from alternated rounds: the medians of each side for people, the judgement on the
+    rounds' paired differences against their noise (`judge`), on a real GPU only."""
     a, b = statistics.median(got["without"]), statistics.median(got["with"])
-    added = (a - b) if higher_is_better else (b - a)
-    shown = f"{100 * added / a:+.2f}%" if relative else f"{added:+.1f} {unit}"
-    value = 100 * added / a if relative else added
-    figure = f"{b:.4g} {unit} with, {a:.4g} without (medians of {len(got['with'])}): {shown}"
-    status = INFO if tier.sim else judged(value <= limit)
+    diffs = added_cost(got["without"], got["with"], higher_is_better, relative)
+    status, added, noise = judge(diffs, limit)
+    u = "%" if relative else f" {unit}"
+    n = len(diffs)
+    figure = (f"{b:.4g} {unit} with, {a:.4g} without (medians of {n}); added {added:+.4g}{u} "
+              f"+- {noise:.3g}{u} (median of the {n} rounds' differences +- half their spread)")
+    if tier.sim:
+        status = INFO
+    elif status == INFO:
+        figure += (f"; not judged: {'noise' if noise > limit else 'within the noise of the threshold:'} "
+                   f"{noise:.3g}{u} against threshold {limit:g}{u}")
+    data = {"without": got["without"], "with": got["with"], "differences": diffs, "added": added,
+            "noise": noise, "limit": limit, "unit": "%" if relative else unit}
     return Check(GROUP, name, figure, goal + (" (not judged on the simulator)" if tier.sim else ""),
-                 status, {"without": got["without"], "with": got["with"], "added": value,
-                          "unit": "%" if relative else unit})
+                 status, data)
 
 
 ALLOC = "cuMemAlloc_v2 + cuMemFree_v2 pair (bench-alloc)"
@@ -60,7 +114,7 @@ LAUNCH = "cuLaunchKernel of a 1 us spin kernel (bench-launch)"
 
 
 def bench_alloc(tier, rounds):
-    iters = "20000" if tier.sim else "100000"
+    iters = "20000"  # a real 1 MiB pair takes ~70 us: 1.4 s a run, so more rounds fit
     return workload_bench(tier, ALLOC, ["bench-alloc", "--iters", iters], "ns_per_pair", rounds,
                           "<= +60 ns per pair", 60)
 

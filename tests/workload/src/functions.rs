@@ -102,6 +102,7 @@ macro_rules! cuda_functions {
                 (dst: *mut c_void, src: CUdeviceptr, bytes: usize) }
             { cuMemcpyDtoD_v2, "cuMemcpyDtoD", 3020, ["cuMemcpyDtoD_v2_ptds"],
                 (dst: CUdeviceptr, src: CUdeviceptr, bytes: usize) }
+            { cuMemsetD8_v2, "cuMemsetD8", 3020, ["cuMemsetD8_v2_ptds"], (dst: CUdeviceptr, value: u8, bytes: usize) }
         }
     };
 }

@@ -37,7 +37,9 @@ pub enum Family {
     Mem,
     /// cuMemAllocPitch_v2 (rows of 1 MiB - 1000 bytes, chunk / 1 MiB rows)
     Pitch,
-    /// cuMemAllocManaged (CU_MEM_ATTACH_GLOBAL)
+    /// cuMemAllocManaged (CU_MEM_ATTACH_GLOBAL), each allocation then set to zero on the device
+    /// (cuMemsetD8_v2, synchronised), so that its pages are resident on the GPU: the driver backs
+    /// managed memory with device memory only where it is touched
     Managed,
     /// cuArrayCreate_v2 (FLOAT, 4096 wide, chunk / 16 KiB high)
     Array,
@@ -664,8 +666,13 @@ impl<'a> Allocator<'a> {
             }
             Family::Managed => {
                 // SAFETY: out-pointer to a local.
-                soft(unsafe { d.cuMemAllocManaged(&mut ptr, size, CU_MEM_ATTACH_GLOBAL) })?
-                    .map(|()| Block::Device(ptr))
+                let r = soft(unsafe { d.cuMemAllocManaged(&mut ptr, size, CU_MEM_ATTACH_GLOBAL) })?;
+                if r.is_ok() {
+                    // SAFETY: `ptr` is a live managed allocation of `size` bytes.
+                    unsafe { d.cuMemsetD8_v2(ptr, 0, size) }?;
+                    sync(d, null_mut())?;
+                }
+                r.map(|()| Block::Device(ptr))
             }
             Family::Array => {
                 let desc = CUDA_ARRAY_DESCRIPTOR {

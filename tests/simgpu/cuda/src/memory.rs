@@ -546,6 +546,16 @@ pub fn fill(dst: u64, value: u32, width: u64, count: u64) -> Res {
     }
     let segs = segments(d, &d.inner.lock(), dst, len)?;
     let data = d.state.data().map_err(|_| CUresult::CUDA_ERROR_UNKNOWN)?;
+    if value.to_le_bytes()[..width as usize]
+        .iter()
+        .all(|&b| b == 0)
+    {
+        for (off, n) in segs {
+            // SAFETY: the segment lies inside the mapped contents file.
+            unsafe { zero(data.base.add(off as usize), n as usize) };
+        }
+        return Ok(());
+    }
     let pattern: Vec<u8> = (0..len)
         .map(|i| value.to_le_bytes()[(i % width) as usize])
         .collect();
@@ -562,6 +572,33 @@ pub fn fill(dst: u64, value: u32, width: u64, count: u64) -> Res {
         pos += n as usize;
     }
     Ok(())
+}
+
+/// Sets `n` bytes at `p` (inside the contents file's shared mapping) to zero: the whole pages
+/// among them by punching them out of the file (they read as zeros, and a large memset costs
+/// neither time nor disk), the rest, or all where the file system cannot punch, by writing.
+///
+/// # Safety
+/// `p..p + n` must lie inside the contents file's mapping.
+unsafe fn zero(p: *mut u8, n: usize) {
+    let page = 4096;
+    let start = (p as usize).next_multiple_of(page);
+    let end = (p as usize + n) / page * page;
+    let punched = end > start && {
+        // SAFETY: [start, end) lies inside the caller's range, page-aligned, in a shared file
+        // mapping, whose pages read as zeros once removed.
+        unsafe { libc::madvise(start as *mut c_void, end - start, libc::MADV_REMOVE) == 0 }
+    };
+    if punched {
+        // SAFETY: both edges lie inside the caller's range.
+        unsafe {
+            std::ptr::write_bytes(p, 0, start - p as usize);
+            std::ptr::write_bytes(end as *mut u8, 0, p as usize + n - end);
+        }
+    } else {
+        // SAFETY: the caller's range.
+        unsafe { std::ptr::write_bytes(p, 0, n) };
+    }
 }
 
 macro_rules! copies {
