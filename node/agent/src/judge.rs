@@ -191,6 +191,21 @@ pub fn ledger_short(ledger_used: u64, driver_used: u64) -> bool {
     driver_used > ledger_used.saturating_add(ledger_slack(driver_used))
 }
 
+/// Device memory no process's NVML entry shows, beyond what the slices may hold that way:
+/// a real driver never puts managed memory in a process's entry (an H200, driver 580: 518 MiB
+/// in the entry of a process holding 3072 MiB of resident managed memory, all of it in the
+/// device's used memory). Given the device's used memory, the sum of every listed process's
+/// entry, the driver's own (the least `used - entries` seen) and the slices' headroom under
+/// their caps (None: a party with no cap is there, and may hold any amount so), the bytes
+/// unattributed beyond `ledger_slack`; None when within it or when nothing can be said.
+pub fn unattributed(used: u64, entries: u64, own: u64, headroom: Option<u64>) -> Option<u64> {
+    let beyond = used
+        .saturating_sub(entries)
+        .saturating_sub(own)
+        .saturating_sub(headroom?);
+    (beyond > ledger_slack(used)).then_some(beyond)
+}
+
 /// Ticks in a row a ledger mismatch must be seen before it is a finding.
 pub const LEDGER_TICKS: u32 = 2;
 
@@ -951,6 +966,30 @@ mod tests {
         assert_eq!(w.usage().unwrap().share, 0.0);
         w.add_signed(3 * S, S as i64, 0);
         assert!((w.usage().unwrap().share - 0.25).abs() < 1e-9);
+    }
+
+    #[test]
+    fn memory_no_entry_shows_beyond_the_caps() {
+        // The H200's figures: 3072 MiB of managed memory raised the device's used memory, the
+        // process's entry showed its context's 518 MiB; the driver's own 600 MiB.
+        let used = 600 * MIB + 518 * MIB + 3072 * MIB;
+        // A slice capped at 1 GiB (506 MiB of headroom under its entry): 2566 MiB unattributed.
+        assert_eq!(
+            unattributed(used, 518 * MIB, 600 * MIB, Some(506 * MIB)),
+            Some(2566 * MIB)
+        );
+        // Capped at 4 GiB: what it may hold as managed memory covers it.
+        assert_eq!(
+            unattributed(used, 518 * MIB, 600 * MIB, Some(3578 * MIB)),
+            None
+        );
+        // A party with no cap beside it: nothing can be said.
+        assert_eq!(unattributed(used, 518 * MIB, 600 * MIB, None), None);
+        // Within the slack (allocations between the two readings).
+        assert_eq!(
+            unattributed(600 * MIB + 50 * MIB, 0, 600 * MIB, Some(0)),
+            None
+        );
     }
 
     #[test]

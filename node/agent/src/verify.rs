@@ -304,6 +304,10 @@ pub struct Verifier {
     /// What the driver could not establish about compute, per slice (or "" for the device)
     /// and device, as last logged.
     notes: BTreeMap<(String, String), String>,
+    /// Per device: the least of its used memory less every listed process's entry (the
+    /// driver's own), and the checks in a row that showed memory unattributed.
+    driver_own: BTreeMap<String, u64>,
+    unattributed: BTreeMap<String, u32>,
 }
 
 fn log(line: &str) {
@@ -397,6 +401,8 @@ impl Verifier {
             logged: BTreeSet::new(),
             problems: BTreeSet::new(),
             notes: BTreeMap::new(),
+            driver_own: BTreeMap::new(),
+            unattributed: BTreeMap::new(),
         }
     }
 
@@ -404,6 +410,78 @@ impl Verifier {
     /// SIGTERM and SIGINT). Dropping the verifier does the same.
     pub fn stopper(&self) -> Stopper {
         Stopper(self.shared.clone())
+    }
+
+    /// Device memory that no process's NVML entry shows, beyond what the slices' caps allow
+    /// (`judge::unattributed`): reported, never acted on (no slice can be named).
+    fn unattributed_memory(
+        &mut self,
+        nvml: &Nvml,
+        read: &BTreeSet<String>,
+        entries: &BTreeMap<String, u64>,
+        uncapped: &BTreeSet<String>,
+        held: &BTreeMap<(String, String), Vec<Held>>,
+        limits: &BTreeMap<(String, String), Limits>,
+    ) {
+        let gpus = match nvml.gpus() {
+            Ok(g) => g,
+            Err(e) => {
+                self.once(format!("cannot read the GPUs' used memory: {e}"));
+                return;
+            }
+        };
+        for g in gpus {
+            if !read.contains(&g.uuid) {
+                continue;
+            }
+            let listed = entries.get(&g.uuid).copied().unwrap_or(0);
+            let own = self.driver_own.entry(g.uuid.clone()).or_insert(u64::MAX);
+            *own = (*own).min(g.used.saturating_sub(listed));
+            let own = *own;
+            // What the slices there may hold that their entries do not show (managed memory
+            // made through the library counts against the cap); None: a party with no cap.
+            let headroom = if uncapped.contains(&g.uuid) {
+                None
+            } else {
+                held.iter()
+                    .filter(|((_, u), _)| *u == g.uuid)
+                    .try_fold(0u64, |sum, (key, list)| {
+                        let cap = limits.get(key)?.memory?;
+                        Some(sum + cap.saturating_sub(judge::total(list)))
+                    })
+            };
+            let streak = self.unattributed.entry(g.uuid.clone()).or_default();
+            match judge::unattributed(g.used, listed, own, headroom) {
+                Some(beyond) => {
+                    *streak += 1;
+                    if *streak == judge::LEDGER_TICKS {
+                        log(&format!(
+                            "{}: the device's used memory is {}, {} more than every listed \
+                             process's NVML entry ({}), the driver's own ({}, the least seen) \
+                             and what the slices' caps leave them ({}) account for: memory no \
+                             process's entry shows, such as managed memory (a real driver never \
+                             counts it in a process's entry); no slice can be named; action: \
+                             none",
+                            g.uuid,
+                            format_size(g.used),
+                            format_size(beyond),
+                            format_size(listed),
+                            format_size(own),
+                            format_size(headroom.unwrap_or(0))
+                        ));
+                    }
+                }
+                None => {
+                    if *streak >= judge::LEDGER_TICKS {
+                        log(&format!(
+                            "{}: the device's used memory is accounted for again",
+                            g.uuid
+                        ));
+                    }
+                    *streak = 0;
+                }
+            }
+        }
     }
 
     fn once(&mut self, line: String) {
@@ -468,6 +546,10 @@ impl Verifier {
         // Devices with a process in no slice.
         let mut outside: BTreeSet<String> = BTreeSet::new();
         let mut device_pids: HashMap<String, Vec<(u32, String)>> = HashMap::new();
+        // Per device: the sum of every listed process's entry.
+        let mut entries: BTreeMap<String, u64> = BTreeMap::new();
+        // Devices with a process whose entry NVML does not give.
+        let mut blind: BTreeSet<String> = BTreeSet::new();
         for (d, uuid) in &devices {
             let procs = match nvml.processes(*d) {
                 Ok(p) => p,
@@ -478,6 +560,10 @@ impl Verifier {
             };
             read.insert(uuid.clone());
             for p in procs {
+                *entries.entry(uuid.clone()).or_default() += p.used.unwrap_or(0);
+                if p.used.is_none() {
+                    blind.insert(uuid.clone());
+                }
                 let slice = pid_slice
                     .entry(p.pid)
                     .or_insert_with(|| classify(p.pid as i32, &slices))
@@ -585,6 +671,9 @@ impl Verifier {
                 limits.insert(key, l);
             }
         }
+
+        let uncapped: BTreeSet<String> = outside.union(&blind).cloned().collect();
+        self.unattributed_memory(&nvml, &read, &entries, &uncapped, &held, &limits);
 
         // Who may run on each device, for the bound under one sample a period: a slice with a
         // limit is taken to use at most that limit + `OVER_PCT` only while every process it has
