@@ -346,14 +346,14 @@ impl SampleClock {
         cover * 1000 * half_pcts / 200
     }
 
-    /// The device's busy time (ns) a stamp (`t_us`, the named figure `sm`) stands for, under
-    /// one sample a period: the figure is the device's over the period, so the stamp stands
-    /// for the time back to the device's previous stamp, at most one period. A stamp not newer
-    /// than the last counts nothing.
-    pub fn take_stamp(&mut self, t_us: u64, sm: u32) -> u64 {
+    /// The time (ns) a stamp (`t_us`, the named figure `sm`) stands for under one sample a
+    /// period, and the device's busy time in it: the figure is the device's over the period,
+    /// so the stamp stands for the time back to the device's previous stamp, at most one
+    /// period. A stamp not newer than the last counts nothing.
+    pub fn take_stamp(&mut self, t_us: u64, sm: u32) -> (u64, u64) {
         let last = self.stamp_us;
         if last.is_some_and(|l| t_us <= l) {
-            return 0;
+            return (0, 0);
         }
         if let Some(l) = last {
             let gap = t_us - l;
@@ -431,8 +431,9 @@ pub enum Bound {
     Unbounded,
 }
 
-/// Each party's bound in a step of `dt_ns` in which the device was busy `busy_ns` (the sum of
-/// the named figure over the step's stamps, each for its period).
+/// Each party's bound over stamps standing for `dt_ns` in which the device was busy `busy_ns`
+/// (the named figure over each stamp's time): what the others may use is counted over the
+/// same time as the busy time, not the meter's step.
 pub fn bounds(busy_ns: u64, dt_ns: u64, parties: &[Party]) -> Vec<Bound> {
     let may = |p: &Party| {
         p.cap
@@ -464,19 +465,20 @@ pub fn bounds(busy_ns: u64, dt_ns: u64, parties: &[Party]) -> Vec<Bound> {
         .collect()
 }
 
-/// The device's busy time (ns) a stamp of the newest `seen_us` and figure `sm` stands for,
-/// from the device's previous stamp (`last_us`, None: the first) and the sample period known.
-pub fn stamp_busy(last_us: Option<u64>, t_us: u64, period_us: Option<u64>, sm: u32) -> u64 {
+/// The time (ns) a stamp `t_us` with figure `sm` stands for, and the device's busy time (ns)
+/// in it, from the device's previous stamp (`last_us`, None: the first) and the sample period
+/// known: back to the previous stamp, at most one period.
+pub fn stamp_busy(last_us: Option<u64>, t_us: u64, period_us: Option<u64>, sm: u32) -> (u64, u64) {
     let cover = match last_us {
         Some(l) if t_us > l => {
             let gap = t_us - l;
             period_us.map_or(gap, |p| p.min(gap))
         }
-        Some(_) => return 0,
+        Some(_) => return (0, 0),
         None => period_us.unwrap_or(FIRST_COVER_US),
     };
     let half_pcts = if sm >= 100 { 200 } else { 2 * sm as u64 + 1 };
-    cover * 1000 * half_pcts / 200
+    (cover * 1000, cover * 1000 * half_pcts / 200)
 }
 
 // ---- compute: the window and the bucket ------------------------------------------------------
@@ -888,11 +890,14 @@ mod tests {
     fn one_sample_a_period_gives_the_devices_busy_time() {
         let mut c = SampleClock::new(0);
         // The first stamp stands for up to 1 s before a period is known; then one period.
-        assert_eq!(c.take_stamp(1_000_000, 100), S);
-        assert_eq!(c.take_stamp(1_200_000, 50), 200 * MS * 101 / 200);
-        assert_eq!(c.take_stamp(1_200_000, 50), 0);
+        assert_eq!(c.take_stamp(1_000_000, 100), (S, S));
+        assert_eq!(
+            c.take_stamp(1_200_000, 50),
+            (200 * MS, 200 * MS * 101 / 200)
+        );
+        assert_eq!(c.take_stamp(1_200_000, 50), (0, 0));
         // A gap (nothing ran): one period only.
-        assert_eq!(c.take_stamp(3_000_000, 100), 200 * MS);
+        assert_eq!(c.take_stamp(3_000_000, 100), (200 * MS, 200 * MS));
         assert_eq!(c.seen_us, 3_000_000);
     }
 

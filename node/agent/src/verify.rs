@@ -1543,9 +1543,10 @@ fn poll(shared: &Shared) {
     st.last_poll = Some(now);
     // Per slice and device: its device time by its own samples (per-process samples).
     let mut used: BTreeMap<(String, String), u64> = BTreeMap::new();
-    // Per device under one sample a period: its busy time this step, and the slices (None:
-    // processes in no slice) the samples named.
-    let mut one_per_period: BTreeMap<String, (u64, BTreeSet<Option<String>>)> = BTreeMap::new();
+    // Per device under one sample a period: the time the step's stamps stand for, the device's
+    // busy time in it, and the slices (None: processes in no slice) the samples named.
+    let mut one_per_period: BTreeMap<String, (u64, u64, BTreeSet<Option<String>>)> =
+        BTreeMap::new();
     for (uuid, mut list) in samples {
         list.sort_by_key(|x| (x.time_us, x.pid));
         let clock = st
@@ -1559,7 +1560,7 @@ fn poll(shared: &Shared) {
             clock.multi_seen_us = Some(now_wall);
         }
         let model = judge::sample_model(clock.multi_seen_us, now_wall);
-        let (mut busy, mut named) = (0, BTreeSet::new());
+        let (mut cover, mut busy, mut named) = (0, 0, BTreeSet::new());
         for x in list {
             let slice = st
                 .pids
@@ -1568,7 +1569,9 @@ fn poll(shared: &Shared) {
                 .clone();
             let ns = clock.take(x.pid, x.time_us, x.sm);
             if model == judge::SampleModel::OnePerPeriod {
-                busy += clock.take_stamp(x.time_us, x.sm);
+                let (c, b) = clock.take_stamp(x.time_us, x.sm);
+                cover += c;
+                busy += b;
                 named.insert(slice.clone());
             }
             if let Some(id) = slice {
@@ -1583,13 +1586,13 @@ fn poll(shared: &Shared) {
         }
         clock.forget_before(now_wall, 10_000_000);
         if model == judge::SampleModel::OnePerPeriod {
-            one_per_period.insert(uuid, (busy, named));
+            one_per_period.insert(uuid, (cover, busy, named));
         }
     }
     // Under one sample a period, each slice's bound (`judge::bounds`) over who may have run:
     // the parties NVML's process list showed at the last tick, and any the samples named since.
     let mut bound: BTreeMap<(String, String), (judge::Bound, u64)> = BTreeMap::new();
-    for (uuid, (busy, named)) in &one_per_period {
+    for (uuid, (cover, busy, named)) in &one_per_period {
         let mut parties = st.parties.get(uuid).cloned().unwrap_or_default();
         for n in named {
             parties.entry(n.clone()).or_insert(judge::Party {
@@ -1600,7 +1603,7 @@ fn poll(shared: &Shared) {
             });
         }
         let list: Vec<judge::Party> = parties.values().cloned().collect();
-        let found = judge::bounds(*busy, dt, &list);
+        let found = judge::bounds(*busy, *cover, &list);
         for (id, b) in parties.keys().zip(found) {
             if let Some(id) = id {
                 bound.insert((id.clone(), uuid.clone()), (b, *busy));
