@@ -191,6 +191,21 @@ pub fn ledger_short(ledger_used: u64, driver_used: u64) -> bool {
     driver_used > ledger_used.saturating_add(ledger_slack(driver_used))
 }
 
+/// Device memory no process's NVML entry shows, beyond what the slices may hold that way:
+/// a real driver never puts managed memory in a process's entry (an H200, driver 580: 518 MiB
+/// in the entry of a process holding 3072 MiB of resident managed memory, all of it in the
+/// device's used memory). Given the device's used memory, the sum of every listed process's
+/// entry, the driver's own (the least `used - entries` seen) and the slices' headroom under
+/// their caps (None: a party with no cap is there, and may hold any amount so), the bytes
+/// unattributed beyond `ledger_slack`; None when within it or when nothing can be said.
+pub fn unattributed(used: u64, entries: u64, own: u64, headroom: Option<u64>) -> Option<u64> {
+    let beyond = used
+        .saturating_sub(entries)
+        .saturating_sub(own)
+        .saturating_sub(headroom?);
+    (beyond > ledger_slack(used)).then_some(beyond)
+}
+
 /// Ticks in a row a ledger mismatch must be seen before it is a finding.
 pub const LEDGER_TICKS: u32 = 2;
 
@@ -289,6 +304,12 @@ pub struct SampleClock {
     period_us: Option<u64>,
     /// Newest stamp of any process: the next query asks for newer ones.
     pub seen_us: u64,
+    /// The device's newest stamp taken by `take_stamp`, and the smallest gap seen between two
+    /// (µs).
+    stamp_us: Option<u64>,
+    stamp_period_us: Option<u64>,
+    /// When (µs) the driver last gave a stamp naming two or more processes (`sample_model`).
+    pub multi_seen_us: Option<u64>,
 }
 
 const FIRST_COVER_US: u64 = 1_000_000;
@@ -325,12 +346,139 @@ impl SampleClock {
         cover * 1000 * half_pcts / 200
     }
 
+    /// The time (ns) a stamp (`t_us`, the named figure `sm`) stands for under one sample a
+    /// period, and the device's busy time in it: the figure is the device's over the period,
+    /// so the stamp stands for the time back to the device's previous stamp, at most one
+    /// period. A stamp not newer than the last counts nothing.
+    pub fn take_stamp(&mut self, t_us: u64, sm: u32) -> (u64, u64) {
+        let last = self.stamp_us;
+        if last.is_some_and(|l| t_us <= l) {
+            return (0, 0);
+        }
+        if let Some(l) = last {
+            let gap = t_us - l;
+            self.stamp_period_us = Some(self.stamp_period_us.map_or(gap, |p| p.min(gap)));
+        }
+        self.stamp_us = Some(t_us);
+        self.seen_us = self.seen_us.max(t_us);
+        stamp_busy(last, t_us, self.stamp_period_us, sm)
+    }
+
     /// Forgets processes not seen for `idle_us` before `now_us` (their pids may come back as
     /// other processes).
     pub fn forget_before(&mut self, now_us: u64, idle_us: u64) {
         self.last
             .retain(|_, t| now_us.saturating_sub(*t) <= idle_us);
     }
+}
+
+// ---- compute: one sample a period ------------------------------------------------------------
+
+/// How a device's driver gives per-process utilisation, told from its samples.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SampleModel {
+    /// A sample per process that ran in a period, each with that process's own share: a
+    /// process's device time is its own samples.
+    PerProcess,
+    /// One sample a period, naming one process, with the device's utilisation over the period
+    /// (a real driver: an NVIDIA H200, driver 580, named one of two time-sliced processes per
+    /// stamp, with the device's figure). What a process used is not in it; the device's busy
+    /// time is.
+    OnePerPeriod,
+}
+
+/// How long a stamp naming several processes is taken as proof of per-process samples.
+pub const MODEL_MEMORY_US: u64 = 10_000_000;
+
+/// The model a device's driver uses, given when (µs) it last gave a stamp naming two or more
+/// processes (None: never): per-process samples only where the driver showed them lately. One
+/// named process a stamp is judged as one sample a period, which is sound under both: with one
+/// process at work the two agree, and the bound below never blames a slice for a neighbour.
+pub fn sample_model(multi_seen_us: Option<u64>, now_us: u64) -> SampleModel {
+    match multi_seen_us {
+        Some(t) if now_us.saturating_sub(t) <= MODEL_MEMORY_US => SampleModel::PerProcess,
+        _ => SampleModel::OnePerPeriod,
+    }
+}
+
+/// One of the parties that may have run on a device in a step, under one sample a period: a
+/// slice, or every process in no slice together.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Party {
+    /// The share of the device (0-1) it may use without being found over: its core limit plus
+    /// `OVER_PCT`, for a slice with a limit whose processes on the device are all known to its
+    /// ledger (held by the library's meter). None: no bound (no limit, in no slice, or a
+    /// process that went around the library).
+    pub cap: Option<f64>,
+    /// A slice with a core limit (the agent judges it).
+    pub limited: bool,
+}
+
+/// What the driver establishes about a party's device time in a step, under one sample a
+/// period.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bound {
+    /// At least this (ns; negative: nothing established beyond zero): the device's busy time
+    /// less what every other party may use by its cap, and no other party with a limit is
+    /// bounded alike, so the figure is this party's alone (it ran alone, or beside slices held
+    /// by the library's meter while it was not).
+    Established(i64),
+    /// Every party is a slice held to its limit alike: the device's busy time beyond their
+    /// limits (this many ns; negative: none) is someone's, but the samples do not say whose.
+    Shared(i64),
+    /// A party with no bound ran beside it (a slice without a limit, a process in no slice, or
+    /// one that went around the library): nothing can be established.
+    Unbounded,
+}
+
+/// Each party's bound over stamps standing for `dt_ns` in which the device was busy `busy_ns`
+/// (the named figure over each stamp's time): what the others may use is counted over the
+/// same time as the busy time, not the meter's step.
+pub fn bounds(busy_ns: u64, dt_ns: u64, parties: &[Party]) -> Vec<Bound> {
+    let may = |p: &Party| {
+        p.cap
+            .map(|c| (c.clamp(0.0, 1.0) * dt_ns as f64).round() as i64)
+    };
+    let raw: Vec<Option<i64>> = (0..parties.len())
+        .map(|i| {
+            parties
+                .iter()
+                .enumerate()
+                .filter(|&(j, _)| j != i)
+                .try_fold(busy_ns.min(i64::MAX as u64) as i64, |left, (_, p)| {
+                    Some(left - may(p)?)
+                })
+        })
+        .collect();
+    let bounded = parties
+        .iter()
+        .zip(&raw)
+        .filter(|(p, r)| p.limited && r.is_some())
+        .count();
+    raw.iter()
+        .zip(parties)
+        .map(|(r, p)| match *r {
+            None => Bound::Unbounded,
+            Some(lb) if bounded >= 2 => Bound::Shared(lb - may(p).unwrap_or(0)),
+            Some(lb) => Bound::Established(lb),
+        })
+        .collect()
+}
+
+/// The time (ns) a stamp `t_us` with figure `sm` stands for, and the device's busy time (ns)
+/// in it, from the device's previous stamp (`last_us`, None: the first) and the sample period
+/// known: back to the previous stamp, at most one period.
+pub fn stamp_busy(last_us: Option<u64>, t_us: u64, period_us: Option<u64>, sm: u32) -> (u64, u64) {
+    let cover = match last_us {
+        Some(l) if t_us > l => {
+            let gap = t_us - l;
+            period_us.map_or(gap, |p| p.min(gap))
+        }
+        Some(_) => return (0, 0),
+        None => period_us.unwrap_or(FIRST_COVER_US),
+    };
+    let half_pcts = if sm >= 100 { 200 } else { 2 * sm as u64 + 1 };
+    (cover * 1000, cover * 1000 * half_pcts / 200)
 }
 
 // ---- compute: the window and the bucket ------------------------------------------------------
@@ -348,8 +496,9 @@ pub const MIN_HISTORY_NS: u64 = 5 * S;
 /// Device time a slice used over the last `WINDOW_NS`, and the time it spent frozen.
 #[derive(Debug, Clone, Default)]
 pub struct Window {
-    /// (end of the step, ns; device time used in it; time frozen in it), oldest first.
-    steps: VecDeque<(u64, u64, u64)>,
+    /// (end of the step, ns; device time used in it, or its lower bound, which may be
+    /// negative; time frozen in it), oldest first.
+    steps: VecDeque<(u64, i64, u64)>,
     /// When the window's history starts (the start of the oldest step kept).
     start_ns: Option<u64>,
 }
@@ -371,6 +520,13 @@ pub struct Usage {
 impl Window {
     /// Adds the step ending at `now_ns`.
     pub fn add(&mut self, now_ns: u64, used_ns: u64, frozen_ns: u64) {
+        self.add_signed(now_ns, used_ns.min(i64::MAX as u64) as i64, frozen_ns);
+    }
+
+    /// Adds the step ending at `now_ns` with a lower bound of the device time used in it,
+    /// which may be negative (what the others may have used is more than the device's busy
+    /// time): the window's sum is the bound over the window, never below 0.
+    pub fn add_signed(&mut self, now_ns: u64, used_ns: i64, frozen_ns: u64) {
         if self.start_ns.is_none() {
             self.start_ns = Some(now_ns);
             return;
@@ -392,7 +548,7 @@ impl Window {
         if span == 0 {
             return None;
         }
-        let used: u64 = self.steps.iter().map(|s| s.1).sum();
+        let used = self.steps.iter().map(|s| s.1).sum::<i64>().max(0) as u64;
         let frozen: u64 = self.steps.iter().map(|s| s.2).sum();
         let running = span.saturating_sub(frozen).max(1);
         Some(Usage {
@@ -514,6 +670,21 @@ impl Bucket {
             Hold::Nothing
         } else {
             Hold::Freeze(ns.min(MAX_FREEZE_NS))
+        }
+    }
+
+    /// `step` with a lower bound of the device time used, which may be negative: what the
+    /// neighbours may use beyond the device's busy time is credit, up to the bank.
+    pub fn step_signed(&mut self, rate: f64, dt_ns: u64, used_ns: i64) {
+        if used_ns >= 0 {
+            self.step(rate, dt_ns, used_ns as u64);
+        } else {
+            let earned = (rate * dt_ns as f64) as i64;
+            self.tokens = self
+                .tokens
+                .saturating_add(earned)
+                .saturating_add(used_ns.unsigned_abs().min(i64::MAX as u64) as i64)
+                .min(BANK_NS);
         }
     }
 
@@ -700,6 +871,130 @@ mod tests {
         assert_eq!(c.seen_us, 2_100_000);
         c.forget_before(5_000_000, 1_000_000);
         assert_eq!(c.take(8, 5_000_000, 0), 100 * MS / 200);
+    }
+
+    #[test]
+    fn the_model_is_told_from_the_stamps() {
+        assert_eq!(sample_model(None, 50_000_000), SampleModel::OnePerPeriod);
+        assert_eq!(
+            sample_model(Some(45_000_000), 50_000_000),
+            SampleModel::PerProcess
+        );
+        assert_eq!(
+            sample_model(Some(39_000_000), 50_000_000),
+            SampleModel::OnePerPeriod
+        );
+    }
+
+    #[test]
+    fn one_sample_a_period_gives_the_devices_busy_time() {
+        let mut c = SampleClock::new(0);
+        // The first stamp stands for up to 1 s before a period is known; then one period.
+        assert_eq!(c.take_stamp(1_000_000, 100), (S, S));
+        assert_eq!(
+            c.take_stamp(1_200_000, 50),
+            (200 * MS, 200 * MS * 101 / 200)
+        );
+        assert_eq!(c.take_stamp(1_200_000, 50), (0, 0));
+        // A gap (nothing ran): one period only.
+        assert_eq!(c.take_stamp(3_000_000, 100), (200 * MS, 200 * MS));
+        assert_eq!(c.seen_us, 3_000_000);
+    }
+
+    fn party(limit: Option<f64>, known: bool) -> Party {
+        Party {
+            cap: limit.filter(|_| known).map(|l| (l + OVER_PCT) / 100.0),
+            limited: limit.is_some(),
+        }
+    }
+
+    #[test]
+    fn a_bound_only_where_the_driver_establishes_it() {
+        let dt = S as i64;
+        let busy = S; // the device busy throughout a 1 s step
+        let b = |parties: &[Party]| bounds(busy, S, parties);
+        // Alone: the device's busy time is the slice's.
+        assert_eq!(b(&[party(Some(30.0), true)]), vec![Bound::Established(dt)]);
+        // Two honest slices at 70 and 30 flat out: neither is blamed for the other; what the
+        // device did beyond their limits (+ 5 each) is someone's: none here.
+        assert_eq!(
+            b(&[party(Some(70.0), true), party(Some(30.0), true)]),
+            vec![Bound::Shared(-dt / 10), Bound::Shared(-dt / 10)]
+        );
+        // Two slices at 20 and 30, the device busy throughout: 40 points beyond their limits
+        // (+ 5 each), someone's, not attributable.
+        assert_eq!(
+            b(&[party(Some(20.0), true), party(Some(30.0), true)]),
+            vec![Bound::Shared(dt * 40 / 100), Bound::Shared(dt * 40 / 100)]
+        );
+        // A slice at 20 whose process is unknown to its ledger (it went around the library)
+        // beside an honest one at 30: at least 100 - 35 = 65% is its own; the honest one
+        // cannot be bounded (the other may have used anything).
+        assert_eq!(
+            b(&[party(Some(20.0), false), party(Some(30.0), true)]),
+            vec![Bound::Established(dt * 65 / 100), Bound::Unbounded]
+        );
+        // Beside a slice with no limit, or a process in no slice: nothing established.
+        assert_eq!(
+            b(&[party(Some(70.0), true), party(None, true)]),
+            vec![Bound::Unbounded, Bound::Established(dt * 25 / 100)]
+        );
+        // Two that went around the library: neither bounded.
+        assert_eq!(
+            b(&[party(Some(20.0), false), party(Some(30.0), false)]),
+            vec![Bound::Unbounded, Bound::Unbounded]
+        );
+        // An idle device: the bound is negative (nothing established beyond zero).
+        assert_eq!(
+            bounds(0, S, &[party(Some(20.0), false), party(Some(30.0), true)])[0],
+            Bound::Established(-dt * 35 / 100)
+        );
+    }
+
+    #[test]
+    fn a_negative_bound_is_credit_up_to_the_bank() {
+        let rate = enforced_rate(20.0);
+        let mut b = Bucket {
+            tokens: -(100 * MS as i64),
+        };
+        b.step_signed(rate, 0, -(50 * MS as i64));
+        assert_eq!(b.tokens, -(50 * MS as i64));
+        b.step_signed(rate, 0, -(S as i64));
+        assert_eq!(b.tokens, BANK_NS);
+        b.step_signed(rate, 0, 300 * MS as i64);
+        assert_eq!(b.tokens, BANK_NS - 300 * MS as i64);
+        // The window's sum never goes below 0.
+        let mut w = Window::default();
+        w.add_signed(0, 0, 0);
+        w.add_signed(S, -(S as i64) / 2, 0);
+        w.add_signed(2 * S, (S as i64) / 4, 0);
+        assert_eq!(w.usage().unwrap().share, 0.0);
+        w.add_signed(3 * S, S as i64, 0);
+        assert!((w.usage().unwrap().share - 0.25).abs() < 1e-9);
+    }
+
+    #[test]
+    fn memory_no_entry_shows_beyond_the_caps() {
+        // The H200's figures: 3072 MiB of managed memory raised the device's used memory, the
+        // process's entry showed its context's 518 MiB; the driver's own 600 MiB.
+        let used = 600 * MIB + 518 * MIB + 3072 * MIB;
+        // A slice capped at 1 GiB (506 MiB of headroom under its entry): 2566 MiB unattributed.
+        assert_eq!(
+            unattributed(used, 518 * MIB, 600 * MIB, Some(506 * MIB)),
+            Some(2566 * MIB)
+        );
+        // Capped at 4 GiB: what it may hold as managed memory covers it.
+        assert_eq!(
+            unattributed(used, 518 * MIB, 600 * MIB, Some(3578 * MIB)),
+            None
+        );
+        // A party with no cap beside it: nothing can be said.
+        assert_eq!(unattributed(used, 518 * MIB, 600 * MIB, None), None);
+        // Within the slack (allocations between the two readings).
+        assert_eq!(
+            unattributed(600 * MIB + 50 * MIB, 0, 600 * MIB, Some(0)),
+            None
+        );
     }
 
     #[test]

@@ -138,6 +138,26 @@ struct Meter {
     /// The last time `stop` killed the processes that ran on the device because the slice
     /// owed more than freezing holds.
     killed: Option<ComputeKill>,
+    /// Under one sample a period (`judge::SampleModel::OnePerPeriod`), the last step's bound;
+    /// None under per-process samples (the window holds the slice's own device time).
+    bound: Option<judge::Bound>,
+    /// Under one sample a period: the device's busy time per step, and by how much it was
+    /// beyond what the limits of the slices on it allow, in steps where that was all the
+    /// driver established (`judge::Bound::Shared`).
+    busy: Window,
+    beyond: Window,
+}
+
+/// What the meter established for a slice under one sample a period, over its window.
+#[derive(Debug, Clone, Copy)]
+struct Bounded {
+    /// The last step's bound.
+    last: judge::Bound,
+    /// The device's busy time, as a share of the window (0-1).
+    busy: f64,
+    /// How far the device was busy beyond what the limits of the slices on it allow, as a
+    /// share of the window (0-1), in steps where that was all that could be established.
+    beyond: f64,
 }
 
 /// A kill for device time owed (`judge::Hold::Kill`).
@@ -164,6 +184,11 @@ struct State {
     /// Pid -> slice, as classified since the last tick.
     pids: HashMap<u32, Option<String>>,
     clocks: HashMap<String, SampleClock>,
+    /// Per device: who may run on it (the slices with a process there, and `None` for
+    /// processes in no slice), from the agent's last look at NVML's process list.
+    parties: HashMap<String, BTreeMap<Option<String>, judge::Party>>,
+    /// Per device: the processes of slices NVML's process list showed there at the last tick.
+    device_pids: HashMap<String, Vec<(u32, String)>>,
     meters: BTreeMap<(String, String), Meter>,
     frozen: BTreeMap<String, Frozen>,
     /// Slices the thaw thread thawed since the meter's last step: when each was frozen and
@@ -276,6 +301,13 @@ pub struct Verifier {
     /// not again while it lasts.
     logged: BTreeSet<String>,
     problems: BTreeSet<String>,
+    /// What the driver could not establish about compute, per slice (or "" for the device)
+    /// and device, as last logged.
+    notes: BTreeMap<(String, String), String>,
+    /// Per device: the least of its used memory less every listed process's entry (the
+    /// driver's own), and the checks in a row that showed memory unattributed.
+    driver_own: BTreeMap<String, u64>,
+    unattributed: BTreeMap<String, u32>,
 }
 
 fn log(line: &str) {
@@ -331,6 +363,8 @@ impl Verifier {
                 slices: BTreeMap::new(),
                 pids: HashMap::new(),
                 clocks: HashMap::new(),
+                parties: HashMap::new(),
+                device_pids: HashMap::new(),
                 meters: BTreeMap::new(),
                 frozen: BTreeMap::new(),
                 thawed: BTreeMap::new(),
@@ -366,6 +400,9 @@ impl Verifier {
             untold: true,
             logged: BTreeSet::new(),
             problems: BTreeSet::new(),
+            notes: BTreeMap::new(),
+            driver_own: BTreeMap::new(),
+            unattributed: BTreeMap::new(),
         }
     }
 
@@ -373,6 +410,78 @@ impl Verifier {
     /// SIGTERM and SIGINT). Dropping the verifier does the same.
     pub fn stopper(&self) -> Stopper {
         Stopper(self.shared.clone())
+    }
+
+    /// Device memory that no process's NVML entry shows, beyond what the slices' caps allow
+    /// (`judge::unattributed`): reported, never acted on (no slice can be named).
+    fn unattributed_memory(
+        &mut self,
+        nvml: &Nvml,
+        read: &BTreeSet<String>,
+        entries: &BTreeMap<String, u64>,
+        uncapped: &BTreeSet<String>,
+        held: &BTreeMap<(String, String), Vec<Held>>,
+        limits: &BTreeMap<(String, String), Limits>,
+    ) {
+        let gpus = match nvml.gpus() {
+            Ok(g) => g,
+            Err(e) => {
+                self.once(format!("cannot read the GPUs' used memory: {e}"));
+                return;
+            }
+        };
+        for g in gpus {
+            if !read.contains(&g.uuid) {
+                continue;
+            }
+            let listed = entries.get(&g.uuid).copied().unwrap_or(0);
+            let own = self.driver_own.entry(g.uuid.clone()).or_insert(u64::MAX);
+            *own = (*own).min(g.used.saturating_sub(listed));
+            let own = *own;
+            // What the slices there may hold that their entries do not show (managed memory
+            // made through the library counts against the cap); None: a party with no cap.
+            let headroom = if uncapped.contains(&g.uuid) {
+                None
+            } else {
+                held.iter()
+                    .filter(|((_, u), _)| *u == g.uuid)
+                    .try_fold(0u64, |sum, (key, list)| {
+                        let cap = limits.get(key)?.memory?;
+                        Some(sum + cap.saturating_sub(judge::total(list)))
+                    })
+            };
+            let streak = self.unattributed.entry(g.uuid.clone()).or_default();
+            match judge::unattributed(g.used, listed, own, headroom) {
+                Some(beyond) => {
+                    *streak += 1;
+                    if *streak == judge::LEDGER_TICKS {
+                        log(&format!(
+                            "{}: the device's used memory is {}, {} more than every listed \
+                             process's NVML entry ({}), the driver's own ({}, the least seen) \
+                             and what the slices' caps leave them ({}) account for: memory no \
+                             process's entry shows, such as managed memory (a real driver never \
+                             counts it in a process's entry); no slice can be named; action: \
+                             none",
+                            g.uuid,
+                            format_size(g.used),
+                            format_size(beyond),
+                            format_size(listed),
+                            format_size(own),
+                            format_size(headroom.unwrap_or(0))
+                        ));
+                    }
+                }
+                None => {
+                    if *streak >= judge::LEDGER_TICKS {
+                        log(&format!(
+                            "{}: the device's used memory is accounted for again",
+                            g.uuid
+                        ));
+                    }
+                    *streak = 0;
+                }
+            }
+        }
     }
 
     fn once(&mut self, line: String) {
@@ -434,6 +543,13 @@ impl Verifier {
         let mut held: BTreeMap<(String, String), Vec<Held>> = BTreeMap::new();
         // Devices whose processes were read: a slice with none there holds nothing there.
         let mut read: BTreeSet<String> = BTreeSet::new();
+        // Devices with a process in no slice.
+        let mut outside: BTreeSet<String> = BTreeSet::new();
+        let mut device_pids: HashMap<String, Vec<(u32, String)>> = HashMap::new();
+        // Per device: the sum of every listed process's entry.
+        let mut entries: BTreeMap<String, u64> = BTreeMap::new();
+        // Devices with a process whose entry NVML does not give.
+        let mut blind: BTreeSet<String> = BTreeSet::new();
         for (d, uuid) in &devices {
             let procs = match nvml.processes(*d) {
                 Ok(p) => p,
@@ -444,16 +560,28 @@ impl Verifier {
             };
             read.insert(uuid.clone());
             for p in procs {
+                *entries.entry(uuid.clone()).or_default() += p.used.unwrap_or(0);
+                if p.used.is_none() {
+                    blind.insert(uuid.clone());
+                }
                 let slice = pid_slice
                     .entry(p.pid)
                     .or_insert_with(|| classify(p.pid as i32, &slices))
                     .clone();
+                if let Some(s) = &slice {
+                    device_pids
+                        .entry(uuid.clone())
+                        .or_default()
+                        .push((p.pid, s.clone()));
+                }
                 if let Some(s) = slice {
                     held.entry((s, uuid.clone())).or_default().push(Held {
                         pid: p.pid as i32,
                         driver: p.used.unwrap_or(0),
                         charged: None,
                     });
+                } else {
+                    outside.insert(uuid.clone());
                 }
             }
         }
@@ -544,12 +672,46 @@ impl Verifier {
             }
         }
 
+        let uncapped: BTreeSet<String> = outside.union(&blind).cloned().collect();
+        self.unattributed_memory(&nvml, &read, &entries, &uncapped, &held, &limits);
+
+        // Who may run on each device, for the bound under one sample a period: a slice with a
+        // limit is taken to use at most that limit + `OVER_PCT` only while every process it has
+        // there is known to its ledger (held by the library's meter).
+        let mut parties: HashMap<String, BTreeMap<Option<String>, judge::Party>> = HashMap::new();
+        for ((id, uuid), list) in &held {
+            let core = limits
+                .get(&(id.clone(), uuid.clone()))
+                .and_then(|l| l.core_limit);
+            let known = list.iter().all(|h| h.charged.is_some());
+            parties.entry(uuid.clone()).or_default().insert(
+                Some(id.clone()),
+                judge::Party {
+                    cap: core
+                        .filter(|_| known)
+                        .map(|l| (f64::from(l) + judge::OVER_PCT) / 100.0),
+                    limited: core.is_some(),
+                },
+            );
+        }
+        for uuid in &outside {
+            parties.entry(uuid.clone()).or_default().insert(
+                None,
+                judge::Party {
+                    cap: None,
+                    limited: false,
+                },
+            );
+        }
+
         // Hand the slices and limits to the meter; take what it measured.
-        type Measured = (judge::Usage, Vec<i32>, Option<ComputeKill>);
+        type Measured = (judge::Usage, Vec<i32>, Option<ComputeKill>, Option<Bounded>);
         let usage: BTreeMap<(String, String), Measured> = {
             let mut st = self.shared.lock();
             let now_ns = self.shared.mono_ns(Instant::now());
             st.devices = devices.clone();
+            st.parties = parties;
+            st.device_pids = device_pids;
             st.slices = slices.clone();
             st.pids = pid_slice.clone();
             for (key, l) in &limits {
@@ -581,6 +743,11 @@ impl Verifier {
                             m.window.usage()?,
                             m.pids.keys().map(|&p| p as i32).collect(),
                             m.killed.clone(),
+                            m.bound.map(|b| Bounded {
+                                last: b,
+                                busy: m.busy.usage().map_or(0.0, |u| u.share),
+                                beyond: m.beyond.usage().map_or(0.0, |u| u.share),
+                            }),
                         ),
                     ))
                 })
@@ -779,7 +946,8 @@ impl Verifier {
         self.ledger_streak
             .retain(|k, n| *n > 0 && slices.contains_key(&k.slice));
         self.caps.retain(|(id, _), _| slices.contains_key(id));
-        for ((id, uuid), (u, pids, killed)) in &usage {
+        let mut notes: BTreeMap<(String, String), String> = BTreeMap::new();
+        for ((id, uuid), (u, pids, killed, bounded)) in &usage {
             let Some(s) = slices.get(id) else { continue };
             let Some(limit) = limits
                 .get(&(id.clone(), uuid.clone()))
@@ -793,11 +961,52 @@ impl Verifier {
                 kind: Kind::Compute,
             };
             let limit = f64::from(limit);
+            // Under one sample a period, what the driver could not establish is said, not
+            // guessed.
+            let span_s = u.span_ns as f64 / 1e9;
+            match bounded.map(|b| b.last) {
+                Some(judge::Bound::Unbounded) => {
+                    notes.insert(
+                        (id.clone(), uuid.clone()),
+                        format!(
+                            "{}'s compute on {uuid} cannot be bounded while it lasts: the driver \
+                             names one process per sample, with the device's figure, and a \
+                             process in no slice, in a slice without a core limit, or unknown \
+                             to its slice's ledger runs beside it; not judged",
+                            s.label()
+                        ),
+                    );
+                }
+                Some(judge::Bound::Shared(_))
+                    if bounded.is_some_and(|b| b.beyond * 100.0 > judge::BACK_PCT)
+                        && u.span_ns >= judge::MIN_HISTORY_NS =>
+                {
+                    let b = bounded.expect("matched");
+                    notes.insert(
+                        (String::new(), uuid.clone()),
+                        format!(
+                            "{uuid} was busy {:.1}% over the last {span_s:.1} s, {:.1} points \
+                             more than the core limits of the slices on it allow (each limit + \
+                             {:.0} points): one of them is over its limit, but the driver names \
+                             one process per sample, with the device's figure, so which cannot \
+                             be told; nothing frozen",
+                            b.busy * 100.0,
+                            b.beyond * 100.0,
+                            judge::OVER_PCT
+                        ),
+                    );
+                }
+                _ => {}
+            }
             if !judge::compute_over(Some(*u), limit, self.tracker.active(&key)) {
                 continue;
             }
-            // Only figures measured: the driver's device time, the agent's own freezes.
-            let span_s = u.span_ns as f64 / 1e9;
+            let by = match bounded {
+                None => "by the driver's count".to_string(),
+                Some(_) => "by the lower bound the driver establishes".to_string(),
+            };
+            // Only figures measured: the driver's device time (or the bound it establishes),
+            // the agent's own freezes.
             let kill_past = format!(
                 "its processes on the device are killed if it owes more than {:.1} s of device \
                  time beyond its limit",
@@ -807,14 +1016,14 @@ impl Verifier {
                 (Enforce::Report, _, _) => "none (--enforce report)".to_string(),
                 (Enforce::Stop, _, Some(k)) if now - k.at < span_s => format!(
                     "killed pids {} {:.0} s ago: it owed {:.2} s of device time beyond its \
-                     limit by the driver's count, more than freezing holds",
+                     limit {by}, more than freezing holds",
                     join(&k.pids),
                     now - k.at,
                     k.debt_ns as f64 / 1e9
                 ),
                 (Enforce::Stop, Ok(_), _) => format!(
-                    "its cgroup is frozen while it owes device time by the driver's count \
-                     (frozen {:.0}% of the last {span_s:.1} s); {kill_past}",
+                    "its cgroup is frozen while it owes device time {by} (frozen {:.0}% of \
+                     the last {span_s:.1} s); {kill_past}",
                     u.frozen * 100.0
                 ),
                 (Enforce::Stop, Err(e), _) => format!("cannot be frozen ({e}); {kill_past}"),
@@ -822,15 +1031,29 @@ impl Verifier {
             found.push((
                 key,
                 Finding {
-                    message: format!(
-                        "{} used {:.1}% of {uuid} by the driver's count over the last \
-                         {span_s:.1} s, over its core limit of {limit:.0}% ({:.1}% of the time \
-                         it was not frozen; pids {})",
-                        s.label(),
-                        u.share * 100.0,
-                        u.demand * 100.0,
-                        join(pids)
-                    ),
+                    message: match bounded {
+                        None => format!(
+                            "{} used {:.1}% of {uuid} by the driver's count over the last \
+                             {span_s:.1} s, over its core limit of {limit:.0}% ({:.1}% of the \
+                             time it was not frozen; pids {})",
+                            s.label(),
+                            u.share * 100.0,
+                            u.demand * 100.0,
+                            join(pids)
+                        ),
+                        Some(b) => format!(
+                            "{} used at least {:.1}% of {uuid} over the last {span_s:.1} s, \
+                             over its core limit of {limit:.0}% ({:.1}% of the time it was not \
+                             frozen; pids {}): a lower bound, the device's busy time ({:.1}%) \
+                             less what the other slices on it may use by their limits (the \
+                             driver names one process per sample, with the device's figure)",
+                            s.label(),
+                            u.share * 100.0,
+                            u.demand * 100.0,
+                            join(pids),
+                            b.busy * 100.0
+                        ),
+                    },
                     share_pct: Some(round1(u.share * 100.0)),
                     demand_pct: Some(round1(u.demand * 100.0)),
                     limit_pct: Some(limit),
@@ -839,6 +1062,34 @@ impl Verifier {
                 },
             ));
         }
+
+        // Notes on what the driver could not establish: logged when they start and end. A
+        // slice with no window to judge yet (its limit just changed) keeps its note.
+        for (k, line) in &self.notes {
+            if !k.0.is_empty() && slices.contains_key(&k.0) && !usage.contains_key(k) {
+                notes.entry(k.clone()).or_insert_with(|| line.clone());
+            }
+        }
+        for (k, line) in &notes {
+            if !self.notes.contains_key(k) {
+                log(line);
+            }
+        }
+        for k in std::mem::take(&mut self.notes).into_keys() {
+            if !notes.contains_key(&k) {
+                let what = if k.0.is_empty() {
+                    format!("{}: busy within the slices' core limits again", k.1)
+                } else {
+                    format!(
+                        "slice {} on {}: its compute can be bounded again",
+                        short(&k.0),
+                        k.1
+                    )
+                };
+                log(&what);
+            }
+        }
+        self.notes = notes;
 
         // Log what started and ended.
         let keys: Vec<Key> = found.iter().map(|(k, _)| k.clone()).collect();
@@ -1290,12 +1541,26 @@ fn poll(shared: &Shared) {
         .map_or(0, |t| now.duration_since(t).as_nanos() as u64);
     let prev = st.last_poll.unwrap_or(now);
     st.last_poll = Some(now);
+    // Per slice and device: its device time by its own samples (per-process samples).
     let mut used: BTreeMap<(String, String), u64> = BTreeMap::new();
-    for (uuid, list) in samples {
+    // Per device under one sample a period: the time the step's stamps stand for, the device's
+    // busy time in it, and the slices (None: processes in no slice) the samples named.
+    let mut one_per_period: BTreeMap<String, (u64, u64, BTreeSet<Option<String>>)> =
+        BTreeMap::new();
+    for (uuid, mut list) in samples {
+        list.sort_by_key(|x| (x.time_us, x.pid));
         let clock = st
             .clocks
             .entry(uuid.clone())
             .or_insert_with(|| SampleClock::new(now_wall));
+        if list
+            .windows(2)
+            .any(|w| w[0].time_us == w[1].time_us && w[0].pid != w[1].pid)
+        {
+            clock.multi_seen_us = Some(now_wall);
+        }
+        let model = judge::sample_model(clock.multi_seen_us, now_wall);
+        let (mut cover, mut busy, mut named) = (0, 0, BTreeSet::new());
         for x in list {
             let slice = st
                 .pids
@@ -1303,15 +1568,67 @@ fn poll(shared: &Shared) {
                 .or_insert_with(|| classify(x.pid as i32, &st.slices))
                 .clone();
             let ns = clock.take(x.pid, x.time_us, x.sm);
+            if model == judge::SampleModel::OnePerPeriod {
+                let (c, b) = clock.take_stamp(x.time_us, x.sm);
+                cover += c;
+                busy += b;
+                named.insert(slice.clone());
+            }
             if let Some(id) = slice {
                 let key = (id, uuid.clone());
-                *used.entry(key.clone()).or_default() += ns;
+                if model == judge::SampleModel::PerProcess {
+                    *used.entry(key.clone()).or_default() += ns;
+                }
                 if ns > 0 {
                     st.meters.entry(key).or_default().pids.insert(x.pid, now_ns);
                 }
             }
         }
         clock.forget_before(now_wall, 10_000_000);
+        if model == judge::SampleModel::OnePerPeriod {
+            one_per_period.insert(uuid, (cover, busy, named));
+        }
+    }
+    // Under one sample a period, each slice's bound (`judge::bounds`) over who may have run:
+    // the parties NVML's process list showed at the last tick, and any the samples named since.
+    let mut bound: BTreeMap<(String, String), (judge::Bound, u64)> = BTreeMap::new();
+    for (uuid, (cover, busy, named)) in &one_per_period {
+        let mut parties = st.parties.get(uuid).cloned().unwrap_or_default();
+        for n in named {
+            parties.entry(n.clone()).or_insert(judge::Party {
+                cap: None,
+                limited: n
+                    .as_ref()
+                    .is_some_and(|id| st.meters.contains_key(&(id.clone(), uuid.clone()))),
+            });
+        }
+        let list: Vec<judge::Party> = parties.values().cloned().collect();
+        let found = judge::bounds(*busy, *cover, &list);
+        for (id, b) in parties.keys().zip(found) {
+            if let Some(id) = id {
+                bound.insert((id.clone(), uuid.clone()), (b, *busy));
+            }
+        }
+        // A slice with a meter here and no process: it used nothing.
+        for (id, u) in st.meters.keys() {
+            if u == uuid && !parties.contains_key(&Some(id.clone())) {
+                bound.insert(
+                    (id.clone(), u.clone()),
+                    (judge::Bound::Established(0), *busy),
+                );
+            }
+        }
+        // The slices a bound may be acted on for: their processes on the device count as
+        // having run there (the samples may never name a slice that uses a minority share).
+        for (pid, id) in st.device_pids.get(uuid).into_iter().flatten() {
+            let key = (id.clone(), uuid.clone());
+            if let (Some((judge::Bound::Established(lb), _)), Some(m)) =
+                (bound.get(&key), st.meters.get_mut(&key))
+                && *lb > 0
+            {
+                m.pids.insert(*pid, now_ns);
+            }
+        }
     }
     // Time each slice spent frozen since the last step (frozen now, or thawed meanwhile).
     let thawed = std::mem::take(&mut st.thawed);
@@ -1325,17 +1642,35 @@ fn poll(shared: &Shared) {
     let keys: Vec<(String, String)> = st.meters.keys().cloned().collect();
     for key in keys {
         let f = frozen_ns(&key.0);
-        let u = used.get(&key).copied().unwrap_or(0);
+        let (u, b) = match bound.get(&key) {
+            Some(&(b, busy)) => match b {
+                judge::Bound::Established(lb) => (lb, Some((b, busy))),
+                _ => (0, Some((b, busy))),
+            },
+            None => (
+                used.get(&key).copied().unwrap_or(0).min(i64::MAX as u64) as i64,
+                None,
+            ),
+        };
         let (frozen, just_thawed) = (st.frozen.contains_key(&key.0), thawed.contains_key(&key.0));
         let m = st.meters.get_mut(&key).expect("listed above");
-        m.window.add(now_ns, u, f);
+        m.window.add_signed(now_ns, u, f);
+        m.bound = b.map(|b| b.0);
+        if let Some((b, busy)) = b {
+            m.busy.add(now_ns, busy, 0);
+            let beyond = match b {
+                judge::Bound::Shared(e) => e,
+                _ => 0,
+            };
+            m.beyond.add_signed(now_ns, beyond, 0);
+        }
         m.pids
             .retain(|_, t| now_ns.saturating_sub(*t) < judge::WINDOW_NS);
         if let Some(rate) = m.rate {
             if now_ns < m.settle_until {
                 m.bucket = Bucket::default();
             } else {
-                m.bucket.step(rate, dt, u);
+                m.bucket.step_signed(rate, dt, u);
             }
             holds.push((key, m.bucket.hold(rate, frozen, just_thawed)));
         }

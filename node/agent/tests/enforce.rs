@@ -1463,3 +1463,200 @@ fn stop_finds_nothing_against_honest_workloads() {
         Box::new(c).remove();
     }
 }
+
+/// The driver's per-process samples as a real one gives them (simgpu's default: one sample a
+/// period, naming the process with the most busy time, with the device's utilisation): a slice
+/// with a core limit of 70 whose two processes share the device with one process of another
+/// slice, at a core limit of 30 or with none, gets about 2/3 of it by the simulator's count
+/// (within its limit), the neighbour 1/3. Neither gets a compute finding, a freeze or a kill.
+/// The processes go around the library (`--route bypass`) so that the shares are the device's
+/// own time-slicing, whatever the library's meter does; then the same two limits through the
+/// library, both flat out.
+#[test]
+fn stop_leaves_honest_slices_sharing_the_device_alone() {
+    root_required();
+    let _serial = cuslice_test_harness::serial();
+    let around = "cuda-workload --route bypass launch --ns-per-block 1000000 --blocks 1 --secs 40";
+    let through = "cuda-workload launch --ns-per-block 1000000 --blocks 1 --secs 40";
+    for (neighbour, flat_out, two) in [
+        ("CUSLICE_CORE_LIMIT=30", around, true),
+        ("CUSLICE_MEMORY_LIMIT=1GiB", around, true),
+        ("CUSLICE_CORE_LIMIT=30", through, false),
+    ] {
+        let sim = Sim::new(&["--memory", "8GiB"]);
+        let root = state_root();
+        let agent = Agent::start(&sim, root.path(), &["--enforce", "stop"]);
+        let start = |n: &str, env: &str, cmd: &str| {
+            runc(
+                &sim,
+                root.path(),
+                &Spec {
+                    name: n,
+                    env: &[env],
+                    cmd: &["sh", "-c", cmd],
+                    read_only: false,
+                },
+            )
+        };
+        let (big, small) = (name("honest70"), name("honest30"));
+        let mut a = start(
+            &big,
+            "CUSLICE_CORE_LIMIT=70",
+            &if two {
+                format!("{flat_out} & exec {flat_out}")
+            } else {
+                format!("exec {flat_out}")
+            },
+        );
+        let mut b = start(&small, neighbour, &format!("exec {flat_out}"));
+        common::wait_for(&mut a, "start");
+        common::wait_for(&mut b, "start");
+        let truth = Truth::start(&sim);
+        let pb = b.host_pid();
+        let (_, b0) = self::truth(&sim, pb);
+        let t0 = Instant::now();
+        let start_s = unix_now();
+        let mut compute = Vec::new();
+        while t0.elapsed() < Duration::from_secs(20) {
+            if let Some(f) = findings(root.path()) {
+                for x in f["findings"].as_array().unwrap() {
+                    if x["kind"] == "compute" {
+                        compute.push(x.clone());
+                    }
+                }
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        let (_, b1) = self::truth(&sim, pb);
+        let whole = truth.share(start_s, unix_now());
+        let b_share = (b1 - b0) as f64 / t0.elapsed().as_nanos() as f64 * 100.0;
+        let a_share = whole - b_share;
+        let f = findings(root.path()).unwrap();
+        eprintln!(
+            "limit 70 ({}) beside {neighbour} (1 process): shares over 20 s by the \
+             simulator's count {a_share:.1}% and {b_share:.1}%; actions {}; compute findings \
+             {}: {:?}",
+            if two {
+                "2 processes around the library"
+            } else {
+                "1 process through the library"
+            },
+            f["actions"],
+            compute.len(),
+            compute.first().map(|c| c["message"].clone())
+        );
+        assert!(
+            a_share < 72.0 && b_share < 35.0,
+            "not honest: {a_share:.1}% {b_share:.1}%"
+        );
+        let acted: Vec<String> = agent
+            .log()
+            .into_iter()
+            .filter(|l| l.contains("; action: ") || l.contains("killed") || l.contains("frozen"))
+            // Going around the library shows in the ledger check, by design, with no action.
+            .filter(|l| !l.contains("ledger does not match the driver"))
+            .collect();
+        assert!(compute.is_empty(), "{:#?}", compute.first());
+        assert_eq!(f["actions"]["kills"], 0, "{f}");
+        assert_eq!(f["actions"]["freezes"], 0, "{f}");
+        assert!(acted.is_empty(), "{acted:#?}");
+        assert!(a.exited().is_none() && b.exited().is_none());
+        drop(truth);
+        drop(agent);
+        Box::new(a).remove();
+        Box::new(b).remove();
+    }
+}
+
+/// One sample a period (simgpu's default, as a real driver): a slice with a core limit of 20
+/// whose workload goes around the library, flat out beside an honest slice at 30 running
+/// through it, is found and held by freezing on the bound the driver establishes (the
+/// device's busy time less what the honest slice may use by its limit), though the samples
+/// name it with the device's figure, not its own; the honest slice gets no finding. With a
+/// sample per process (`--process-samples per-process`), the same by the driver's count.
+#[test]
+fn stop_holds_a_bypass_beside_an_honest_slice_by_the_bound() {
+    root_required();
+    let _serial = cuslice_test_harness::serial();
+    for model in ["one-per-period", "per-process"] {
+        bypass_beside_honest(model);
+    }
+}
+
+fn bypass_beside_honest(model: &str) {
+    let sim = Sim::new(&["--memory", "8GiB", "--process-samples", model]);
+    let root = state_root();
+    let agent = Agent::start(&sim, root.path(), &["--enforce", "stop"]);
+    let start = |n: &str, env: &str, route: &str| {
+        let mut cmd = vec!["cuda-workload"];
+        if !route.is_empty() {
+            cmd.extend(["--route", route]);
+        }
+        cmd.extend([
+            "launch",
+            "--ns-per-block",
+            "1000000",
+            "--blocks",
+            "1",
+            "--secs",
+            "60",
+        ]);
+        runc(
+            &sim,
+            root.path(),
+            &Spec {
+                name: n,
+                env: &[env],
+                cmd: &cmd,
+                read_only: false,
+            },
+        )
+    };
+    let (bad, good) = (name("bypass20"), name("honest30"));
+    let mut h = start(&good, "CUSLICE_CORE_LIMIT=30", "");
+    let mut b = start(&bad, "CUSLICE_CORE_LIMIT=20", "bypass");
+    common::wait_for(&mut h, "start");
+    common::wait_for(&mut b, "start");
+    let (ph, pb) = (h.host_pid(), b.host_pid());
+    let line = agent.wait_log("over its core limit", 30);
+    let by = if model == "per-process" {
+        "by the driver's count"
+    } else {
+        "at least"
+    };
+    eprintln!("{line}");
+    assert!(line.contains(&bad[..12]) && line.contains(by), "{line}");
+    std::thread::sleep(Duration::from_secs(3));
+    let (_, b0) = truth(&sim, pb);
+    let (_, h0) = truth(&sim, ph);
+    let t0 = Instant::now();
+    let mut against_honest = Vec::new();
+    while t0.elapsed() < Duration::from_secs(10) {
+        if let Some(f) = findings(root.path()) {
+            for x in f["findings"].as_array().unwrap() {
+                if x["slice"] == good.as_str() {
+                    against_honest.push(x.clone());
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let (_, b1) = truth(&sim, pb);
+    let (_, h1) = truth(&sim, ph);
+    let ns = t0.elapsed().as_nanos() as f64;
+    let (bs, hs) = ((b1 - b0) as f64 / ns * 100.0, (h1 - h0) as f64 / ns * 100.0);
+    let f = findings(root.path()).unwrap();
+    eprintln!(
+        "{model}: bypass (limit 20) {bs:.1}%, honest (limit 30) {hs:.1}% over 10 s by the \
+         simulator's count; actions {}",
+        f["actions"]
+    );
+    assert!(against_honest.is_empty(), "{:#?}", against_honest.first());
+    assert!(f["actions"]["freezes"].as_u64().unwrap() > 0, "{f}");
+    // Held to what the bound allows: the device's busy time less the honest slice's limit + 5
+    // within the bypass's limit + 2, so at most about 57% less what the honest slice used.
+    assert!(bs < 45.0, "the bypass used {bs:.1}% over 10 s");
+    drop(agent);
+    Box::new(h).remove();
+    Box::new(b).remove();
+}
