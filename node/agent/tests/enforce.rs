@@ -279,10 +279,6 @@ const BYPASS_2GIB: &[&str] = &[
 ];
 
 // ---- the scenarios ---------------------------------------------------------------------------
-//
-// The simulated driver gives a utilisation sample per process here (`--process-samples
-// per-process`): the agent reads each sample as its process's own, which a real driver's one
-// sample a period is not (docs/agent.md, known limits).
 
 /// `--enforce stop`, memory: a container capped at 1 GiB whose workload goes around the library
 /// and holds 2 GiB (the simulator shows it: the library did not stop it) is killed once it has
@@ -291,7 +287,7 @@ const BYPASS_2GIB: &[&str] = &[
 fn stop_kills_a_slice_over_its_memory_cap() {
     root_required();
     let _serial = cuslice_test_harness::serial();
-    let sim = Sim::new(&["--memory", "8GiB", "--process-samples", "per-process"]);
+    let sim = Sim::new(&["--memory", "8GiB"]);
     let root = state_root();
     let agent = Agent::start(
         &sim,
@@ -356,7 +352,7 @@ fn stop_kills_a_slice_over_its_memory_cap() {
 fn stop_holds_a_slice_to_its_core_limit_by_freezing() {
     root_required();
     let _serial = cuslice_test_harness::serial();
-    let sim = Sim::new(&["--memory", "8GiB", "--process-samples", "per-process"]);
+    let sim = Sim::new(&["--memory", "8GiB"]);
     let root = state_root();
     let mut agent = Agent::start(&sim, root.path(), &["--enforce", "stop"]);
     let n = name("stopcpu");
@@ -476,7 +472,7 @@ fn stop_holds_a_slice_to_its_core_limit_by_freezing() {
 fn report_shows_the_overuse_and_kills_nothing() {
     root_required();
     let _serial = cuslice_test_harness::serial();
-    let sim = Sim::new(&["--memory", "8GiB", "--process-samples", "per-process"]);
+    let sim = Sim::new(&["--memory", "8GiB"]);
     let root = state_root();
     let agent = Agent::start(&sim, root.path(), &["--enforce", "report", "--grace", "1"]);
     let (n, honest) = (name("report"), name("honest"));
@@ -584,7 +580,7 @@ fn report_shows_the_overuse_and_kills_nothing() {
 fn a_ledger_written_over_is_found() {
     root_required();
     let _serial = cuslice_test_harness::serial();
-    let sim = Sim::new(&["--memory", "8GiB", "--process-samples", "per-process"]);
+    let sim = Sim::new(&["--memory", "8GiB"]);
     let root = state_root();
     let agent = Agent::start(&sim, root.path(), &["--enforce", "report"]);
     let n = name("tamper");
@@ -630,7 +626,7 @@ fn a_ledger_written_over_is_found() {
 fn files_grown_past_their_size_are_found_and_cut_back() {
     root_required();
     let _serial = cuslice_test_harness::serial();
-    let sim = Sim::new(&["--memory", "8GiB", "--process-samples", "per-process"]);
+    let sim = Sim::new(&["--memory", "8GiB"]);
     let root = state_root();
     let agent = Agent::start(&sim, root.path(), &["--enforce", "stop"]);
     let n = name("grow");
@@ -724,7 +720,7 @@ fn scrape(sim: &Sim, root: &Path) -> String {
 fn stop_leaves_a_slice_the_library_holds_alone() {
     root_required();
     let _serial = cuslice_test_harness::serial();
-    let sim = Sim::new(&["--memory", "8GiB", "--process-samples", "per-process"]);
+    let sim = Sim::new(&["--memory", "8GiB"]);
     let root = state_root();
     let agent = Agent::start(&sim, root.path(), &["--enforce", "stop"]);
     let n = name("honestcpu");
@@ -815,7 +811,7 @@ fn long_kernels(ns: &str, depth: &str) -> Vec<String> {
 fn stop_holds_long_queued_kernels_by_the_drivers_count() {
     root_required();
     let _serial = cuslice_test_harness::serial();
-    let sim = Sim::new(&["--memory", "8GiB", "--process-samples", "per-process"]);
+    let sim = Sim::new(&["--memory", "8GiB"]);
     let root = state_root();
     let agent = Agent::start(&sim, root.path(), &["--enforce", "stop"]);
     let n = name("longk");
@@ -897,7 +893,7 @@ fn stop_holds_long_queued_kernels_by_the_drivers_count() {
 fn stop_kills_queued_work_freezing_cannot_hold() {
     root_required();
     let _serial = cuslice_test_harness::serial();
-    let sim = Sim::new(&["--memory", "8GiB", "--process-samples", "per-process"]);
+    let sim = Sim::new(&["--memory", "8GiB"]);
     let root = state_root();
     let agent = Agent::start(&sim, root.path(), &["--enforce", "stop"]);
     let n = name("queued");
@@ -969,7 +965,7 @@ fn stop_kills_queued_work_freezing_cannot_hold() {
 fn stop_kills_a_slice_that_keeps_going_back_over_its_cap() {
     root_required();
     let _serial = cuslice_test_harness::serial();
-    let sim = Sim::new(&["--memory", "8GiB", "--process-samples", "per-process"]);
+    let sim = Sim::new(&["--memory", "8GiB"]);
     let root = state_root();
     let agent = Agent::start(
         &sim,
@@ -1047,7 +1043,7 @@ fn stop_kills_a_slice_that_keeps_going_back_over_its_cap() {
 fn stop_leaves_a_slice_filling_its_cap_alone() {
     root_required();
     let _serial = cuslice_test_harness::serial();
-    let sim = Sim::new(&["--memory", "8GiB", "--process-samples", "per-process"]);
+    let sim = Sim::new(&["--memory", "8GiB"]);
     let root = state_root();
     let agent = Agent::start(
         &sim,
@@ -1111,7 +1107,7 @@ fn frozen_often(sim: &Sim, root: &Path, n: &str) -> RuncContainer {
 fn a_restarted_agent_thaws_what_a_killed_one_froze() {
     root_required();
     let _serial = cuslice_test_harness::serial();
-    let sim = Sim::new(&["--memory", "8GiB", "--process-samples", "per-process"]);
+    let sim = Sim::new(&["--memory", "8GiB"]);
     let root = state_root();
     let n = name("restart");
     let freezer = freezer_state(&n);
@@ -1154,7 +1150,7 @@ fn a_restarted_agent_thaws_what_a_killed_one_froze() {
 fn a_restarted_agent_leaves_an_operators_pause_alone() {
     root_required();
     let _serial = cuslice_test_harness::serial();
-    let sim = Sim::new(&["--memory", "8GiB", "--process-samples", "per-process"]);
+    let sim = Sim::new(&["--memory", "8GiB"]);
     let root = state_root();
     let n = name("paused");
     let freezer = freezer_state(&n);
@@ -1232,7 +1228,7 @@ fn set(root: &Path, target: &str, args: &[&str]) {
 fn stop_finds_nothing_against_honest_workloads() {
     root_required();
     let _serial = cuslice_test_harness::serial();
-    let sim = Sim::new(&["--memory", "40GiB", "--process-samples", "per-process"]);
+    let sim = Sim::new(&["--memory", "40GiB"]);
     let root = state_root();
     let agent = Agent::start(
         &sim,

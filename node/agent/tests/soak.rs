@@ -155,7 +155,7 @@ fn soak() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(600);
-    let sim = Sim::new(&["--memory", "16GiB", "--process-samples", "per-process"]);
+    let sim = Sim::new(&["--memory", "16GiB"]);
     let root = tempfile::Builder::new()
         .prefix("cuslice-soak-")
         .tempdir()
