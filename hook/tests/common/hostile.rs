@@ -166,11 +166,7 @@ pub fn nothing_shared_is_writable(engine: &dyn Engine) {
 /// its request; and a second one with a request is admitted too.
 pub fn forged_claims_take_nothing(engine: &dyn Engine) {
     let _turn = super::agent_turn();
-    // A sample per process: under one sample a period (the simulator's default, as a real
-    // driver) the neighbour without core settings kept 100% on a quiet machine, but under the
-    // test suite's load on 2 cores once dropped from 100.2% to 94.7% beside the tenant, more
-    // than the 5 points allowed (docs/compute.md, known limits).
-    let sim = Sim::new(&["--memory", "8GiB", "--process-samples", "per-process"]);
+    let sim = Sim::new(&["--memory", "8GiB"]);
     let _agent = super::NodeAgent::start(&sim);
     // Without core settings: what it gets of an otherwise idle device, before the tenant and
     // beside it. (10 ms kernels, so that the launching thread needs little of the CPU.)

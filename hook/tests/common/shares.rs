@@ -67,11 +67,7 @@ pub fn device_times(sim: &Sim) -> std::collections::HashMap<i64, u64> {
 
 pub fn shares_hold(engine: &dyn Engine) {
     let _turn = agent_turn();
-    // A sample per process: under one sample a period (the simulator's default, as a real
-    // driver) the demo's shares held on a quiet machine (49.7% for the notebook's 50), but under
-    // the test suite's load on 2 cores the notebook once got 45.9% (docs/compute.md, known
-    // limits). `tests/demo` runs the default model.
-    let sim = Sim::new(&["--memory", "8GiB", "--process-samples", "per-process"]);
+    let sim = Sim::new(&["--memory", "8GiB"]);
     let _agent = NodeAgent::start(&sim);
     let secs = 18;
     let mut top = sim
