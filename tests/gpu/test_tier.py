@@ -217,6 +217,13 @@ class Report(unittest.TestCase):
         self.assertEqual(m["env"]["parts"], "memory; compute")
         self.assertEqual(report.counts(m["checks"])[PASS], 2)
 
+    def test_runs_on_different_machines_are_not_merged(self):
+        a = self.result("memory", [Check("memory", "m", "1", "", FAIL)])
+        b = self.result("compute", [Check("compute", "c", "2", "", PASS)])
+        b["env"]["gpu"] = "NVIDIA H200 | 141GB"
+        with self.assertRaisesRegex(ValueError, "different machines .*H100.*H200"):
+            report.merge([a, b])
+
     def test_a_foreign_file_is_refused(self):
         import tempfile
         with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:

@@ -23,6 +23,11 @@ def merge(results):
     later run's check replaces an earlier one of the same group and name), and the parts listed."""
     if not results:
         raise ValueError("nothing to merge")
+    machines = {(r["env"].get("gpu"), r["env"].get("driver"), r["env"].get("mode")) for r in results}
+    if len(machines) > 1:
+        names = "; ".join(sorted(f"{g or '?'} (driver {d or '?'})" for g, d, _ in machines))
+        raise ValueError(f"these runs were on different machines ({names}): publish each machine's runs "
+                         "with a --merge of their own")
     env = dict(results[0]["env"])
     checks, order = {}, []
     parts = []
