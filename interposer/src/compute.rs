@@ -696,13 +696,12 @@ impl Meter {
     /// the device's utilisation, while others were active) is apportioned: the device's busy
     /// time there, in proportion to what this process's launches were charged, against what the
     /// others said they used (`others_usage`). What the others say is theirs to write, so it
-    /// decides nothing beyond two bounds the driver vouches for:
-    /// - at most this process's launches at the highest cost the driver vouched for: what a
-    ///   launch cost by its own samples (the 1 ms starting estimate before it had any), or in a
-    ///   period the driver named it (`named_cost`). A neighbour that says it used less than it did
-    ///   cannot have this process charged past that.
-    /// - at least, in a period the driver named it, the device's busy time over the number of
-    ///   processes the driver lists (the one named had the most busy time).
+    /// decides nothing beyond a bound of this process's own:
+    /// at most its launches at what a launch cost by its own samples (the 1 ms
+    /// starting estimate before it had enough of them). A neighbour that says it used less than
+    /// it did cannot have this process charged past that. Which process the driver names is no
+    /// bound: it names one that ran, each about as often as its part of the busy time would have
+    /// it (on an H100, a slice using 23% of the device was named at 11 of 30 stamps).
     fn attribute(&self, p: &mut Period, used: &Used, charged: u64, n: u64) -> u64 {
         let span = used.span_ns.max(1) as u128;
         let shared = used.shared_span_ns as u128;
@@ -729,14 +728,14 @@ impl Meter {
             );
             return used.ns;
         }
-        let (x, measured) = self.apportion(p, used, charged, n_shared, span, anchored);
+        let x = self.apportion(p, used, charged, n_shared, span, anchored);
         // Until it has had enough samples of its own, shared periods teach it too (launches
-        // counted, the figure apportioned, not the driver's lower bound). Not after: taught by
+        // counted, the figure apportioned). Not after: taught by
         // apportioned figures alone, two slices' estimates could drift apart together, the
         // apportioning being the same for any ratio between them; beside a slice whose estimate
         // its own samples anchor, the other's converges.
         if !anchored && n_shared > 0 {
-            p.estimate.add(measured, n_shared as u64);
+            p.estimate.add(x, n_shared as u64);
         }
         self.cost.store(
             p.estimate.cost(self.cost.load(Ordering::Relaxed)),
@@ -746,8 +745,7 @@ impl Meter {
     }
 
     /// The apportioned part of `attribute`: this process's device time in the shared periods
-    /// of `used` (span `span` ns), in which `n_shared` of its launches were settled; and the
-    /// figure before the driver's lower bound (what the estimate may learn from).
+    /// of `used` (span `span` ns), in which `n_shared` of its launches were settled.
     fn apportion(
         &self,
         p: &Period,
@@ -756,7 +754,7 @@ impl Meter {
         n_shared: u128,
         span: u128,
         anchored: bool,
-    ) -> (u64, u64) {
+    ) -> u64 {
         let shared = used.shared_span_ns as u128;
         let mine = charged as u128 * shared / span;
         let others = p.others_launched as u128 * shared / FULL as u128;
@@ -771,15 +769,7 @@ impl Meter {
         } else {
             cost.max(INITIAL_COST_NS)
         };
-        let measured = apportioned.min(n_shared.saturating_mul(ceiling as u128)) as u64;
-        // At least, where the driver named it, the busy time over the processes it lists.
-        let least = if used.named_busy_ns > 0 {
-            let listed = crate::nvml::process_memory(&self.uuid).map_or(2, |l| l.len().max(2));
-            used.named_busy_ns / listed as u64
-        } else {
-            0
-        };
-        (measured.max(least), measured)
+        apportioned.min(n_shared.saturating_mul(ceiling as u128)) as u64
     }
 
     /// Whether this process is the only one of its slice, and its slice was the only one active

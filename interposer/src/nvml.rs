@@ -325,9 +325,6 @@ pub struct Used {
     pub shared_span_ns: u64,
     /// Device time (ns, any process's) in the shared periods.
     pub shared_busy_ns: u64,
-    /// Of `shared_busy_ns`, what was in periods the driver named this process: it had the most
-    /// busy time there.
-    pub named_busy_ns: u64,
 }
 
 /// Reads the device's per-process utilisation samples newer than `cursor.seen_us` as process
@@ -489,14 +486,14 @@ impl SampleCursor {
             }
             let at: Vec<&Sample> = samples.iter().filter(|s| s.at_us == t).collect();
             let own = at.iter().find(|s| s.own).map(|s| s.util);
-            // (own device time, shared device time, named this process)
+            // (own device time, shared device time)
             let (own_util, shared) = match (at.len(), own) {
                 // Each process its own sample: this one's is its share; none, it did not run.
                 (n, Some(util)) if n > 1 => (Some(util), None),
                 (n, None) if n > 1 => continue,
                 // One sample: the device's, this process's own while nobody else is active.
                 (_, Some(util)) if !crowded => (Some(util), None),
-                (_, named) => (None, Some((at[0].util, named.is_some()))),
+                _ => (None, Some(at[0].util)),
             };
             let gap = t - self.own_us;
             // Back to this process's previous reading, but never before what was already
@@ -507,16 +504,12 @@ impl SampleCursor {
                 .min(gap)
                 .min(self.period_us.max(self.floor_us))
                 * 1000;
-            let busy = cover_ns * half_pcts(own_util.or(shared.map(|s| s.0)).unwrap_or(0)) / 200;
-            match shared {
-                None => used.ns += busy,
-                Some((_, named)) => {
-                    used.shared_span_ns += cover_ns;
-                    used.shared_busy_ns += busy;
-                    if named {
-                        used.named_busy_ns += busy;
-                    }
-                }
+            let busy = cover_ns * half_pcts(own_util.or(shared).unwrap_or(0)) / 200;
+            if shared.is_some() {
+                used.shared_span_ns += cover_ns;
+                used.shared_busy_ns += busy;
+            } else {
+                used.ns += busy;
             }
             used.span_ns += cover_ns;
             used.newest_us = t;
@@ -696,7 +689,6 @@ mod tests {
         assert_eq!(u.ns, 0);
         assert_eq!((u.span_ns, u.shared_span_ns), (400_000_000, 400_000_000));
         assert_eq!(u.shared_busy_ns, 199_000_000 + 200_000_000);
-        assert_eq!(u.named_busy_ns, 200_000_000);
         // A long quiet spell: the next stamp covers one period, not the whole gap.
         let u = c.take(&[other(5_000_000, 50)], true);
         assert_eq!(
