@@ -5,7 +5,9 @@
 //! memory the pitch the driver chose times the height (reserved first at a 512-byte-aligned
 //! estimate, then settled to the real figure). Managed memory is charged in full to the current
 //! device when allocated: it can live there whole, and charging it only when it migrates would
-//! let a slice exceed its cap behind the cap's back.
+//! let a slice exceed its cap behind the cap's back. The driver backs it in steps, so a process's
+//! managed memory on a device is charged at its sum rounded up to the step
+//! (`cuslice_policy::managed`; the table is `slice::Managed`).
 
 #![allow(non_snake_case)]
 
@@ -63,6 +65,18 @@ pub fn charged_free(ptr: u64, free: impl FnOnce() -> CUresult) -> CUresult {
         return free();
     };
     let charge = slice::alloc_remove(ptr);
+    if charge.is_none() && slice::MANAGED_USED.load(std::sync::atomic::Ordering::Relaxed) {
+        let mut table = slice::MANAGED.lock();
+        if let Some((c, drop)) = table.as_mut().and_then(|m| m.remove(ptr)) {
+            let r = free();
+            if r.is_ok() {
+                s.release(c.dev, drop);
+            } else if let Some(m) = table.as_mut() {
+                m.insert(ptr, c);
+            }
+            return r;
+        }
+    }
     let r = free();
     if let Some(c) = charge {
         if r.is_ok() {
@@ -187,14 +201,36 @@ pub unsafe extern "C" fn cuMemAllocManaged(
     let Some(f) = real::cuMemAllocManaged() else {
         return CUresult::CUDA_ERROR_NOT_INITIALIZED;
     };
-    charged_alloc(
-        size as u64,
-        // SAFETY: forwarded unchanged.
-        || unsafe { f(dptr, size, flags) },
-        // SAFETY: the driver wrote *dptr on success.
-        || (unsafe { *dptr }, None),
-        free_v2,
-    )
+    // SAFETY: forwarded unchanged.
+    let alloc = || unsafe { f(dptr, size, flags) };
+    let s = match slice::active() {
+        Err(e) => return e,
+        Ok(None) => return alloc(),
+        Ok(Some(s)) => s,
+    };
+    let Some((ctx, dev)) = slice::current(s) else {
+        return alloc();
+    };
+    let bytes = s.rounded(dev, size as u64);
+    slice::MANAGED_USED.store(true, std::sync::atomic::Ordering::Relaxed);
+    // Held across the driver's call: the process's managed allocations and frees on a device
+    // change its rounded sum one at a time.
+    let mut table = slice::MANAGED.lock();
+    let m = table.get_or_insert_with(slice::Managed::default);
+    let held = m.held(dev);
+    let adds = slice::Managed::backed(held.saturating_add(bytes)) - slice::Managed::backed(held);
+    if let Err(e) = s.reserve(dev, adds) {
+        return e;
+    }
+    let r = alloc();
+    if !r.is_ok() {
+        s.release(dev, adds);
+        return r;
+    }
+    // SAFETY: the driver wrote *dptr on success.
+    let ptr = unsafe { *dptr };
+    m.insert(ptr, Charge { dev, bytes, ctx });
+    r
 }
 
 /// # Safety

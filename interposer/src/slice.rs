@@ -519,6 +519,59 @@ pub fn local<R>(f: impl FnOnce(&mut Local) -> R) -> R {
     f(g.get_or_insert_with(Local::default))
 }
 
+// ---- managed memory ---------------------------------------------------------------------------
+
+/// Managed allocations, kept apart from the allocation table: the driver backs a process's
+/// managed memory on a device in steps (`cuslice_policy::managed`), so what is charged for them
+/// on a device is their sum rounded up to the step, not each alone. One lock serialises the
+/// managed allocations and frees of the process (rare, and never on the launch path). Lock
+/// order: `MANAGED` before `LOCAL` (a reservation may give back idle pool memory).
+#[derive(Default)]
+pub struct Managed {
+    /// Pointer -> charge (the allocation's own bytes).
+    pub allocs: FxHashMap<u64, Charge>,
+    /// Device ordinal -> the sum of its allocations' bytes.
+    pub bytes: FxHashMap<usize, u64>,
+}
+
+impl Managed {
+    /// What is charged on a device for managed allocations of `bytes` in all.
+    pub fn backed(bytes: u64) -> u64 {
+        bytes.saturating_add(cuslice_policy::managed::slack(bytes))
+    }
+
+    /// The sum of the allocations on device `dev`.
+    pub fn held(&self, dev: usize) -> u64 {
+        self.bytes.get(&dev).copied().unwrap_or(0)
+    }
+
+    /// Records an allocation (what it adds to the charge on its device, the caller reserved).
+    pub fn insert(&mut self, ptr: u64, c: Charge) {
+        *self.bytes.entry(c.dev).or_default() += c.bytes;
+        self.allocs.insert(ptr, c);
+    }
+
+    /// Forgets the allocation at `ptr`; returns it and what the charge on its device drops by.
+    pub fn remove(&mut self, ptr: u64) -> Option<(Charge, u64)> {
+        let c = self.allocs.remove(&ptr)?;
+        let before = self.held(c.dev);
+        let after = before.saturating_sub(c.bytes);
+        self.bytes.insert(c.dev, after);
+        Some((c, Self::backed(before) - Self::backed(after)))
+    }
+}
+
+pub static MANAGED: Mutex<Option<Managed>> = Mutex::new(None);
+/// Whether the process ever made a managed allocation: a free the allocation table does not know
+/// looks in `MANAGED` only then.
+pub static MANAGED_USED: AtomicBool = AtomicBool::new(false);
+
+/// Runs `f` on the managed-memory table.
+pub fn managed<R>(f: impl FnOnce(&mut Managed) -> R) -> R {
+    let mut g = MANAGED.lock();
+    f(g.get_or_insert_with(Managed::default))
+}
+
 // ---- the allocation table ----------------------------------------------------------------------
 
 /// Allocations charged by pointer (cuMemAlloc, pitched, managed): pointer -> charge. Every
@@ -654,6 +707,21 @@ pub fn context_gone(s: &Slice, ctx: usize) {
     for c in freed {
         s.release(c.dev, c.bytes);
     }
+    if MANAGED_USED.load(Ordering::Relaxed) {
+        managed(|m| {
+            let gone: Vec<u64> = m
+                .allocs
+                .iter()
+                .filter(|(_, c)| c.ctx == ctx)
+                .map(|(&p, _)| p)
+                .collect();
+            for p in gone {
+                if let Some((c, drop)) = m.remove(p) {
+                    s.release(c.dev, drop);
+                }
+            }
+        });
+    }
     contexts_changed();
 }
 
@@ -681,6 +749,7 @@ pub unsafe extern "C" fn cuInit(flags: c_uint) -> CUresult {
 
 extern "C" fn before_fork() {
     std::mem::forget(INIT.lock());
+    std::mem::forget(MANAGED.lock());
     std::mem::forget(LOCAL.lock());
     for sh in ALLOCS.iter() {
         sh.lock();
@@ -694,6 +763,7 @@ fn unlock_after_fork() {
             sh.unlock();
         }
         LOCAL.force_unlock();
+        MANAGED.force_unlock();
         INIT.force_unlock();
     }
 }
@@ -708,6 +778,8 @@ extern "C" fn child_after_fork() {
     // The child has one thread.
     unlock_after_fork();
     *LOCAL.lock() = None;
+    *MANAGED.lock() = None;
+    MANAGED_USED.store(false, Ordering::Relaxed);
     for sh in ALLOCS.iter() {
         sh.with(|m| m.clear());
     }

@@ -6,6 +6,7 @@
 pub mod config;
 pub mod echo;
 pub mod grant;
+pub mod managed;
 pub mod meminfo;
 pub mod overhead;
 pub mod priority;

@@ -116,6 +116,9 @@ pub struct Inner {
     pub va32: VaSpace,
     /// Streams capturing in global mode (unsafe calls are refused meanwhile).
     pub global_captures: u32,
+    /// Per device: the sum of this process's managed allocations there, and the device memory
+    /// that backs them beyond it (`memory::MANAGED_STEP`).
+    pub managed: HashMap<u32, (u64, Option<AllocId>)>,
 }
 
 pub struct Driver {
@@ -197,6 +200,7 @@ pub fn init() -> CUresult {
                 va: VaSpace::new(false),
                 va32: VaSpace::new(true),
                 global_captures: 0,
+                managed: HashMap::new(),
             }),
             hostfn: OnceLock::new(),
         })
