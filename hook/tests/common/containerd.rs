@@ -179,7 +179,7 @@ impl Containerd {
                     a.push("--annotation".into());
                     a.push(format!("{key}={id}").into());
                 }
-                vec![sim_state_mount(sim)]
+                sim_state_mount(sim)
             }
         };
         a.push("--runc-root".into());

@@ -204,16 +204,22 @@ pub fn gpu_mounts(sim: &Sim) -> Vec<(PathBuf, &'static str, bool)> {
             "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
             false,
         ),
-        (sim.state.clone(), "/run/simgpu/state", true),
     ]
+    .into_iter()
+    .chain(sim_state_mount(sim))
+    .collect()
 }
 
 pub const GPU_ENV: &str = "SIMGPU_STATE=/run/simgpu/state";
 
-/// Of [`gpu_mounts`], the simulator's state file only: with CDI, the libraries come from the
-/// claim's spec and the state stands in for the GPU itself.
-pub fn sim_state_mount(sim: &Sim) -> (PathBuf, &'static str, bool) {
-    (sim.state.clone(), "/run/simgpu/state", true)
+/// Of [`gpu_mounts`], the simulator's state file and its device memory only: with CDI, the
+/// libraries come from the claim's spec and these stand in for the GPU itself (managed memory is
+/// mapped from the memory file, as a real driver maps it through its device nodes).
+pub fn sim_state_mount(sim: &Sim) -> Vec<(PathBuf, &'static str, bool)> {
+    vec![
+        (sim.state.clone(), "/run/simgpu/state", true),
+        (sim.memory_file(), "/run/simgpu/state.mem", true),
+    ]
 }
 
 pub fn all_env<'a>(spec: &Spec<'a>) -> Vec<&'a str> {

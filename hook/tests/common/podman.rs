@@ -123,7 +123,7 @@ impl Podman {
                     a.push("--device".into());
                     a.push(id.into());
                 }
-                vec![sim_state_mount(sim)]
+                sim_state_mount(sim)
             }
         };
         for (src, dst, rw) in mounts {

@@ -87,6 +87,14 @@ impl Sim {
         Sim { dir, state }
     }
 
+    /// The simulated device's memory, beside the state file (`STATE.mem`): a container that uses
+    /// the simulator needs it as well as the state, as it would need a real GPU's device nodes.
+    pub fn memory_file(&self) -> PathBuf {
+        let mut p = self.state.clone().into_os_string();
+        p.push(".mem");
+        PathBuf::from(p)
+    }
+
     /// A command that runs `program args` under `simgpu run --state`.
     pub fn command(&self, program: &Path, args: &[&str]) -> Command {
         let mut c = Command::new(simgpu());

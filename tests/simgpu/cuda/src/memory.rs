@@ -111,7 +111,13 @@ fn alloc_owned(size: u64, kind: AllocKind, low32: bool) -> Res<u64> {
         handle: 0,
     };
     if kind == AllocKind::Managed {
-        if let Err(e) = managed_backing(d, &mut inner, dev, len as i64) {
+        // A call that fails leaves nothing held: not the memory, not the step's backing.
+        let backed = managed_backing(d, &mut inner, dev, len as i64);
+        let mapped = backed.and_then(|()| map_host(d, &m, va));
+        if let Err(e) = mapped {
+            if backed.is_ok() {
+                let _ = managed_backing(d, &mut inner, dev, -(len as i64));
+            }
             give(d, dev, id);
             if low32 {
                 inner.va32.give(va, len)
@@ -120,7 +126,6 @@ fn alloc_owned(size: u64, kind: AllocKind, low32: bool) -> Res<u64> {
             }
             return Err(e);
         }
-        map_host(d, &m, va)?;
         m.host_mapped = true;
     }
     inner.maps.insert(va, m);
