@@ -187,7 +187,10 @@ impl State {
         }
         let device = busy_between(&dev.b.engine.util, end - period, end);
         // Each device draws apart from the others.
-        (end, one_per_period(&samples, device, (end / period) ^ (u64::from(d) << 56)))
+        (
+            end,
+            one_per_period(&samples, device, (end / period) ^ (u64::from(d) << 56)),
+        )
     }
 
     /// Percent of the last second device `d` was busy.

@@ -113,8 +113,15 @@ fn the_driver_answers_with_the_real_status_codes() {
             (500, std::ptr::null_mut(), 1),
             "symbol not found"
         );
+        // The runtime's private tables: a known UUID gives one, an unknown one NOT_FOUND, a
+        // NULL UUID INVALID_VALUE.
         let mut table = std::ptr::null();
-        assert_eq!(export_table(&mut table, std::ptr::null()), 801);
+        let integrity: [u8; 16] = 0xd4082055_bde6704b_8d34ba12_3c66e1f2u128.to_be_bytes();
+        assert_eq!(export_table(&mut table, integrity.as_ptr().cast()), 0);
+        assert!(!table.is_null());
+        assert_eq!(export_table(&mut table, [7u8; 16].as_ptr().cast()), 500);
+        assert!(table.is_null());
+        assert_eq!(export_table(&mut table, std::ptr::null()), 1);
 
         // Events and streams.
         let (mut e1, mut e2) = (std::ptr::null_mut(), std::ptr::null_mut());

@@ -188,3 +188,21 @@ fn cuda_visible_devices_selects_and_reorders_devices_and_nvml_ignores_it() {
         .unwrap();
     assert!(!out.status.success(), "no visible device: cuInit fails");
 }
+
+#[test]
+fn managed_memory_is_backed_in_128mib_steps_and_a_step_held_covers_the_next_allocation() {
+    // 64 MiB allocations: each odd one takes a new 128 MiB step, each even one fits in the step
+    // already held. A 1 GiB device holds sixteen of them, and never more than the steps.
+    let sim = Sim::new(&["--memory", "1GiB", "--context-overhead", "0"]);
+    let (lines, code) = sim.workload(&["fill", "--family", "managed", "--chunk", "64MiB"]);
+    assert_eq!(code, 0);
+    let r = event(&lines, "refused");
+    assert_eq!(r["code"], 2, "{r}");
+    assert_eq!(u(&r["count"]), 16, "{r}");
+    assert!(u(&sim.device(0)["peak_used"]) <= GIB);
+    // One 64 MiB allocation holds a whole step.
+    let mut one = sim.spawn(&["hold", "--family", "managed", "--bytes", "64MiB"]);
+    one.wait_for("holding", std::time::Duration::from_secs(30));
+    assert_eq!(u(&sim.device(0)["used"]), 128 * MIB);
+    drop(one);
+}

@@ -1,5 +1,6 @@
 //! Contexts: primary contexts, cuCtxCreate (all four ABIs), the current-context stack,
-//! synchronisation, and what destroying a context releases.
+//! synchronisation, and what destroying a context releases (the runtime's context-local storage
+//! destructors first, `export.rs`).
 
 use std::ffi::{c_int, c_uint, c_void};
 
@@ -57,6 +58,7 @@ pub fn destroy(d: &Driver, inner: &mut Inner, h: u64) -> Res {
     d.state.lock_device(dev).dev().drop_ctx(shared);
     inner.ctxs.remove(h);
     forget_current(h);
+    PER_THREAD.with(|m| m.borrow_mut().remove(&h));
     Ok(())
 }
 
@@ -119,12 +121,12 @@ pub unsafe extern "C" fn cuCtxCreate_v4(
 
 fn ctx_destroy(ctx: CUcontext) -> Res {
     let d = drv()?;
-    let mut inner = d.inner.lock();
     let h = from_ptr(ctx);
-    if inner.ctxs.get(h).is_some_and(|c| c.primary) {
+    if d.inner.lock().ctx(h)?.primary {
         return Err(E_INVALID_CONTEXT);
     }
-    destroy(d, &mut inner, h)
+    crate::export::context_ending(h);
+    destroy(d, &mut d.inner.lock(), h)
 }
 
 #[unsafe(no_mangle)]
@@ -157,7 +159,7 @@ pub unsafe extern "C" fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult {
             set_current(None);
             return Ok(());
         }
-        d.inner.lock().ctx(h)?;
+        revive(d, &mut d.inner.lock(), h)?;
         set_current(Some(h));
         Ok(())
     }))
@@ -166,7 +168,7 @@ pub unsafe extern "C" fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult {
 fn ctx_push(ctx: CUcontext) -> Res {
     let d = drv()?;
     let h = from_ptr(ctx);
-    d.inner.lock().ctx(h)?;
+    revive(d, &mut d.inner.lock(), h)?;
     push_current(h);
     Ok(())
 }
@@ -274,6 +276,47 @@ pub unsafe extern "C" fn cuCtxGetFlags(flags: *mut c_uint) -> CUresult {
 }
 
 // ---- primary contexts -------------------------------------------------------------------
+//
+// A device's primary context keeps one handle for the life of the process, as with the real
+// driver: NVIDIA's runtime keeps it across cudaDeviceReset (cuDevicePrimaryCtxReset) and makes it
+// current again, which makes it active again, as if retained once.
+
+/// Makes the primary context of `dev` active (it is not) under its handle of before, if it had
+/// one; returns the handle. The caller sets the reference count.
+fn activate_primary(d: &Driver, inner: &mut Inner, dev: CUdevice) -> Res<u64> {
+    let (old, _, flags) = inner.primary[dev as usize];
+    let h = create(d, inner, dev, flags, true)?;
+    if old == 0 || old == h {
+        return Ok(h);
+    }
+    let Some(c) = inner.ctxs.remove(h) else {
+        return Ok(h);
+    };
+    Ok(match inner.ctxs.reinsert(old, c) {
+        Ok(()) => old,
+        Err(c) => inner.ctxs.insert(c),
+    })
+}
+
+/// Context `h` if it exists; a primary context made inactive is activated again (held once).
+pub fn revive(d: &Driver, inner: &mut Inner, h: u64) -> Res {
+    if inner.ctxs.get(h).is_some() {
+        return Ok(());
+    }
+    let dev = inner
+        .primary
+        .iter()
+        .position(|&(p, refs, _)| p == h && refs == 0)
+        .ok_or(E_INVALID_CONTEXT)?;
+    let flags = inner.primary[dev].2;
+    let now = activate_primary(d, inner, dev as CUdevice)?;
+    inner.primary[dev] = (now, 1, flags);
+    if now == h {
+        Ok(())
+    } else {
+        Err(E_INVALID_CONTEXT)
+    }
+}
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CUresult {
@@ -284,10 +327,10 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUd
         d.physical(dev)?;
         let mut inner = d.inner.lock();
         let (h, refs, flags) = inner.primary[dev as usize];
-        let h = if refs == 0 || inner.ctxs.get(h).is_none() {
-            create(d, &mut inner, dev, flags, true)?
+        let (h, refs) = if refs == 0 || inner.ctxs.get(h).is_none() {
+            (activate_primary(d, &mut inner, dev)?, 0)
         } else {
-            h
+            (h, refs)
         };
         inner.primary[dev as usize] = (h, refs + 1, flags);
         // SAFETY: checked non-NULL.
@@ -299,6 +342,10 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUd
 fn primary_release(dev: CUdevice) -> Res {
     let d = drv()?;
     d.physical(dev)?;
+    let (h, refs, _) = d.inner.lock().primary[dev as usize];
+    if refs == 1 {
+        crate::export::context_ending(h);
+    }
     let mut inner = d.inner.lock();
     let (h, refs, flags) = inner.primary[dev as usize];
     if refs == 0 {
@@ -307,7 +354,7 @@ fn primary_release(dev: CUdevice) -> Res {
     inner.primary[dev as usize] = (h, refs - 1, flags);
     if refs == 1 {
         destroy(d, &mut inner, h)?;
-        inner.primary[dev as usize] = (0, 0, flags);
+        inner.primary[dev as usize] = (h, 0, flags);
     }
     Ok(())
 }
@@ -325,12 +372,16 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult
 fn primary_reset(dev: CUdevice) -> Res {
     let d = drv()?;
     d.physical(dev)?;
+    let (h, refs, _) = d.inner.lock().primary[dev as usize];
+    if refs > 0 {
+        crate::export::context_ending(h);
+    }
     let mut inner = d.inner.lock();
     let (h, refs, flags) = inner.primary[dev as usize];
     if refs > 0 && inner.ctxs.get(h).is_some() {
         destroy(d, &mut inner, h)?;
     }
-    inner.primary[dev as usize] = (0, 0, flags);
+    inner.primary[dev as usize] = (h, 0, flags);
     Ok(())
 }
 

@@ -1,6 +1,6 @@
 //! Devices: enumeration, names, UUIDs, memory size, attributes.
 
-use std::ffi::{CStr, c_char, c_int, c_uint};
+use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 
 use cuda_abi::{CUdevice, CUresult, CUuuid, attr};
 use simgpu::layout::field_str;
@@ -41,6 +41,15 @@ fn attribute(d: &Driver, dev: u32, a: c_int) -> Res<c_int> {
         attr::COMPUTE_CAPABILITY_MINOR => c.cc_minor as c_int,
         attr::MANAGED_MEMORY | attr::CONCURRENT_MANAGED_ACCESS | attr::COOPERATIVE_LAUNCH => 1,
         attr::VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED | attr::MEMORY_POOLS_SUPPORTED => 1,
+        // An H100's SM: what the occupancy calculator (limits.rs) assumes, and what cuBLAS sizes
+        // its work by (with 0 here, cublasCreate failed).
+        attr::MAX_SHARED_MEMORY_PER_MULTIPROCESSOR => 228 << 10,
+        attr::MAX_REGISTERS_PER_MULTIPROCESSOR => 65536,
+        attr::RESERVED_SHARED_MEMORY_PER_BLOCK => 1024,
+        attr::STREAM_PRIORITIES_SUPPORTED | attr::GLOBAL_L1_CACHE_SUPPORTED => 1,
+        attr::LOCAL_L1_CACHE_SUPPORTED | attr::COMPUTE_PREEMPTION_SUPPORTED => 1,
+        attr::CLUSTER_LAUNCH | attr::TENSOR_MAP_ACCESS_SUPPORTED => 1,
+        attr::MEM_SYNC_DOMAIN_COUNT => 4,
         a if (1..attr::MAX).contains(&a) => 0,
         _ => return Err(E_INVALID_VALUE),
     })
@@ -164,7 +173,44 @@ pub unsafe extern "C" fn cuDeviceGetPCIBusId(
     len: c_int,
     dev: CUdevice,
 ) -> CUresult {
-    status(drv().and_then(|d| copy_cstr(out, len, &d.state.pci_bus_id(d.physical(dev)?))))
+    status(drv().and_then(|d| {
+        let bus = d.state.device_info(d.physical(dev)?).pci_bus;
+        copy_cstr(out, len, &cuda_bus_id(bus))
+    }))
+}
+
+/// The driver's form of a PCI bus id, `DDDD:BB:DD.F` in upper-case hex: 12 characters, so the
+/// 13 bytes the documentation asks for hold it (NVML's `busId` has an 8-digit domain).
+fn cuda_bus_id(bus: u32) -> String {
+    format!("{:04X}:{:02X}:{:02X}.{:X}", 0, bus, 0, 0)
+}
+
+/// (domain, bus, device, function) of a PCI bus id in one of the forms
+/// `cuDeviceGetByPCIBusId` documents, every number hexadecimal: `domain:bus:device.function`,
+/// `domain:bus:device` or `bus:device.function`. None for anything else.
+fn parse_bus_id(s: &str) -> Option<(u64, u32, u32, u32)> {
+    let hex = |t: &str| {
+        u64::from_str_radix(t, 16)
+            .ok()
+            .filter(|_| !t.is_empty() && t.len() <= 8)
+    };
+    let (head, function) = match s.rsplit_once('.') {
+        Some((h, f)) => (h, Some(hex(f)?)),
+        None => (s, None),
+    };
+    let parts: Vec<&str> = head.split(':').collect();
+    let (domain, bus, device) = match (parts.as_slice(), function) {
+        ([d, b, v], _) => (hex(d)?, hex(b)?, hex(v)?),
+        ([b, v], Some(_)) => (0, hex(b)?, hex(v)?),
+        _ => return None,
+    };
+    let small = |v: u64| u32::try_from(v).ok();
+    Some((
+        domain,
+        small(bus)?,
+        small(device)?,
+        small(function.unwrap_or(0))?,
+    ))
 }
 
 #[unsafe(no_mangle)]
@@ -177,25 +223,75 @@ pub unsafe extern "C" fn cuDeviceGetByPCIBusId(
             return Err(E_INVALID_VALUE);
         }
         // SAFETY: the caller passes a NUL-terminated string.
-        let want = unsafe { CStr::from_ptr(bus_id) }
-            .to_string_lossy()
-            .to_ascii_uppercase();
-        let want = if want.matches(':').count() == 1 {
-            format!("00000000:{want}")
-        } else {
-            want
-        };
+        let want = unsafe { CStr::from_ptr(bus_id) }.to_string_lossy();
+        let want = parse_bus_id(want.trim()).ok_or(E_INVALID_VALUE)?;
         let ordinal = d
             .visible
             .iter()
-            .position(|&p| {
-                d.state
-                    .pci_bus_id(p)
-                    .ends_with(want.trim_start_matches('0').trim_start_matches(':'))
-                    || d.state.pci_bus_id(p) == want
-            })
+            .position(|&p| want == (0, d.state.device_info(p).pci_bus, 0, 0))
             .ok_or(E_INVALID_DEVICE)?;
         // SAFETY: out-pointer from the caller.
         unsafe { put(dev, ordinal as CUdevice) }
     }))
+}
+
+/// Registered log callbacks (`cuLogsRegisterCallback`), by handle. The simulated driver writes
+/// no log entries, so none is ever called; they are kept so that unregistering is checked.
+static LOG_CALLBACKS: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLogsRegisterCallback(
+    callback: Option<unsafe extern "C" fn(*mut c_void, c_uint, *mut c_char, usize)>,
+    _user: *mut c_void,
+    out: *mut *mut c_void,
+) -> CUresult {
+    if callback.is_none() {
+        return CUresult::CUDA_ERROR_INVALID_VALUE;
+    }
+    let mut all = LOG_CALLBACKS.lock().unwrap_or_else(|e| e.into_inner());
+    // An opaque, never dereferenced, non-NULL handle.
+    let h = all.iter().max().map_or(1, |m| m + 1);
+    all.push(h);
+    if !out.is_null() {
+        // SAFETY: out-pointer from the caller (optional in cuda.h).
+        unsafe { out.write(h as *mut c_void) };
+    }
+    CUresult::CUDA_SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLogsUnregisterCallback(h: *mut c_void) -> CUresult {
+    let mut all = LOG_CALLBACKS.lock().unwrap_or_else(|e| e.into_inner());
+    match all.iter().position(|&x| x == h as usize) {
+        Some(i) => {
+            all.swap_remove(i);
+            CUresult::CUDA_SUCCESS
+        }
+        None => CUresult::CUDA_ERROR_INVALID_VALUE,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bus_ids_in_the_driver_s_form_and_every_documented_one_parse() {
+        assert_eq!(cuda_bus_id(0x18), "0000:18:00.0");
+        assert_eq!(cuda_bus_id(0xAB).len() + 1, 13);
+        for (text, want) in [
+            ("0000:18:00.0", Some((0, 0x18, 0, 0))),
+            ("00000000:18:00.0", Some((0, 0x18, 0, 0))),
+            ("0000:3b:00.0", Some((0, 0x3B, 0, 0))),
+            ("0001:3B:01", Some((1, 0x3B, 1, 0))),
+            ("18:00.0", Some((0, 0x18, 0, 0))),
+            ("18:00", None),
+            ("18", None),
+            ("", None),
+            ("0000:zz:00.0", None),
+            ("0000:18:00.", None),
+        ] {
+            assert_eq!(parse_bus_id(text), want, "{text:?}");
+        }
+    }
 }

@@ -121,6 +121,13 @@ pub struct Inner {
     pub managed: HashMap<u32, (u64, Option<AllocId>)>,
 }
 
+thread_local! {
+    /// This thread's stream-capture interaction mode (cuThreadExchangeStreamCaptureMode);
+    /// no destructor, so it works during thread teardown.
+    pub static CAPTURE_MODE: std::cell::Cell<u32> =
+        const { std::cell::Cell::new(cuda_abi::CU_STREAM_CAPTURE_MODE_GLOBAL) };
+}
+
 pub struct Driver {
     pub state: State,
     /// CUDA ordinal -> physical device.
@@ -335,7 +342,9 @@ impl Inner {
     }
 
     pub fn refuse_if_capturing(&mut self) -> Res {
-        if self.global_captures > 0 {
+        // A thread in relaxed mode (cuThreadExchangeStreamCaptureMode) may make unsafe calls.
+        let relaxed = CAPTURE_MODE.get() == cuda_abi::CU_STREAM_CAPTURE_MODE_RELAXED;
+        if self.global_captures > 0 && !relaxed {
             for h in self.streams.handles() {
                 if let Some(s) = self.streams.get_mut(h)
                     && let Some(c) = s.capture.as_mut()

@@ -20,6 +20,8 @@ pub enum Node {
 }
 
 pub struct Capture {
+    /// Unique in the process (`cuStreamGetCaptureInfo`'s id).
+    pub id: u64,
     pub mode: u32,
     pub invalidated: bool,
     pub nodes: Vec<Node>,
@@ -104,7 +106,9 @@ fn begin(s: CUstream, mode: u32, ptsz: bool) -> Res {
     if st.capture.is_some() {
         return Err(E_INVALID_VALUE);
     }
+    static IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     st.capture = Some(Capture {
+        id: IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         mode,
         invalidated: false,
         nodes: Vec::new(),
@@ -308,7 +312,11 @@ fn back(d: &Driver, inner: &mut Inner, eh: u64) -> Res {
             m.handle = eh;
         }
     }
+    let devs: Vec<u32> = backing.iter().map(|b| b.0).collect();
     inner.execs.get_mut(eh).ok_or(E_INVALID_HANDLE)?.backing = backing;
+    for dev in devs {
+        crate::info::note_graph_mem(inner, dev);
+    }
     Ok(())
 }
 

@@ -37,6 +37,23 @@ impl<T> Registry<T> {
         self.tag << 56 | (generation as u64) << 32 | i as u64
     }
 
+    /// Puts `v` back under handle `h`, which was removed, if its slot is free (handles of the
+    /// slot's later generations stay stale); otherwise gives `v` back.
+    pub fn reinsert(&mut self, h: u64, v: T) -> Result<(), T> {
+        let (i, generation) = ((h & 0xffff_ffff) as usize, ((h >> 32) & 0xff_ffff) as u32);
+        let free = matches!(self.items.get(i), Some(None));
+        let pos = self.free.iter().position(|&f| f as usize == i);
+        match pos {
+            Some(p) if h >> 56 == self.tag && free && generation != 0 => {
+                self.free.swap_remove(p);
+                self.generations[i] = self.generations[i].max(generation);
+                self.items[i] = Some((generation, v));
+                Ok(())
+            }
+            _ => Err(v),
+        }
+    }
+
     fn index(&self, h: u64) -> Option<usize> {
         if h >> 56 != self.tag {
             return None;
@@ -95,3 +112,30 @@ pub const TAG_POOL: u8 = 0x18;
 pub const TAG_VMM: u8 = 0x19;
 pub const TAG_GRAPH: u8 = 0x1a;
 pub const TAG_EXEC: u8 = 0x1b;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_removed_handle_comes_back_while_later_ones_stay_stale() {
+        let mut r: Registry<&str> = Registry::new(TAG_CTX);
+        let a = r.insert("first");
+        r.remove(a);
+        let b = r.insert("second");
+        assert_ne!(a, b, "same slot, new generation");
+        let v = r.remove(b).unwrap();
+        assert_eq!(r.reinsert(a, v), Ok(()));
+        assert_eq!(r.get(a), Some(&"second"));
+        assert_eq!(r.get(b), None);
+        let c = r.insert("third");
+        assert_ne!(c, a);
+        assert_ne!(c, b);
+        assert_eq!(r.reinsert(a, "taken"), Err("taken"), "a's slot is in use");
+        assert_eq!(
+            r.reinsert((TAG_STREAM as u64) << 56, "x"),
+            Err("x"),
+            "another registry's"
+        );
+    }
+}

@@ -15,28 +15,38 @@ use cuda_abi::*;
 mod context;
 mod device;
 mod driver;
+mod export;
 mod graph;
 mod handles;
+mod info;
+mod integrity;
 mod ipc;
 mod launch;
+mod limits;
 mod memory;
 mod module;
+mod pointer;
 mod pool;
 mod ptx;
 mod ranges;
 mod stream;
 mod symbols;
+mod unsupported;
 mod vmm;
 
 use context::*;
 use device::*;
 use graph::*;
+use info::*;
 use ipc::*;
 use launch::*;
+use limits::*;
 use memory::*;
 use module::*;
+use pointer::*;
 use pool::*;
 use stream::*;
+use unsupported::*;
 use vmm::*;
 
 #[unsafe(no_mangle)]
@@ -71,6 +81,18 @@ fn error_text(e: CUresult) -> Option<(&'static CStr, &'static CStr)> {
         700 => (
             c"CUDA_ERROR_ILLEGAL_ADDRESS",
             c"an illegal memory access was encountered",
+        ),
+        215 => (
+            c"CUDA_ERROR_UNSUPPORTED_LIMIT",
+            c"limit is not supported on this architecture",
+        ),
+        217 => (
+            c"CUDA_ERROR_PEER_ACCESS_UNSUPPORTED",
+            c"peer access is not supported between these two devices",
+        ),
+        705 => (
+            c"CUDA_ERROR_PEER_ACCESS_NOT_ENABLED",
+            c"peer access has not been enabled",
         ),
         712 => (
             c"CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED",
@@ -111,17 +133,13 @@ pub unsafe extern "C" fn cuGetErrorString(e: CUresult, out: *mut *const c_char) 
     driver::status(r.and(text.map(|_| ()).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)))
 }
 
-/// Private tables of NVIDIA's runtime: the simulator has none.
+/// The private tables of NVIDIA's runtime (`export.rs`).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuGetExportTable(
     table: *mut *const c_void,
-    _id: *const CUuuid,
+    id: *const CUuuid,
 ) -> CUresult {
-    if !table.is_null() {
-        // SAFETY: non-NULL out-pointer from the caller.
-        unsafe { table.write(std::ptr::null()) };
-    }
-    CUresult::CUDA_ERROR_NOT_SUPPORTED
+    export::get(table, id)
 }
 
 fn proc_address(
@@ -197,6 +215,8 @@ export_table![
     cuGetProcAddress,
     cuGetProcAddress_v2,
     cuGetExportTable,
+    cuLogsRegisterCallback,
+    cuLogsUnregisterCallback,
     cuDeviceGet,
     cuDeviceGetCount,
     cuDeviceGetName,
@@ -308,6 +328,22 @@ export_table![
     cuMemGetAllocationGranularity,
     cuMemExportToShareableHandle,
     cuMemImportFromShareableHandle,
+    cuMemGetAllocationPropertiesFromHandle,
+    cuMemRetainAllocationHandle,
+    cuMulticastCreate,
+    cuMulticastAddDevice,
+    cuMulticastBindMem,
+    cuMulticastUnbind,
+    cuDeviceGetDevResource,
+    cuDevSmResourceSplitByCount,
+    cuDevResourceGenerateDesc,
+    cuGreenCtxCreate,
+    cuGreenCtxDestroy,
+    cuCtxFromGreenCtx,
+    cuGreenCtxStreamCreate,
+    cuDeviceGetGraphMemAttribute,
+    cuDeviceSetGraphMemAttribute,
+    cuDeviceGraphMemTrim,
     cuIpcGetMemHandle,
     cuIpcOpenMemHandle,
     cuIpcOpenMemHandle_v2,
@@ -322,20 +358,64 @@ export_table![
     cuLibraryUnload,
     cuLibraryGetKernel,
     cuKernelGetFunction,
+    cuLibraryGetModule,
+    cuKernelGetAttribute,
+    cuKernelSetAttribute,
+    cuModuleGetLoadingMode,
+    cuFuncGetAttribute,
+    cuFuncSetAttribute,
     cuStreamCreate,
     cuStreamCreateWithPriority,
+    cuCtxGetStreamPriorityRange,
+    cuCtxGetLimit,
+    cuCtxSetLimit,
+    cuCtxGetCacheConfig,
+    cuCtxSetCacheConfig,
+    cuCtxGetSharedMemConfig,
+    cuCtxSetSharedMemConfig,
+    cuFuncSetCacheConfig,
+    cuFuncSetSharedMemConfig,
+    cuDeviceCanAccessPeer,
+    cuDeviceGetP2PAttribute,
+    cuCtxEnablePeerAccess,
+    cuCtxDisablePeerAccess,
+    cuOccupancyMaxActiveBlocksPerMultiprocessor,
+    cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags,
+    cuOccupancyAvailableDynamicSMemPerBlock,
+    cuOccupancyMaxActiveClusters,
+    cuOccupancyMaxPotentialClusterSize,
+    cuPointerGetAttribute,
+    cuPointerGetAttributes,
+    cuStreamGetPriority,
+    cuStreamGetPriority_ptsz,
+    cuStreamGetFlags,
+    cuStreamGetFlags_ptsz,
+    cuThreadExchangeStreamCaptureMode,
+    cuStreamGetCaptureInfo,
+    cuStreamGetCaptureInfo_ptsz,
+    cuStreamGetCaptureInfo_v2,
+    cuStreamGetCaptureInfo_v2_ptsz,
+    cuStreamGetCaptureInfo_v3,
+    cuStreamGetCaptureInfo_v3_ptsz,
     cuStreamDestroy,
     cuStreamDestroy_v2,
     cuStreamSynchronize,
     cuStreamSynchronize_ptsz,
     cuStreamQuery,
     cuStreamQuery_ptsz,
+    cuStreamWriteValue32,
+    cuStreamWriteValue32_ptsz,
+    cuStreamWriteValue32_v2,
+    cuStreamWriteValue32_v2_ptsz,
     cuStreamWaitEvent,
     cuStreamWaitEvent_ptsz,
     cuEventCreate,
     cuEventRecord,
     cuEventRecord_ptsz,
+    cuEventRecordWithFlags,
+    cuEventRecordWithFlags_ptsz,
     cuEventQuery,
+    cuGraphGetNodes,
     cuEventSynchronize,
     cuEventElapsedTime,
     cuEventElapsedTime_v2,

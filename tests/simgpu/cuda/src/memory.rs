@@ -44,32 +44,40 @@ pub fn give(d: &Driver, dev: u32, id: AllocId) {
 /// resident from allocation).
 pub const MANAGED_STEP: u64 = 128 << 20;
 
-/// Moves the sum of this process's managed allocations on `dev` by `by` bytes (added, or taken
-/// away) and holds what the step adds beyond it: refused with CUDA_ERROR_OUT_OF_MEMORY (and
-/// nothing changed) if that does not fit when the sum grows.
+/// Moves the sum of this process's managed allocations on `dev` by `by` bytes (added, taken
+/// away, or 0 to back the sum again after `managed_unback`) and holds what the step adds beyond
+/// it. What backed the old sum beyond it is given back first, so the device never holds both.
+/// Growing, a step that does not fit is refused with CUDA_ERROR_OUT_OF_MEMORY, the sum unchanged
+/// and nothing held beyond it (the caller gives back what it took, then backs the sum again).
+/// Otherwise what does not fit backs less, never more than before.
 fn managed_backing(d: &Driver, inner: &mut Inner, dev: u32, by: i64) -> Res {
     let (sum, held) = inner.managed.get(&dev).copied().unwrap_or((0, None));
-    let now = sum.saturating_add_signed(by);
-    let beyond = now.next_multiple_of(MANAGED_STEP) - now;
-    if by > 0 && beyond == 0 && held.is_none() {
-        inner.managed.insert(dev, (now, None));
-        return Ok(());
-    }
-    let want = (beyond > 0).then_some(beyond);
-    let taken = match want {
-        Some(b) => match take(d, dev, AllocKind::Managed, b) {
-            Ok(id) => Some(id),
-            // Growing: refused. Shrinking: what was freed backs less, never more than before.
-            Err(e) if by > 0 => return Err(e),
-            Err(_) => None,
-        },
-        None => None,
-    };
     if let Some(old) = held {
         give(d, dev, old);
     }
+    let now = sum.saturating_add_signed(by);
+    let beyond = now.next_multiple_of(MANAGED_STEP) - now;
+    let taken = match (beyond > 0).then(|| take(d, dev, AllocKind::Managed, beyond)) {
+        None => None,
+        Some(Ok(id)) => Some(id),
+        Some(Err(e)) if by > 0 => {
+            inner.managed.insert(dev, (sum, None));
+            return Err(e);
+        }
+        Some(Err(_)) => None,
+    };
     inner.managed.insert(dev, (now, taken));
     Ok(())
+}
+
+/// Gives back what backs this process's managed memory on `dev` beyond its sum, before a new
+/// managed allocation takes its own memory: a step already held covers the allocation, and the
+/// device must not hold both at once.
+fn managed_unback(d: &Driver, inner: &mut Inner, dev: u32) {
+    if let Some((sum, Some(old))) = inner.managed.get(&dev).copied() {
+        give(d, dev, old);
+        inner.managed.insert(dev, (sum, None));
+    }
 }
 
 /// cuMemAlloc / cuMemAllocPitch / cuMemAllocManaged: memory owned by the current context.
@@ -88,9 +96,15 @@ fn alloc_owned(size: u64, kind: AllocKind, low32: bool) -> Res<u64> {
     } else {
         inner.va.take(len, GRANULE)?
     };
+    if kind == AllocKind::Managed {
+        managed_unback(d, &mut inner, dev);
+    }
     let id = match take(d, dev, kind, size) {
         Ok(id) => id,
         Err(e) => {
+            if kind == AllocKind::Managed {
+                let _ = managed_backing(d, &mut inner, dev, 0);
+            }
             if low32 {
                 inner.va32.give(va, len)
             } else {
@@ -115,10 +129,10 @@ fn alloc_owned(size: u64, kind: AllocKind, low32: bool) -> Res<u64> {
         let backed = managed_backing(d, &mut inner, dev, len as i64);
         let mapped = backed.and_then(|()| map_host(d, &m, va));
         if let Err(e) = mapped {
-            if backed.is_ok() {
-                let _ = managed_backing(d, &mut inner, dev, -(len as i64));
-            }
             give(d, dev, id);
+            // Back to the sum before: less this allocation if it was counted, else as it was.
+            let undo = if backed.is_ok() { -(len as i64) } else { 0 };
+            let _ = managed_backing(d, &mut inner, dev, undo);
             if low32 {
                 inner.va32.give(va, len)
             } else {
@@ -695,6 +709,19 @@ copies! {
     cuMemsetD8Async_ptsz(dst: CUdeviceptr, v: u8, n: usize, s: CUstream) => async_ok(s, true).and_then(|_| fill(dst, v as u32, 1, n as u64));
     cuMemsetD32Async(dst: CUdeviceptr, v: c_uint, n: usize, s: CUstream) => async_ok(s, false).and_then(|_| fill(dst, v, 4, n as u64));
     cuMemsetD32Async_ptsz(dst: CUdeviceptr, v: c_uint, n: usize, s: CUstream) => async_ok(s, true).and_then(|_| fill(dst, v, 4, n as u64));
+    cuStreamWriteValue32(s: CUstream, dst: CUdeviceptr, v: c_uint, flags: c_uint) => write_value(s, false, dst, v, flags);
+    cuStreamWriteValue32_ptsz(s: CUstream, dst: CUdeviceptr, v: c_uint, flags: c_uint) => write_value(s, true, dst, v, flags);
+    cuStreamWriteValue32_v2(s: CUstream, dst: CUdeviceptr, v: c_uint, flags: c_uint) => write_value(s, false, dst, v, flags);
+    cuStreamWriteValue32_v2_ptsz(s: CUstream, dst: CUdeviceptr, v: c_uint, flags: c_uint) => write_value(s, true, dst, v, flags);
+}
+
+/// `cuStreamWriteValue32`: one 32-bit word, 4-byte aligned, written (like a memset) when called.
+/// Flags: `CU_STREAM_WRITE_VALUE_DEFAULT` (0) or `_NO_MEMORY_BARRIER` (1).
+fn write_value(s: CUstream, ptsz: bool, dst: CUdeviceptr, v: c_uint, flags: c_uint) -> Res {
+    if flags > 1 || !dst.is_multiple_of(4) {
+        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+    async_ok(s, ptsz).and_then(|_| fill(dst, v, 4, 1))
 }
 
 // ---- arrays -----------------------------------------------------------------------------

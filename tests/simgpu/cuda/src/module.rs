@@ -2,14 +2,16 @@
 //! defines kernels whose blocks run one after another at that cost each. A PTX image defines the
 //! kernels it declares with `.entry`, with their parameter layouts and the cost its
 //! `simgpu-kernel` annotations give (`ptx.rs`); their blocks run side by side, one per SM. Any
-//! other image (cubin, fatbin) loads too, and then every kernel name resolves, costing 1 us per
-//! block, one block after another. With `CUDA_DISABLE_PTX_JIT=1`, as with the real driver, a PTX
-//! image is refused (CUDA_ERROR_JIT_COMPILATION_DISABLED). Loaded code takes device memory no
-//! allocation call reveals: the image size rounded up to whole granules, for as long as the
-//! module is loaded.
+//! other image (an ELF cubin, a fatbin, or the `__fatBinC_Wrapper_t` NVIDIA's runtime registers)
+//! loads too, and then every kernel name resolves, costing `SIMGPU_NS_PER_BLOCK` (default 1 us)
+//! per block, one block after another: such code is timed, never run. With
+//! `CUDA_DISABLE_PTX_JIT=1`, as with the real driver, a PTX image is refused
+//! (CUDA_ERROR_JIT_COMPILATION_DISABLED). Loaded code takes device memory no allocation call
+//! reveals: the image size rounded up to whole granules, for as long as the module is loaded.
+//! A CUlibrary is a module, and a CUkernel a CUfunction, so either goes wherever the other does.
 
 use std::collections::HashMap;
-use std::ffi::{CStr, c_char, c_uint, c_void};
+use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 
 use cuda_abi::{CUfunction, CUkernel, CUlibrary, CUmodule, CUresult};
 use simgpu::{AllocId, AllocKind};
@@ -20,6 +22,69 @@ use crate::memory::{give, take};
 use crate::ptx::{BlockNs, Entry, Param};
 
 pub const DEFAULT_NS_PER_BLOCK: u64 = 1_000;
+
+/// What a block of a kernel from a binary image costs: `SIMGPU_NS_PER_BLOCK`, else 1 us.
+pub fn binary_ns_per_block() -> u64 {
+    std::env::var("SIMGPU_NS_PER_BLOCK")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(DEFAULT_NS_PER_BLOCK)
+}
+
+/// `__fatBinC_Wrapper_t` and fatbin header magics.
+const FATBINC_MAGIC: u32 = 0x4662_43B1;
+const FATBIN_MAGIC: u32 = 0xBA55_ED50;
+
+/// The size of the fatbin at `p` (header and members), or None if it is not one.
+///
+/// # Safety
+/// `p` must be NULL or point to at least 16 readable bytes.
+unsafe fn fatbin_len(p: *const u8) -> Option<usize> {
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: per the contract; a fatbin header is 16 bytes.
+    unsafe {
+        if (p as *const u32).read_unaligned() != FATBIN_MAGIC {
+            return None;
+        }
+        let header = (p.add(6) as *const u16).read_unaligned() as u64;
+        let body = (p.add(8) as *const u64).read_unaligned();
+        Some((header + body) as usize)
+    }
+}
+
+/// The fatbins a `__fatBinC_Wrapper_t` holds, with their sizes: version 1 points to one,
+/// version 2 to a NULL-terminated array. Err for a wrapper of another version or a bad fatbin.
+///
+/// # Safety
+/// `w` must point to a wrapper (magic checked by the caller).
+unsafe fn wrapped_fatbins(w: *const u8) -> Res<Vec<(*const u8, usize)>> {
+    // SAFETY: a wrapper is {u32 magic, u32 version, fatbin pointer, pointer}; the pointers it
+    // holds point to fatbins (version 1) or a NULL-terminated array of them (version 2).
+    unsafe {
+        let version = (w.add(4) as *const u32).read_unaligned();
+        let data = (w.add(8) as *const *const u8).read_unaligned();
+        let list = (w.add(16) as *const *const *const u8).read_unaligned();
+        let heads: Vec<*const u8> = match version {
+            1 => vec![data],
+            2 if !list.is_null() => (0..)
+                .map(|i| list.add(i).read_unaligned())
+                .take_while(|p| !p.is_null())
+                .take(4096)
+                .collect(),
+            _ => return Err(CUresult::CUDA_ERROR_INVALID_IMAGE),
+        };
+        heads
+            .into_iter()
+            .map(|p| {
+                fatbin_len(p)
+                    .map(|n| (p, n))
+                    .ok_or(CUresult::CUDA_ERROR_INVALID_IMAGE)
+            })
+            .collect()
+    }
+}
 
 /// A kernel, and so how long a launch keeps the engine busy.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -118,6 +183,8 @@ pub struct Module {
     /// Kernels the image defines; None: any name resolves.
     pub kernels: Option<HashMap<String, Kernel>>,
     pub code: Option<(u32, AllocId)>,
+    /// A CUlibrary: it outlives the context it was loaded in.
+    pub library: bool,
 }
 
 pub struct Func {
@@ -162,10 +229,8 @@ unsafe fn image_len(image: *const u8) -> usize {
             let shnum = (image.add(0x3c) as *const u16).read_unaligned() as u64;
             return (shoff + shentsize * shnum) as usize;
         }
-        if (image as *const u32).read_unaligned() == 0xBA55_ED50 {
-            let header = (image.add(6) as *const u16).read_unaligned() as u64;
-            let body = (image.add(8) as *const u64).read_unaligned();
-            return (header + body) as usize;
+        if let Some(n) = fatbin_len(image) {
+            return n;
         }
         CStr::from_ptr(image as *const c_char).to_bytes().len()
     }
@@ -200,7 +265,7 @@ fn kernels_of(text: &str) -> Res<Option<HashMap<String, Kernel>>> {
     }
 }
 
-fn load(image: *const c_void) -> Res<u64> {
+fn load(image: *const c_void, library: bool) -> Res<u64> {
     if image.is_null() {
         return Err(E_INVALID_VALUE);
     }
@@ -208,27 +273,41 @@ fn load(image: *const c_void) -> Res<u64> {
     let mut inner = d.inner.lock();
     let (ctx, c) = inner.cur()?;
     let dev = c.dev;
-    // SAFETY: the API contract: `image` is a module image.
-    let len = unsafe { image_len(image as *const u8) };
-    // SAFETY: text images are NUL-terminated; binary ones are not read as text past `len`.
-    let text = unsafe { std::slice::from_raw_parts(image as *const u8, len) };
-    let kernels = match std::str::from_utf8(text) {
-        Ok(t) => kernels_of(t)?,
-        Err(_) => None,
+    // SAFETY: the API contract: `image` is a module image; every image has 4 bytes.
+    let wrapper = unsafe { (image as *const u32).read_unaligned() } == FATBINC_MAGIC;
+    let (len, kernels) = if wrapper {
+        // SAFETY: the magic says `image` is a wrapper.
+        let fatbins = unsafe { wrapped_fatbins(image as *const u8) }?;
+        (fatbins.iter().map(|f| f.1).sum::<usize>(), None)
+    } else {
+        // SAFETY: the API contract: `image` is a module image.
+        let len = unsafe { image_len(image as *const u8) };
+        // SAFETY: text images are NUL-terminated; binary ones are not read as text past `len`.
+        let text = unsafe { std::slice::from_raw_parts(image as *const u8, len) };
+        let kernels = match std::str::from_utf8(text) {
+            Ok(t) => kernels_of(t)?,
+            Err(_) => None,
+        };
+        (len, kernels)
     };
     let code = take(d, dev, AllocKind::Module, len as u64)?;
     Ok(inner.modules.insert(Module {
         ctx,
         kernels,
         code: Some((dev, code)),
+        library,
     }))
 }
 
 fn load_into(out: *mut CUmodule, image: *const c_void) -> Res {
+    load_as(out, image, false)
+}
+
+fn load_as(out: *mut CUmodule, image: *const c_void, library: bool) -> Res {
     if out.is_null() {
         return Err(E_INVALID_VALUE);
     }
-    let h = load(image)?;
+    let h = load(image, library)?;
     // SAFETY: checked non-NULL.
     unsafe { out.write(to_ptr(h)) };
     Ok(())
@@ -311,7 +390,7 @@ fn get_function(module: u64, name: *const c_char) -> Res<u64> {
     let m = inner.modules.get(module).ok_or(E_INVALID_HANDLE)?;
     let kernel = match &m.kernels {
         Some(k) => k.get(&name).ok_or(CUresult::CUDA_ERROR_NOT_FOUND)?.clone(),
-        None => Kernel::Serial(DEFAULT_NS_PER_BLOCK),
+        None => Kernel::Serial(binary_ns_per_block()),
     };
     Ok(inner.funcs.insert(Func { module, kernel }))
 }
@@ -346,7 +425,7 @@ pub unsafe extern "C" fn cuLibraryLoadData(
     _lib_vals: *mut *mut c_void,
     _n_lib: c_uint,
 ) -> CUresult {
-    status(load_into(out, code))
+    status(load_as(out, code, true))
 }
 
 #[unsafe(no_mangle)]
@@ -376,6 +455,103 @@ pub unsafe extern "C" fn cuKernelGetFunction(out: *mut CUfunction, kernel: CUker
     }))
 }
 
+/// A library's module: the library itself (a CUlibrary is a module here).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLibraryGetModule(out: *mut CUmodule, lib: CUlibrary) -> CUresult {
+    status(drv().and_then(|d| {
+        d.inner
+            .lock()
+            .modules
+            .get(from_ptr(lib))
+            .ok_or(E_INVALID_HANDLE)?;
+        // SAFETY: out-pointer from the caller.
+        unsafe { put(out, lib) }
+    }))
+}
+
+/// `CU_MODULE_LAZY_LOADING` (2), as the real driver's default since CUDA 12.2, unless
+/// `CUDA_MODULE_LOADING=EAGER` asks for `CU_MODULE_EAGER_LOADING` (1). simgpu charges a
+/// module's memory when it loads either way.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuModuleGetLoadingMode(mode: *mut c_int) -> CUresult {
+    let eager = std::env::var("CUDA_MODULE_LOADING").is_ok_and(|v| v.eq_ignore_ascii_case("EAGER"));
+    // SAFETY: out-pointer from the caller (NULL refused by `put`).
+    status(unsafe { put(mode, if eager { 1 } else { 2 }) })
+}
+
+/// What a kernel reports for `CUfunction_attribute` `attrib`: H100-like limits, no registers,
+/// shared or local memory (the code never runs).
+fn func_attribute(f: u64, attrib: c_int) -> Res<c_int> {
+    let d = drv()?;
+    d.inner.lock().funcs.get(f).ok_or(E_INVALID_HANDLE)?;
+    let c = d.state.config();
+    let cc = (c.cc_major * 10 + c.cc_minor) as c_int;
+    Ok(match attrib {
+        0 => 1024,     // MAX_THREADS_PER_BLOCK
+        1..=3 => 0,    // SHARED / CONST / LOCAL_SIZE_BYTES
+        4 => 32,       // NUM_REGS
+        5 | 6 => cc,   // PTX_VERSION, BINARY_VERSION
+        7 => 0,        // CACHE_MODE_CA
+        8 => 48 << 10, // MAX_DYNAMIC_SHARED_SIZE_BYTES
+        9 => -1,       // PREFERRED_SHARED_MEMORY_CARVEOUT
+        10..=15 => 0,  // cluster attributes
+        _ => return Err(E_INVALID_VALUE),
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuFuncGetAttribute(
+    out: *mut c_int,
+    attrib: c_int,
+    f: CUfunction,
+) -> CUresult {
+    // SAFETY: out-pointer from the caller (NULL refused by `put`).
+    status(func_attribute(from_ptr(f), attrib).and_then(|v| unsafe { put(out, v) }))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuKernelGetAttribute(
+    out: *mut c_int,
+    attrib: c_int,
+    k: CUkernel,
+    _dev: c_int,
+) -> CUresult {
+    // SAFETY: out-pointer from the caller (NULL refused by `put`).
+    status(func_attribute(from_ptr(k), attrib).and_then(|v| unsafe { put(out, v) }))
+}
+
+/// Setting an attribute is accepted for a settable one and changes nothing simgpu models.
+fn func_set_attribute(f: u64, attrib: c_int) -> Res {
+    let d = drv()?;
+    d.inner.lock().funcs.get(f).ok_or(E_INVALID_HANDLE)?;
+    match attrib {
+        8..=15 => Ok(()),
+        _ => Err(E_INVALID_VALUE),
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuFuncSetAttribute(
+    f: CUfunction,
+    attrib: c_int,
+    _value: c_int,
+) -> CUresult {
+    status(func_set_attribute(from_ptr(f), attrib))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuKernelSetAttribute(
+    attrib: c_int,
+    _value: c_int,
+    k: CUkernel,
+    _dev: c_int,
+) -> CUresult {
+    status(func_set_attribute(from_ptr(k), attrib))
+}
+
+/// Unloads the modules of context `ctx`, which is being destroyed. Libraries stay, with their
+/// code memory, until cuLibraryUnload: they are not tied to a context, and their kernels work in
+/// the next one (the real driver loads a library into each context that uses it).
 pub fn release_ctx(d: &Driver, inner: &mut Inner, ctx: u64) {
     let mods: Vec<u64> = inner
         .modules
@@ -384,6 +560,12 @@ pub fn release_ctx(d: &Driver, inner: &mut Inner, ctx: u64) {
         .map(|(h, _)| h)
         .collect();
     for h in mods {
+        if let Some(m) = inner.modules.get_mut(h)
+            && m.library
+        {
+            m.ctx = 0;
+            continue;
+        }
         if let Some(m) = inner.modules.remove(h)
             && let Some((dev, id)) = m.code
         {
@@ -404,6 +586,58 @@ pub fn release_ctx(d: &Driver, inner: &mut Inner, ctx: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A fatbin of `body` bytes after its 16-byte header, 8-byte aligned.
+    fn fatbin(body: u64) -> Vec<u64> {
+        let mut f = vec![0u64; 2 + body as usize / 8];
+        f[0] = u64::from(FATBIN_MAGIC) | 1 << 32 | 16 << 48;
+        f[1] = body;
+        f
+    }
+
+    fn wrapper(version: u32, data: *const u64, list: *const *const u64) -> [u64; 3] {
+        [
+            u64::from(FATBINC_MAGIC) | u64::from(version) << 32,
+            data as u64,
+            list as u64,
+        ]
+    }
+
+    #[test]
+    fn fatbin_wrappers_of_both_versions_give_their_fatbins() {
+        let (a, b) = (fatbin(64), fatbin(128));
+        let w1 = wrapper(1, a.as_ptr(), std::ptr::null());
+        // SAFETY: a wrapper of version 1 pointing to a fatbin.
+        let got = unsafe { wrapped_fatbins(w1.as_ptr() as *const u8) }.unwrap();
+        assert_eq!(got, vec![(a.as_ptr() as *const u8, 80)]);
+        let list = [a.as_ptr(), b.as_ptr(), std::ptr::null()];
+        let w2 = wrapper(2, std::ptr::null(), list.as_ptr());
+        // SAFETY: a wrapper of version 2 pointing to a NULL-terminated list of fatbins.
+        let got = unsafe { wrapped_fatbins(w2.as_ptr() as *const u8) }.unwrap();
+        assert_eq!(got.iter().map(|f| f.1).collect::<Vec<_>>(), vec![80, 144]);
+        let w3 = wrapper(3, a.as_ptr(), std::ptr::null());
+        // SAFETY: a wrapper (of an unknown version).
+        let bad = unsafe { wrapped_fatbins(w3.as_ptr() as *const u8) };
+        assert_eq!(bad, Err(CUresult::CUDA_ERROR_INVALID_IMAGE));
+        let not_fatbin = [0u64; 4];
+        let w4 = wrapper(1, not_fatbin.as_ptr(), std::ptr::null());
+        // SAFETY: a wrapper pointing to 32 readable bytes.
+        let bad = unsafe { wrapped_fatbins(w4.as_ptr() as *const u8) };
+        assert_eq!(bad, Err(CUresult::CUDA_ERROR_INVALID_IMAGE));
+        // SAFETY: a fatbin header.
+        assert_eq!(unsafe { image_len(b.as_ptr() as *const u8) }, 144);
+    }
+
+    #[test]
+    fn an_elf_image_ends_with_its_section_headers() {
+        let mut elf = [0u8; 0x40];
+        elf[..4].copy_from_slice(b"\x7fELF");
+        elf[0x28..0x30].copy_from_slice(&0x200u64.to_le_bytes());
+        elf[0x3a..0x3c].copy_from_slice(&64u16.to_le_bytes());
+        elf[0x3c..0x3e].copy_from_slice(&5u16.to_le_bytes());
+        // SAFETY: an ELF header of 64 bytes.
+        assert_eq!(unsafe { image_len(elf.as_ptr()) }, 0x200 + 64 * 5);
+    }
 
     #[test]
     fn text_images_define_kernels_and_others_do_not() {

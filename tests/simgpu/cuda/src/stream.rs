@@ -20,6 +20,8 @@ use crate::handles::{from_ptr, to_ptr};
 pub struct Stream {
     pub ctx: u64,
     pub flags: u32,
+    /// Its priority, within cuCtxGetStreamPriorityRange's range (lower is higher priority).
+    pub priority: i32,
     pub last_seq: u64,
     pub capture: Option<Capture>,
 }
@@ -196,6 +198,7 @@ pub unsafe extern "C" fn cuStreamCreate(out: *mut CUstream, flags: c_uint) -> CU
         let h = inner.streams.insert(Stream {
             ctx,
             flags,
+            priority: 0,
             last_seq: 0,
             capture: None,
         });
@@ -209,10 +212,19 @@ pub unsafe extern "C" fn cuStreamCreate(out: *mut CUstream, flags: c_uint) -> CU
 pub unsafe extern "C" fn cuStreamCreateWithPriority(
     out: *mut CUstream,
     flags: c_uint,
-    _priority: c_int,
+    priority: c_int,
 ) -> CUresult {
     // SAFETY: forwarding the caller's arguments.
-    unsafe { cuStreamCreate(out, flags) }
+    let r = unsafe { cuStreamCreate(out, flags) };
+    if r == CUresult::CUDA_SUCCESS
+        && let Ok(d) = drv()
+        // SAFETY: cuStreamCreate wrote the new stream there.
+        && let Some(st) = d.inner.lock().streams.get_mut(from_ptr(unsafe { *out }))
+    {
+        // Out of range is clamped to it, as the driver does.
+        st.priority = priority.clamp(crate::info::GREATEST_PRIORITY, crate::info::LEAST_PRIORITY);
+    }
+    r
 }
 
 fn stream_destroy(s: CUstream) -> Res {

@@ -20,10 +20,17 @@ pub struct VmmHandle {
     pub maps: u32,
     /// Imported from another process: its memory is the exporter's.
     pub imported: bool,
+    /// References taken by cuMemRetainAllocationHandle, each given back by a cuMemRelease.
+    pub retains: u32,
+    /// The handle types it may be exported as (`CUmemAllocationProp::requestedHandleTypes`).
+    pub handle_types: u32,
 }
 
 fn finish_if_unused(d: &Driver, inner: &mut Inner, h: u64) {
-    let done = inner.vmm.get(h).is_some_and(|v| v.released && v.maps == 0);
+    let done = inner
+        .vmm
+        .get(h)
+        .is_some_and(|v| v.released && v.retains == 0 && v.maps == 0);
     if done
         && let Some(v) = inner.vmm.remove(h)
         && let (Some((dev, id)), false) = (v.backing, v.imported)
@@ -91,6 +98,8 @@ pub unsafe extern "C" fn cuMemCreate(
             released: false,
             maps: 0,
             imported: false,
+            retains: 0,
+            handle_types: p.requestedHandleTypes,
         });
         // SAFETY: checked non-NULL.
         unsafe { handle.write(h) };
@@ -105,10 +114,90 @@ pub unsafe extern "C" fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> C
         let v = inner
             .vmm
             .get_mut(handle)
-            .filter(|v| !v.released)
+            .filter(|v| !v.released || v.retains > 0)
             .ok_or(E_INVALID_VALUE)?;
-        v.released = true;
+        if v.retains > 0 {
+            v.retains -= 1;
+        } else {
+            v.released = true;
+        }
         finish_if_unused(d, &mut inner, handle);
+        Ok(())
+    }))
+}
+
+/// The handle of the VMM mapping that covers `addr` (any address inside it), with one more
+/// reference, which a cuMemRelease gives back. An address no cuMemMap covers:
+/// CUDA_ERROR_INVALID_VALUE.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemRetainAllocationHandle(
+    handle: *mut CUmemGenericAllocationHandle,
+    addr: *mut c_void,
+) -> CUresult {
+    status(drv().and_then(|d| {
+        if handle.is_null() {
+            return Err(E_INVALID_VALUE);
+        }
+        let addr = addr as u64;
+        let mut inner = d.inner.lock();
+        let h = inner
+            .maps
+            .range(..=addr)
+            .next_back()
+            .filter(|(s, m)| m.kind == MapKind::Vmm && addr < *s + m.len)
+            .map(|(_, m)| m.handle)
+            .ok_or(E_INVALID_VALUE)?;
+        let v = inner.vmm.get_mut(h).ok_or(E_INVALID_VALUE)?;
+        v.retains += 1;
+        // SAFETY: checked non-NULL.
+        unsafe { handle.write(h) };
+        Ok(())
+    }))
+}
+
+/// The properties a handle was made with: pinned memory on the device (its ordinal in this
+/// process) or on the host, and the handle types it may be exported as.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemGetAllocationPropertiesFromHandle(
+    prop: *mut CUmemAllocationProp,
+    handle: CUmemGenericAllocationHandle,
+) -> CUresult {
+    status(drv().and_then(|d| {
+        if prop.is_null() {
+            return Err(E_INVALID_VALUE);
+        }
+        let inner = d.inner.lock();
+        let v = inner
+            .vmm
+            .get(handle)
+            .filter(|v| !v.released || v.retains > 0)
+            .ok_or(E_INVALID_VALUE)?;
+        let location = match v.backing {
+            Some((dev, _)) => CUmemLocation {
+                type_: CU_MEM_LOCATION_TYPE_DEVICE,
+                id: d
+                    .visible
+                    .iter()
+                    .position(|&p| p == dev)
+                    .map_or(-1, |o| o as i32),
+            },
+            None => CUmemLocation {
+                type_: CU_MEM_LOCATION_TYPE_HOST,
+                id: 0,
+            },
+        };
+        let out = CUmemAllocationProp {
+            type_: CU_MEM_ALLOCATION_TYPE_PINNED,
+            requestedHandleTypes: v.handle_types,
+            location,
+            win32HandleMetaData: std::ptr::null_mut(),
+            compressionType: 0,
+            gpuDirectRDMACapable: 0,
+            usage: 0,
+            reserved: [0; 4],
+        };
+        // SAFETY: checked non-NULL.
+        unsafe { prop.write(out) };
         Ok(())
     }))
 }
@@ -383,6 +472,8 @@ pub unsafe extern "C" fn cuMemImportFromShareableHandle(
             released: false,
             maps: 0,
             imported: true,
+            retains: 0,
+            handle_types: CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
         });
         // SAFETY: checked non-NULL.
         unsafe { handle.write(h) };

@@ -811,3 +811,35 @@ pub unsafe extern "C" fn nvmlDeviceGetDriverModel_v2(
 fn not_supported(dev: nvmlDevice_t) -> nvmlReturn_t {
     status(dev_of(dev).and(Err(nvmlReturn_t::NVML_ERROR_NOT_SUPPORTED)))
 }
+
+// ---- NVLink ---------------------------------------------------------------------------------
+// The simulated devices have no NVLink: every link query answers NVML_ERROR_NOT_SUPPORTED, as
+// NVML does on a GPU without NVLink (a PCIe card). PyTorch looks these up when NVML loads and
+// asserts only that they exist; it reads the answers to find NVLink peers, and finds none.
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetNvLinkState(
+    dev: nvmlDevice_t,
+    _link: c_uint,
+    _active: *mut c_uint,
+) -> nvmlReturn_t {
+    not_supported(dev)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetNvLinkRemoteDeviceType(
+    dev: nvmlDevice_t,
+    _link: c_uint,
+    _kind: *mut c_uint,
+) -> nvmlReturn_t {
+    not_supported(dev)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetNvLinkRemotePciInfo_v2(
+    dev: nvmlDevice_t,
+    _link: c_uint,
+    _pci: *mut nvmlPciInfo_t,
+) -> nvmlReturn_t {
+    not_supported(dev)
+}
