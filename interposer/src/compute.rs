@@ -593,7 +593,11 @@ impl Meter {
         // the fast path.
         let publishes = prio == Priority::High && others;
         self.publishes.store(publishes, Ordering::Relaxed);
-        allot < FULL || yields || publishes
+        // Beside other slices its launches are counted even when nothing holds them: what they
+        // were charged is how shared periods are apportioned to it, and without them it would
+        // read as idle, to itself (its usage, against its request) and to the others (a high
+        // slice that sees nobody else publishes nothing to yield to).
+        allot < FULL || yields || publishes || others
     }
 
     fn priority(&self) -> Priority {
