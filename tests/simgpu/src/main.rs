@@ -90,8 +90,9 @@ struct DeviceArgs {
     #[arg(long)]
     sm_count: Option<u32>,
     /// How NVML gives per-process utilisation samples: `one-per-period` (what a real driver
-    /// does: each sample period, one process, the one with the most busy time, with the
-    /// device's utilisation), `per-process` (each process that ran, with its own share)
+    /// does: each sample period, one process that ran, drawn with a chance in proportion to its
+    /// busy time, with the device's utilisation), `per-process` (each process that ran, with its
+    /// own share)
     /// [default: one-per-period]
     #[arg(long, value_name = "one-per-period|per-process", value_parser = ProcessSamples::parse)]
     process_samples: Option<ProcessSamples>,
