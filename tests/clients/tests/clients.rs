@@ -12,6 +12,7 @@ use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use cuslice_client_tests::{Slice, command, mib, run_to_end};
 use cuslice_test_harness::*;
 use serde_json::Value;
 
@@ -60,54 +61,20 @@ fn have_python() -> bool {
     }
 }
 
-/// A slice: its state folder and the environment its processes get.
-struct Slice {
-    _dir: tempfile::TempDir,
-    env: Vec<(String, String)>,
-}
-
-impl Slice {
-    fn new(env: &[(&str, &str)]) -> Slice {
-        let dir = tempfile::tempdir().unwrap();
-        let mut env: Vec<(String, String)> = env
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        env.push(("CUSLICE_STATE_DIR".into(), dir.path().display().to_string()));
-        Slice { _dir: dir, env }
-    }
-
-    fn capped() -> Slice {
-        Slice::new(&[("CUSLICE_MEMORY_LIMIT", "1GiB")])
-    }
-}
-
 /// `cuda_client.py args` on `sim`, inside `slice` (libcuslice.so preloaded) or outside.
 fn client_cmd(sim: &Sim, slice: Option<&Slice>, args: &[&str]) -> Command {
     let mut all = vec![client().display().to_string()];
     all.extend(args.iter().map(|a| a.to_string()));
     let all: Vec<&str> = all.iter().map(String::as_str).collect();
-    let mut c = sim.command(Path::new("python3"), &all);
-    if let Some(s) = slice {
-        c.env("LD_PRELOAD", libcuslice());
-        for (k, v) in &s.env {
-            c.env(k, v);
-        }
-    }
-    c
+    command(sim, Path::new("python3"), slice, &all)
 }
 
 /// Runs the client to completion; panics (with its stderr) unless it exits 0.
 fn run(sim: &Sim, slice: Option<&Slice>, args: &[&str]) -> Vec<Value> {
-    let out = client_cmd(sim, slice, args).output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "cuda_client.py {args:?} exited {:?}; stdout: {stdout}; stderr: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    parse_lines(&stdout)
+    run_to_end(
+        &mut client_cmd(sim, slice, args),
+        &format!("cuda_client.py {args:?}"),
+    )
 }
 
 /// Starts a client that holds what it made until its stdin closes; waits for "holding".
@@ -128,10 +95,6 @@ fn process(dev: &Value, pid: u64) -> &Value {
 
 fn held(sim: &Sim, pid: u64) -> u64 {
     u(&process(&sim.device(0), pid)["held"])
-}
-
-fn mib(b: u64) -> f64 {
-    b as f64 / MIB as f64
 }
 
 // ---- memory families through the official bindings ---------------------------------------

@@ -13,6 +13,7 @@ use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use cuslice_client_tests::{Slice, command, run_to_end};
 use cuslice_test_harness::*;
 use serde_json::Value;
 
@@ -98,52 +99,6 @@ fn program(version: &str) -> Option<PathBuf> {
     }
 }
 
-/// A slice: its state folder and the environment its processes get.
-struct Slice {
-    _dir: tempfile::TempDir,
-    env: Vec<(String, String)>,
-}
-
-impl Slice {
-    fn new(env: &[(&str, &str)]) -> Slice {
-        let dir = tempfile::tempdir().unwrap();
-        let mut env: Vec<(String, String)> = env
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        env.push(("CUSLICE_STATE_DIR".into(), dir.path().display().to_string()));
-        Slice { _dir: dir, env }
-    }
-
-    fn capped() -> Slice {
-        Slice::new(&[("CUSLICE_MEMORY_LIMIT", "1GiB")])
-    }
-}
-
-fn command(sim: &Sim, exe: &Path, slice: Option<&Slice>, args: &[&str]) -> Command {
-    let mut c = sim.command(exe, args);
-    if let Some(s) = slice {
-        c.env("LD_PRELOAD", libcuslice());
-        for (k, v) in &s.env {
-            c.env(k, v);
-        }
-    }
-    c
-}
-
-/// Runs the program to completion; panics (with its stderr) unless it exits 0.
-fn run(cmd: &mut Command, what: &str) -> Vec<Value> {
-    let out = cmd.output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{what} exited {:?}; stdout: {stdout}; stderr: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    parse_lines(&stdout)
-}
-
 /// A finished process as the simulator remembers it.
 fn exited(sim: &Sim, pid: u64) -> Value {
     let d = sim.device(0);
@@ -166,7 +121,7 @@ fn check_all(sim: &Sim, v: &str, exe: &Path, slice: Option<&Slice>, cap: Option<
             "bare"
         }
     );
-    let n = run(
+    let n = run_to_end(
         &mut command(sim, exe, slice, &["all", &LAUNCHES.to_string()]),
         &place,
     );
@@ -297,7 +252,7 @@ fn the_integrity_answer_covers_every_visible_device() {
             if let Some(list) = visible {
                 c.env("CUDA_VISIBLE_DEVICES", list);
             }
-            let n = run(&mut c, "init");
+            let n = run_to_end(&mut c, "init");
             let i = event(&n, "init");
             assert_eq!(i["error"], 0, "cudart {v}, visible {visible:?}: {i}");
             assert_eq!(i["count"], count, "cudart {v}, visible {visible:?}: {i}");
@@ -315,10 +270,10 @@ fn a_corrupted_integrity_answer_fails_every_runtime_call_with_103() {
         let slice = Slice::capped();
         for s in [None, Some(&slice)] {
             let mut c = command(&sim, &exe, s, &["init"]);
-            let ok = run(&mut c, "init");
+            let ok = run_to_end(&mut c, "init");
             assert_eq!(event(&ok, "init")["error"], 0, "cudart {v}: {ok:?}");
             c.env("SIMGPU_CORRUPT_INTEGRITY", "1");
-            let n = run(&mut c, "init, corrupted");
+            let n = run_to_end(&mut c, "init, corrupted");
             let i = event(&n, "init");
             assert_eq!(i["error"], 103, "cudart {v}: cudaGetDeviceCount: {i}");
             assert_eq!(i["malloc_error"], 103, "cudart {v}: cudaMalloc: {i}");
@@ -385,7 +340,7 @@ fn libcuslice_passes_the_export_tables_through_untouched() {
     let slice = Slice::capped();
     let mut seen = Vec::new();
     for s in [None, Some(&slice)] {
-        let n = run(&mut command(&sim, &exe, s, &["tables"]), "tables");
+        let n = run_to_end(&mut command(&sim, &exe, s, &["tables"]), "tables");
         let t = event(&n, "tables").clone();
         assert_eq!(
             (t["init_error"].clone(), t["proc_error"].clone()),

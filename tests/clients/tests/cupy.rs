@@ -10,9 +10,11 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use cuslice_client_tests::framework_python_or_skip;
+use cuslice_client_tests::{
+    Slice, command, device_shares, framework_python_or_skip, mib, process, run_to_end,
+};
 use cuslice_test_harness::*;
 use serde_json::Value;
 
@@ -24,32 +26,6 @@ const VENVS: [&str; 2] = ["cu12", "cu13"];
 
 fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../frameworks/cupy_check.py")
-}
-
-fn mib(b: u64) -> f64 {
-    b as f64 / MIB as f64
-}
-
-/// A slice: its state folder and the environment its processes get.
-struct Slice {
-    dir: tempfile::TempDir,
-    env: Vec<(String, String)>,
-}
-
-impl Slice {
-    fn new(env: &[(&str, &str)]) -> Slice {
-        let dir = tempfile::tempdir().unwrap();
-        let mut env: Vec<(String, String)> = env
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        env.push(("CUSLICE_STATE_DIR".into(), dir.path().display().to_string()));
-        Slice { dir, env }
-    }
-
-    fn capped() -> Slice {
-        Slice::new(&[("CUSLICE_MEMORY_LIMIT", "1GiB")])
-    }
 }
 
 /// `cupy_check.py args` with `python` on `sim`, inside `slice` (libcuslice.so preloaded) or
@@ -64,42 +40,18 @@ fn cupy_cmd(
     let mut all = vec![script().display().to_string()];
     all.extend(args.iter().map(|a| a.to_string()));
     let all: Vec<&str> = all.iter().map(String::as_str).collect();
-    let mut c = sim.command(python, &all);
+    let mut c = command(sim, python, slice, &all);
     c.env("CUPY_CACHE_DIR", cache);
-    if let Some(s) = slice {
-        c.env("LD_PRELOAD", libcuslice());
-        for (k, v) in &s.env {
-            c.env(k, v);
-        }
-    }
     c
 }
 
 /// Runs the script to completion; panics (with its stderr) unless it exits 0.
 fn run(sim: &Sim, python: &Path, slice: Option<&Slice>, args: &[&str]) -> Vec<Value> {
     let cache = tempfile::tempdir().unwrap();
-    let out = cupy_cmd(sim, python, slice, cache.path(), args)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{} cupy_check.py {args:?} exited {:?}; stdout: {stdout}; stderr: {}",
-        python.display(),
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    parse_lines(&stdout)
-}
-
-/// A process's entry, live or exited, on device 0.
-fn process(sim: &Sim, pid: u64) -> Value {
-    let d = sim.device(0);
-    ["processes", "exited"]
-        .iter()
-        .flat_map(|k| d[*k].as_array().cloned().unwrap_or_default())
-        .find(|p| p["pid"] == pid)
-        .unwrap_or_else(|| panic!("pid {pid} was never on the device: {d}"))
+    run_to_end(
+        &mut cupy_cmd(sim, python, slice, cache.path(), args),
+        &format!("{} cupy_check.py {args:?}", python.display()),
+    )
 }
 
 // ---- memory --------------------------------------------------------------------------------
@@ -350,24 +302,7 @@ fn shares_30_70(venv: &str) {
         .map(|r| u(&r.wait_for("start", Duration::from_secs(120))["pid"]))
         .collect();
     std::thread::sleep(settle);
-    let times = |sim: &Sim| -> (Instant, Vec<u64>) {
-        let t = Instant::now();
-        (
-            t,
-            pids.iter()
-                .map(|p| u(&process(sim, *p)["device_time_ns"]))
-                .collect(),
-        )
-    };
-    let (t0, a) = times(&sim);
-    std::thread::sleep(window);
-    let (t1, b) = times(&sim);
-    let span = (t1 - t0).as_nanos() as f64;
-    let shares: Vec<f64> = a
-        .iter()
-        .zip(&b)
-        .map(|(a, b)| 100.0 * (b - a) as f64 / span)
-        .collect();
+    let shares = device_shares(&sim, &pids, window);
     eprintln!("{venv}: limits 30 and 70 achieved {shares:.2?} of the device");
     for mut r in procs {
         let launched = r.wait_for("launched", Duration::from_secs(60));

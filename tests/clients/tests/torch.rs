@@ -10,9 +10,11 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use cuslice_client_tests::framework_python_or_skip;
+use cuslice_client_tests::{
+    Slice, command, device_shares, framework_python_or_skip, mib, process, run_to_end,
+};
 use cuslice_test_harness::*;
 use serde_json::Value;
 
@@ -36,32 +38,6 @@ fn python() -> Option<PathBuf> {
     framework_python_or_skip("cu13", "torch")
 }
 
-fn mib(b: u64) -> f64 {
-    b as f64 / MIB as f64
-}
-
-/// A slice: its state folder and the environment its processes get.
-struct Slice {
-    _dir: tempfile::TempDir,
-    env: Vec<(String, String)>,
-}
-
-impl Slice {
-    fn new(env: &[(&str, &str)]) -> Slice {
-        let dir = tempfile::tempdir().unwrap();
-        let mut env: Vec<(String, String)> = env
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        env.push(("CUSLICE_STATE_DIR".into(), dir.path().display().to_string()));
-        Slice { _dir: dir, env }
-    }
-
-    fn capped() -> Slice {
-        Slice::new(&[("CUSLICE_MEMORY_LIMIT", "1GiB")])
-    }
-}
-
 /// `torch_check.py args` with `python` on `sim`, inside `slice` (libcuslice.so preloaded) or
 /// outside, with `PYTORCH_CUDA_ALLOC_CONF=alloc_conf` (unset when empty).
 fn torch_cmd(
@@ -74,16 +50,10 @@ fn torch_cmd(
     let mut all = vec![script().display().to_string()];
     all.extend(args.iter().map(|a| a.to_string()));
     let all: Vec<&str> = all.iter().map(String::as_str).collect();
-    let mut c = sim.command(python, &all);
+    let mut c = command(sim, python, slice, &all);
     c.env_remove("PYTORCH_CUDA_ALLOC_CONF");
     if !alloc_conf.is_empty() {
         c.env("PYTORCH_CUDA_ALLOC_CONF", alloc_conf);
-    }
-    if let Some(s) = slice {
-        c.env("LD_PRELOAD", libcuslice());
-        for (k, v) in &s.env {
-            c.env(k, v);
-        }
     }
     c
 }
@@ -96,27 +66,10 @@ fn run(
     alloc_conf: &str,
     args: &[&str],
 ) -> Vec<Value> {
-    let out = torch_cmd(sim, python, slice, alloc_conf, args)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "torch_check.py {args:?} (PYTORCH_CUDA_ALLOC_CONF={alloc_conf:?}) exited {:?}; stdout: {stdout}; stderr: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    parse_lines(&stdout)
-}
-
-/// A process's entry, live or exited, on device 0.
-fn process(sim: &Sim, pid: u64) -> Value {
-    let d = sim.device(0);
-    ["processes", "exited"]
-        .iter()
-        .flat_map(|k| d[*k].as_array().cloned().unwrap_or_default())
-        .find(|p| p["pid"] == pid)
-        .unwrap_or_else(|| panic!("pid {pid} was never on the device: {d}"))
+    run_to_end(
+        &mut torch_cmd(sim, python, slice, alloc_conf, args),
+        &format!("torch_check.py {args:?} (PYTORCH_CUDA_ALLOC_CONF={alloc_conf:?})"),
+    )
 }
 
 // ---- the device as PyTorch sees it ---------------------------------------------------------
@@ -347,24 +300,7 @@ fn torch_kernels_in_slices_at_30_and_70_share_the_device() {
         .map(|r| u(&r.wait_for("ready", Duration::from_secs(120))["pid"]))
         .collect();
     std::thread::sleep(settle);
-    let times = |sim: &Sim| -> (Instant, Vec<u64>) {
-        let t = Instant::now();
-        (
-            t,
-            pids.iter()
-                .map(|p| u(&process(sim, *p)["device_time_ns"]))
-                .collect(),
-        )
-    };
-    let (t0, a) = times(&sim);
-    std::thread::sleep(window);
-    let (t1, b) = times(&sim);
-    let span = (t1 - t0).as_nanos() as f64;
-    let shares: Vec<f64> = a
-        .iter()
-        .zip(&b)
-        .map(|(a, b)| 100.0 * (b - a) as f64 / span)
-        .collect();
+    let shares = device_shares(&sim, &pids, window);
     eprintln!("limits 30 and 70 achieved {shares:.2?} of the device");
     for mut r in procs {
         let spun = r.wait_for("spun", Duration::from_secs(60));
