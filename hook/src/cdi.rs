@@ -809,6 +809,10 @@ pub struct IndexEntry {
     #[serde(rename = "podUID")]
     pub pod_uid: String,
     pub cdi_devices: Vec<String>,
+    /// The claim's name (its namespace is the pod's), which the hook records for the node
+    /// tools' `claim` label; absent in entries of plugins that did not write it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim: Option<String>,
 }
 
 fn index_part(what: &str, s: &str) -> Result<(), String> {
@@ -904,6 +908,45 @@ pub fn indexed_devices(dir: &Path, config: &Value) -> Result<Vec<(String, String
         }
     }
     Ok(out)
+}
+
+/// The names of the claims the container index gives container `container` of pod
+/// `namespace`/`pod` (uid `pod_uid` where known), sorted: what the hook records for the node
+/// tools. Only for labels, so it never fails: a missing index, an entry of another pod uid, an
+/// entry that cannot be read or names no claim are all left out.
+pub fn indexed_claims(
+    dir: &Path,
+    namespace: &str,
+    pod: &str,
+    container: &str,
+    pod_uid: Option<&str>,
+) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let prefix = format!("{namespace}_{pod}_{container}_");
+    let mut claims: Vec<String> = entries
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            e.file_name()
+                .to_str()
+                .is_some_and(|n| n.starts_with(&prefix) && n.ends_with(".json"))
+        })
+        .filter_map(|e| {
+            // An entry is a few hundred bytes; a bigger file is not one.
+            let text = std::fs::read(e.path())
+                .ok()
+                .filter(|t| t.len() <= 64 << 10)?;
+            let entry: IndexEntry = serde_json::from_slice(&text).ok()?;
+            if pod_uid.is_some_and(|uid| !entry.pod_uid.is_empty() && entry.pod_uid != uid) {
+                return None;
+            }
+            entry.claim
+        })
+        .collect();
+    claims.sort();
+    claims.dedup();
+    claims
 }
 
 // ---- applying edits to config.json --------------------------------------------------------
@@ -1671,6 +1714,7 @@ mod tests {
             let e = IndexEntry {
                 pod_uid: uid.into(),
                 cdi_devices: ids.iter().map(|s| s.to_string()).collect(),
+                claim: None,
             };
             std::fs::write(d.path().join(name), serde_json::to_string(&e).unwrap()).unwrap();
         };

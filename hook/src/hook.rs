@@ -40,6 +40,9 @@ pub struct Options {
     pub state_root: PathBuf,
     pub node_dir: PathBuf,
     pub library: Option<PathBuf>,
+    /// The DRA plugin's container index, read for the name of the claim a pod's container uses
+    /// (`cdi::DEFAULT_CONTAINER_INDEX` by default).
+    pub container_index: PathBuf,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -188,6 +191,9 @@ pub fn create(opts: &Options, state_json: &str) -> Result<Outcome, String> {
     // The image's own /etc/ld.so.preload is the tenant's data: read (boundedly) and sanitised
     // before the node-wide lock, so that no image can hold up another container's start.
     let preload = crate::inject::image_preload(pid, &rootfs)?;
+    // Where it belongs in Kubernetes, with the claim the DRA plugin's index names: read before
+    // the lock too (a directory listing, on a node with DRA claims).
+    let kubernetes = kubernetes(&annotations, &opts.container_index);
 
     let root = Root::new(&opts.state_root);
     let _lock = root.lock().map_err(|e| {
@@ -257,6 +263,7 @@ pub fn create(opts: &Options, state_json: &str) -> Result<Outcome, String> {
             spec.get("hostname").and_then(|h| h.as_str()),
             &annotations,
         ),
+        kubernetes,
         created,
     };
     root.write_record(&record).map_err(|e| {
@@ -264,6 +271,24 @@ pub fn create(opts: &Options, state_json: &str) -> Result<Outcome, String> {
         format!("cannot write {}: {e}", root.dir(id).display())
     })?;
     Ok(Outcome::Sliced)
+}
+
+/// The container's place in Kubernetes from its annotations, with the DRA claims the container
+/// index names for it (comma-separated where more than one, each cleaned like the names).
+fn kubernetes(annotations: &[(&str, &str)], index: &Path) -> Option<settings::Kubernetes> {
+    let mut k = settings::kubernetes(annotations)?;
+    let claims: Vec<String> = crate::cdi::indexed_claims(
+        index,
+        &k.namespace,
+        &k.pod,
+        &k.container,
+        k.pod_uid.as_deref(),
+    )
+    .iter()
+    .filter_map(|c| settings::clean_name(c))
+    .collect();
+    k.claim = settings::clean_name(&claims.join(","));
+    Some(k)
 }
 
 fn make_node_dir(dir: &Path) -> Result<(), String> {
@@ -386,11 +411,45 @@ mod tests {
     }
 
     #[test]
+    fn a_pods_container_is_recorded_with_the_claim_the_container_index_names() {
+        let index = tempfile::tempdir().unwrap();
+        let write = |file: &str, text: &str| std::fs::write(index.path().join(file), text).unwrap();
+        write(
+            "team-a_job-0_trainer_u1.json",
+            r#"{"podUID":"p1","cdiDevices":["gpu.cuslice.io/claim=u1-gpu-0"],"claim":"job-0-gpu-x7k"}"#,
+        );
+        // Another pod of the same name, another container, an unreadable entry: not its claims.
+        write(
+            "team-a_job-0_trainer_u0.json",
+            r#"{"podUID":"p0","cdiDevices":[],"claim":"old"}"#,
+        );
+        write(
+            "team-a_job-0_sidecar_u2.json",
+            r#"{"podUID":"p1","cdiDevices":[],"claim":"other"}"#,
+        );
+        write("team-a_job-0_trainer_u3.json", "not json");
+        let annotations = [
+            ("io.kubernetes.cri.sandbox-namespace", "team-a"),
+            ("io.kubernetes.cri.sandbox-name", "job-0"),
+            ("io.kubernetes.cri.container-name", "trainer"),
+            ("io.kubernetes.cri.sandbox-uid", "p1"),
+        ];
+        let k = kubernetes(&annotations, index.path()).unwrap();
+        assert_eq!(k.claim.as_deref(), Some("job-0-gpu-x7k"));
+        assert_eq!(k.pod, "job-0");
+        // No index: the names without a claim; not a pod's container: nothing.
+        let k = kubernetes(&annotations, Path::new("/nonexistent/index")).unwrap();
+        assert_eq!((k.container.as_str(), k.claim), ("trainer", None));
+        assert_eq!(kubernetes(&[("nerdctl/name", "web")], index.path()), None);
+    }
+
+    #[test]
     fn a_setting_in_a_field_of_the_wrong_type_is_refused_not_passed_over() {
         let opts = Options {
             state_root: PathBuf::from("/nonexistent/state"),
             node_dir: PathBuf::from("/nonexistent/node"),
             library: None,
+            container_index: PathBuf::from("/nonexistent/index"),
         };
         for (spec, says) in [
             (
@@ -419,6 +478,7 @@ mod tests {
             state_root: PathBuf::from("/nonexistent/state"),
             node_dir: PathBuf::from("/nonexistent/node"),
             library: None,
+            container_index: PathBuf::from("/nonexistent/index"),
         };
         let state = serde_json::json!({"ociVersion": "1.0.2", "id": "/".repeat(100_000),
             "status": "creating", "pid": 1, "bundle": "/nonexistent"});

@@ -188,40 +188,111 @@ pub fn preload_file(image: Option<&[u8]>) -> String {
     out
 }
 
-/// What people call a container, for `cuslice status`: the names Kubernetes (through containerd
-/// or CRI-O) and nerdctl put in the annotations, else the hostname unless it is only the id's
-/// prefix (Docker's and Podman's default).
+/// The most bytes kept of a name taken from an annotation or the hostname: a Kubernetes name is
+/// at most 253 (a pod; namespaces and containers at most 63), and these values reach every
+/// scrape of the node's metrics.
+pub const NAME_MAX: usize = 253;
+
+/// A name as the node tools show it and label metrics with: control characters (a newline,
+/// an escape sequence for a terminal, a NUL) dropped, surrounding spaces trimmed, cut at
+/// [`NAME_MAX`] bytes on a character boundary; `None` when nothing is left. Annotations are
+/// written by whoever creates the pod, so they are treated as the tenant's data.
+pub fn clean_name(value: &str) -> Option<String> {
+    let mut out = String::new();
+    for c in value.chars().filter(|c| !c.is_control()) {
+        if out.len() + c.len_utf8() > NAME_MAX {
+            break;
+        }
+        out.push(c);
+    }
+    let out = out.trim();
+    (!out.is_empty()).then(|| out.to_string())
+}
+
+/// Where a container belongs in Kubernetes, from the annotations its engine passes in the spec.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Kubernetes {
+    pub namespace: String,
+    pub pod: String,
+    pub container: String,
+    /// The pod's uid (`None` where the engine does not say): tells a pod from one of the same
+    /// name made again.
+    #[serde(default)]
+    pub pod_uid: Option<String>,
+    /// The name of the DRA claim whose device the container uses, from the DRA plugin's
+    /// container index (`None`: not a DRA claim's container, or not known).
+    #[serde(default)]
+    pub claim: Option<String>,
+}
+
+/// The annotations each engine sets on a pod's containers: (namespace, pod, container, pod uid).
+/// containerd's CRI (Ref: containerd `pkg/cri/annotations/annotations.go`, `SandboxNamespace`,
+/// `SandboxName`, `ContainerName`, `SandboxUID`), then CRI-O, which passes the kubelet's
+/// container labels (Ref: kubernetes `pkg/kubelet/types/labels.go`) as annotations.
+const KUBERNETES_ANNOTATIONS: [[&str; 4]; 2] = [
+    [
+        "io.kubernetes.cri.sandbox-namespace",
+        "io.kubernetes.cri.sandbox-name",
+        "io.kubernetes.cri.container-name",
+        "io.kubernetes.cri.sandbox-uid",
+    ],
+    [
+        "io.kubernetes.pod.namespace",
+        "io.kubernetes.pod.name",
+        "io.kubernetes.container.name",
+        "io.kubernetes.pod.uid",
+    ],
+];
+
+/// The container's place in Kubernetes, where an engine's annotations name at least its
+/// container (each value as [`clean_name`] leaves it; a missing namespace or pod is empty).
+/// containerd's names win over CRI-O's. `claim` is left for the caller (the DRA plugin's
+/// container index).
+pub fn kubernetes(annotations: &[(&str, &str)]) -> Option<Kubernetes> {
+    let get = |k: &str| {
+        annotations
+            .iter()
+            .find(|(key, _)| *key == k)
+            .and_then(|(_, v)| clean_name(v))
+    };
+    KUBERNETES_ANNOTATIONS
+        .iter()
+        .find_map(|[namespace, pod, container, uid]| {
+            Some(Kubernetes {
+                container: get(container)?,
+                namespace: get(namespace).unwrap_or_default(),
+                pod: get(pod).unwrap_or_default(),
+                pod_uid: get(uid),
+                claim: None,
+            })
+        })
+}
+
+/// What people call a container, for `cuslice status`: `pod/container` where Kubernetes
+/// (through containerd or CRI-O) names it, else nerdctl's name, else the hostname unless it is
+/// only the id's prefix (Docker's and Podman's default). Each as [`clean_name`] leaves it.
 pub fn display_name(
     id: &str,
     hostname: Option<&str>,
     annotations: &[(&str, &str)],
 ) -> Option<String> {
-    let get = |k: &str| {
-        annotations
-            .iter()
-            .find(|(key, _)| *key == k)
-            .map(|(_, v)| *v)
-    };
-    for (pod, container) in [
-        (
-            "io.kubernetes.cri.sandbox-name",
-            "io.kubernetes.cri.container-name",
-        ),
-        ("io.kubernetes.pod.name", "io.kubernetes.container.name"),
-    ] {
-        if let Some(c) = get(container).filter(|c| !c.is_empty()) {
-            return Some(match get(pod).filter(|p| !p.is_empty()) {
-                Some(p) => format!("{p}/{c}"),
-                None => c.to_string(),
-            });
-        }
+    if let Some(k) = kubernetes(annotations) {
+        return Some(if k.pod.is_empty() {
+            k.container
+        } else {
+            format!("{}/{}", k.pod, k.container)
+        });
     }
-    if let Some(n) = get("nerdctl/name").filter(|n| !n.is_empty()) {
-        return Some(n.to_string());
+    if let Some(n) = annotations
+        .iter()
+        .find(|(key, _)| *key == "nerdctl/name")
+        .and_then(|(_, v)| clean_name(v))
+    {
+        return Some(n);
     }
     hostname
-        .filter(|h| !h.is_empty() && !id.starts_with(h))
-        .map(str::to_string)
+        .and_then(clean_name)
+        .filter(|h| !id.starts_with(h.as_str()))
 }
 
 #[cfg(test)]
@@ -443,5 +514,84 @@ mod tests {
             Some("demo-a")
         );
         assert_eq!(display_name(id, Some(""), &[]), None);
+    }
+
+    #[test]
+    fn kubernetes_names_come_from_containerd_or_cri_o_annotations() {
+        let containerd = [
+            ("io.kubernetes.cri.sandbox-namespace", "team-a"),
+            ("io.kubernetes.cri.sandbox-name", "job-0"),
+            ("io.kubernetes.cri.container-name", "trainer"),
+            ("io.kubernetes.cri.sandbox-uid", "0b7c-11"),
+            ("io.kubernetes.cri.container-type", "container"),
+        ];
+        let k = kubernetes(&containerd).unwrap();
+        assert_eq!(
+            (k.namespace.as_str(), k.pod.as_str(), k.container.as_str()),
+            ("team-a", "job-0", "trainer")
+        );
+        assert_eq!(k.pod_uid.as_deref(), Some("0b7c-11"));
+        assert_eq!(k.claim, None);
+        let crio = [
+            ("io.kubernetes.pod.namespace", "default"),
+            ("io.kubernetes.pod.name", "server-7d9"),
+            ("io.kubernetes.container.name", "server"),
+        ];
+        let k = kubernetes(&crio).unwrap();
+        assert_eq!(
+            (k.namespace.as_str(), k.pod.as_str(), k.container.as_str()),
+            ("default", "server-7d9", "server")
+        );
+        assert_eq!(k.pod_uid, None);
+        // containerd's names win where both are given.
+        let both: Vec<_> = crio.iter().chain(&containerd).copied().collect();
+        assert_eq!(kubernetes(&both).unwrap().pod, "job-0");
+        // No container name, or only an empty one: not a pod's container.
+        assert_eq!(kubernetes(&[("io.kubernetes.cri.sandbox-name", "p")]), None);
+        assert_eq!(
+            kubernetes(&[("io.kubernetes.cri.container-name", " \n")]),
+            None
+        );
+        assert_eq!(kubernetes(&[("nerdctl/name", "web")]), None);
+        // A container name alone: the rest empty.
+        let k = kubernetes(&[("io.kubernetes.container.name", "c")]).unwrap();
+        assert_eq!((k.namespace.as_str(), k.pod.as_str()), ("", ""));
+    }
+
+    #[test]
+    fn names_from_annotations_are_cleaned_and_bounded() {
+        assert_eq!(clean_name("job-0").as_deref(), Some("job-0"));
+        // Control characters (a forged metrics line, a terminal escape, a NUL) are dropped.
+        assert_eq!(
+            clean_name("evil\n# TYPE x gauge\r\u{1b}[2J\0\u{7f}\u{85}").as_deref(),
+            Some("evil# TYPE x gauge[2J")
+        );
+        assert_eq!(clean_name("  padded\t").as_deref(), Some("padded"));
+        assert_eq!(clean_name(""), None);
+        assert_eq!(clean_name("\n\t\u{1b}"), None);
+        // Quotes and backslashes are kept: the exporter's encoder escapes them.
+        assert_eq!(clean_name(r#"a"b\c"#).as_deref(), Some(r#"a"b\c"#));
+        // Bounded, on a character boundary.
+        let long = "x".repeat(100_000);
+        assert_eq!(clean_name(&long).unwrap().len(), NAME_MAX);
+        let wide = format!("{}é", "x".repeat(NAME_MAX - 1));
+        assert_eq!(clean_name(&wide).unwrap(), "x".repeat(NAME_MAX - 1));
+        let k = kubernetes(&[
+            (
+                "io.kubernetes.cri.sandbox-namespace",
+                "ns\u{1b}]0;pwned\u{7}",
+            ),
+            ("io.kubernetes.cri.sandbox-name", &long),
+            ("io.kubernetes.cri.container-name", "c\nd"),
+        ])
+        .unwrap();
+        assert_eq!(k.namespace, "ns]0;pwned");
+        assert_eq!(k.pod.len(), NAME_MAX);
+        assert_eq!(k.container, "cd");
+        assert_eq!(
+            display_name("abc", Some("abcdef\n"), &[]).as_deref(),
+            Some("abcdef")
+        );
+        assert_eq!(display_name("abcdef", Some("abc\n"), &[]), None);
     }
 }

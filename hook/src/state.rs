@@ -87,6 +87,11 @@ pub struct Record {
     /// What people call the container, where the engine says (see `settings::display_name`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// Where the container belongs in Kubernetes, where the engine says (see
+    /// `settings::kubernetes`), with the DRA claim it uses where the DRA plugin's container
+    /// index names one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes: Option<crate::settings::Kubernetes>,
     /// Mount points the hook made in the rootfs (relative to it, outermost first); removed when
     /// no live container uses the rootfs any more.
     pub created: Vec<String>,
@@ -515,6 +520,7 @@ mod tests {
             places.push(made.claims.parent().unwrap().to_path_buf());
             root.write_record(&Record {
                 name: None,
+                kubernetes: None,
                 id: id.into(),
                 pid,
                 start,
@@ -554,6 +560,7 @@ mod tests {
         let made = make(&root, "c", "CUSLICE_MEMORY_LIMIT=1GiB\n", node.path());
         root.write_record(&Record {
             name: None,
+            kubernetes: None,
             id: "c".into(),
             pid: me,
             start: start_time(me).unwrap(),

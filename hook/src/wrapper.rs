@@ -585,6 +585,7 @@ mod tests {
         let entry = cdi::IndexEntry {
             pod_uid: "p1".into(),
             cdi_devices: vec!["gpu.cuslice.io/claim=uid1-gpu-0".into()],
+            claim: None,
         };
         std::fs::write(
             index
@@ -623,6 +624,7 @@ mod tests {
         let entry = cdi::IndexEntry {
             pod_uid: "p1".into(),
             cdi_devices: vec!["gpu.cuslice.io/claim=gone-gpu-0".into()],
+            claim: None,
         };
         std::fs::write(
             index.path().join("default_inference_main_uid1.json"),

@@ -669,3 +669,172 @@ fn first_contexts_beside_churn_without_the_agent() {
 fn first_contexts_beside_churn_with_the_agent() {
     first_contexts_beside_churn(true);
 }
+
+/// A pod's container, annotated as containerd's CRI annotates it but with a pod name that tries
+/// to forge a label and a control character, and the DRA plugin's container index naming its
+/// claim: `cuslice status --json` and the exporter's series (read by the Prometheus client's
+/// OpenMetrics parser) carry its namespace, pod, container and claim, cleaned and escaped.
+#[test]
+fn kubernetes_names_reach_status_and_the_metrics() {
+    use std::io::{BufRead, Read, Write};
+    root_required();
+    let sim = Sim::new(&["--memory", "8GiB"]);
+    let root = tempfile::tempdir().unwrap();
+    let index = tempfile::tempdir().unwrap();
+    let pod = r#"job-0",namespace="kube-system"#;
+    std::fs::write(
+        index.path().join(format!("team-a_{pod}_trainer_u1.json")),
+        r#"{"podUID":"p1","cdiDevices":[],"claim":"job-0-gpu-x7k"}"#,
+    )
+    .unwrap();
+    let n = name("k8s");
+    let spec = Spec {
+        name: &n,
+        env: &["CUSLICE_MEMORY_LIMIT=1GiB"],
+        cmd: &["cuda-workload", "hold", "--bytes", "256MiB", "--secs", "60"],
+        read_only: false,
+    };
+    let b = bundle(
+        &sim,
+        &spec,
+        &[
+            "--state-root",
+            root.path().to_str().unwrap(),
+            "--container-index",
+            index.path().to_str().unwrap(),
+        ],
+    );
+    let path = b.path.join("config.json");
+    let mut config: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    config["annotations"] = json!({
+        "io.kubernetes.cri.container-type": "container",
+        "io.kubernetes.cri.sandbox-namespace": "team-a",
+        "io.kubernetes.cri.sandbox-name": format!("{pod}\n\u{7}"),
+        "io.kubernetes.cri.sandbox-uid": "p1",
+        "io.kubernetes.cri.container-name": "trainer",
+    });
+    std::fs::write(&path, config.to_string()).unwrap();
+    let mut c = RuncContainer::start_bundle(b, &n);
+    wait_for(&mut c, "holding");
+
+    let cuslice = cuslice_test_harness::bin_dir().join("cuslice");
+    let out = sim
+        .command(
+            &cuslice,
+            &[
+                "status",
+                "--json",
+                "--state-root",
+                root.path().to_str().unwrap(),
+            ],
+        )
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let view: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let slice = slice_in(&view, &n);
+    assert_eq!(
+        slice["kubernetes"],
+        json!({"namespace": "team-a", "pod": pod, "container": "trainer", "pod_uid": "p1",
+               "claim": "job-0-gpu-x7k"}),
+        "{slice}"
+    );
+    assert_eq!(slice["name"], format!("{pod}/trainer"), "{slice}");
+    let text = sim
+        .command(
+            &cuslice,
+            &["status", "--state-root", root.path().to_str().unwrap()],
+        )
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains(&format!("{pod}/trainer")), "{text}");
+    assert!(!text.contains('\u{7}'), "{text}");
+    println!("{text}\n{}", slice["kubernetes"]);
+
+    let mut exporter = sim
+        .command(
+            &cuslice,
+            &[
+                "exporter",
+                "--listen",
+                "127.0.0.1:0",
+                "--state-root",
+                root.path().to_str().unwrap(),
+            ],
+        )
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufReader::new(exporter.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let addr = first
+        .trim()
+        .strip_prefix("cuslice exporter: serving http://")
+        .and_then(|s| s.strip_suffix("/metrics"))
+        .unwrap_or_else(|| panic!("first line: {first:?}"))
+        .to_string();
+    let mut s = std::net::TcpStream::connect(&addr).unwrap();
+    write!(s, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut response = String::new();
+    s.read_to_string(&mut response).unwrap();
+    let _ = exporter.kill();
+    let _ = exporter.wait();
+    let body = response.split_once("\r\n\r\n").unwrap().1;
+    let script = r#"
+import json, sys
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
+print(json.dumps([[s.name, s.labels] for f in text_string_to_metric_families(sys.stdin.read())
+                  for s in f.samples]))
+"#;
+    let mut py = Command::new("python3")
+        .args(["-c", script])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("python3 (tests/ensure-tools installs it and prometheus-client)");
+    py.stdin.take().unwrap().write_all(body.as_bytes()).unwrap();
+    let parsed = py.wait_with_output().unwrap();
+    assert!(
+        parsed.status.success(),
+        "the OpenMetrics parser rejected the exposition: {}\n{body}",
+        String::from_utf8_lossy(&parsed.stderr)
+    );
+    let samples: Vec<(String, std::collections::HashMap<String, String>)> =
+        serde_json::from_slice(&parsed.stdout).unwrap();
+    let ours: Vec<_> = samples
+        .iter()
+        .filter(|(_, l)| l.get("slice") == Some(&n))
+        .collect();
+    assert!(
+        ours.iter()
+            .any(|(name, _)| name == "cuslice_slice_memory_used_bytes"),
+        "{body}"
+    );
+    for (name, l) in &ours {
+        let get = |k: &str| l.get(k).map(String::as_str);
+        assert_eq!(
+            (get("namespace"), get("pod"), get("container"), get("claim")),
+            (
+                Some("team-a"),
+                Some(pod),
+                Some("trainer"),
+                Some("job-0-gpu-x7k")
+            ),
+            "{name}: {l:?}\n{body}"
+        );
+    }
+    let line = body
+        .lines()
+        .find(|l| l.starts_with("cuslice_slice_memory_used_bytes{") && l.contains(&n))
+        .unwrap();
+    println!("{line}");
+    Box::new(c).remove();
+}

@@ -1,6 +1,7 @@
-//! `cuslice-hook STAGE [--library PATH] [--state-root DIR] [--node-dir DIR]`: the OCI hook. The
-//! container state comes on stdin; the spec is read from the bundle. A bad setting exits 1 with
-//! one line on stderr, which the engine shows to whoever started the container.
+//! `cuslice-hook STAGE [--library PATH] [--state-root DIR] [--node-dir DIR] [--container-index
+//! DIR]`: the OCI hook. The container state comes on stdin; the spec is read from the bundle. A
+//! bad setting exits 1 with one line on stderr, which the engine shows to whoever started the
+//! container.
 
 use std::io::Read;
 use std::path::PathBuf;
@@ -41,6 +42,10 @@ struct Cli {
     /// The node's compute board (the interposer's CUSLICE_NODE_DIR on the host).
     #[arg(long, default_value = DEFAULT_NODE_DIR)]
     node_dir: PathBuf,
+    /// The DRA plugin's container index, read for the name of the claim a pod's container
+    /// uses (a label for the node tools).
+    #[arg(long, default_value = cuslice_hook::cdi::DEFAULT_CONTAINER_INDEX)]
+    container_index: PathBuf,
 }
 
 fn main() -> ExitCode {
@@ -49,6 +54,7 @@ fn main() -> ExitCode {
         state_root: cli.state_root,
         node_dir: cli.node_dir,
         library: cli.library,
+        container_index: cli.container_index,
     };
     let mut state = String::new();
     if !matches!(cli.stage, Stage::Sweep)

@@ -238,6 +238,7 @@ impl Plugin {
                 let entry = cuslice_hook::cdi::IndexEntry {
                     pod_uid: uid.clone(),
                     cdi_devices: ids,
+                    claim: Some(c.name.clone()),
                 };
                 entries.push((dir.join(name), entry));
             }

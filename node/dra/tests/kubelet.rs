@@ -287,7 +287,8 @@ fn prepares_claims_as_cdi_devices_across_restarts() {
     assert_eq!(
         entry,
         json!({"podUID": data("pod.json")["metadata"]["uid"],
-               "cdiDevices": [format!("gpu.cuslice.io/claim={a_uid}-gpu-0")]})
+               "cdiDevices": [format!("gpu.cuslice.io/claim={a_uid}-gpu-0")],
+               "claim": recorded["metadata"]["name"]})
     );
 
     // Again: the same devices, the same spec, no second read of the claim.

@@ -9,6 +9,7 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
+use cuslice_hook::settings::Kubernetes;
 use cuslice_hook::state::{Record, Root, start_time};
 use cuslice_policy::priority::Priority;
 use cuslice_state::agent;
@@ -33,6 +34,7 @@ struct Found {
     slice: String,
     kind: &'static str,
     name: Option<String>,
+    kubernetes: Option<Kubernetes>,
     ledger: PathBuf,
     snap: Snapshot,
     /// Container pid -> host pid (containers only).
@@ -69,6 +71,7 @@ pub fn collect(src: &Sources) -> Node {
                 slice: dir.display().to_string(),
                 kind: "standalone",
                 name: None,
+                kubernetes: None,
                 ledger: path,
                 snap,
                 host_pids: None,
@@ -143,6 +146,7 @@ fn containers(root: &Path, problems: &mut Vec<String>) -> Vec<Found> {
                 slice: c.id,
                 kind: "container",
                 name: c.record.name,
+                kubernetes: c.record.kubernetes,
                 ledger: c.ledger,
                 snap,
                 host_pids: Some(c.pids),
@@ -326,6 +330,7 @@ fn by_device(gpus: &[Gpu], found: &[Found], now: u64) -> Vec<Device> {
                 slice: f.slice.clone(),
                 kind: f.kind,
                 name: f.name.clone(),
+                kubernetes: f.kubernetes.clone(),
                 ledger: f.ledger.display().to_string(),
                 memory: Memory {
                     used: d.used,

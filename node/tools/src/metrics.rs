@@ -1,6 +1,7 @@
 //! The node's view in the Prometheus (OpenMetrics) text format, read afresh from the ledgers at
 //! every scrape. Names and types: docs/status.md.
 
+use cuslice_hook::settings::Kubernetes;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{
     DescriptorEncoder, EncodeCounterValue, EncodeGaugeValue, EncodeMetric,
@@ -23,17 +24,56 @@ struct NodeCollector {
 
 type Labels = Vec<(&'static str, String)>;
 
+/// A label value as the text format must carry it: `\\`, `"` and line feeds escaped (Ref:
+/// OpenMetrics 1.0, "Escaping"). The Prometheus client writes label values as it is given them,
+/// and values here come from containers' annotations and hostnames, and from paths: unescaped,
+/// a `"` in one would end the value and let the rest forge labels.
+fn esc(v: &str) -> String {
+    let mut out = String::with_capacity(v.len());
+    for c in v.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 fn device_labels(d: &Device) -> Labels {
-    vec![("uuid", d.uuid.clone())]
+    vec![("uuid", esc(&d.uuid))]
+}
+
+/// `namespace`, `pod`, `container` (as NVIDIA's DCGM exporter names them) and `claim`: where the
+/// slice's container belongs in Kubernetes; empty for a slice that is not a pod's container,
+/// which Prometheus stores as no label at all.
+fn kubernetes_labels(k: Option<&Kubernetes>) -> Labels {
+    let (ns, pod, container, claim) = k.map_or(("", "", "", ""), |k| {
+        (
+            k.namespace.as_str(),
+            k.pod.as_str(),
+            k.container.as_str(),
+            k.claim.as_deref().unwrap_or(""),
+        )
+    });
+    vec![
+        ("namespace", esc(ns)),
+        ("pod", esc(pod)),
+        ("container", esc(container)),
+        ("claim", esc(claim)),
+    ]
 }
 
 fn slice_labels(d: &Device, s: &Slice) -> Labels {
-    vec![
-        ("uuid", d.uuid.clone()),
-        ("slice", s.slice.clone()),
+    let mut l = vec![
+        ("uuid", esc(&d.uuid)),
+        ("slice", esc(&s.slice)),
         ("kind", s.kind.to_string()),
-        ("name", s.name.clone().unwrap_or_default()),
-    ]
+        ("name", esc(s.name.as_deref().unwrap_or_default())),
+    ];
+    l.extend(kubernetes_labels(s.kubernetes.as_ref()));
+    l
 }
 
 enum Kind {
@@ -96,7 +136,7 @@ impl Collector for NodeCollector {
             .iter()
             .map(|d| {
                 let mut l = device_labels(d);
-                l.push(("name", d.name.clone().unwrap_or_default()));
+                l.push(("name", esc(d.name.as_deref().unwrap_or_default())));
                 (l, 1)
             })
             .collect();
@@ -233,12 +273,20 @@ impl Collector for NodeCollector {
                 .findings
                 .iter()
                 .map(|x| {
-                    let labels = vec![
-                        ("uuid", x.uuid.clone()),
-                        ("slice", x.slice.clone()),
-                        ("name", x.name.clone().unwrap_or_default()),
-                        ("check", x.kind.clone()),
+                    let mut labels = vec![
+                        ("uuid", esc(&x.uuid)),
+                        ("slice", esc(&x.slice)),
+                        ("name", esc(x.name.as_deref().unwrap_or_default())),
+                        ("check", esc(&x.kind)),
                     ];
+                    // The findings name the slice; its place in Kubernetes is the hook's record.
+                    let k = node
+                        .devices
+                        .iter()
+                        .flat_map(|d| &d.slices)
+                        .find(|s| s.slice == x.slice)
+                        .and_then(|s| s.kubernetes.as_ref());
+                    labels.extend(kubernetes_labels(k));
                     (labels, 1u64)
                 })
                 .collect();
@@ -298,4 +346,72 @@ pub fn encode(registry: &Registry) -> String {
     // Writing into a String cannot fail.
     let _ = prometheus_client::encoding::text::encode(&mut out, registry);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::view::{Compute, Memory};
+
+    fn slice(name: &str, kubernetes: Option<Kubernetes>) -> Slice {
+        Slice {
+            slice: "c1".into(),
+            kind: "container",
+            name: Some(name.into()),
+            kubernetes,
+            ledger: String::new(),
+            memory: Memory {
+                used: 0,
+                limit: None,
+                peak: 0,
+                refusals: 0,
+                set_live: false,
+            },
+            compute: Compute {
+                request_pct: None,
+                limit_pct: None,
+                allotted_pct: 100.0,
+                share_1s_pct: None,
+                share_10s_pct: None,
+                device_seconds: 0.0,
+                throttled_seconds: 0.0,
+                estimated: false,
+                set_live: false,
+                priority: "normal".into(),
+                priority_set_live: false,
+            },
+            processes: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn label_values_are_escaped_so_no_value_forges_a_label() {
+        assert_eq!(esc(r#"a"b\c"#), r#"a\"b\\c"#);
+        assert_eq!(esc("x\ny"), r"x\ny");
+        let d = Device {
+            uuid: "GPU-1".into(),
+            name: None,
+            memory_total: None,
+            memory_used: None,
+            slices: Vec::new(),
+        };
+        let k = Kubernetes {
+            namespace: "team-a".into(),
+            pod: r#"job",namespace="kube-system"#.into(),
+            container: "trainer".into(),
+            pod_uid: None,
+            claim: Some("job-gpu".into()),
+        };
+        let labels = slice_labels(&d, &slice("p/c", Some(k)));
+        let get = |n: &str| labels.iter().find(|(k, _)| *k == n).unwrap().1.clone();
+        assert_eq!(get("namespace"), "team-a");
+        assert_eq!(get("pod"), r#"job\",namespace=\"kube-system"#);
+        assert_eq!(get("container"), "trainer");
+        assert_eq!(get("claim"), "job-gpu");
+        // A slice that is not a pod's container: the same labels, empty.
+        let labels = slice_labels(&d, &slice("web", None));
+        for n in ["namespace", "pod", "container", "claim"] {
+            assert_eq!(labels.iter().find(|(k, _)| *k == n).unwrap().1, "", "{n}");
+        }
+    }
 }

@@ -409,6 +409,7 @@ mod tests {
                 start: start_time(pid).unwrap(),
                 rootfs: PathBuf::from("/"),
                 name: name.map(str::to_string),
+                kubernetes: None,
                 created: Vec::new(),
             })
             .unwrap();

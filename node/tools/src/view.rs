@@ -46,6 +46,10 @@ pub struct Slice {
     pub kind: &'static str,
     /// What people call the container, where the engine says.
     pub name: Option<String>,
+    /// Where the container belongs in Kubernetes (`namespace`, `pod`, `container`, `pod_uid`,
+    /// and `claim`: the DRA claim it uses), as the hook recorded it from the engine's
+    /// annotations; None: not a pod's container.
+    pub kubernetes: Option<cuslice_hook::settings::Kubernetes>,
     /// The ledger the figures come from.
     pub ledger: String,
     pub memory: Memory,
