@@ -1,6 +1,7 @@
 //! `cuslice install` / `cuslice uninstall`: copy cuslice's binaries into PREFIX and register the
 //! hook with Docker, containerd, Podman, CRI-O or CDI. See docs/install.md.
 
+mod doctor;
 mod fsio;
 mod layout;
 mod plan;
@@ -51,6 +52,38 @@ enum Command {
     // the operator's own options, which may say `--enforce report`.
     #[command(args_override_self = true)]
     Agent(AgentArgs),
+    /// Check this node: NVML, each engine's registration, the installed files, the agent,
+    /// cgroups, the state root; one line per item, exit 1 on a problem (docs/doctor.md)
+    Doctor(DoctorArgs),
+}
+
+#[derive(Args, Debug)]
+struct DoctorArgs {
+    /// Where cuslice was installed (as given to `cuslice install --prefix`); default: the prefix
+    /// of this `cuslice` where it runs from PREFIX/bin beside the hook (as the Debian package's
+    /// /usr), else /usr/local
+    #[arg(long, value_name = "DIR")]
+    prefix: Option<String>,
+    /// Look at the files under DIR (as `cuslice install --root`)
+    #[arg(long, default_value = "/", value_name = "DIR")]
+    root: PathBuf,
+    /// The runtime name cuslice was installed under
+    #[arg(long, default_value = "cuslice")]
+    name: String,
+    /// The OCI hook's state root (the agent's socket is DIR/agent/agent.sock)
+    #[arg(long, default_value = "/run/cuslice", value_name = "DIR")]
+    state_root: PathBuf,
+    /// Print JSON (the items, and whether the node is healthy)
+    #[arg(long)]
+    json: bool,
+    /// Also start a throwaway container with CUSLICE_MEMORY_LIMIT=1GiB through ENGINE (runc:
+    /// runc directly, with the installed hook) and check from inside that the cap is seen
+    #[arg(long, value_name = "ENGINE", value_parser = ["runc"])]
+    container_test: Option<String>,
+    /// The simulated GPU's state file, mounted into the test container [default:
+    /// $SIMGPU_STATE]
+    #[arg(long, value_name = "FILE")]
+    sim_state: Option<PathBuf>,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -347,6 +380,69 @@ fn agent(a: AgentArgs) -> Result<(), Failure> {
     .map_err(|e| Failure::Failed(format!("cuslice agent: {e}")))
 }
 
+/// The prefix this `cuslice` is installed under: PREFIX where it runs as PREFIX/bin/cuslice with
+/// the hook beside it.
+fn own_prefix() -> Option<String> {
+    let exe = std::env::current_exe().ok()?;
+    let bin = exe.parent()?;
+    if bin.file_name()? != "bin" || !bin.join("cuslice-hook").is_file() {
+        return None;
+    }
+    bin.parent()?.to_str().map(str::to_owned)
+}
+
+fn doctor(a: DoctorArgs) -> Result<(), Failure> {
+    let refuse = |msg: String| Failure::Refused(format!("cuslice doctor: {msg}"));
+    let root = absolute(&a.root);
+    let prefix = a
+        .prefix
+        .clone()
+        .or_else(|| (root == Path::new("/")).then(own_prefix).flatten())
+        .unwrap_or_else(|| "/usr/local".to_owned());
+    let layout = Layout::new(&prefix, &a.name).map_err(refuse)?;
+    if !root.is_dir() {
+        return Err(refuse(format!(
+            "--root {}: not a directory; give the directory holding the target system, or leave \
+             it out for /",
+            root.display()
+        )));
+    }
+    let places = doctor::Places {
+        root,
+        layout,
+        state_root: absolute(&a.state_root),
+    };
+    let facts = doctor::gather(&places);
+    let mut items = doctor::judge::judge(&facts);
+    if a.container_test.is_some() {
+        let sim = a
+            .sim_state
+            .or_else(|| std::env::var_os("SIMGPU_STATE").map(PathBuf::from))
+            .map(|s| absolute(&s));
+        items.push(doctor::container::runc(&places, sim.as_deref()));
+    }
+    let healthy = doctor::judge::healthy(&items);
+    if a.json {
+        let v = serde_json::json!({ "healthy": healthy, "version": facts.version, "items": items });
+        println!("{v:#}");
+    } else {
+        for i in &items {
+            println!("{}", i.line());
+        }
+    }
+    let problems = items
+        .iter()
+        .filter(|i| i.status == doctor::judge::Status::Problem)
+        .count();
+    match problems {
+        0 => Ok(()),
+        n => Err(Failure::Failed(format!(
+            "cuslice doctor: {n} problem{} (PROBLEM lines above)",
+            if n == 1 { "" } else { "s" }
+        ))),
+    }
+}
+
 fn absolute(p: &Path) -> PathBuf {
     std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())
 }
@@ -433,6 +529,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
         Command::Exporter(a) => exporter(a),
         Command::Set(a) => set(a),
         Command::Agent(a) => agent(a),
+        Command::Doctor(a) => doctor(a),
         c => install(c),
     }
 }

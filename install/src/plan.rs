@@ -279,8 +279,16 @@ pub fn containerd_paths(config: &str, name: &str) -> (String, String) {
 /// Computes every change; refuses (touching nothing) if any file is unusable.
 pub fn plan(o: &Options) -> Result<Plan, Failure> {
     let cx = Ctx { o };
-    let l = &o.layout;
     let mut plan = Plan::default();
+    let config_changes = registrations(o, &mut plan)?;
+    finish(&cx, config_changes, plan)
+}
+
+/// The engines' configuration changes alone (no installed files, no agent): what `doctor`
+/// compares, and the first part of `plan`. Notes go to `plan`.
+pub fn registrations(o: &Options, plan: &mut Plan) -> Result<Vec<Change>, Failure> {
+    let cx = Ctx { o };
+    let l = &o.layout;
     let mut config_changes: Vec<Change> = Vec::new();
     let runtime_path = l.runtime_path();
 
@@ -352,14 +360,18 @@ pub fn plan(o: &Options) -> Result<Plan, Failure> {
             }
         }
     }
+    Ok(config_changes)
+}
 
+fn finish(cx: &Ctx<'_>, mut config_changes: Vec<Change>, mut plan: Plan) -> Result<Plan, Failure> {
+    let o = cx.o;
     let files = match o.cmd {
-        Cmd::Install => install_files(&cx, &mut plan.warnings)?,
+        Cmd::Install => install_files(cx, &mut plan.warnings)?,
         Cmd::Uninstall if o.keep_files => Vec::new(),
         Cmd::Uninstall => {
             let elsewhere = still_registered(o);
             if elsewhere.is_empty() {
-                uninstall_files(&cx)?
+                uninstall_files(cx)?
             } else {
                 plan.warnings.push(format!(
                     "kept the files under {}: cuslice is still registered with {}; uninstall \
@@ -371,7 +383,7 @@ pub fn plan(o: &Options) -> Result<Plan, Failure> {
             }
         }
     };
-    config_changes.extend(agent(&cx, &files, &mut plan)?);
+    config_changes.extend(agent(cx, &files, &mut plan)?);
     // Install: binaries before the configuration that names them; uninstall: the reverse.
     match o.cmd {
         Cmd::Install => {
@@ -709,40 +721,45 @@ fn uninstall_files(cx: &Ctx<'_>) -> Result<Vec<Change>, Failure> {
 /// Engines not being uninstalled whose registration (at its default place, under this name)
 /// still names these files: the files stay then.
 fn still_registered(o: &Options) -> Vec<String> {
-    let l = &o.layout;
-    let exists = |target: &str| fsio::resolve(&o.root, target).exists();
     let mut found = Vec::new();
     for engine in Engine::ALL {
         if o.engines.contains(&engine) {
             continue;
         }
-        let hit = match engine {
-            Engine::Docker => {
-                let path = fsio::resolve(&o.root, DOCKER_CONFIG);
-                std::fs::read_to_string(path)
-                    .ok()
-                    .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-                    .and_then(|v| {
-                        v.get("runtimes")?
-                            .get(l.name())?
-                            .get("path")?
-                            .as_str()
-                            .map(|p| p == l.runtime_path())
-                    })
-                    .unwrap_or(false)
-            }
-            Engine::Containerd => exists(&containerd_paths(CONTAINERD_CONFIG, l.name()).1),
-            Engine::Podman => STAGES
-                .iter()
-                .any(|s| exists(&join(HOOKS_DIR, &owned::podman_hook_file(l.name(), s)))),
-            Engine::Crio => exists(&join(CRIO_DIR, &owned::crio_file(l.name()))),
-            Engine::Cdi => exists(&join(CDI_DIR, &owned::cdi_file(l.name()))),
-        };
-        if hit {
+        if registered(o, engine) {
             found.push(engine.name().to_owned());
         }
     }
     found
+}
+
+/// Whether `engine`'s registration under this name, at its default place, names these files
+/// (however out of date the rest of it is).
+pub fn registered(o: &Options, engine: Engine) -> bool {
+    let l = &o.layout;
+    let exists = |target: &str| fsio::resolve(&o.root, target).exists();
+    match engine {
+        Engine::Docker => {
+            let path = fsio::resolve(&o.root, DOCKER_CONFIG);
+            std::fs::read_to_string(path)
+                .ok()
+                .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+                .and_then(|v| {
+                    v.get("runtimes")?
+                        .get(l.name())?
+                        .get("path")?
+                        .as_str()
+                        .map(|p| p == l.runtime_path())
+                })
+                .unwrap_or(false)
+        }
+        Engine::Containerd => exists(&containerd_paths(CONTAINERD_CONFIG, l.name()).1),
+        Engine::Podman => STAGES
+            .iter()
+            .any(|s| exists(&join(HOOKS_DIR, &owned::podman_hook_file(l.name(), s)))),
+        Engine::Crio => exists(&join(CRIO_DIR, &owned::crio_file(l.name()))),
+        Engine::Cdi => exists(&join(CDI_DIR, &owned::cdi_file(l.name()))),
+    }
 }
 
 fn docker_notes(o: &Options, target: &str) -> Vec<String> {

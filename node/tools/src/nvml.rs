@@ -100,6 +100,7 @@ pub struct Nvml {
     minor: Option<Minor>,
     capability: Option<Capability>,
     driver_version: SystemText,
+    nvml_version: Option<SystemText>,
     /// Keeps the entry points above valid; dropped last.
     _lib: Library,
 }
@@ -141,6 +142,7 @@ impl Nvml {
             minor: get(&lib, b"nvmlDeviceGetMinorNumber\0").ok(),
             capability: get(&lib, b"nvmlDeviceGetCudaComputeCapability\0").ok(),
             driver_version: get(&lib, b"nvmlSystemGetDriverVersion\0")?,
+            nvml_version: get(&lib, b"nvmlSystemGetNVMLVersion\0").ok(),
             _lib: lib,
         };
         // SAFETY: nvmlInit_v2 takes no arguments.
@@ -179,11 +181,21 @@ impl Nvml {
 
     /// The kernel driver's version, e.g. `580.95.05`.
     pub fn driver_version(&self) -> Result<String, String> {
+        Self::system_text(self.driver_version, "nvmlSystemGetDriverVersion")
+    }
+
+    /// NVML's own version, e.g. `13.580.95.05`.
+    pub fn nvml_version(&self) -> Result<String, String> {
+        let f = self.nvml_version.ok_or_else(|| {
+            format!("{LIBRARY} has no nvmlSystemGetNVMLVersion: too old a driver")
+        })?;
+        Self::system_text(f, "nvmlSystemGetNVMLVersion")
+    }
+
+    fn system_text(f: SystemText, call: &str) -> Result<String, String> {
         let mut buf = [0 as c_char; 96];
         // SAFETY: a buffer of the size passed.
-        check("nvmlSystemGetDriverVersion", unsafe {
-            (self.driver_version)(buf.as_mut_ptr(), buf.len() as c_uint)
-        })?;
+        check(call, unsafe { f(buf.as_mut_ptr(), buf.len() as c_uint) })?;
         buf[buf.len() - 1] = 0;
         // SAFETY: NUL-terminated within the buffer (the last byte is forced to NUL).
         Ok(unsafe { CStr::from_ptr(buf.as_ptr()) }

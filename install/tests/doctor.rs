@@ -1,0 +1,377 @@
+//! `cuslice doctor` on the simulated GPU, against a scratch `--root` where `cuslice install`
+//! registered the engines from the release build, with a live `cuslice agent`: every item is
+//! ok, and each part broken on purpose (a file removed, an engine's configuration rewritten, an
+//! engine uninstalled, a container's stale state, the agent killed) turns into one PROBLEM line
+//! naming its fix, with exit code 1. The fixes it names are run and make it healthy again.
+
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use cuslice_test_harness::{Sim, bin_dir};
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_cuslice");
+const ENGINES: &str = "cdi,containerd,docker,podman";
+
+struct Node {
+    sim: Sim,
+    dir: tempfile::TempDir,
+    root: PathBuf,
+    state: PathBuf,
+}
+
+impl Node {
+    fn new() -> Node {
+        let sim = Sim::new(&[]);
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        let state = dir.path().join("state");
+        fs::create_dir_all(&root).unwrap();
+        Node {
+            sim,
+            dir,
+            root,
+            state,
+        }
+    }
+
+    fn path(&self, target: &str) -> PathBuf {
+        self.root.join(target.trim_start_matches('/'))
+    }
+
+    /// `cuslice install|uninstall --root ROOT --engine ENGINES` (from the release build).
+    fn cuslice_install(&self, cmd: &str, engines: &str) {
+        let mut c = Command::new(BIN);
+        c.arg(cmd)
+            .arg("--root")
+            .arg(&self.root)
+            .args(["--engine", engines]);
+        if cmd == "install" {
+            c.arg("--no-agent").arg("--from").arg(bin_dir());
+        }
+        let out = c.output().unwrap();
+        assert!(out.status.success(), "{cmd}: {}", text(&out));
+    }
+
+    /// `cuslice doctor` under the simulator (NVML is simgpu's): (exit code, stdout lines).
+    fn doctor(&self, args: &[&str]) -> (i32, Output) {
+        let out = self
+            .sim
+            .command(Path::new(BIN), &["doctor", "--root"])
+            .arg(&self.root)
+            .arg("--state-root")
+            .arg(&self.state)
+            .args(args)
+            .output()
+            .unwrap();
+        (out.status.code().unwrap_or(-1), out)
+    }
+
+    fn lines(&self) -> (i32, Vec<String>) {
+        let (code, out) = self.doctor(&[]);
+        let lines = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_owned)
+            .collect();
+        (code, lines)
+    }
+
+    /// `cuslice agent` under the simulator, once it listens.
+    fn agent(&self) -> Child {
+        let mut child = self
+            .sim
+            .command(Path::new(BIN), &["agent", "--state-root"])
+            .arg(&self.state)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert!(line.starts_with("cuslice agent: listening on"), "{line}");
+        child
+    }
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn problems(lines: &[String]) -> Vec<&String> {
+    lines.iter().filter(|l| l.starts_with("PROBLEM")).collect()
+}
+
+/// Exactly one problem line, which starts with `start` and says `fix`.
+fn one_problem(node: &Node, start: &str, fix: &str) {
+    let (code, lines) = node.lines();
+    let p = problems(&lines);
+    assert_eq!(code, 1, "{lines:#?}");
+    assert_eq!(p.len(), 1, "{lines:#?}");
+    assert!(p[0].starts_with(start), "{start}: {lines:#?}");
+    assert!(
+        p[0].ends_with(&format!("; fix: {fix}")),
+        "{fix}: {lines:#?}"
+    );
+}
+
+fn healthy(node: &Node) -> Vec<String> {
+    let (code, lines) = node.lines();
+    assert_eq!(code, 0, "{lines:#?}");
+    assert!(problems(&lines).is_empty(), "{lines:#?}");
+    lines
+}
+
+#[test]
+fn doctor_says_what_is_right_and_each_thing_broken() {
+    let node = Node::new();
+    node.cuslice_install("install", ENGINES);
+    let mut agent = node.agent();
+    let version = env!("CARGO_PKG_VERSION");
+    let install = format!(
+        "cuslice install --engine docker,containerd,podman,cdi --root {}",
+        node.root.display()
+    );
+
+    // Healthy: every item as it is.
+    let lines = healthy(&node);
+    let socket = node.state.join("agent/agent.sock");
+    for want in [
+        "note    gpu: the GPU is simgpu's simulated device (a test instrument), not a real one"
+            .to_owned(),
+        "ok      engine docker: registered".to_owned(),
+        "ok      engine containerd: registered".to_owned(),
+        "ok      engine podman: registered".to_owned(),
+        "ok      engine cdi: registered".to_owned(),
+        "note    engine crio: not registered; command: cuslice install --engine crio".to_owned(),
+        format!("ok      file /usr/local/bin/cuslice-hook: {version}"),
+        format!("ok      file /usr/local/bin/cuslice: {version}"),
+        "ok      file /usr/local/bin/cuslice-runtime: present".to_owned(),
+        "ok      file /usr/local/lib/cuslice/libcuslice.so: present".to_owned(),
+        "ok      file /usr/local/lib/cuslice/libcuslice_core.so: present".to_owned(),
+        "ok      stale state: none".to_owned(),
+    ] {
+        assert!(lines.contains(&want), "{want}: {lines:#?}");
+    }
+    // The agent runs under `simgpu run`, as its child: its pid is not the one spawned here.
+    let line = lines
+        .iter()
+        .find(|l| l.starts_with("ok      agent: running (pid "))
+        .unwrap_or_else(|| panic!("{lines:#?}"));
+    assert!(
+        line.ends_with(&format!(
+            "), answers on {}, version {version}",
+            socket.display()
+        )),
+        "{lines:#?}"
+    );
+    let nvml = lines
+        .iter()
+        .find(|l| l.starts_with("ok      nvml: driver "));
+    assert!(
+        nvml.is_some_and(|l| l.contains(", NVML ") && l.ends_with(", 1 GPU")),
+        "{lines:#?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("ok      gpu 0 samples: SimGPU (simulated): per-process")),
+        "{lines:#?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("ok      gpu 0 processes: per-process memory")),
+        "{lines:#?}"
+    );
+
+    // --json parses, and says the same.
+    let (code, out) = node.doctor(&["--json"]);
+    assert_eq!(code, 0, "{}", text(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).expect("doctor --json");
+    assert_eq!(v["healthy"], true);
+    assert_eq!(v["version"], version);
+    let items = v["items"].as_array().unwrap();
+    let podman = items
+        .iter()
+        .find(|i| i["check"] == "engine podman")
+        .unwrap();
+    assert_eq!(podman["status"], "ok", "{podman}");
+    assert!(items.iter().all(|i| i["status"] != "problem"), "{v:#}");
+
+    // The hook removed.
+    let hook = node.path("/usr/local/bin/cuslice-hook");
+    let saved = node.dir.path().join("cuslice-hook.saved");
+    fs::rename(&hook, &saved).unwrap();
+    one_problem(
+        &node,
+        "PROBLEM file /usr/local/bin/cuslice-hook: missing",
+        &install,
+    );
+    let (code, out) = node.doctor(&["--json"]);
+    assert_eq!(code, 1);
+    let v: Value = serde_json::from_slice(&out.stdout).expect("doctor --json");
+    assert_eq!(v["healthy"], false);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("cuslice doctor: 1 problem"),
+        "{}",
+        text(&out)
+    );
+    fs::rename(&saved, &hook).unwrap();
+    healthy(&node);
+
+    // containerd's config.toml rewritten without the import of cuslice's drop-in.
+    let config = node.path("/etc/containerd/config.toml");
+    let before = fs::read_to_string(&config).unwrap();
+    let reverted: String = before
+        .lines()
+        .filter(|l| !l.starts_with("imports"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert_ne!(before, reverted);
+    fs::write(&config, reverted).unwrap();
+    one_problem(
+        &node,
+        "PROBLEM engine containerd: registered, but out of date: install would change \
+         /etc/containerd/config.toml",
+        "cuslice install --engine containerd",
+    );
+    // The fix it names (with --root: the scratch system) makes it healthy.
+    node.cuslice_install("install", "containerd");
+    healthy(&node);
+
+    // Docker's daemon.json edited by hand to run another binary under cuslice's name.
+    let daemon = node.path("/etc/docker/daemon.json");
+    let before = fs::read_to_string(&daemon).unwrap();
+    fs::write(
+        &daemon,
+        before.replace("/usr/local/bin/cuslice-runtime", "/opt/old/cuslice-runtime"),
+    )
+    .unwrap();
+    one_problem(
+        &node,
+        &format!(
+            "PROBLEM engine docker: install would refuse: {}: runtimes.cuslice already points \
+             to /opt/old/cuslice-runtime",
+            daemon.display()
+        ),
+        "what the refusal says, then cuslice install --engine docker",
+    );
+    fs::write(&daemon, before).unwrap();
+    healthy(&node);
+
+    // A container whose init is gone, with its state still kept.
+    let mut dead = Command::new("true").spawn().unwrap();
+    let pid = dead.id() as i32;
+    dead.wait().unwrap();
+    let root = cuslice_hook::state::Root::new(&node.state);
+    fs::create_dir_all(root.dir("deadbeef0123456789")).unwrap();
+    root.write_record(&cuslice_hook::state::Record {
+        id: "deadbeef0123456789".into(),
+        pid,
+        start: 1,
+        rootfs: "/nonexistent".into(),
+        name: None,
+        kubernetes: None,
+        created: Vec::new(),
+    })
+    .unwrap();
+    let sweep = format!("cuslice-hook sweep --state-root {}", node.state.display());
+    one_problem(
+        &node,
+        "PROBLEM stale state: 1 container whose init is gone still hold state (deadbeef0123)",
+        &sweep,
+    );
+    let node_dir = node.dir.path().join("node");
+    let out = Command::new(node.path("/usr/local/bin/cuslice-hook"))
+        .args(["sweep", "--state-root"])
+        .arg(&node.state)
+        .arg("--node-dir")
+        .arg(&node_dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    healthy(&node);
+
+    // Every engine uninstalled: nothing registered, nothing installed.
+    node.cuslice_install("uninstall", ENGINES);
+    let (code, lines) = node.lines();
+    assert_eq!(code, 1, "{lines:#?}");
+    let p = problems(&lines);
+    assert_eq!(p.len(), 2, "{lines:#?}");
+    assert!(
+        p[0].starts_with("PROBLEM engines: cuslice is registered with no container engine"),
+        "{lines:#?}"
+    );
+    assert!(
+        p[1].starts_with("PROBLEM files: cuslice is not installed (none of /usr/local/bin/"),
+        "{lines:#?}"
+    );
+    node.cuslice_install("install", ENGINES);
+    healthy(&node);
+
+    // A throwaway container through runc with the installed hook (root only).
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        let ok = "ok      container test (runc): the library loaded in a container with \
+                  CUSLICE_MEMORY_LIMIT=1GiB and the container sees a 1 GiB device";
+        let (code, out) = node.doctor(&["--container-test", "runc"]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(code, 0, "{}", text(&out));
+        assert!(stdout.lines().any(|l| l == ok), "{}", text(&out));
+        // Its state is gone with it (poststop ran).
+        healthy(&node);
+        // A hook that does nothing: the container sees the whole device.
+        let hook = node.path("/usr/local/bin/cuslice-hook");
+        let saved = node.dir.path().join("cuslice-hook.saved");
+        fs::rename(&hook, &saved).unwrap();
+        fs::write(&hook, "#!/bin/sh\nexit 0\n").unwrap();
+        fs::set_permissions(&hook, fs::Permissions::from_mode(0o755)).unwrap();
+        let (code, out) = node.doctor(&["--container-test", "runc"]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(code, 1, "{}", text(&out));
+        assert!(
+            stdout.lines().any(|l| l.starts_with(
+                "PROBLEM container test (runc): with CUSLICE_MEMORY_LIMIT=1GiB the container \
+                 sees a device of 17179869184 bytes"
+            )),
+            "{}",
+            text(&out)
+        );
+        fs::rename(&saved, &hook).unwrap();
+    } else {
+        println!("NOT RUN: doctor --container-test runc (needs root)");
+    }
+
+    // The agent killed (its socket stays behind, and nobody answers on it).
+    let _ = agent.kill();
+    let _ = agent.wait();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if node.lines().0 == 1 || Instant::now() > deadline {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    one_problem(
+        &node,
+        &format!("PROBLEM agent: no cuslice agent at {}", socket.display()),
+        "run `cuslice agent` as root (at boot, with the init system you use)",
+    );
+    // Started again, it is found again.
+    let mut agent = node.agent();
+    healthy(&node);
+    let _ = agent.kill();
+    let _ = agent.wait();
+}
