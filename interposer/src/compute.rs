@@ -590,8 +590,9 @@ impl Meter {
             );
         }
         // A high-priority process alone on the device has nobody to tell: its launches stay on
-        // the fast path.
-        let publishes = prio == Priority::High && others;
+        // the fast path. Beside other active slices it tells them, whatever the device shows of
+        // their use (publishing costs only itself).
+        let publishes = prio == Priority::High && p.others_active;
         self.publishes.store(publishes, Ordering::Relaxed);
         // Beside other slices its launches are counted even when nothing holds them: what they
         // were charged is how shared periods are apportioned to it, and without them it would
