@@ -1332,7 +1332,7 @@ fn stop_finds_nothing_against_honest_workloads() {
     for (what, env, cmd) in &specs {
         let n = name(what);
         let env: Vec<&str> = env.iter().map(String::as_str).collect();
-        let c = runc(
+        let mut c = runc(
             &sim,
             root.path(),
             &Spec {
@@ -1342,6 +1342,10 @@ fn stop_finds_nothing_against_honest_workloads() {
                 read_only: false,
             },
         );
+        if what == "churn" {
+            // Its context made before the others start: it churns while they make theirs.
+            common::wait_for(&mut c, "start");
+        }
         running.push((what.clone(), n, c));
     }
     // Live changes: the core limit raised and lowered, the cap lowered below what is held.
