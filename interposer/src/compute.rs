@@ -597,8 +597,12 @@ impl Meter {
         // Beside other slices its launches are counted even when nothing holds them: what they
         // were charged is how shared periods are apportioned to it, and without them it would
         // read as idle, to itself (its usage, against its request) and to the others (a high
-        // slice that sees nobody else publishes nothing to yield to).
-        allot < FULL || yields || publishes || others
+        // slice that sees nobody else publishes nothing to yield to). Beside any active slice
+        // on the board, even while the device shows the others idle: a slice that stopped
+        // counting then read as idle in the next shared periods, left the board, and the
+        // neighbour it had taken for idle went on alone with the whole device, taking it in
+        // turn (a best-effort slice beside a busy request of 60 got 10-37% instead of 1%).
+        allot < FULL || yields || publishes || p.others_active
     }
 
     fn priority(&self) -> Priority {
