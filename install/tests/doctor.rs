@@ -322,8 +322,7 @@ fn doctor_says_what_is_right_and_each_thing_broken() {
     healthy(&node);
 
     // A throwaway container through runc with the installed hook (root only).
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    if unsafe { libc::geteuid() } == 0 {
+    if cuslice_test_harness::is_root() {
         let ok = "ok      container test (runc): the library loaded in a container with \
                   CUSLICE_MEMORY_LIMIT=1GiB and the container sees a 1 GiB device";
         let (code, out) = node.doctor(&["--container-test", "runc"]);

@@ -9,6 +9,7 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use cuslice_agent::cgroup::{self, Freezer, Record, Scope};
+use cuslice_test_harness::require_root;
 
 /// A cgroup made by the test, with one busy process in it; removed on drop.
 struct Busy {
@@ -73,16 +74,9 @@ fn until(what: &str, f: impl Fn() -> bool) {
     }
 }
 
-fn root_required() {
-    assert!(
-        // SAFETY: geteuid has no preconditions and cannot fail.
-        unsafe { libc::geteuid() } == 0,
-        "these tests make cgroups and need root (tests/run is run as root)"
-    );
-}
 
 fn freeze_and_thaw(hierarchy: Option<PathBuf>, version: &str) {
-    root_required();
+    require_root("these tests make cgroups");
     let Some(h) = hierarchy else {
         eprintln!("SKIPPED: no cgroup {version} hierarchy is mounted here");
         return;
@@ -145,7 +139,7 @@ fn busy_freezer(what: &str) -> Option<(Busy, Freezer)> {
 /// to thaw it (SIGKILL).
 #[test]
 fn a_later_agent_thaws_what_was_recorded() {
-    root_required();
+    require_root("these tests make cgroups");
     let Some((busy, f)) = busy_freezer("record") else {
         return;
     };
@@ -171,7 +165,7 @@ fn a_later_agent_thaws_what_was_recorded() {
 /// recorded but never frozen (the agent died in between) is not said to be thawed.
 #[test]
 fn a_later_agent_leaves_what_no_agent_holds_frozen() {
-    root_required();
+    require_root("these tests make cgroups");
     let Some((busy, f)) = busy_freezer("paused") else {
         return;
     };

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use common::runc::RuncContainer;
 use common::{Container, Spec, name, root_required};
-use cuslice_test_harness::{GIB, MIB, Sim, bin_dir};
+use cuslice_test_harness::{GIB, MIB, Sim, bin_dir, poll};
 use serde_json::{Value, json};
 
 /// A runc container whose hooks use the test's state root `root`.
@@ -126,19 +126,6 @@ impl Drop for Agent {
     }
 }
 
-fn poll<T>(what: &str, secs: u64, mut f: impl FnMut() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(secs),
-            "no {what} in {secs} s"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
 
 /// Waits up to 30 s for the kernel to report the v1 freezer cgroup `state` FROZEN.
 fn wait_frozen(state: &Path) {

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use common::runc::RuncContainer;
 use common::{Container, Spec, name, root_required};
-use cuslice_test_harness::{GIB, Sim, bin_dir};
+use cuslice_test_harness::{GIB, Sim, bin_dir, poll};
 use serde_json::Value;
 
 /// install/monitoring, where the files under test live.
@@ -47,19 +47,6 @@ fn prometheus_tools() -> Option<(PathBuf, PathBuf)> {
     None
 }
 
-fn poll<T>(what: &str, secs: u64, mut f: impl FnMut() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(secs),
-            "no {what} in {secs} s"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
 
 // ---- HTTP ------------------------------------------------------------------------------------
 

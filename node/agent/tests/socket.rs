@@ -10,7 +10,7 @@ use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use cuslice_state::agent::{self, AskError};
-use cuslice_test_harness::bin_dir;
+use cuslice_test_harness::{bin_dir, require_root};
 
 /// Set in the child the namespace test starts: the socket it asks.
 const ASK_ENV: &str = "AGENT_TEST_ASK";
@@ -62,13 +62,6 @@ fn start(root: &Path, args: &[&str]) -> Agent {
     }
 }
 
-fn root_required() {
-    assert!(
-        // SAFETY: geteuid has no preconditions and cannot fail.
-        unsafe { libc::geteuid() } == 0,
-        "this test makes a pid namespace and needs root (tests/run is run as root)"
-    );
-}
 
 /// The child's side of `a_process_in_its_own_pid_namespace_is_told_its_host_pid`: does nothing
 /// unless that test started it.
@@ -85,7 +78,7 @@ fn ask_from_inside() {
 
 #[test]
 fn a_process_in_its_own_pid_namespace_is_told_its_host_pid() {
-    root_required();
+    require_root("this test makes a pid namespace");
     let root = tempfile::tempdir().unwrap();
     let agent = start(root.path(), &[]);
     // The test binary itself, as pid 1 of a new pid namespace with its own /proc, like a

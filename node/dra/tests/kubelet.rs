@@ -11,7 +11,7 @@ use std::collections::BTreeSet;
 
 use common::*;
 use cuslice_dra::quantity;
-use cuslice_test_harness::{GIB, MIB};
+use cuslice_test_harness::{GIB, MIB, poll};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use serde_json::{Value, json};
 

@@ -290,3 +290,39 @@ pub fn event<'a>(lines: &'a [Value], name: &str) -> &'a Value {
 pub fn u(v: &Value) -> u64 {
     v.as_u64().unwrap_or_else(|| panic!("not a number: {v}"))
 }
+
+/// Calls `f` every 50 ms until it gives a value; fails the test, naming `what`, if none came
+/// within `secs` seconds.
+pub fn poll<T>(what: &str, secs: u64, mut f: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(secs),
+            "no {what} in {secs} s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Whether the test runs as root (the effective uid in /proc/self/status).
+pub fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .map(|l| l.split_whitespace().nth(2) == Some("0"))
+        })
+        .unwrap_or(false)
+}
+
+/// Fails the test unless it runs as root; `needs` says what for ("these tests make cgroups").
+pub fn require_root(needs: &str) {
+    assert!(
+        is_root(),
+        "{needs} and need root (tests/run is run as root)"
+    );
+}

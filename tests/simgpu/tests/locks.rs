@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use cuslice_test_harness::require_root;
 use simgpu::layout::MAX_PROCS;
 use simgpu::{AllocKind, CreateOptions, State};
 
@@ -25,13 +26,6 @@ const HALF_MADE_OWNER: u32 = (MAX_PROCS - 1) as u32;
 /// A waiter's checks for a dead holder come every 20 ms; this is several of them.
 const LONGER_THAN_A_DEAD_CHECK: Duration = Duration::from_millis(300);
 
-fn root_required() {
-    assert!(
-        // SAFETY: geteuid has no preconditions and cannot fail.
-        unsafe { libc::geteuid() } == 0,
-        "these tests make pid namespaces and need root (tests/run is run as root)"
-    );
-}
 
 /// The helper's side: does nothing unless a test below started this binary as one.
 #[test]
@@ -282,7 +276,7 @@ fn until(what: &AtomicBool, limit: Duration) -> bool {
 /// A holder in one pid namespace; a waiter in another, with the holder's thread id, killed while
 /// it waits; then a thread of this process tries: it must wait for the holder.
 fn a_killed_waiter_hands_nothing_on(which: Which) {
-    root_required();
+    require_root("these tests make pid namespaces");
     let dir = tempfile::tempdir().unwrap();
     let state = new_state(dir.path());
     let (hold, wait) = names(which);
@@ -325,7 +319,7 @@ fn a_waiter_killed_in_another_pid_namespace_never_hands_on_the_process_table() {
 /// A holder in another pid namespace is stopped (as by SIGSTOP or a cgroup freezer) while it
 /// holds: it is waited for however long it stays stopped, and gives the lock back when it goes on.
 fn a_frozen_holder_is_waited_for(which: Which) {
-    root_required();
+    require_root("these tests make pid namespaces");
     let dir = tempfile::tempdir().unwrap();
     let state = new_state(dir.path());
     let mut holder = Helper::start(names(which).0, state.path());
@@ -360,7 +354,7 @@ fn a_process_table_holder_stopped_in_another_pid_namespace_is_waited_for() {
 
 #[test]
 fn a_device_lock_holder_killed_in_another_pid_namespace_is_taken_over_and_repaired() {
-    root_required();
+    require_root("these tests make pid namespaces");
     let dir = tempfile::tempdir().unwrap();
     let state = new_state(dir.path());
     let mut holder = Helper::start("hold-device-mid-alloc", state.path());
@@ -382,7 +376,7 @@ fn a_device_lock_holder_killed_in_another_pid_namespace_is_taken_over_and_repair
 
 #[test]
 fn a_process_table_holder_killed_in_another_pid_namespace_is_taken_over() {
-    root_required();
+    require_root("these tests make pid namespaces");
     let dir = tempfile::tempdir().unwrap();
     let state = new_state(dir.path());
     let mut holder = Helper::start("hold-procs", state.path());

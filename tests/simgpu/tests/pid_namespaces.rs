@@ -6,17 +6,11 @@
 mod common;
 use common::*;
 
+use cuslice_test_harness::require_root;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-fn root_required() {
-    assert!(
-        // SAFETY: geteuid has no preconditions and cannot fail.
-        unsafe { libc::geteuid() } == 0,
-        "this test makes pid namespaces and needs root (tests/run is run as root)"
-    );
-}
 
 fn lib_dir(dir: &std::path::Path) -> std::path::PathBuf {
     let lib = dir.join("lib");
@@ -95,7 +89,7 @@ fn checked_show(sim: &Sim) -> Result<serde_json::Value, String> {
 
 #[test]
 fn processes_of_many_pid_namespaces_killed_at_random_leave_the_device_whole() {
-    root_required();
+    require_root("this test makes pid namespaces");
     let sim = Sim::new(&["--memory", "8GiB", "--context-overhead", "10MiB"]);
     let lib = lib_dir(sim.dir.path());
     let mut rng = 0x2545_f491_4f6c_dd1du64;

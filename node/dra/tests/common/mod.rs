@@ -562,20 +562,6 @@ pub fn slice_config(core_limit: u32) -> Value {
     json!({"apiVersion": "gpu.cuslice.io/v1alpha1", "kind": "SliceConfig", "coreLimit": core_limit})
 }
 
-/// Polls `f` until it gives Some, for up to `secs` seconds.
-pub fn poll<T>(what: &str, secs: u64, mut f: impl FnMut() -> Option<T>) -> T {
-    let t = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(secs),
-            "{what}: not within {secs} s"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
 
 /// `value` read as JSON into the k8s-openapi type `T` and written back must give `value` again:
 /// a field k8s-openapi does not know (a typo, a field of another version) would be dropped.
