@@ -995,7 +995,8 @@ unsafe fn init_file(
             uuid[8] = (uuid[8] & 0x3f) | 0x80;
             h.devices[d as usize] = DeviceInfo {
                 index: d,
-                pci_bus: 0x18 + d * 0x10,
+                // Apart like a real 8-GPU server's, and within the 8-bit bus number for all 16.
+                pci_bus: 0x18 + d * 0x0e,
                 uuid,
                 total: o.memory,
                 ngran: (o.memory / GRANULE) as u32,

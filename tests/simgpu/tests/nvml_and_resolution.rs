@@ -128,3 +128,25 @@ fn both_cudart_request_lists_resolve_every_implemented_symbol() {
         assert!(r["missing"].as_array().unwrap().is_empty(), "{route}: {r}");
     }
 }
+
+#[test]
+fn sixteen_devices_have_sixteen_distinct_pci_addresses() {
+    let sim = Sim::new(&["--memory", "1GiB", "--devices", "16"]);
+    let truth = sim.show();
+    let ids: Vec<&str> = truth["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["pci_bus_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids.len(), 16);
+    let mut buses = std::collections::BTreeSet::new();
+    for id in &ids {
+        // domain:bus:device.function, the bus one byte as PCI has it.
+        let parts: Vec<&str> = id.split([':', '.']).collect();
+        assert_eq!(parts.len(), 4, "{id}");
+        assert_eq!(parts[1].len(), 2, "bus of {id} is not one byte");
+        buses.insert(u8::from_str_radix(parts[1], 16).unwrap());
+    }
+    assert_eq!(buses.len(), 16, "{ids:?}");
+}
