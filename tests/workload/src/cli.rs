@@ -136,6 +136,14 @@ pub enum Scenario {
     Probe(ProbeArgs),
     /// A hostile tenant: attack the cuslice state the container can reach (see `tamper.rs`)
     Tamper(crate::tamper::TamperArgs),
+    /// Fill memory on --device and share it with other processes (CUDA IPC or an exported VMM
+    /// handle): one `exported` line to pass to `import --from`; held until stdin reaches EOF
+    Export(crate::share::ExportArgs),
+    /// Open memory another process exported, map it on --device and read its pattern back: one
+    /// `imported` line (pattern_ok); held until stdin reaches EOF
+    Import(crate::share::ImportArgs),
+    /// Peer access between every pair of devices: one `peers` line (no --device)
+    Peers,
     /// Only resolve the entry points and report how (no cuInit)
     Resolve,
 }
@@ -154,6 +162,9 @@ impl Scenario {
             Scenario::BenchLaunch(_) => "bench-launch",
             Scenario::Probe(_) => "probe",
             Scenario::Tamper(_) => "tamper",
+            Scenario::Export(_) => "export",
+            Scenario::Import(_) => "import",
+            Scenario::Peers => "peers",
             Scenario::Resolve => "resolve",
         }
     }
@@ -226,6 +237,16 @@ fn run(cli: &Cli, route: Route, direct: Option<fn() -> Driver>) -> u8 {
     {
         return crate::tamper::init_only(&driver, a.secs);
     }
+    if let Scenario::Peers = cli.scenario {
+        return match crate::share::peers(&driver) {
+            Ok(()) => 0,
+            Err(Failure::Cu(e)) => {
+                cu_error(&e);
+                1
+            }
+            Err(Failure::Check) => 1,
+        };
+    }
     let missing = driver.missing();
     if !missing.is_empty() {
         eprintln!(
@@ -263,7 +284,9 @@ fn scenario(cli: &Cli, route: Route, driver: &Driver) -> Result<(), Failure> {
         Scenario::BenchLaunch(a) => scenarios::bench_launch(&session, a)?,
         Scenario::Probe(a) => scenarios::probe(&session, a)?,
         Scenario::Tamper(a) => crate::tamper::tamper(&session, a),
-        Scenario::Resolve => {}
+        Scenario::Export(a) => crate::share::export(&session, a)?,
+        Scenario::Import(a) => crate::share::import(&session, a)?,
+        Scenario::Peers | Scenario::Resolve => {}
     }
     session.close()?;
     Ok(())

@@ -103,6 +103,18 @@ macro_rules! cuda_functions {
             { cuMemcpyDtoD_v2, "cuMemcpyDtoD", 3020, ["cuMemcpyDtoD_v2_ptds"],
                 (dst: CUdeviceptr, src: CUdeviceptr, bytes: usize) }
             { cuMemsetD8_v2, "cuMemsetD8", 3020, ["cuMemsetD8_v2_ptds"], (dst: CUdeviceptr, value: u8, bytes: usize) }
+            { cuMemExportToShareableHandle, "cuMemExportToShareableHandle", 10020, [],
+                (shareable: *mut c_void, handle: CUmemGenericAllocationHandle, kind: u32, flags: u64) }
+            { cuMemImportFromShareableHandle, "cuMemImportFromShareableHandle", 10020, [],
+                (handle: *mut CUmemGenericAllocationHandle, shareable: *mut c_void, kind: u32) }
+            { cuIpcGetMemHandle, "cuIpcGetMemHandle", 4010, [], (handle: *mut CUipcMemHandle, dptr: CUdeviceptr) }
+            { cuIpcOpenMemHandle_v2, "cuIpcOpenMemHandle", 11000, [],
+                (dptr: *mut CUdeviceptr, handle: CUipcMemHandle, flags: u32) }
+            { cuIpcCloseMemHandle, "cuIpcCloseMemHandle", 4010, [], (dptr: CUdeviceptr) }
+            { cuDeviceCanAccessPeer, "cuDeviceCanAccessPeer", 4000, [], (can: *mut i32, dev: CUdevice, peer: CUdevice) }
+            { cuDeviceGetP2PAttribute, "cuDeviceGetP2PAttribute", 8000, [],
+                (value: *mut i32, attrib: i32, src: CUdevice, dst: CUdevice) }
+            { cuCtxEnablePeerAccess, "cuCtxEnablePeerAccess", 4000, [], (peer: CUcontext, flags: u32) }
         }
     };
 }

@@ -6,6 +6,8 @@
 //! - [`kernels`]: the spin kernel (PTX, or the simulator's text image) launching scenarios use.
 //! - [`nvml`]: what NVML reports.
 //! - [`scenarios`]: info, fill, hold, launch, memcpy, churn, bench-alloc.
+//! - [`share`]: memory shared between processes (CUDA IPC, exported VMM handles) and the peer
+//!   queries, as multi-process jobs make them.
 //! - [`tamper`]: a hostile tenant attacking cuslice's state from inside a container.
 //! - [`cli`]: the command line shared by `cuda-workload` and `cuda-workload-linked`.
 
@@ -18,4 +20,5 @@ pub mod nvml;
 pub mod out;
 pub mod requests;
 pub mod scenarios;
+pub mod share;
 pub mod tamper;

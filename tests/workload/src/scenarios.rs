@@ -95,7 +95,7 @@ impl Via {
     }
 }
 
-fn parse_size(s: &str) -> Result<u64, String> {
+pub(crate) fn parse_size(s: &str) -> Result<u64, String> {
     cuslice_policy::parse_size(s).map_err(|e| e.to_string())
 }
 

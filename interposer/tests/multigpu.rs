@@ -1,0 +1,187 @@
+//! Multi-GPU, multi-process jobs as tensor-parallel frameworks run them: one process (rank) per
+//! device, all in one slice, each exporting memory that the next rank opens (CUDA IPC, or a VMM
+//! handle exported as a POSIX file descriptor, as NCCL's transports do), and the peer queries
+//! they make. Ground truth is the simulator's count of what each process holds on each device.
+
+mod common;
+use common::*;
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+const WAIT: Duration = Duration::from_secs(60);
+const SHARED: u64 = 512 * MIB;
+
+/// What each process holds on device `dev`, by kind ("mem", "vmm", "context", ...), by pid.
+fn held_by_kind(sim: &Sim, dev: usize, pid: &Value) -> Value {
+    sim.device(dev)["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"] == *pid)
+        .map(|p| p["by_kind"].clone())
+        .unwrap_or_else(|| panic!("pid {pid} holds nothing on device {dev}"))
+}
+
+/// `n` ranks, rank i on device i, export `SHARED` bytes `via`; rank i then opens what rank
+/// i + 1 exported, on that rank's device. With `slice`, every process runs in it (libcuslice
+/// preloaded); without, directly on the simulator. Returns the running ranks (exporters, then
+/// importers) and their `exported` / `imported` lines.
+fn ranks(
+    sim: &Sim,
+    slice: Option<&Slice>,
+    n: usize,
+    via: &str,
+) -> (Vec<Running>, Vec<Value>, Vec<Value>) {
+    let spawn = |args: &[&str]| match slice {
+        Some(s) => s.spawn(sim, args),
+        None => sim.spawn(args),
+    };
+    let bytes = format!("{}MiB", SHARED / MIB);
+    let mut running = Vec::new();
+    let mut exported = Vec::new();
+    for i in 0..n {
+        let dev = i.to_string();
+        let mut r = spawn(&["--device", &dev, "export", "--via", via, "--bytes", &bytes]);
+        exported.push(r.wait_for("exported", WAIT));
+        running.push(r);
+    }
+    let mut imported = Vec::new();
+    for i in 0..n {
+        let j = (i + 1) % n;
+        let (dev, from) = (j.to_string(), exported[j].to_string());
+        let mut r = spawn(&["--device", &dev, "import", "--from", &from]);
+        let line = r.wait_for("imported", WAIT);
+        assert_eq!(line["pattern_ok"], true, "rank {i} read another pattern: {line}");
+        assert_eq!(line["uuid"], exported[j]["uuid"], "{line}");
+        imported.push(line);
+        running.push(r);
+    }
+    (running, exported, imported)
+}
+
+fn release_all(running: Vec<Running>) {
+    for r in running {
+        let err = r.err.text();
+        assert_eq!(r.release(), 0, "a rank failed: {err}");
+    }
+}
+
+/// Each rank's shared memory is held once, by its exporter, on its device; the importer holds
+/// its context only.
+fn charged_once(sim: &Sim, n: usize, via: &str, exported: &[Value], imported: &[Value]) {
+    let kind = if via == "ipc" { "mem" } else { "vmm" };
+    for j in 0..n {
+        let by_exporter = held_by_kind(sim, j, &exported[j]["pid"]);
+        assert_eq!(u(&by_exporter[kind]), SHARED, "device {j}: {by_exporter}");
+        let importer = &imported[(j + n - 1) % n];
+        let by_importer = held_by_kind(sim, j, &importer["pid"]);
+        let extra: Vec<_> = by_importer
+            .as_object()
+            .unwrap()
+            .keys()
+            .filter(|k| *k != "context")
+            .collect();
+        assert!(
+            extra.is_empty(),
+            "device {j}: the importer holds more than its context: {by_importer}"
+        );
+    }
+}
+
+/// A tensor-parallel job on fractions of `n` devices: the shared memory works, is charged once
+/// (to the exporter), and each device's cap still holds to the byte-granule while the ranks hold
+/// it: a further process of the slice fills each device to its own cap, no less (imported memory
+/// is not charged twice) and no more.
+fn job(n: usize, via: &str, env: &[(&str, &str)], caps: &[u64]) {
+    let sim = Sim::new(&["--devices", &n.to_string(), "--memory", "8GiB"]);
+    let slice = Slice::new(env);
+    let (running, exported, imported) = ranks(&sim, Some(&slice), n, via);
+    charged_once(&sim, n, via, &exported, &imported);
+    for (dev, &cap) in caps.iter().enumerate() {
+        let (lines, code, stderr) = slice.run(
+            &sim,
+            &[
+                "--device",
+                &dev.to_string(),
+                "fill",
+                "--family",
+                "mem",
+                "--chunk",
+                "64MiB",
+            ],
+        );
+        assert_eq!(code, 0, "{stderr}");
+        assert_eq!(event(&lines, "refused")["code"], 2, "device {dev}: {lines:?}");
+        let peak = peak_used(&sim, dev);
+        assert!(
+            peak <= cap && cap - peak < 64 * MIB,
+            "device {dev} ({via}, {n} ranks): peak {} MiB for a cap of {} MiB",
+            peak / MIB,
+            cap / MIB
+        );
+    }
+    release_all(running);
+}
+
+#[test]
+fn two_ranks_share_memory_by_ipc_under_one_cap_for_all_devices() {
+    job(2, "ipc", &[("CUSLICE_MEMORY_LIMIT", "2GiB")], &[2 * GIB; 2]);
+}
+
+#[test]
+fn two_ranks_share_memory_by_exported_fds_under_per_device_caps() {
+    job(
+        2,
+        "fd",
+        &[
+            ("CUSLICE_MEMORY_LIMIT_0", "1536MiB"),
+            ("CUSLICE_MEMORY_LIMIT_1", "3GiB"),
+        ],
+        &[1536 * MIB, 3 * GIB],
+    );
+}
+
+#[test]
+fn four_ranks_share_memory_by_ipc_and_by_exported_fds() {
+    job(4, "ipc", &[("CUSLICE_MEMORY_LIMIT", "2GiB")], &[2 * GIB; 4]);
+    job(
+        4,
+        "fd",
+        &[
+            ("CUSLICE_MEMORY_LIMIT", "2GiB"),
+            ("CUSLICE_MEMORY_LIMIT_3", "3GiB"),
+        ],
+        &[2 * GIB, 2 * GIB, 2 * GIB, 3 * GIB],
+    );
+}
+
+/// The same job without cuslice: the scenario itself runs on the simulator, and charges alike.
+#[test]
+fn the_same_ranks_without_cuslice() {
+    for (n, via) in [(2, "ipc"), (4, "fd")] {
+        let sim = Sim::new(&["--devices", &n.to_string(), "--memory", "8GiB"]);
+        let (running, exported, imported) = ranks(&sim, None, n, via);
+        charged_once(&sim, n, via, &exported, &imported);
+        release_all(running);
+    }
+}
+
+/// What the driver says of peers (can access, the P2P attributes, enabling access) is what a
+/// process under cuslice is told: cuslice hides no peer and no link.
+#[test]
+fn peer_queries_pass_through_untouched() {
+    for n in [2, 4] {
+        let sim = Sim::new(&["--devices", &n.to_string(), "--memory", "8GiB"]);
+        let (plain, code) = sim.workload(&["peers"]);
+        assert_eq!(code, 0);
+        let slice = Slice::new(&[("CUSLICE_MEMORY_LIMIT", "1GiB")]);
+        let (capped, code, stderr) = slice.run(&sim, &["peers"]);
+        assert_eq!(code, 0, "{stderr}");
+        let (a, b) = (event(&plain, "peers"), event(&capped, "peers"));
+        assert_eq!(u(&a["devices"]), n as u64);
+        assert_eq!(a["pairs"].as_array().unwrap().len(), n * (n - 1));
+        assert_eq!(a["pairs"], b["pairs"]);
+    }
+}

@@ -1,0 +1,335 @@
+//! Memory shared between processes, and the peer queries, the ways multi-process jobs (NCCL,
+//! vLLM, torchrun) make them:
+//! - `export --via ipc`: cuMemAlloc, filled with a pattern, and its cuIpcGetMemHandle (the 64
+//!   bytes printed in hex);
+//! - `export --via fd`: cuMemCreate (device-located, exportable as a POSIX file descriptor),
+//!   mapped here, filled, and cuMemExportToShareableHandle; the pid and descriptor are printed;
+//! - `import`: opens what an `exported` line names (cuIpcOpenMemHandle, or the exporter's
+//!   descriptor taken with pidfd_getfd as NCCL's cuMem transport does, then
+//!   cuMemImportFromShareableHandle and a mapping of its own), and reads the pattern back;
+//! - `peers`: every pair of devices: cuDeviceCanAccessPeer, the P2P attributes and
+//!   cuCtxEnablePeerAccess between their primary contexts.
+//!
+//! Export and import hold until stdin reaches EOF, then undo what they did.
+
+use std::ptr::null_mut;
+
+use clap::{Args, ValueEnum};
+use cuda_abi::*;
+use serde_json::{Value, json};
+
+use crate::driver::{CuError, Driver};
+use crate::out::emit;
+use crate::scenarios::{Failure, Session};
+
+/// What every exported byte is set to.
+const PATTERN: u8 = 0x5a;
+/// What an importer reads back: the first and last this many bytes.
+const PROBE: usize = 4096;
+/// `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`, what frameworks open IPC handles with.
+const LAZY_ENABLE_PEER_ACCESS: u32 = 1;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ShareVia {
+    /// cuIpcGetMemHandle / cuIpcOpenMemHandle of a cuMemAlloc allocation
+    Ipc,
+    /// cuMemExportToShareableHandle / cuMemImportFromShareableHandle of a cuMemCreate handle
+    /// (POSIX file descriptor)
+    Fd,
+}
+
+#[derive(Clone, Debug, Args)]
+pub struct ExportArgs {
+    /// How the memory is shared
+    #[arg(long, value_enum)]
+    pub via: ShareVia,
+    /// Bytes to export (rounded up to the allocation granularity with --via fd)
+    #[arg(long, value_parser = crate::scenarios::parse_size, default_value = "64MiB")]
+    pub bytes: u64,
+}
+
+#[derive(Clone, Debug, Args)]
+pub struct ImportArgs {
+    /// The exporter's `exported` line (JSON), as it printed it
+    #[arg(long)]
+    pub from: String,
+}
+
+/// A device-located VMM mapping of this process.
+struct Mapping {
+    ptr: CUdeviceptr,
+    size: usize,
+    handle: CUmemGenericAllocationHandle,
+}
+
+fn location(dev: CUdevice) -> CUmemLocation {
+    CUmemLocation {
+        type_: CU_MEM_LOCATION_TYPE_DEVICE,
+        id: dev,
+    }
+}
+
+/// Reserves an address range for `handle` and maps it read-write for `dev`.
+fn map(d: &Driver, handle: CUmemGenericAllocationHandle, size: usize, dev: CUdevice) -> Result<Mapping, CuError> {
+    let mut ptr: CUdeviceptr = 0;
+    // SAFETY: out-pointer to a local; no fixed address, default alignment.
+    unsafe { d.cuMemAddressReserve(&mut ptr, size, 0, 0, 0) }?;
+    // SAFETY: maps the whole handle at offset 0 onto the whole reserved range.
+    unsafe { d.cuMemMap(ptr, size, 0, handle, 0) }?;
+    let access = CUmemAccessDesc {
+        location: location(dev),
+        flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    };
+    // SAFETY: one access descriptor for the mapped range.
+    unsafe { d.cuMemSetAccess(ptr, size, &access, 1) }?;
+    Ok(Mapping { ptr, size, handle })
+}
+
+fn unmap(d: &Driver, m: Mapping) -> Result<(), CuError> {
+    // SAFETY: the range and handle were mapped by `map` and are released once.
+    unsafe { d.cuMemUnmap(m.ptr, m.size) }?;
+    // SAFETY: as above.
+    unsafe { d.cuMemRelease(m.handle) }?;
+    // SAFETY: as above.
+    unsafe { d.cuMemAddressFree(m.ptr, m.size) }
+}
+
+fn hold_until_eof() {
+    let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    (s.len() % 2 == 0)
+        .then(|| {
+            (0..s.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+                .collect()
+        })
+        .flatten()
+}
+
+fn uuid_of(d: &Driver, dev: CUdevice) -> Result<String, CuError> {
+    let mut uuid = CUuuid { bytes: [0; 16] };
+    // SAFETY: out-pointer to a local; `dev` came from cuDeviceGet.
+    unsafe { d.cuDeviceGetUuid_v2(&mut uuid, dev) }?;
+    Ok(hex(&uuid.bytes))
+}
+
+pub fn export(s: &Session, a: &ExportArgs) -> Result<(), Failure> {
+    let d = s.d;
+    let mut line = serde_json::Map::new();
+    line.insert("via".into(), json!(format!("{:?}", a.via).to_lowercase()));
+    line.insert("pid".into(), json!(std::process::id()));
+    line.insert("device".into(), json!(s.ordinal));
+    line.insert("uuid".into(), json!(uuid_of(d, s.dev)?));
+    match a.via {
+        ShareVia::Ipc => {
+            let mut ptr: CUdeviceptr = 0;
+            // SAFETY: out-pointer to a local.
+            unsafe { d.cuMemAlloc_v2(&mut ptr, a.bytes as usize) }?;
+            // SAFETY: `ptr` holds `bytes` bytes.
+            unsafe { d.cuMemsetD8_v2(ptr, PATTERN, a.bytes as usize) }?;
+            let mut h = CUipcMemHandle { reserved: [0; 64] };
+            // SAFETY: out-pointer to a local; `ptr` came from cuMemAlloc.
+            unsafe { d.cuIpcGetMemHandle(&mut h, ptr) }?;
+            line.insert("bytes".into(), json!(a.bytes));
+            line.insert("handle".into(), json!(hex(&h.reserved)));
+            emit("exported", Value::Object(line));
+            hold_until_eof();
+            // SAFETY: allocated above and freed once.
+            unsafe { d.cuMemFree_v2(ptr) }?;
+        }
+        ShareVia::Fd => {
+            let prop = CUmemAllocationProp {
+                type_: CU_MEM_ALLOCATION_TYPE_PINNED,
+                requestedHandleTypes: CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                location: location(s.dev),
+                win32HandleMetaData: null_mut(),
+                compressionType: 0,
+                gpuDirectRDMACapable: 0,
+                usage: 0,
+                reserved: [0; 4],
+            };
+            let mut gran = 0usize;
+            // SAFETY: out-pointer to a local; `prop` fully initialised.
+            unsafe {
+                d.cuMemGetAllocationGranularity(&mut gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM)
+            }?;
+            let size = (a.bytes as usize).div_ceil(gran.max(1)) * gran.max(1);
+            let mut handle: CUmemGenericAllocationHandle = 0;
+            // SAFETY: out-pointer to a local; `prop` fully initialised.
+            unsafe { d.cuMemCreate(&mut handle, size, &prop, 0) }?;
+            let m = map(d, handle, size, s.dev)?;
+            // SAFETY: the mapping holds `size` bytes.
+            unsafe { d.cuMemsetD8_v2(m.ptr, PATTERN, size) }?;
+            let mut fd: i32 = -1;
+            // SAFETY: for POSIX descriptors the shareable handle is an int.
+            unsafe {
+                d.cuMemExportToShareableHandle(
+                    (&mut fd as *mut i32).cast(),
+                    handle,
+                    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                    0,
+                )
+            }?;
+            line.insert("bytes".into(), json!(size));
+            line.insert("fd".into(), json!(fd));
+            emit("exported", Value::Object(line));
+            hold_until_eof();
+            unmap(d, m)?;
+            // SAFETY: the descriptor the driver gave us, closed once.
+            unsafe { libc::close(fd) };
+        }
+    }
+    emit("released", json!({}));
+    Ok(())
+}
+
+/// The exporter's descriptor `fd`, duplicated into this process (pidfd_getfd: the caller may
+/// trace the exporter, as a process of the same user may).
+fn take_fd(pid: i32, fd: i32) -> std::io::Result<i32> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if pidfd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: pidfd_getfd takes the pidfd just opened, the target's descriptor and flags 0.
+    let got = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd as i32, fd, 0) };
+    let err = std::io::Error::last_os_error();
+    // SAFETY: closing the pidfd opened above.
+    unsafe { libc::close(pidfd as i32) };
+    if got < 0 { Err(err) } else { Ok(got as i32) }
+}
+
+fn bad_from(why: String) -> Failure {
+    emit("error", json!({"call": "import", "message": why}));
+    Failure::Check
+}
+
+pub fn import(s: &Session, a: &ImportArgs) -> Result<(), Failure> {
+    let d = s.d;
+    let from: Value = serde_json::from_str(&a.from)
+        .map_err(|e| bad_from(format!("--from is not an exported line: {e}")))?;
+    let field = |k: &str| from[k].as_u64().ok_or_else(|| bad_from(format!("--from has no {k:?}")));
+    let bytes = field("bytes")? as usize;
+    let (ptr, undo): (CUdeviceptr, Box<dyn FnOnce() -> Result<(), CuError> + '_>) =
+        match from["via"].as_str() {
+            Some("ipc") => {
+                let raw = from["handle"]
+                    .as_str()
+                    .and_then(unhex)
+                    .filter(|b| b.len() == 64)
+                    .ok_or_else(|| bad_from("--from has no 64-byte \"handle\"".into()))?;
+                let mut h = CUipcMemHandle { reserved: [0; 64] };
+                h.reserved.copy_from_slice(&raw);
+                let mut ptr: CUdeviceptr = 0;
+                // SAFETY: out-pointer to a local; the handle is passed by value.
+                unsafe {
+                    d.cuIpcOpenMemHandle_v2(&mut ptr, h, LAZY_ENABLE_PEER_ACCESS)
+                }?;
+                // SAFETY: opened above and closed once.
+                (ptr, Box::new(move || unsafe { d.cuIpcCloseMemHandle(ptr) }))
+            }
+            Some("fd") => {
+                let (pid, fd) = (field("pid")? as i32, field("fd")? as i32);
+                let mine = take_fd(pid, fd)
+                    .map_err(|e| bad_from(format!("pidfd_getfd of pid {pid}'s fd {fd}: {e}")))?;
+                let mut handle: CUmemGenericAllocationHandle = 0;
+                // SAFETY: out-pointer to a local; for POSIX descriptors the shareable handle is
+                // the descriptor's value.
+                unsafe {
+                    d.cuMemImportFromShareableHandle(
+                        &mut handle,
+                        mine as usize as *mut std::ffi::c_void,
+                        CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                    )
+                }?;
+                // SAFETY: our duplicate; the imported handle does not need it any more.
+                unsafe { libc::close(mine) };
+                let m = map(d, handle, bytes, s.dev)?;
+                (m.ptr, Box::new(move || unmap(d, m)))
+            }
+            other => return Err(bad_from(format!("--from names no known \"via\": {other:?}"))),
+        };
+    let probe = PROBE.min(bytes);
+    let mut ok = true;
+    for at in [0, bytes - probe] {
+        let mut buf = vec![0u8; probe];
+        // SAFETY: `buf` holds `probe` bytes; the range lies in the imported block.
+        unsafe { d.cuMemcpyDtoH_v2(buf.as_mut_ptr().cast(), ptr + at as u64, probe) }?;
+        ok &= buf.iter().all(|&b| b == PATTERN);
+    }
+    emit(
+        "imported",
+        json!({"pid": std::process::id(), "device": s.ordinal, "uuid": uuid_of(d, s.dev)?,
+               "bytes": bytes, "pattern_ok": ok}),
+    );
+    hold_until_eof();
+    undo()?;
+    emit("released", json!({}));
+    if ok { Ok(()) } else { Err(Failure::Check) }
+}
+
+/// What the driver says of every ordered pair of devices (the P2P attributes 1 to 4: performance
+/// rank, access supported, native atomics, CUDA arrays), and what enabling peer access between
+/// their primary contexts returns.
+pub fn peers(d: &Driver) -> Result<(), Failure> {
+    let mut n = 0i32;
+    // SAFETY: plain flags argument.
+    unsafe { d.cuInit(0) }?;
+    // SAFETY: out-pointer to a local.
+    unsafe { d.cuDeviceGetCount(&mut n) }?;
+    let mut devs = Vec::new();
+    let mut ctxs = Vec::new();
+    for i in 0..n {
+        let mut dev: CUdevice = 0;
+        // SAFETY: out-pointer to a local.
+        unsafe { d.cuDeviceGet(&mut dev, i) }?;
+        let mut ctx: CUcontext = null_mut();
+        // SAFETY: out-pointer to a local; `dev` came from cuDeviceGet.
+        unsafe { d.cuDevicePrimaryCtxRetain(&mut ctx, dev) }?;
+        devs.push(dev);
+        ctxs.push(ctx);
+    }
+    let mut pairs = Vec::new();
+    for (i, &a) in devs.iter().enumerate() {
+        for (j, &b) in devs.iter().enumerate() {
+            if i == j {
+                continue;
+            }
+            let mut can = -1;
+            // SAFETY: out-pointer to a local; both devices came from cuDeviceGet.
+            unsafe { d.cuDeviceCanAccessPeer(&mut can, a, b) }?;
+            let mut attrs = Vec::new();
+            for attrib in 1..=4 {
+                let mut v = -1;
+                // SAFETY: as above.
+                let r = unsafe { d.cuDeviceGetP2PAttribute(&mut v, attrib, a, b) };
+                attrs.push(match r {
+                    Ok(()) => json!(v),
+                    Err(e) => json!(e.name().unwrap_or("?")),
+                });
+            }
+            // SAFETY: the primary context of device i made current, then peer access to j's.
+            unsafe { d.cuCtxSetCurrent(ctxs[i]) }?;
+            // SAFETY: `ctxs[j]` is a retained primary context.
+            let enable = match unsafe { d.cuCtxEnablePeerAccess(ctxs[j], 0) } {
+                Ok(()) => "CUDA_SUCCESS",
+                Err(e) => e.name().unwrap_or("?"),
+            };
+            pairs.push(json!({"from": i, "to": j, "can_access": can, "attributes": attrs,
+                              "enable": enable}));
+        }
+    }
+    emit("peers", json!({"devices": n, "pairs": pairs}));
+    for dev in devs {
+        // SAFETY: retained once above.
+        unsafe { d.cuDevicePrimaryCtxRelease_v2(dev) }?;
+    }
+    Ok(())
+}
