@@ -4,6 +4,7 @@ own count (`simgpu show`). Kernels on simgpu are timed, never run, so nothing he
 number a kernel computed.
 
 Usage: torch_check.py info | fill CHUNK_MIB | hold MIB | spin SECONDS | graph REPLAYS
+       | size-cache FRACTION
 """
 
 import json
@@ -120,6 +121,65 @@ def graph(replays):
     say("replayed", replays=replays, kernels_per_replay=9, reserved=reserved())
 
 
+def figures(d):
+    """Device d's memory as CUDA (through PyTorch) and NVML (nvidia-ml-py) tell this process."""
+    import pynvml as N
+
+    free, total = torch.cuda.mem_get_info(d)
+    h = N.nvmlDeviceGetHandleByIndex(d)
+    mem = N.nvmlDeviceGetMemoryInfo(h)
+    mine = [p.usedGpuMemory for p in N.nvmlDeviceGetComputeRunningProcesses(h) if p.pid == os.getpid()]
+    return {
+        "cuda_free": free,
+        "cuda_total": total,
+        "cuda_used": total - free,
+        "nvml_total": mem.total,
+        "nvml_used": mem.used,
+        "nvml_process_used": mine[0] if mine else None,
+    }
+
+
+def size_cache(fraction):
+    """Sizes a KV cache the way vLLM does with gpu_memory_utilization: on every device, after the
+    model's weights (a 64 MiB stand-in) and a CUDA graph capture, a cache of `fraction` of the free
+    memory cudaMemGetInfo reports. Reports CUDA's and NVML's figures before the capture, after it
+    and after the cache, and holds everything until stdin closes."""
+    import pynvml as N
+
+    N.nvmlInit()
+    devices, held = [], []
+    for d in range(torch.cuda.device_count()):
+        torch.cuda.set_device(d)
+        weights = torch.zeros(64 * MIB, dtype=torch.uint8, device=d)
+        torch.cuda.synchronize(d)
+        before = figures(d)
+        x = torch.zeros(1 << 20, device=d)
+        s = torch.cuda.Stream(d)
+        s.wait_stream(torch.cuda.current_stream(d))
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                x.add_(1)
+        torch.cuda.current_stream(d).wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        # A capture stream of this device's own: PyTorch's default one is made once, on the
+        # first device it captured on, and a capture there records nothing of this device's.
+        with torch.cuda.graph(g, stream=s):
+            y = x * 2
+        g.replay()
+        torch.cuda.synchronize(d)
+        captured = figures(d)
+        cache_bytes = int(fraction * captured["cuda_free"]) // (2 * MIB) * (2 * MIB)
+        cache = torch.empty(cache_bytes, dtype=torch.uint8, device=d)
+        torch.cuda.synchronize(d)
+        sized = figures(d)
+        devices.append({"device": d, "cache": cache_bytes, "before_capture": before,
+                        "after_capture": captured, "after_cache": sized})
+        held += [weights, x, y, g, cache]
+    say("sized", fraction=fraction, devices=devices)
+    sys.stdin.read()
+    del held
+
+
 def main(argv):
     cmd, args = argv[0], argv[1:]
     if cmd == "info":
@@ -132,6 +192,8 @@ def main(argv):
         spin(float(args[0]))
     elif cmd == "graph":
         graph(int(args[0]))
+    elif cmd == "size-cache":
+        size_cache(float(args[0]))
     else:
         sys.exit(f"torch_check.py: unknown subcommand {cmd!r}")
 

@@ -348,3 +348,72 @@ fn a_cuda_graph_replays_on_the_device_in_a_slice() {
         t20 - t0
     );
 }
+
+// ---- sizing a cache from what is free, on several devices ------------------------------------
+
+/// vLLM's `gpu_memory_utilization`, on fractions of two devices: a process that, on each device,
+/// loads weights, captures a CUDA graph and then sizes a cache as 0.9 of the memory
+/// `torch.cuda.mem_get_info` reports free. Each device is capped at half (4 of 8 GiB). By the
+/// simulator's count the process holds on each device exactly what CUDA says it uses, within the
+/// cap, with the cache at 0.9 of what was free; and NVML (nvidia-ml-py) agrees with CUDA on the
+/// total, the device's use and the process's own, before the capture, after it and after the
+/// cache.
+#[test]
+fn a_cache_sized_from_free_memory_fills_its_share_of_each_capped_device() {
+    let Some(python) = python() else { return };
+    let cap = 4 * GIB;
+    let sim = Sim::new(&["--devices", "2", "--memory", "8GiB"]);
+    let slice = Slice::new(&[("CUSLICE_MEMORY_LIMIT", "4GiB")]);
+    let mut r = Running::start(torch_cmd(
+        &sim,
+        &python,
+        Some(&slice),
+        "",
+        &["size-cache", "0.9"],
+    ));
+    let sized = r.wait_for("sized", Duration::from_secs(180));
+    let pid = &sized["pid"];
+    let devices = sized["devices"].as_array().unwrap();
+    assert_eq!(devices.len(), 2, "{sized}");
+    for d in devices {
+        let dev = u(&d["device"]) as usize;
+        for stage in ["before_capture", "after_capture", "after_cache"] {
+            let f = &d[stage];
+            assert_eq!(u(&f["cuda_total"]), cap, "device {dev} {stage}: {f}");
+            assert_eq!(f["nvml_total"], f["cuda_total"], "device {dev} {stage}: {f}");
+            assert_eq!(f["nvml_used"], f["cuda_used"], "device {dev} {stage}: {f}");
+            assert_eq!(
+                f["nvml_process_used"], f["cuda_used"],
+                "device {dev} {stage}: {f}"
+            );
+        }
+        let free = u(&d["after_capture"]["cuda_free"]);
+        let cache = u(&d["cache"]);
+        assert!(
+            cache as f64 >= 0.9 * free as f64 - (2 * MIB) as f64,
+            "device {dev}: a cache of {:.0} MiB for {:.0} MiB free",
+            mib(cache),
+            mib(free)
+        );
+        let held = sim.device(dev)["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["pid"] == *pid)
+            .map(|p| u(&p["held"]))
+            .unwrap_or_else(|| panic!("pid {pid} holds nothing on device {dev}"));
+        assert_eq!(
+            held,
+            u(&d["after_cache"]["cuda_used"]),
+            "device {dev}: the simulator's count against CUDA's: {d}"
+        );
+        assert!(
+            held <= cap && held >= u(&d["after_capture"]["cuda_used"]) + cache,
+            "device {dev}: holds {:.0} MiB under a cap of {:.0} MiB: {d}",
+            mib(held),
+            mib(cap)
+        );
+    }
+    let err = r.err.text();
+    assert_eq!(r.release(), 0, "{err}");
+}
