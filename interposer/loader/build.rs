@@ -1,35 +1,39 @@
-//! Generates the loader's export stubs from the interposer's table of entry points
-//! (`interposer/src/hooks.rs`: every entry with a wrapper is exported by the core, so the loader
-//! exports the same names), and assembles shim-c's dlsym trampoline.
+//! Generates the loader's export stubs from the list of entry points the interposer wraps
+//! (`interposer/src/wrapped.txt`, from which the core's wrapper registry is made too: the loader
+//! exports exactly the names the core wraps, in the list's order), and assembles shim-c's dlsym
+//! trampoline.
 
 use std::fmt::Write as _;
 
 fn main() {
-    let table = "../src/hooks.rs";
-    println!("cargo:rerun-if-changed={table}");
-    let text = std::fs::read_to_string(table).expect("reading interposer/src/hooks.rs");
+    let list = "../src/wrapped.txt";
+    println!("cargo:rerun-if-changed={list}");
+    let text = std::fs::read_to_string(list).expect("reading interposer/src/wrapped.txt");
     let mut names = Vec::new();
-    for line in text.lines() {
+    for (n, line) in text.lines().enumerate() {
         let line = line.trim();
-        let Some((lib, rest)) = line.split_once(' ') else {
-            continue;
-        };
-        if !(lib == "Cuda" || lib == "Nvml") || !line.contains(") -> ") || !line.contains(" = ") {
+        if line.is_empty() || line.starts_with('#') {
             continue;
         }
-        let name: String = rest
-            .chars()
-            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-            .collect();
+        // `NAME MODULE`: the module (where the core defines the wrapper) is the core's business.
+        let name = line.split_whitespace().next().unwrap_or_default();
         assert!(
-            !name.is_empty(),
-            "hooks.rs: cannot read the name in {line:?}"
+            !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'),
+            "wrapped.txt:{}: cannot read the name in {line:?}",
+            n + 1
         );
-        names.push((name, lib == "Nvml"));
+        // NVML's entry points are all `nvml*`, the driver's `cu*`.
+        let nvml = name.starts_with("nvml");
+        assert!(
+            nvml || name.starts_with("cu"),
+            "wrapped.txt:{}: {name} is neither a driver (cu*) nor an NVML (nvml*) entry point",
+            n + 1
+        );
+        names.push((name.to_owned(), nvml));
     }
     assert!(
         names.len() > 50,
-        "hooks.rs: found only {} wrapped entries",
+        "wrapped.txt: found only {} wrapped entries",
         names.len()
     );
     let mut out = String::new();

@@ -15,7 +15,7 @@ use std::time::Duration;
 use cuslice_state::agent::{self, CONTAINER_SOCKET};
 
 use crate::log::{debug, warning};
-use crate::slice::Slice;
+use crate::membership::Slice;
 
 /// The most one question may take, connect and answer together.
 const TIMEOUT: Duration = Duration::from_millis(100);

@@ -10,8 +10,8 @@ use std::ffi::{c_uint, c_void};
 
 use cuda_abi::*;
 
-use crate::hooks::real;
-use crate::slice::{self, Charge};
+use crate::membership::{self, Charge};
+use crate::real;
 
 /// CUDA_ARRAY_DESCRIPTOR as cuArrayCreate (the pre-3.2 ABI) takes it: 32-bit sizes.
 #[repr(C)]
@@ -99,12 +99,12 @@ fn create(
     out: *mut *mut c_void,
     make: impl FnOnce() -> CUresult,
 ) -> CUresult {
-    let s = match slice::active() {
+    let s = match membership::active() {
         Err(e) => return e,
         Ok(None) => return make(),
         Ok(Some(s)) => s,
     };
-    let Some((ctx, dev)) = slice::current(s) else {
+    let Some((ctx, dev)) = membership::current(s) else {
         return make();
     };
     let reserved = s.rounded(dev, est);
@@ -124,23 +124,23 @@ fn create(
         destroy(&kind, handle);
         return e;
     }
-    slice::local(|l| l.arrays.insert(handle as usize, Charge { dev, bytes, ctx }));
+    membership::local(|l| l.arrays.insert(handle as usize, Charge { dev, bytes, ctx }));
     r
 }
 
 /// Destroys with `destroy`, forgetting the handle first (once destroyed, the driver may hand the
 /// same handle to another thread's new array).
 fn destroy_counted(handle: *mut c_void, destroy: impl FnOnce() -> CUresult) -> CUresult {
-    let Ok(Some(s)) = slice::active() else {
+    let Ok(Some(s)) = membership::active() else {
         return destroy();
     };
-    let charge = slice::local(|l| l.arrays.remove(&(handle as usize)));
+    let charge = membership::local(|l| l.arrays.remove(&(handle as usize)));
     let r = destroy();
     if let Some(c) = charge {
         if r.is_ok() {
             s.release(c.dev, c.bytes);
         } else {
-            slice::local(|l| l.arrays.insert(handle as usize, c));
+            membership::local(|l| l.arrays.insert(handle as usize, c));
         }
     }
     r

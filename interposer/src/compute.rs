@@ -30,7 +30,7 @@ use std::collections::VecDeque;
 use std::ffi::{c_uint, c_void};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
 use cuda_abi::*;
 use cuslice_policy::grant::{Grant, Origin};
@@ -38,10 +38,10 @@ use cuslice_policy::priority::{self, Admit, Priority};
 use cuslice_policy::share::{self, FULL};
 use parking_lot::Mutex;
 
-use crate::hooks::real;
 use crate::log::{debug, error, warning};
-use crate::nvml::{SampleCursor, Used};
-use crate::slice::{self, Dev, Slice};
+use crate::membership::{self, Dev, Slice};
+use crate::nvml_query::{self, SampleCursor, Used};
+use crate::real;
 use cuslice_state::board::{self, Board, HighRef, Maker, Post};
 use cuslice_state::ledger::{Ledger, Tokens};
 
@@ -69,6 +69,17 @@ const ANCHOR_SAMPLES: u32 = 10;
 static STARTED: AtomicBool = AtomicBool::new(false);
 /// Some device of this process has an allotment below the whole device.
 static METERED: AtomicBool = AtomicBool::new(false);
+/// This process's meters, one per device in the order of `Slice::devs`: set once by `join`
+/// (before the devices are), never freed (a forked child leaks its parent's).
+static METERS: AtomicPtr<Vec<Meter>> = AtomicPtr::new(std::ptr::null_mut());
+
+/// This process's meters (none before cuInit has attached the devices).
+#[inline]
+fn meters() -> &'static [Meter] {
+    let p = METERS.load(Ordering::Acquire);
+    // SAFETY: null, or published once with Release after full construction and never freed.
+    unsafe { p.as_ref() }.map_or(&[], |v| v.as_slice())
+}
 
 /// This process's metering of one device.
 pub struct Meter {
@@ -175,10 +186,11 @@ pub fn node_dir(s: &Slice) -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(board::DEFAULT_DIR))
 }
 
-/// Takes the slice's place on the node's compute board and claims each device with this
-/// slice's request, limit and priority (at cuInit). Err: a one-line reason to refuse CUDA (a
-/// request the device cannot guarantee, or a core setting that cannot be coordinated).
-pub fn join(s: &Slice, devs: &[Dev]) -> Result<Vec<Meter>, String> {
+/// Takes the slice's place on the node's compute board, claims each device with this slice's
+/// request, limit and priority, and sets up this process's meters (at cuInit, before the devices
+/// are set). Err: a one-line reason to refuse CUDA (a request the device cannot guarantee, or a
+/// core setting that cannot be coordinated).
+pub fn join(s: &Slice, devs: &[Dev]) -> Result<(), String> {
     let dir = node_dir(s);
     let now = now_ns();
     // In a container the hook made the slice's place (and its grant, from the same settings);
@@ -269,7 +281,8 @@ pub fn join(s: &Slice, devs: &[Dev]) -> Result<Vec<Meter>, String> {
             own_until: AtomicU64::new(0),
         });
     }
-    Ok(meters)
+    METERS.store(Box::into_raw(Box::new(meters)), Ordering::Release);
+    Ok(())
 }
 
 /// Adds the slice's earnings since the last refill (by any of its processes), banking at most
@@ -367,7 +380,7 @@ impl Meter {
         // Other processes are active on the device: other slices (at the last period), or other
         // processes of this slice.
         let crowded = p.others_active || s.ledger.pids().len() > 1;
-        let mut reading = crate::nvml::own_utilisation(&self.uuid, pid, &mut p.cursor, crowded);
+        let mut reading = nvml_query::own_utilisation(&self.uuid, pid, &mut p.cursor, crowded);
         // Samples of its own (not a shared period's, which the driver gives for the device).
         if reading.is_some_and(|u| u.span_ns > u.shared_span_ns) {
             p.sampled_ns = now;
@@ -377,8 +390,8 @@ impl Meter {
             // process is the only one of the only slice using the device, the device's own
             // utilisation is this process's (and anyone else's work on it is charged to it:
             // never less than it used).
-            reading = crate::nvml::device_utilisation(&self.uuid).map(|util| {
-                let own = crate::nvml::Sample {
+            reading = nvml_query::device_utilisation(&self.uuid).map(|util| {
+                let own = nvml_query::Sample {
                     at_us: wall,
                     own: true,
                     util,
@@ -446,7 +459,7 @@ impl Meter {
                     warning!(
                         "device {}: NVML reports no utilisation for this process (pid {}); \
                          its core limit is held by launch estimates alone ({} µs a launch)",
-                        slice::uuid_string(&self.uuid),
+                        membership::uuid_string(&self.uuid),
                         std::process::id(),
                         cost / 1000
                     );
@@ -488,7 +501,7 @@ impl Meter {
                 let p = Priority::from_code(code);
                 debug!(
                     "device {}: priority {p} (cuslice set)",
-                    slice::uuid_string(&self.uuid)
+                    membership::uuid_string(&self.uuid)
                 );
                 p
             }
@@ -531,7 +544,7 @@ impl Meter {
                 let mine = slice_usage;
                 if views.len() > 1
                     && p.sampled_ns.saturating_add(ACTIVE_NS) > now
-                    && crate::nvml::device_utilisation(&self.uuid)
+                    && nvml_query::device_utilisation(&self.uuid)
                         .is_some_and(|util| share::others_idle(util.min(100) * (FULL / 100), mine))
                 {
                     p.others_idle_until = now + ACTIVE_NS;
@@ -559,7 +572,7 @@ impl Meter {
         if allot != p.allot {
             debug!(
                 "device {}: allotment {} -> {} ppm (used {usage} ppm, request {}, limit {})",
-                slice::uuid_string(&self.uuid),
+                membership::uuid_string(&self.uuid),
                 p.allot,
                 allot,
                 request,
@@ -579,7 +592,7 @@ impl Meter {
         if yields != self.yields.swap(yields, Ordering::Relaxed) {
             debug!(
                 "device {}: {} high-priority work (priority {}, used {usage} ppm, request {})",
-                slice::uuid_string(&self.uuid),
+                membership::uuid_string(&self.uuid),
                 if yields {
                     "yielding to"
                 } else {
@@ -832,7 +845,7 @@ fn meter_thread(s: &'static Slice) {
         std::thread::sleep(std::time::Duration::from_nanos(PERIOD_NS));
         let now = now_ns();
         let mut metered = false;
-        for m in s.meters() {
+        for m in meters() {
             metered |= m.tick(s, now);
         }
         METERED.store(metered, Ordering::Relaxed);
@@ -845,11 +858,11 @@ fn start() {
     if STARTED.load(Ordering::Acquire) {
         return;
     }
-    let Ok(Some(s)) = slice::active() else {
+    let Ok(Some(s)) = membership::active() else {
         return;
     };
     STARTED.store(true, Ordering::Release);
-    if s.meters().is_empty() {
+    if meters().is_empty() {
         return;
     }
     if let Err(e) = std::thread::Builder::new()
@@ -882,15 +895,15 @@ fn gate(stream: impl FnOnce() -> CUstream, ptsz: bool) {
 
 #[inline(always)]
 fn gate_metered(stream: CUstream, ptsz: bool) {
-    let Ok(Some(s)) = slice::active() else {
+    let Ok(Some(s)) = membership::active() else {
         return;
     };
-    let meters = s.meters();
+    let meters = meters();
     // One device (the usual case): no need to ask the driver which context is current.
     let m = if meters.len() == 1 {
         meters.first()
     } else {
-        slice::current(s).and_then(|(_, o)| meters.get(o))
+        membership::current(s).and_then(|(_, o)| meters.get(o))
     };
     if let Some(m) = m
         && let Some(t) = s.ledger.tokens(m.index)
@@ -910,16 +923,18 @@ fn ex_stream(config: *const CUlaunchConfig) -> CUstream {
 pub fn child_after_fork() {
     STARTED.store(false, Ordering::Relaxed);
     METERED.store(false, Ordering::Relaxed);
+    // The parent's meters are leaked with its slice (`membership::child_after_fork`).
+    METERS.store(std::ptr::null_mut(), Ordering::Relaxed);
 }
 
 /// At process exit: the last process of a standalone slice takes the slice's place off the
 /// node's compute board (a process killed before it could is swept by the next standalone
 /// process, once its claims are old: `board::LEFTOVER_NS`).
 pub fn at_exit() {
-    let Ok(Some(s)) = slice::active() else {
+    let Ok(Some(s)) = membership::active() else {
         return;
     };
-    let Some(b) = s.meters().iter().find_map(|m| m.board.as_ref()) else {
+    let Some(b) = meters().iter().find_map(|m| m.board.as_ref()) else {
         return;
     };
     if s.hooked {

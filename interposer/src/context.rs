@@ -31,12 +31,13 @@ use std::ffi::{c_char, c_int, c_uint, c_void};
 use cuda_abi::*;
 use cuslice_policy::overhead::{self, Found};
 
-use crate::hooks::real;
-use crate::slice::{self, Charge, Slice};
+use crate::membership::{self, Charge, Slice};
+use crate::nvml_query;
+use crate::real;
 
 /// Creates a context on device `cudev` with `make`, charging its hidden memory.
 fn create(cudev: CUdevice, out: *mut CUcontext, make: impl FnOnce() -> CUresult) -> CUresult {
-    let s = match slice::active() {
+    let s = match membership::active() {
         Err(e) => return e,
         Ok(None) => return make(),
         Ok(Some(s)) => s,
@@ -62,8 +63,8 @@ fn create(cudev: CUdevice, out: *mut CUcontext, make: impl FnOnce() -> CUresult)
     if let Err(e) = s.reserve(dev, estimate) {
         return e;
     }
-    let before = first.then(|| crate::nvml::device_used(&uuid)).flatten();
-    let procs_before = first.then(|| crate::nvml::process_memory(&uuid)).flatten();
+    let before = first.then(|| nvml_query::device_used(&uuid)).flatten();
+    let procs_before = first.then(|| nvml_query::process_memory(&uuid)).flatten();
     let own0 = s.own_charged(dev);
     let r = make();
     if !r.is_ok() {
@@ -72,7 +73,7 @@ fn create(cudev: CUdevice, out: *mut CUcontext, make: impl FnOnce() -> CUresult)
     }
     // SAFETY: written by the driver on success.
     let ctx = unsafe { *out } as usize;
-    if slice::local(|l| l.contexts.contains_key(&ctx)) {
+    if membership::local(|l| l.contexts.contains_key(&ctx)) {
         // Another thread made (and was charged for) this primary context first.
         s.release(dev, estimate);
         return r;
@@ -94,7 +95,7 @@ fn create(cudev: CUdevice, out: *mut CUcontext, make: impl FnOnce() -> CUresult)
     }
     drop(measuring);
     crate::log::debug!("context on device {dev}: {charge} bytes of overhead");
-    slice::local(|l| {
+    membership::local(|l| {
         l.contexts.insert(
             ctx,
             Charge {
@@ -125,8 +126,8 @@ fn measure(
     was: Option<&[(u32, u64)]>,
     own0: u64,
 ) -> u64 {
-    let used1 = crate::nvml::device_used(uuid).unwrap_or(used0);
-    let now = crate::nvml::process_memory(uuid);
+    let used1 = nvml_query::device_used(uuid).unwrap_or(used0);
+    let now = nvml_query::process_memory(uuid);
     let found = match (was, now.as_deref()) {
         (Some(was), Some(now)) => overhead::identify(was, now, nvml_pid(s), std::process::id()),
         _ => Found::Unlisted,
@@ -142,7 +143,7 @@ fn measure(
             let until = std::time::Instant::now() + NARROW_FOR;
             while overhead::settled(&among).is_none() && std::time::Instant::now() < until {
                 std::thread::sleep(NARROW_EVERY);
-                let Some(later) = crate::nvml::process_memory(uuid) else {
+                let Some(later) = nvml_query::process_memory(uuid) else {
                     break;
                 };
                 among = overhead::narrow(among, &later);
@@ -255,9 +256,9 @@ pub unsafe extern "C" fn cuCtxCreate_v4(
 
 fn destroyed(ctx: CUcontext, r: CUresult) -> CUresult {
     if r.is_ok()
-        && let Ok(Some(s)) = slice::active()
+        && let Ok(Some(s)) = membership::active()
     {
-        slice::context_gone(s, ctx as usize);
+        membership::context_gone(s, ctx as usize);
     }
     r
 }
@@ -293,18 +294,18 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(ctx: *mut CUcontext, dev: CUde
     };
     // SAFETY: forwarded unchanged.
     let call = || unsafe { f(ctx, dev) };
-    let Ok(Some(s)) = slice::active() else {
+    let Ok(Some(s)) = membership::active() else {
         return call();
     };
     let Some(o) = s.dev_by_cudev(dev) else {
         return call();
     };
-    let live = slice::local(|l| l.primary.get(&o).is_some_and(|p| p.1 > 0));
+    let live = membership::local(|l| l.primary.get(&o).is_some_and(|p| p.1 > 0));
     let r = if live { call() } else { create(dev, ctx, call) };
     if r.is_ok() {
         // SAFETY: written by the driver on success.
         let c = unsafe { *ctx } as usize;
-        slice::local(|l| {
+        membership::local(|l| {
             let e = l.primary.entry(o).or_insert((c, 0));
             e.0 = c;
             e.1 += 1;
@@ -315,7 +316,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(ctx: *mut CUcontext, dev: CUde
 
 fn primary_released(s: &Slice, dev: CUdevice, reset: bool) {
     let Some(o) = s.dev_by_cudev(dev) else { return };
-    let gone = slice::local(|l| match l.primary.get_mut(&o) {
+    let gone = membership::local(|l| match l.primary.get_mut(&o) {
         Some(p) if reset || p.1 <= 1 => l.primary.remove(&o).map(|p| p.0),
         Some(p) => {
             p.1 -= 1;
@@ -324,7 +325,7 @@ fn primary_released(s: &Slice, dev: CUdevice, reset: bool) {
         None => None,
     });
     if let Some(ctx) = gone {
-        slice::context_gone(s, ctx);
+        membership::context_gone(s, ctx);
     }
 }
 
@@ -340,7 +341,7 @@ macro_rules! primary_wrappers {
             // SAFETY: forwarded unchanged.
             let r = unsafe { f(dev) };
             if r.is_ok()
-                && let Ok(Some(s)) = slice::active()
+                && let Ok(Some(s)) = membership::active()
             {
                 primary_released(s, dev, $reset);
             }
@@ -375,12 +376,12 @@ fn load(
     load: impl FnOnce() -> CUresult,
     unload: impl FnOnce(*mut c_void),
 ) -> CUresult {
-    let s = match slice::active() {
+    let s = match membership::active() {
         Err(e) => return e,
         Ok(None) => return load(),
         Ok(Some(s)) => s,
     };
-    let Some((ctx, dev)) = slice::current(s) else {
+    let Some((ctx, dev)) = membership::current(s) else {
         return load();
     };
     let (free0, own0) = (free_now(), s.own_charged(dev));
@@ -402,7 +403,7 @@ fn load(
         return e;
     }
     let ctx = if per_context { ctx } else { 0 };
-    slice::local(|l| {
+    membership::local(|l| {
         l.modules.insert(
             h as usize,
             Charge {
@@ -431,16 +432,16 @@ fn unload_library(l: *mut c_void) {
 
 /// Unloads with `unload`, forgetting the handle first (it may be reused at once).
 fn unload_counted(h: *mut c_void, unload: impl FnOnce() -> CUresult) -> CUresult {
-    let Ok(Some(s)) = slice::active() else {
+    let Ok(Some(s)) = membership::active() else {
         return unload();
     };
-    let charge = slice::local(|l| l.modules.remove(&(h as usize)));
+    let charge = membership::local(|l| l.modules.remove(&(h as usize)));
     let r = unload();
     if let Some(c) = charge {
         if r.is_ok() {
             s.release(c.dev, c.bytes);
         } else {
-            slice::local(|l| l.modules.insert(h as usize, c));
+            membership::local(|l| l.modules.insert(h as usize, c));
         }
     }
     r

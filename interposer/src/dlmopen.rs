@@ -62,7 +62,7 @@ fn names_driver(file: &[u8]) -> bool {
 
 /// Whether the scope of `handle` defines the driver's or NVML's entry point.
 fn defines_driver(handle: *mut c_void) -> bool {
-    let Some(real) = crate::dlsym::real_dlsym() else {
+    let Some(real) = crate::real::dlsym() else {
         return false;
     };
     [c"cuInit", c"nvmlInit_v2"].iter().any(|name| {

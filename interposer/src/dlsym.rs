@@ -13,19 +13,8 @@
 //! This code runs inside `dlsym` calls of the process: it allocates nothing and takes no lock.
 
 use std::ffi::{CStr, c_char, c_void};
-use std::sync::atomic::{AtomicPtr, Ordering};
 
-use crate::hooks;
-
-pub type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
-
-/// glibc's dlsym, handed over by the loader (`cuslice_core_attach`).
-static REAL_DLSYM: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
-
-#[cfg(target_arch = "x86_64")]
-const DLSYM_BASE_VERSION: &CStr = c"GLIBC_2.2.5";
-#[cfg(target_arch = "aarch64")]
-const DLSYM_BASE_VERSION: &CStr = c"GLIBC_2.17";
+use crate::{real, registry};
 
 /// The loader/core interface version; `interposer/loader` passes the same number.
 pub const CORE_ABI: u32 = 1;
@@ -43,32 +32,10 @@ pub unsafe extern "C" fn cuslice_core_attach(
     dlmopen: *mut c_void,
 ) -> u32 {
     if abi == CORE_ABI {
-        if !dlsym.is_null() {
-            REAL_DLSYM.store(dlsym, Ordering::Release);
-        }
+        real::set_dlsym(dlsym);
         crate::dlmopen::attach(dlmopen);
     }
     CORE_ABI
-}
-
-/// glibc's own dlsym: the loader's, else (the core preloaded by itself, as some tests do)
-/// `dlvsym(RTLD_NEXT, "dlsym", ...)`, newest version first.
-pub fn real_dlsym() -> Option<DlsymFn> {
-    let p = REAL_DLSYM.load(Ordering::Acquire);
-    if !p.is_null() {
-        // SAFETY: only ever set to glibc's dlsym, which has exactly this prototype.
-        return Some(unsafe { std::mem::transmute::<*mut c_void, DlsymFn>(p) });
-    }
-    for version in [c"GLIBC_2.34", DLSYM_BASE_VERSION] {
-        // SAFETY: dlvsym (not overridden by cuslice) with NUL-terminated strings.
-        let f = unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), version.as_ptr()) };
-        if !f.is_null() {
-            REAL_DLSYM.store(f, Ordering::Release);
-            // SAFETY: glibc's dlsym has exactly this prototype.
-            return Some(unsafe { std::mem::transmute::<*mut c_void, DlsymFn>(f) });
-        }
-    }
-    None
 }
 
 /// Called by the loader's `dlsym` for `cu*`/`nvml*` names: cuslice's wrapper for this lookup, or
@@ -81,7 +48,7 @@ pub unsafe extern "C" fn cuslice_dlsym_route(
     handle: *mut c_void,
     name: *const c_char,
 ) -> *mut c_void {
-    let Some(real) = real_dlsym() else {
+    let Some(real_dlsym) = real::dlsym() else {
         return std::ptr::null_mut();
     };
     if name.is_null() || handle == libc::RTLD_DEFAULT || handle == libc::RTLD_NEXT {
@@ -89,30 +56,30 @@ pub unsafe extern "C" fn cuslice_dlsym_route(
     }
     // SAFETY: dlsym's contract: `name` is a NUL-terminated string.
     let bytes = unsafe { CStr::from_ptr(name) }.to_bytes();
-    let Some(i) = hooks::by_name(bytes) else {
+    let Some(i) = real::by_name(bytes) else {
         return std::ptr::null_mut();
     };
-    let Some(info) = hooks::SYMS.get(i) else {
+    let Some(info) = real::SYMS.get(i) else {
         return std::ptr::null_mut();
     };
-    let Some(wrapper) = info.wrapper else {
+    let Some(wrapper) = registry::wrapper_at(i) else {
         return std::ptr::null_mut();
     };
-    let Some(lib) = hooks::loaded_handle(info.lib) else {
+    let Some(lib) = real::loaded_handle(info.lib) else {
         return std::ptr::null_mut();
     };
     // SAFETY: the real dlsym with live handles and the caller's NUL-terminated name.
-    let driver_def = unsafe { real(lib, name) };
+    let driver_def = unsafe { real_dlsym(lib, name) };
     if driver_def.is_null() {
         return std::ptr::null_mut();
     }
     // SAFETY: as above; `handle` is the caller's handle, valid per dlsym's contract.
-    if handle != lib && unsafe { real(handle, name) } != driver_def {
+    if handle != lib && unsafe { real_dlsym(handle, name) } != driver_def {
         return std::ptr::null_mut();
     }
-    if !hooks::ensure(info.lib) {
+    if !real::ensure(info.lib) {
         return std::ptr::null_mut();
     }
     crate::log::debug!("dlsym {}: cuslice's wrapper", info.name());
-    wrapper as *mut c_void
+    wrapper
 }

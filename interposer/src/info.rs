@@ -13,18 +13,18 @@ use std::ffi::c_uint;
 use cuda_abi::*;
 use cuslice_policy::virtual_mem_info;
 
-use crate::hooks::real;
-use crate::slice;
+use crate::membership;
+use crate::real;
 
 /// (free, total) as this slice reports them for the current context's device.
 fn virtual_info(free: u64, total: u64) -> (u64, u64) {
-    let Ok(Some(s)) = slice::active() else {
+    let Ok(Some(s)) = membership::active() else {
         return (free, total);
     };
-    let Some((_, dev)) = slice::current(s) else {
+    let Some((_, dev)) = membership::current(s) else {
         return (free, total);
     };
-    crate::pool::refresh(s);
+    membership::refresh_pools(s);
     match s.cap_and_used(dev) {
         Some((cap, used)) => virtual_mem_info(free, total, cap, used),
         None => (free, total),
@@ -32,7 +32,7 @@ fn virtual_info(free: u64, total: u64) -> (u64, u64) {
 }
 
 fn virtual_total(total: u64, cudev: CUdevice) -> u64 {
-    let Ok(Some(s)) = slice::active() else {
+    let Ok(Some(s)) = membership::active() else {
         return total;
     };
     let cap = s

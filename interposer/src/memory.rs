@@ -7,7 +7,7 @@
 //! device when allocated: it can live there whole, and charging it only when it migrates would
 //! let a slice exceed its cap behind the cap's back. The driver backs it in steps, so a process's
 //! managed memory on a device is charged at its sum rounded up to the step
-//! (`cuslice_policy::managed`; the table is `slice::Managed`).
+//! (`cuslice_policy::managed`; the table is `membership::Managed`).
 
 #![allow(non_snake_case)]
 
@@ -15,8 +15,8 @@ use std::ffi::c_uint;
 
 use cuda_abi::*;
 
-use crate::hooks::real;
-use crate::slice::{self, Charge};
+use crate::membership::{self, Charge};
+use crate::real;
 
 /// The allocation path shared by every family charged by pointer: reserve `estimate`, let the
 /// driver allocate, settle the reservation to `actual(ptr)` (undoing the allocation with `undo`
@@ -27,12 +27,12 @@ pub fn charged_alloc(
     result: impl FnOnce() -> (u64, Option<u64>),
     undo: impl FnOnce(u64),
 ) -> CUresult {
-    let s = match slice::active() {
+    let s = match membership::active() {
         Err(e) => return e,
         Ok(None) => return alloc(),
         Ok(Some(s)) => s,
     };
-    let Some((ctx, dev)) = slice::current(s) else {
+    let Some((ctx, dev)) = membership::current(s) else {
         return alloc();
     };
     let reserved = s.rounded(dev, estimate);
@@ -50,7 +50,7 @@ pub fn charged_alloc(
         undo(ptr);
         return e;
     }
-    if let Some(stale) = slice::alloc_insert(ptr, Charge { dev, bytes, ctx }) {
+    if let Some(stale) = membership::alloc_insert(ptr, Charge { dev, bytes, ctx }) {
         // Cannot happen while frees forget the pointer first (below); never leak a charge.
         s.release(stale.dev, stale.bytes);
     }
@@ -61,12 +61,12 @@ pub fn charged_alloc(
 /// driver frees it: the moment it is free, another thread may get the same address back from
 /// its own allocation and record it.
 pub fn charged_free(ptr: u64, free: impl FnOnce() -> CUresult) -> CUresult {
-    let Ok(Some(s)) = slice::active() else {
+    let Ok(Some(s)) = membership::active() else {
         return free();
     };
-    let charge = slice::alloc_remove(ptr);
-    if charge.is_none() && slice::MANAGED_USED.load(std::sync::atomic::Ordering::Relaxed) {
-        let mut table = slice::MANAGED.lock();
+    let charge = membership::alloc_remove(ptr);
+    if charge.is_none() && membership::MANAGED_USED.load(std::sync::atomic::Ordering::Relaxed) {
+        let mut table = membership::MANAGED.lock();
         if let Some((c, drop)) = table.as_mut().and_then(|m| m.remove(ptr)) {
             let r = free();
             if r.is_ok() {
@@ -82,7 +82,7 @@ pub fn charged_free(ptr: u64, free: impl FnOnce() -> CUresult) -> CUresult {
         if r.is_ok() {
             s.release(c.dev, c.bytes);
         } else {
-            slice::alloc_insert(ptr, c);
+            membership::alloc_insert(ptr, c);
         }
     }
     r
@@ -203,22 +203,23 @@ pub unsafe extern "C" fn cuMemAllocManaged(
     };
     // SAFETY: forwarded unchanged.
     let alloc = || unsafe { f(dptr, size, flags) };
-    let s = match slice::active() {
+    let s = match membership::active() {
         Err(e) => return e,
         Ok(None) => return alloc(),
         Ok(Some(s)) => s,
     };
-    let Some((ctx, dev)) = slice::current(s) else {
+    let Some((ctx, dev)) = membership::current(s) else {
         return alloc();
     };
     let bytes = s.rounded(dev, size as u64);
-    slice::MANAGED_USED.store(true, std::sync::atomic::Ordering::Relaxed);
+    membership::MANAGED_USED.store(true, std::sync::atomic::Ordering::Relaxed);
     // Held across the driver's call: the process's managed allocations and frees on a device
     // change its rounded sum one at a time.
-    let mut table = slice::MANAGED.lock();
-    let m = table.get_or_insert_with(slice::Managed::default);
+    let mut table = membership::MANAGED.lock();
+    let m = table.get_or_insert_with(membership::Managed::default);
     let held = m.held(dev);
-    let adds = slice::Managed::backed(held.saturating_add(bytes)) - slice::Managed::backed(held);
+    let adds =
+        membership::Managed::backed(held.saturating_add(bytes)) - membership::Managed::backed(held);
     if let Err(e) = s.reserve(dev, adds) {
         return e;
     }

@@ -15,75 +15,24 @@
 //! of idle memory, as the driver itself does when a device runs full. Allocations made during
 //! stream capture become graph memory nodes and allocate nothing at that point: they pass through
 //! uncounted.
+//!
+//! The pools' records and what brings their charges up to date are `membership`'s
+//! (`sync_pool`, `refresh_pools`, `give_back_idle`): reading the slice's figures and refusing a
+//! reservation need them too.
 
 #![allow(non_snake_case)]
 
-use std::ffi::c_void;
-
 use cuda_abi::*;
 
-use crate::hooks::real;
-use crate::slice::{self, PoolRec, Slice};
-
-fn reserved_now(pool: CUmemoryPool) -> Option<u64> {
-    let f = real::cuMemPoolGetAttribute()?;
-    let mut v: u64 = 0;
-    // SAFETY: a u64 out-value for a u64-valued attribute.
-    let r = unsafe {
-        f(
-            pool,
-            CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
-            (&mut v as *mut u64).cast::<c_void>(),
-        )
-    };
-    r.is_ok().then_some(v)
-}
-
-/// Brings the pool's charge to what it reserves now; returns the change (+ grown, - shrunk).
-/// The driver is asked under the table's lock, so two threads bringing the same pool up to date
-/// apply their readings in the order they were taken (a stale reading never lands last).
-fn sync_pool(pool: CUmemoryPool, dev: usize) -> i128 {
-    slice::local(|l| {
-        let Some(now) = reserved_now(pool) else {
-            return 0;
-        };
-        let rec = l
-            .pools
-            .entry(pool as usize)
-            .or_insert(PoolRec { dev, charged: 0 });
-        let delta = now as i128 - rec.charged as i128;
-        rec.charged = now;
-        delta
-    })
-}
-
-/// Brings every pool this process knows to what the driver reserves for it now: what the driver
-/// gave back (at a synchronisation, above the release threshold) is released to the slice, and
-/// growth no allocation charged yet is charged, even past the cap (the driver holds it).
-pub fn refresh(s: &Slice) {
-    let pools: Vec<(usize, usize)> =
-        slice::local(|l| l.pools.iter().map(|(k, p)| (*k, p.dev)).collect());
-    for (p, dev) in pools {
-        apply_held(s, dev, sync_pool(p as CUmemoryPool, dev));
-    }
-}
-
-/// Applies a change in what a pool holds that no allocation call is settling: shrinkage is
-/// released, growth (another thread's allocation, read first here) is charged as held.
-fn apply_held(s: &Slice, dev: usize, delta: i128) {
-    match delta {
-        d if d < 0 => s.release(dev, d.unsigned_abs() as u64),
-        d if d > 0 => s.charge_held(dev, d as u64),
-        _ => {}
-    }
-}
+use crate::membership::{self, PoolRec, Slice, apply_held, refresh_pools, sync_pool};
+use crate::real;
 
 /// After a synchronising call that succeeded: the driver may have released pool memory.
 fn after_sync(r: CUresult) -> CUresult {
     if r.is_ok()
-        && let Ok(Some(s)) = slice::active()
+        && let Ok(Some(s)) = membership::active()
     {
-        refresh(s);
+        refresh_pools(s);
     }
     r
 }
@@ -124,7 +73,7 @@ fn settle_pool(s: &Slice, dev: usize, reserved: u64, delta: i128) -> Result<(), 
 /// The device a pool belongs to (pools are remembered when created or looked up); `fallback`
 /// (the current device) for one this process has not seen.
 fn pool_dev(pool: CUmemoryPool, fallback: usize) -> usize {
-    slice::local(|l| l.pools.get(&(pool as usize)).map(|p| p.dev)).unwrap_or(fallback)
+    membership::local(|l| l.pools.get(&(pool as usize)).map(|p| p.dev)).unwrap_or(fallback)
 }
 
 fn capturing(stream: CUstream, ptsz: bool) -> bool {
@@ -148,7 +97,7 @@ fn alloc_async(
     alloc: impl FnOnce() -> CUresult,
     undo: impl FnOnce(),
 ) -> CUresult {
-    let s = match slice::active() {
+    let s = match membership::active() {
         Err(e) => return e,
         Ok(None) => return alloc(),
         Ok(Some(s)) => s,
@@ -156,7 +105,7 @@ fn alloc_async(
     if capturing(stream, ptsz) {
         return alloc();
     }
-    let Some((_, cur)) = slice::current(s) else {
+    let Some((_, cur)) = membership::current(s) else {
         return alloc();
     };
     let pool = match pool {
@@ -241,31 +190,11 @@ async_wrappers! {
     cuMemAllocFromPoolAsync_ptsz(pool) ptsz=true;
 }
 
-/// Trims this process's pools on device `dev` down to what their blocks use and gives the
-/// difference back to the slice (called before any refusal).
-pub fn give_back_idle(s: &Slice, dev: usize) {
-    let Some(trim) = real::cuMemPoolTrimTo() else {
-        return;
-    };
-    let pools: Vec<usize> = slice::local(|l| {
-        l.pools
-            .iter()
-            .filter(|(_, p)| p.dev == dev && p.charged > 0)
-            .map(|(k, _)| *k)
-            .collect()
-    });
-    for p in pools {
-        // SAFETY: a pool handle this process obtained from the driver.
-        unsafe { trim(p as CUmemoryPool, 0) };
-        apply_held(s, dev, sync_pool(p as CUmemoryPool, dev));
-    }
-}
-
 fn remember(pool: CUmemoryPool, cudev: CUdevice) {
-    if let Ok(Some(s)) = slice::active()
+    if let Ok(Some(s)) = membership::active()
         && let Some(dev) = s.dev_by_cudev(cudev)
     {
-        slice::local(|l| {
+        membership::local(|l| {
             l.pools
                 .entry(pool as usize)
                 .or_insert(PoolRec { dev, charged: 0 });
@@ -305,8 +234,8 @@ pub unsafe extern "C" fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult {
     // SAFETY: forwarded unchanged.
     let r = unsafe { f(pool) };
     if r.is_ok()
-        && let Ok(Some(s)) = slice::active()
-        && let Some(rec) = slice::local(|l| l.pools.remove(&(pool as usize)))
+        && let Ok(Some(s)) = membership::active()
+        && let Some(rec) = membership::local(|l| l.pools.remove(&(pool as usize)))
     {
         s.release(rec.dev, rec.charged);
     }
@@ -323,8 +252,8 @@ pub unsafe extern "C" fn cuMemPoolTrimTo(pool: CUmemoryPool, keep: usize) -> CUr
     // SAFETY: forwarded unchanged.
     let r = unsafe { f(pool, keep) };
     if r.is_ok()
-        && let Ok(Some(s)) = slice::active()
-        && let Some(dev) = slice::local(|l| l.pools.get(&(pool as usize)).map(|p| p.dev))
+        && let Ok(Some(s)) = membership::active()
+        && let Some(dev) = membership::local(|l| l.pools.get(&(pool as usize)).map(|p| p.dev))
     {
         apply_held(s, dev, sync_pool(pool, dev));
     }

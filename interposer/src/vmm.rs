@@ -12,8 +12,8 @@ use std::ffi::c_void;
 
 use cuda_abi::*;
 
-use crate::hooks::real;
-use crate::slice::{self, Charge, Slice, VmmHandle};
+use crate::membership::{self, Charge, Slice, VmmHandle};
+use crate::real;
 
 /// # Safety
 /// The CUDA driver API contract of cuMemCreate.
@@ -29,7 +29,7 @@ pub unsafe extern "C" fn cuMemCreate(
     };
     // SAFETY: forwarded unchanged.
     let call = || unsafe { f(handle, size, prop, flags) };
-    let s = match slice::active() {
+    let s = match membership::active() {
         Err(e) => return e,
         Ok(None) => return call(),
         Ok(Some(s)) => s,
@@ -55,7 +55,7 @@ pub unsafe extern "C" fn cuMemCreate(
     }
     // SAFETY: written by the driver on success.
     let h = unsafe { *handle };
-    slice::local(|l| {
+    membership::local(|l| {
         l.vmm.insert(
             h,
             VmmHandle {
@@ -70,7 +70,7 @@ pub unsafe extern "C" fn cuMemCreate(
 
 /// Drops the handle's charge if nothing keeps its memory any more.
 fn settle_handle(s: &Slice, h: u64) {
-    let gone = slice::local(|l| match l.vmm.get(&h) {
+    let gone = membership::local(|l| match l.vmm.get(&h) {
         Some(v) if v.refs == 0 && v.maps == 0 => l.vmm.remove(&h).map(|v| v.charge),
         _ => None,
     });
@@ -86,7 +86,7 @@ pub unsafe extern "C" fn cuMemRelease(h: CUmemGenericAllocationHandle) -> CUresu
     let Some(f) = real::cuMemRelease() else {
         return CUresult::CUDA_ERROR_NOT_INITIALIZED;
     };
-    let Ok(Some(s)) = slice::active() else {
+    let Ok(Some(s)) = membership::active() else {
         // SAFETY: forwarded unchanged.
         return unsafe { f(h) };
     };
@@ -98,7 +98,7 @@ pub unsafe extern "C" fn cuMemRelease(h: CUmemGenericAllocationHandle) -> CUresu
         Kept,
         Last(VmmHandle),
     }
-    let dropped = slice::local(|l| match l.vmm.get_mut(&h) {
+    let dropped = membership::local(|l| match l.vmm.get_mut(&h) {
         None => Ref::Unknown,
         Some(v) => {
             v.refs = v.refs.saturating_sub(1);
@@ -115,9 +115,9 @@ pub unsafe extern "C" fn cuMemRelease(h: CUmemGenericAllocationHandle) -> CUresu
         // The driver kept it after all: nothing was freed.
         Ref::Last(mut v) => {
             v.refs += 1;
-            slice::local(|l| l.vmm.insert(h, v));
+            membership::local(|l| l.vmm.insert(h, v));
         }
-        Ref::Kept if !r.is_ok() => slice::local(|l| {
+        Ref::Kept if !r.is_ok() => membership::local(|l| {
             if let Some(v) = l.vmm.get_mut(&h) {
                 v.refs += 1;
             }
@@ -142,7 +142,7 @@ pub unsafe extern "C" fn cuMemRetainAllocationHandle(
     if r.is_ok() && !handle.is_null() {
         // SAFETY: written by the driver on success.
         let h = unsafe { *handle };
-        slice::local(|l| {
+        membership::local(|l| {
             if let Some(v) = l.vmm.get_mut(&h) {
                 v.refs += 1;
             }
@@ -166,8 +166,8 @@ pub unsafe extern "C" fn cuMemMap(
     };
     // SAFETY: forwarded unchanged.
     let r = unsafe { f(ptr, size, offset, h, flags) };
-    if r.is_ok() && matches!(slice::active(), Ok(Some(_))) {
-        slice::local(|l| {
+    if r.is_ok() && matches!(membership::active(), Ok(Some(_))) {
+        membership::local(|l| {
             if let Some(v) = l.vmm.get_mut(&h) {
                 v.maps += 1;
                 l.mappings.insert(ptr, (size as u64, h));
@@ -184,14 +184,14 @@ pub unsafe extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
     let Some(f) = real::cuMemUnmap() else {
         return CUresult::CUDA_ERROR_NOT_INITIALIZED;
     };
-    let Ok(Some(s)) = slice::active() else {
+    let Ok(Some(s)) = membership::active() else {
         // SAFETY: forwarded unchanged.
         return unsafe { f(ptr, size) };
     };
     // The mappings go before the driver unmaps: from then on another thread may map the same
     // addresses again.
     let end = ptr.saturating_add(size as u64);
-    let gone: Vec<(u64, (u64, u64))> = slice::local(|l| {
+    let gone: Vec<(u64, (u64, u64))> = membership::local(|l| {
         let starts: Vec<u64> = l.mappings.range(ptr..end).map(|(k, _)| *k).collect();
         starts
             .into_iter()
@@ -201,11 +201,11 @@ pub unsafe extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
     // SAFETY: forwarded unchanged.
     let r = unsafe { f(ptr, size) };
     if !r.is_ok() {
-        slice::local(|l| l.mappings.extend(gone));
+        membership::local(|l| l.mappings.extend(gone));
         return r;
     }
     for (_, (_, h)) in gone {
-        slice::local(|l| {
+        membership::local(|l| {
             if let Some(v) = l.vmm.get_mut(&h) {
                 v.maps = v.maps.saturating_sub(1);
             }

@@ -1,13 +1,19 @@
-//! This process's membership of a slice: the configuration (read once), the ledger, the devices
-//! as this process sees them (ordinal -> UUID, cap, allocation granularity), and the process-local
-//! table of what it holds (which allocation was charged how much, to which device and context).
+//! This process's membership of a slice: whether it has joined (`state`), the slice it joined
+//! (the configuration, the ledger, its slot), the devices as this process sees them (ordinal ->
+//! UUID, cap, allocation granularity), the one step every charge goes through (`Slice::reserve`),
+//! and the process-local tables of what it holds (which allocation was charged how much, to
+//! which device and context; what each stream-ordered pool is charged).
+//!
+//! Joining is `startup`'s (at cuInit, or at the first NVML call of a process that never calls
+//! it); this module only keeps what it set. It uses the real entry points (`real`) and
+//! cuslice's own NVML queries (`nvml_query`), and nothing above them: the wrappers of every API
+//! area use it, and it uses none of them.
 //!
 //! Nothing here runs until CUDA or NVML is used: a process that never touches them (a shell, `ls`,
 //! with the library in /etc/ld.so.preload) pays for the `dlsym` check and nothing else.
 
 use std::cell::{Cell, UnsafeCell};
-use std::ffi::{c_int, c_uint};
-use std::path::{Path, PathBuf};
+use std::ffi::c_void;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU64, Ordering};
 
@@ -16,14 +22,11 @@ use cuslice_policy::config::Config;
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
-use crate::hooks::real;
-use crate::log::{error, info, warning};
+use crate::log::info;
+use crate::real;
 use cuslice_state::ledger::Ledger;
 
-/// Where the OCI hook mounts a container's slice (its `config` and `ledger`). When the config
-/// file exists it is the only source of limits: the container's environment cannot lift them.
-pub const HOOK_SLICE_DIR: &str = "/run/cuslice/slice";
-pub const HOOK_CONFIG: &str = "/run/cuslice/slice/config";
+pub use cuslice_state::uuid_string;
 
 const UNINIT: u8 = 0;
 /// No cuslice setting at all: every call goes straight to the driver.
@@ -34,7 +37,6 @@ const REFUSED: u8 = 3;
 
 static MODE: AtomicU8 = AtomicU8::new(UNINIT);
 static SLICE: AtomicPtr<Slice> = AtomicPtr::new(std::ptr::null_mut());
-static INIT: Mutex<()> = Mutex::new(());
 
 pub struct Dev {
     pub cudev: CUdevice,
@@ -52,10 +54,9 @@ pub struct Slice {
     pub slot: u32,
     /// The OCI hook made the slice (a container): its place on the node's compute board too.
     pub hooked: bool,
-    /// Set at cuInit (an NVML-only process such as nvidia-smi never sets it).
+    /// Set at cuInit (an NVML-only process such as nvidia-smi never sets it). The compute
+    /// meters of the devices (`compute`) are set just before.
     pub devs: OnceLock<Vec<Dev>>,
-    /// Compute metering per device (same order as `devs`), set with it.
-    pub meters: OnceLock<Vec<crate::compute::Meter>>,
 }
 
 pub enum State {
@@ -92,224 +93,34 @@ pub fn active() -> Result<Option<&'static Slice>, CUresult> {
     }
 }
 
-fn refuse(msg: std::fmt::Arguments<'_>) {
-    error!("{msg}; CUDA initialisation refused");
+/// Whether the process has settled its membership: None before (nobody joined yet), else
+/// whether CUDA may be used (false: refused).
+pub fn settled() -> Option<bool> {
+    match MODE.load(Ordering::Acquire) {
+        UNINIT => None,
+        m => Some(m != REFUSED),
+    }
+}
+
+/// The membership is refused: CUDA initialisation and every counted call are refused.
+pub fn set_refused() {
     MODE.store(REFUSED, Ordering::Release);
 }
 
-/// The configuration, the slice's directory, and whether the OCI hook set them (a container).
-fn read_config() -> Result<(Config, Option<PathBuf>, bool), String> {
-    let env = std::env::vars_os()
-        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)));
-    match std::fs::read_to_string(HOOK_CONFIG) {
-        Ok(text) => Config::from_hook_file(&text, env)
-            .map(|c| (c, Some(PathBuf::from(HOOK_SLICE_DIR)), true))
-            .map_err(|e| format!("{HOOK_CONFIG}: {e}")),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Config::from_vars(env)
-            .map(|c| {
-                let dir = c.state_dir.clone();
-                (c, dir, false)
-            })
-            .map_err(|e| e.to_string()),
-        Err(e) => Err(format!("cannot read {HOOK_CONFIG}: {e}")),
-    }
+/// No cuslice setting applies to this process: every call goes straight to the driver.
+pub fn set_off() {
+    MODE.store(OFF, Ordering::Release);
 }
 
-/// Reads the configuration and joins the slice (once). Returns false if CUDA must be refused.
-pub fn prepare() -> bool {
-    if MODE.load(Ordering::Acquire) != UNINIT {
-        return MODE.load(Ordering::Acquire) != REFUSED;
-    }
-    let _g = INIT.lock();
-    if MODE.load(Ordering::Acquire) != UNINIT {
-        return MODE.load(Ordering::Acquire) != REFUSED;
-    }
-    register_fork_handlers();
-    let (config, dir, in_container) = match read_config() {
-        Ok(c) => c,
-        Err(e) => {
-            refuse(format_args!("{e}"));
-            return false;
-        }
-    };
-    crate::log::set_level(config.log);
-    for n in &config.notices {
-        error!("{n}");
-    }
-    if dir.is_none() && !config.any_limit() {
-        MODE.store(OFF, Ordering::Release);
-        return true;
-    }
-    let ledger = match dir.as_deref().map(absolute) {
-        Some(d) => Ledger::open_dir(&d),
-        None => Ledger::private(),
-    };
-    let ledger = match ledger {
-        Ok(l) => l,
-        Err(e) => {
-            refuse(format_args!("{e}"));
-            return false;
-        }
-    };
-    let slot = match ledger.register() {
-        Ok(s) => s,
-        Err(e) => {
-            refuse(format_args!("{e}"));
-            return false;
-        }
-    };
-    info!("joined slice {} as slot {slot}", ledger.path().display());
-    let slice = Box::new(Slice {
-        config,
-        ledger,
-        slot,
-        hooked: in_container,
-        devs: OnceLock::new(),
-        meters: OnceLock::new(),
-    });
-    if in_container {
-        // NVML names this process by its host pid, which only the node agent can tell it.
-        crate::agent::tell_slot(&slice);
-    }
+/// Publishes the slice this process joined (once; it is never freed).
+pub fn set_joined(slice: Box<Slice>) {
     SLICE.store(Box::into_raw(slice), Ordering::Release);
     MODE.store(ON, Ordering::Release);
-    true
-}
-
-fn absolute(p: &Path) -> PathBuf {
-    std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())
-}
-
-pub use cuslice_state::uuid_string;
-
-fn device_uuid(d: CUdevice) -> Option<[u8; 16]> {
-    let mut u = CUuuid { bytes: [0; 16] };
-    let f = real::cuDeviceGetUuid_v2().or(real::cuDeviceGetUuid())?;
-    // SAFETY: a writable CUuuid and a device handle from cuDeviceGet.
-    (unsafe { f(&mut u, d) }).is_ok().then_some(u.bytes)
-}
-
-fn granularity(ordinal: c_int) -> u64 {
-    const DEFAULT: u64 = 2 << 20;
-    let Some(f) = real::cuMemGetAllocationGranularity() else {
-        return DEFAULT;
-    };
-    let prop = CUmemAllocationProp {
-        type_: CU_MEM_ALLOCATION_TYPE_PINNED,
-        requestedHandleTypes: CU_MEM_HANDLE_TYPE_NONE,
-        location: CUmemLocation {
-            type_: CU_MEM_LOCATION_TYPE_DEVICE,
-            id: ordinal,
-        },
-        win32HandleMetaData: std::ptr::null_mut(),
-        compressionType: 0,
-        gpuDirectRDMACapable: 0,
-        usage: 0,
-        reserved: [0; 4],
-    };
-    let mut g = 0usize;
-    // SAFETY: valid out-pointer and property struct.
-    let r = unsafe { f(&mut g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) };
-    if r.is_ok() && g > 0 {
-        g as u64
-    } else {
-        DEFAULT
-    }
-}
-
-/// After the real cuInit succeeded: learns the devices and registers them (with this process's
-/// caps) in the ledger. False if CUDA must be refused.
-pub fn attach_devices() -> bool {
-    let State::On(s) = state() else {
-        return MODE.load(Ordering::Acquire) != REFUSED;
-    };
-    if s.devs.get().is_some() {
-        return true;
-    }
-    let _g = INIT.lock();
-    if s.devs.get().is_some() {
-        return true;
-    }
-    let (Some(get_count), Some(get), Some(total)) = (
-        real::cuDeviceGetCount(),
-        real::cuDeviceGet(),
-        real::cuDeviceTotalMem_v2(),
-    ) else {
-        refuse(format_args!(
-            "the CUDA driver lacks cuDeviceGetCount/cuDeviceGet/cuDeviceTotalMem_v2"
-        ));
-        return false;
-    };
-    let mut n: c_int = 0;
-    // SAFETY: valid out-pointer.
-    if !unsafe { get_count(&mut n) }.is_ok() {
-        n = 0;
-    }
-    let mut devs = Vec::new();
-    for i in 0..n {
-        let mut d: CUdevice = 0;
-        let mut bytes = 0usize;
-        // SAFETY: valid out-pointers; `i` is below the device count.
-        if !unsafe { get(&mut d, i) }.is_ok() || !unsafe { total(&mut bytes, d) }.is_ok() {
-            refuse(format_args!("cannot query CUDA device {i}"));
-            return false;
-        }
-        let Some(uuid) = device_uuid(d) else {
-            refuse(format_args!("cannot read the UUID of CUDA device {i}"));
-            return false;
-        };
-        let cap = s.config.limits(i as u32).memory;
-        let index = match s.ledger.device(uuid, cap) {
-            Ok((index, effective)) => {
-                if let Some(c) = effective {
-                    info!(
-                        "device {i} ({}): cap {} of {}",
-                        uuid_string(&uuid),
-                        cuslice_policy::format_size(c),
-                        cuslice_policy::format_size(bytes as u64)
-                    );
-                }
-                index
-            }
-            Err(e) => {
-                refuse(format_args!("{e}"));
-                return false;
-            }
-        };
-        devs.push(Dev {
-            cudev: d,
-            index,
-            uuid,
-            physical: bytes as u64,
-            granularity: granularity(i),
-        });
-    }
-    for o in s.config.mentioned_ordinals() {
-        if o >= n as u32 {
-            warning!(
-                "a limit names device {o}, but this process sees {n} CUDA device(s); it applies to none"
-            );
-        }
-    }
-    let meters = match crate::compute::join(s, &devs) {
-        Ok(m) => m,
-        Err(e) => {
-            refuse(format_args!("{e}"));
-            return false;
-        }
-    };
-    let _ = s.meters.set(meters);
-    let _ = s.devs.set(devs);
-    true
 }
 
 impl Slice {
     pub fn devs(&self) -> &[Dev] {
         self.devs.get().map_or(&[], |v| v.as_slice())
-    }
-
-    pub fn meters(&self) -> &[crate::compute::Meter] {
-        self.meters.get().map_or(&[], |v| v.as_slice())
     }
 
     pub fn dev_by_cudev(&self, d: CUdevice) -> Option<usize> {
@@ -330,7 +141,7 @@ impl Slice {
     /// dead processes the driver has not finished with.
     pub fn sweep(&self) -> u64 {
         self.ledger.sweep(self.slot, &|pid, uuid| {
-            crate::nvml::lists_pid(uuid, pid).unwrap_or(false)
+            crate::nvml_query::lists_pid(uuid, pid).unwrap_or(false)
         })
     }
 
@@ -346,7 +157,7 @@ impl Slice {
             return Ok(());
         }
         let mut waiting = self.sweep();
-        crate::pool::give_back_idle(self, ordinal);
+        give_back_idle(self, ordinal);
         let deadline = std::time::Instant::now() + DEAD_WAIT;
         let mut result = self.ledger.reserve(self.slot, d.index, bytes);
         while result.is_err() && waiting > 0 && std::time::Instant::now() < deadline {
@@ -725,30 +536,88 @@ pub fn context_gone(s: &Slice, ctx: usize) {
     contexts_changed();
 }
 
-// ---- cuInit ----------------------------------------------------------------------------------
+// ---- stream-ordered pools ----------------------------------------------------------------------
 
-/// # Safety
-/// The CUDA driver API contract of cuInit.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuInit(flags: c_uint) -> CUresult {
-    let Some(f) = real::cuInit() else {
-        return CUresult::CUDA_ERROR_NOT_INITIALIZED;
+// What a pool costs the slice is its reserved memory as the driver reports it (see `pool`, whose
+// wrappers keep these records; a reservation about to be refused gives idle pool memory back).
+
+fn reserved_now(pool: CUmemoryPool) -> Option<u64> {
+    let f = real::cuMemPoolGetAttribute()?;
+    let mut v: u64 = 0;
+    // SAFETY: a u64 out-value for a u64-valued attribute.
+    let r = unsafe {
+        f(
+            pool,
+            CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+            (&mut v as *mut u64).cast::<c_void>(),
+        )
     };
-    if !prepare() {
-        return CUresult::CUDA_ERROR_NOT_PERMITTED;
-    }
-    // SAFETY: forwarded unchanged.
-    let r = unsafe { f(flags) };
-    if r.is_ok() && !attach_devices() {
-        return CUresult::CUDA_ERROR_NOT_PERMITTED;
-    }
-    r
+    r.is_ok().then_some(v)
 }
 
-// ---- fork ------------------------------------------------------------------------------------
+/// Brings the pool's charge to what it reserves now; returns the change (+ grown, - shrunk).
+/// The driver is asked under the table's lock, so two threads bringing the same pool up to date
+/// apply their readings in the order they were taken (a stale reading never lands last).
+pub fn sync_pool(pool: CUmemoryPool, dev: usize) -> i128 {
+    local(|l| {
+        let Some(now) = reserved_now(pool) else {
+            return 0;
+        };
+        let rec = l
+            .pools
+            .entry(pool as usize)
+            .or_insert(PoolRec { dev, charged: 0 });
+        let delta = now as i128 - rec.charged as i128;
+        rec.charged = now;
+        delta
+    })
+}
 
-extern "C" fn before_fork() {
-    std::mem::forget(INIT.lock());
+/// Brings every pool this process knows to what the driver reserves for it now: what the driver
+/// gave back (at a synchronisation, above the release threshold) is released to the slice, and
+/// growth no allocation charged yet is charged, even past the cap (the driver holds it).
+pub fn refresh_pools(s: &Slice) {
+    let pools: Vec<(usize, usize)> = local(|l| l.pools.iter().map(|(k, p)| (*k, p.dev)).collect());
+    for (p, dev) in pools {
+        apply_held(s, dev, sync_pool(p as CUmemoryPool, dev));
+    }
+}
+
+/// Applies a change in what a pool holds that no allocation call is settling: shrinkage is
+/// released, growth (another thread's allocation, read first here) is charged as held.
+pub fn apply_held(s: &Slice, dev: usize, delta: i128) {
+    match delta {
+        d if d < 0 => s.release(dev, d.unsigned_abs() as u64),
+        d if d > 0 => s.charge_held(dev, d as u64),
+        _ => {}
+    }
+}
+
+/// Trims this process's pools on device `dev` down to what their blocks use and gives the
+/// difference back to the slice (called before any refusal).
+pub fn give_back_idle(s: &Slice, dev: usize) {
+    let Some(trim) = real::cuMemPoolTrimTo() else {
+        return;
+    };
+    let pools: Vec<usize> = local(|l| {
+        l.pools
+            .iter()
+            .filter(|(_, p)| p.dev == dev && p.charged > 0)
+            .map(|(k, _)| *k)
+            .collect()
+    });
+    for p in pools {
+        // SAFETY: a pool handle this process obtained from the driver.
+        unsafe { trim(p as CUmemoryPool, 0) };
+        apply_held(s, dev, sync_pool(p as CUmemoryPool, dev));
+    }
+}
+
+// ---- fork --------------------------------------------------------------------------------------
+
+/// Before a fork: takes every lock of the process-local tables (after `startup`'s own), so that
+/// the child finds none held by a thread it does not have.
+pub fn before_fork() {
     std::mem::forget(MANAGED.lock());
     std::mem::forget(LOCAL.lock());
     for sh in ALLOCS.iter() {
@@ -756,7 +625,11 @@ extern "C" fn before_fork() {
     }
 }
 
-fn unlock_after_fork() {
+/// After a fork, in parent and child: gives back what `before_fork` took.
+///
+/// # Safety
+/// Only after `before_fork`, in the thread that called it (in the child: its one thread).
+pub unsafe fn unlock_after_fork() {
     // SAFETY: all locked by before_fork in this thread, with their guards forgotten.
     unsafe {
         for sh in ALLOCS.iter() {
@@ -764,19 +637,14 @@ fn unlock_after_fork() {
         }
         LOCAL.force_unlock();
         MANAGED.force_unlock();
-        INIT.force_unlock();
     }
 }
 
-extern "C" fn parent_after_fork() {
-    unlock_after_fork();
-}
-
-/// The child has no CUDA state of its own and must not pass for its parent in the ledger: it
-/// starts over (a fresh registration at its own cuInit), and drops the parent's liveness lock.
-extern "C" fn child_after_fork() {
-    // The child has one thread.
-    unlock_after_fork();
+/// In a forked child (one thread, locks given back): the child has no CUDA state of its own and
+/// must not pass for its parent in the ledger. Forgets the tables and the slice (a fresh
+/// registration comes at its own cuInit) and drops the parent's liveness lock. Returns whether
+/// the parent had joined a slice.
+pub fn child_after_fork() -> bool {
     *LOCAL.lock() = None;
     *MANAGED.lock() = None;
     MANAGED_USED.store(false, Ordering::Relaxed);
@@ -786,28 +654,18 @@ extern "C" fn child_after_fork() {
     let p = SLICE.swap(std::ptr::null_mut(), Ordering::AcqRel);
     // SAFETY: the old slice is leaked on purpose (the parent's memory image); only its file
     // descriptor is closed, and nothing else in the child refers to it any more.
-    if let Some(s) = unsafe { p.as_mut() } {
-        s.ledger.forget_in_child();
-        crate::compute::child_after_fork();
-    }
+    let joined = match unsafe { p.as_mut() } {
+        Some(s) => {
+            s.ledger.forget_in_child();
+            true
+        }
+        None => false,
+    };
     if MODE.load(Ordering::Relaxed) == ON {
         MODE.store(UNINIT, Ordering::Release);
     }
     contexts_changed();
-}
-
-fn register_fork_handlers() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        // SAFETY: registers three extern "C" fns that live as long as the library.
-        unsafe {
-            libc::pthread_atfork(
-                Some(before_fork),
-                Some(parent_after_fork),
-                Some(child_after_fork),
-            )
-        };
-    });
+    joined
 }
 
 #[cfg(test)]
