@@ -274,6 +274,8 @@ export_table![
     cuMemHostRegister,
     cuMemHostRegister_v2,
     cuMemHostUnregister,
+    cuMemHostGetDevicePointer,
+    cuMemHostGetDevicePointer_v2,
     cuMemcpy,
     cuMemcpy_ptds,
     cuMemcpyAsync,

@@ -500,6 +500,46 @@ pub unsafe extern "C" fn cuMemHostRegister(
     status(host_register(p, size))
 }
 
+/// The device's address of page-locked host memory (allocated by the driver or registered with
+/// it): with unified addressing, the host address itself. Any address inside such a range.
+fn host_device_pointer(out: *mut CUdeviceptr, p: *mut c_void, flags: c_uint) -> Res {
+    if out.is_null() || flags != 0 {
+        return Err(E_INVALID_VALUE);
+    }
+    let d = drv()?;
+    let inner = d.inner.lock();
+    inner.cur()?;
+    let a = p as u64;
+    if !inner
+        .host
+        .iter()
+        .any(|(&s, &(len, _))| a >= s && a < s + len as u64)
+    {
+        return Err(E_INVALID_VALUE);
+    }
+    // SAFETY: checked non-NULL; the caller's out-pointer.
+    unsafe { out.write(a) };
+    Ok(())
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemHostGetDevicePointer_v2(
+    out: *mut CUdeviceptr,
+    p: *mut c_void,
+    flags: c_uint,
+) -> CUresult {
+    status(host_device_pointer(out, p, flags))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemHostGetDevicePointer(
+    out: *mut CUdeviceptr,
+    p: *mut c_void,
+    flags: c_uint,
+) -> CUresult {
+    status(host_device_pointer(out, p, flags))
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemHostUnregister(p: *mut c_void) -> CUresult {
     status(drv().and_then(|d| {

@@ -128,6 +128,8 @@ pub static VARIANTS: &[Variant] = &[
     v("cuMemHostRegister", 4000, Legacy, "cuMemHostRegister"),
     v("cuMemHostRegister", 6050, Legacy, "cuMemHostRegister_v2"),
     v("cuMemHostUnregister", 4000, Legacy, "cuMemHostUnregister"),
+    v("cuMemHostGetDevicePointer", 2020, Legacy, "cuMemHostGetDevicePointer"),
+    v("cuMemHostGetDevicePointer", 3020, Legacy, "cuMemHostGetDevicePointer_v2"),
     v("cuMemcpy", 4000, Legacy, "cuMemcpy"),
     v("cuMemcpy", 7000, PerThread, "cuMemcpy_ptds"),
     v("cuMemcpyAsync", 4000, Legacy, "cuMemcpyAsync"),

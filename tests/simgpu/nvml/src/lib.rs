@@ -210,12 +210,52 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
     find(uuid, |s, i| s.uuid_string(i), out)
 }
 
+/// A PCI bus id as numbers (domain, bus, device, function): NVML takes both its own form
+/// (`00000000:18:00.0`) and CUDA's (`0000:18:00.0`), and a bare `18:00.0` as domain 0.
+fn bus_id_numbers(s: &str) -> Option<(u64, u64, u64, u64)> {
+    let (rest, function) = s.trim().rsplit_once('.')?;
+    let mut parts: Vec<&str> = rest.split(':').collect();
+    if parts.len() == 2 {
+        parts.insert(0, "0");
+    }
+    let [domain, bus, device] = parts[..] else {
+        return None;
+    };
+    let hex = |x: &str| u64::from_str_radix(x, 16).ok();
+    Some((hex(domain)?, hex(bus)?, hex(device)?, hex(function)?))
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetHandleByPciBusId_v2(
     bus: *const c_char,
     out: *mut nvmlDevice_t,
 ) -> nvmlReturn_t {
-    find(bus, |s, i| s.pci_bus_id(i), out)
+    status(state().and_then(|s| {
+        if bus.is_null() {
+            return Err(BAD_ARG);
+        }
+        // SAFETY: the caller passes a NUL-terminated string.
+        let want = bus_id_numbers(&unsafe { CStr::from_ptr(bus) }.to_string_lossy())
+            .ok_or(nvmlReturn_t::NVML_ERROR_NOT_FOUND)?;
+        let i = (0..s.ndev())
+            .find(|&i| bus_id_numbers(&s.pci_bus_id(i)) == Some(want))
+            .ok_or(nvmlReturn_t::NVML_ERROR_NOT_FOUND)?;
+        if s.lost(i) {
+            return Err(nvmlReturn_t::NVML_ERROR_GPU_IS_LOST);
+        }
+        // SAFETY: out-pointer from the caller.
+        unsafe { put(out, handle(i)) }
+    }))
+}
+
+/// The same under the name `nvml.h` maps it to before the `_v2` ABI (NCCL asks for it).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByPciBusId(
+    bus: *const c_char,
+    out: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
+    // SAFETY: the caller's arguments, passed on.
+    unsafe { nvmlDeviceGetHandleByPciBusId_v2(bus, out) }
 }
 
 #[unsafe(no_mangle)]
@@ -833,6 +873,169 @@ pub unsafe extern "C" fn nvmlDeviceGetNvLinkRemoteDeviceType(
     _kind: *mut c_uint,
 ) -> nvmlReturn_t {
     not_supported(dev)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetNvLinkCapability(
+    dev: nvmlDevice_t,
+    _link: c_uint,
+    _capability: c_uint,
+    _result: *mut c_uint,
+) -> nvmlReturn_t {
+    not_supported(dev)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetNvLinkRemotePciInfo(
+    dev: nvmlDevice_t,
+    _link: c_uint,
+    _pci: *mut nvmlPciInfo_t,
+) -> nvmlReturn_t {
+    not_supported(dev)
+}
+
+// ---- PCIe and the platform -------------------------------------------------------------------
+// NCCL calls these while it builds its topology (through pointers it does not check for NULL): the
+// link of an H100 SXM's PCIe 5 x16, and no fabric, platform or confidential computing answers.
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetCurrPcieLinkGeneration(
+    dev: nvmlDevice_t,
+    out: *mut c_uint,
+) -> nvmlReturn_t {
+    // SAFETY: out-pointer from the caller.
+    status(dev_of(dev).and_then(|_| unsafe { put(out, 5) }))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMaxPcieLinkGeneration(
+    dev: nvmlDevice_t,
+    out: *mut c_uint,
+) -> nvmlReturn_t {
+    // SAFETY: out-pointer from the caller.
+    status(dev_of(dev).and_then(|_| unsafe { put(out, 5) }))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetCurrPcieLinkWidth(
+    dev: nvmlDevice_t,
+    out: *mut c_uint,
+) -> nvmlReturn_t {
+    // SAFETY: out-pointer from the caller.
+    status(dev_of(dev).and_then(|_| unsafe { put(out, 16) }))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMaxPcieLinkWidth(
+    dev: nvmlDevice_t,
+    out: *mut c_uint,
+) -> nvmlReturn_t {
+    // SAFETY: out-pointer from the caller.
+    status(dev_of(dev).and_then(|_| unsafe { put(out, 16) }))
+}
+
+/// `NVML_PCIE_LINK_MAX_SPEED_32000MBPS`: PCIe 5, per lane.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetPcieLinkMaxSpeed(
+    dev: nvmlDevice_t,
+    out: *mut c_uint,
+) -> nvmlReturn_t {
+    // SAFETY: out-pointer from the caller.
+    status(dev_of(dev).and_then(|_| unsafe { put(out, 32000) }))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetPciInfoExt(
+    dev: nvmlDevice_t,
+    _out: *mut std::ffi::c_void,
+) -> nvmlReturn_t {
+    not_supported(dev)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetGpuFabricInfoV(
+    dev: nvmlDevice_t,
+    _out: *mut std::ffi::c_void,
+) -> nvmlReturn_t {
+    not_supported(dev)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetPlatformInfo(
+    dev: nvmlDevice_t,
+    _out: *mut std::ffi::c_void,
+) -> nvmlReturn_t {
+    not_supported(dev)
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlSystemGetConfComputeState(_out: *mut std::ffi::c_void) -> nvmlReturn_t {
+    status(state().and(Err(nvmlReturn_t::NVML_ERROR_NOT_SUPPORTED)))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlSystemGetConfComputeSettings(_out: *mut std::ffi::c_void) -> nvmlReturn_t {
+    status(state().and(Err(nvmlReturn_t::NVML_ERROR_NOT_SUPPORTED)))
+}
+
+/// `NVML_P2P_STATUS_NOT_SUPPORTED`: as `cuDeviceCanAccessPeer`, no device reaches another.
+const P2P_STATUS_NOT_SUPPORTED: c_uint = 5;
+const P2P_STATUS_OK: c_uint = 0;
+
+/// Every peer capability (read, write, atomics, NVLink, ...) between two different devices is
+/// not supported, as on PCIe cards without peer access; a device reaches itself.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetP2PStatus(
+    dev1: nvmlDevice_t,
+    dev2: nvmlDevice_t,
+    _index: c_uint,
+    out: *mut c_uint,
+) -> nvmlReturn_t {
+    status(dev_of(dev1).and_then(|(_, a)| {
+        let (_, b) = dev_of(dev2)?;
+        let answer = if a == b {
+            P2P_STATUS_OK
+        } else {
+            P2P_STATUS_NOT_SUPPORTED
+        };
+        // SAFETY: out-pointer from the caller.
+        unsafe { put(out, answer) }
+    }))
+}
+
+/// `nvmlFieldValue_t`.
+#[repr(C)]
+pub struct FieldValue {
+    pub field_id: c_uint,
+    pub scope_id: c_uint,
+    pub timestamp: i64,
+    pub latency_usec: i64,
+    pub value_type: c_uint,
+    pub nvml_return: nvmlReturn_t,
+    pub value: u64,
+}
+
+/// No field is known: each one's own return is NOT_SUPPORTED, the call itself succeeds (as NVML
+/// answers for fields a device does not have).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
+    dev: nvmlDevice_t,
+    count: c_int,
+    values: *mut FieldValue,
+) -> nvmlReturn_t {
+    status(dev_of(dev).and_then(|_| {
+        if count < 0 || (count > 0 && values.is_null()) {
+            return Err(BAD_ARG);
+        }
+        for k in 0..count as usize {
+            // SAFETY: the caller passes `count` field values to fill.
+            let v = unsafe { &mut *values.add(k) };
+            v.timestamp = 0;
+            v.latency_usec = 0;
+            v.nvml_return = nvmlReturn_t::NVML_ERROR_NOT_SUPPORTED;
+        }
+        Ok(())
+    }))
 }
 
 #[unsafe(no_mangle)]

@@ -1,0 +1,151 @@
+//! NCCL (the nvidia-nccl wheel PyTorch 2.15 ships, 2.30.7) on simgpu with NVIDIA's own libcudart
+//! inside, as tensor-parallel jobs drive it: one process per rank, rank r on device r, a
+//! communicator made with ncclCommInitRank and all-reduces, through `torch.distributed`
+//! (`tests/frameworks/nccl_check.py`). Judged by the simulator's count: what each rank holds, on
+//! which device, and the device time its kernels took, with and without cuslice.
+//!
+//! NCCL's shared-memory transport runs with `NCCL_CUMEM_ENABLE=0` (its buffers in /dev/shm,
+//! registered with the driver): with cuMem on, NCCL exchanges host-located cuMemCreate buffers,
+//! which the CPU and the device both reach, as file descriptors, and simgpu does not model host
+//! memory a simulated device maps (docs/simgpu.md). The communicator itself initialises either
+//! way. Kernels are timed, never run, so no test reads a reduced value.
+//!
+//! Without the environment the tests print one skip line and pass, except under `CI`, where they
+//! fail naming `tests/frameworks/install`.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use cuslice_client_tests::{Slice, command, framework_python_or_skip};
+use cuslice_test_harness::*;
+use serde_json::Value;
+
+/// A rank that has not finished by then is stuck: it is killed, and the test says so.
+const BOUND_SECS: u64 = 120;
+const CAP: u64 = 4 * GIB;
+
+fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../frameworks/nccl_check.py")
+}
+
+/// A free TCP port on the loopback for the ranks' rendezvous.
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `cmd` under `timeout`, so that a rank that hangs is killed after `BOUND_SECS`.
+fn bounded(cmd: &Command) -> Command {
+    let mut c = Command::new("timeout");
+    c.arg("--kill-after=5")
+        .arg(BOUND_SECS.to_string())
+        .arg(cmd.get_program())
+        .args(cmd.get_args());
+    for (k, v) in cmd.get_envs() {
+        match v {
+            Some(v) => c.env(k, v),
+            None => c.env_remove(k),
+        };
+    }
+    c
+}
+
+/// What one rank did: the bytes it held on each device once it had all-reduced (by the
+/// simulator's count) and the device time its work took on its own device.
+#[derive(Debug, PartialEq)]
+struct Rank {
+    held: Vec<u64>,
+    device_time_ns: u64,
+}
+
+/// `n` ranks on `n` simulated devices, in `slice` or outside any. Checks that no rank holds
+/// anything but a context on another rank's device (what NCCL allocates lands on the rank's
+/// own device), and returns what each held where.
+fn job(python: &Path, n: usize, slice: Option<&Slice>) -> Vec<Rank> {
+    let sim = Sim::new(&["--devices", &n.to_string(), "--memory", "8GiB"]);
+    let port = free_port().to_string();
+    let mut ranks: Vec<Running> = (0..n)
+        .map(|r| {
+            let script = script().display().to_string();
+            let (rank, world) = (r.to_string(), n.to_string());
+            let mut c = command(&sim, python, slice, &[&script, &rank, &world, &port]);
+            c.env("NCCL_CUMEM_ENABLE", "0");
+            Running::start(bounded(&c))
+        })
+        .collect();
+    let timeout = Duration::from_secs(BOUND_SECS);
+    let reduced: Vec<Value> = ranks
+        .iter_mut()
+        .map(|r| {
+            r.wait_for("initialised", timeout);
+            r.wait_for("reduced", timeout)
+        })
+        .collect();
+    let show = sim.show();
+    let mut out = Vec::new();
+    for (r, line) in reduced.iter().enumerate() {
+        let mut rank = Rank {
+            held: vec![0; n],
+            device_time_ns: 0,
+        };
+        for d in 0..n {
+            let procs = show["devices"][d]["processes"].as_array().unwrap();
+            let Some(p) = procs.iter().find(|p| p["pid"] == line["pid"]) else {
+                continue;
+            };
+            rank.held[d] = u(&p["held"]);
+            if d == r {
+                rank.device_time_ns = u(&p["device_time_ns"]);
+            } else {
+                let kinds: Vec<&String> = p["by_kind"].as_object().unwrap().keys().collect();
+                assert!(
+                    kinds.iter().all(|k| *k == "context"),
+                    "rank {r} holds more than a context on device {d}: {p}"
+                );
+            }
+        }
+        out.push(rank);
+    }
+    for r in ranks {
+        let err = r.err.text();
+        assert_eq!(
+            r.release(),
+            0,
+            "a rank failed (or was stopped after {BOUND_SECS} s): {err}"
+        );
+    }
+    out
+}
+
+/// ncclCommInitRank and all-reduces across 2 and then 4 processes on as many devices: with
+/// libcuslice and a cap on every device, each rank holds on every device exactly what it holds
+/// without cuslice (on its own device its memory, within the cap; elsewhere at most a context),
+/// and its kernels take device time.
+#[test]
+fn nccl_initialises_and_all_reduces_under_caps_as_without_cuslice() {
+    let Some(python) = framework_python_or_skip("cu13", "torch") else {
+        return;
+    };
+    for n in [2, 4] {
+        let plain = job(&python, n, None);
+        let slice = Slice::new(&[("CUSLICE_MEMORY_LIMIT", "4GiB")]);
+        let capped = job(&python, n, Some(&slice));
+        for (r, (a, b)) in plain.iter().zip(&capped).enumerate() {
+            assert_eq!(
+                a.held, b.held,
+                "{n} ranks, rank {r}: {a:?} without cuslice, {b:?} with"
+            );
+            assert!(
+                b.held[r] > 0 && b.held[r] <= CAP,
+                "{n} ranks, rank {r}: {b:?}"
+            );
+            assert!(b.device_time_ns > 0, "{n} ranks, rank {r}: {b:?}");
+        }
+        eprintln!("{n} ranks: without cuslice {plain:?}; with {capped:?}");
+    }
+}
