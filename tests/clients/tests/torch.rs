@@ -380,7 +380,10 @@ fn a_cache_sized_from_free_memory_fills_its_share_of_each_capped_device() {
         for stage in ["before_capture", "after_capture", "after_cache"] {
             let f = &d[stage];
             assert_eq!(u(&f["cuda_total"]), cap, "device {dev} {stage}: {f}");
-            assert_eq!(f["nvml_total"], f["cuda_total"], "device {dev} {stage}: {f}");
+            assert_eq!(
+                f["nvml_total"], f["cuda_total"],
+                "device {dev} {stage}: {f}"
+            );
             assert_eq!(f["nvml_used"], f["cuda_used"], "device {dev} {stage}: {f}");
             assert_eq!(
                 f["nvml_process_used"], f["cuda_used"],

@@ -26,7 +26,6 @@ const HALF_MADE_OWNER: u32 = (MAX_PROCS - 1) as u32;
 /// A waiter's checks for a dead holder come every 20 ms; this is several of them.
 const LONGER_THAN_A_DEAD_CHECK: Duration = Duration::from_millis(300);
 
-
 /// The helper's side: does nothing unless a test below started this binary as one.
 #[test]
 fn helper() {
