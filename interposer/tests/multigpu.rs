@@ -53,7 +53,10 @@ fn ranks(
         let (dev, from) = (j.to_string(), exported[j].to_string());
         let mut r = spawn(&["--device", &dev, "import", "--from", &from]);
         let line = r.wait_for("imported", WAIT);
-        assert_eq!(line["pattern_ok"], true, "rank {i} read another pattern: {line}");
+        assert_eq!(
+            line["pattern_ok"], true,
+            "rank {i} read another pattern: {line}"
+        );
         assert_eq!(line["uuid"], exported[j]["uuid"], "{line}");
         imported.push(line);
         running.push(r);
@@ -113,7 +116,11 @@ fn job(n: usize, via: &str, env: &[(&str, &str)], caps: &[u64]) {
             ],
         );
         assert_eq!(code, 0, "{stderr}");
-        assert_eq!(event(&lines, "refused")["code"], 2, "device {dev}: {lines:?}");
+        assert_eq!(
+            event(&lines, "refused")["code"],
+            2,
+            "device {dev}: {lines:?}"
+        );
         let peak = peak_used(&sim, dev);
         assert!(
             peak <= cap && cap - peak < 64 * MIB,

@@ -74,7 +74,6 @@ fn until(what: &str, f: impl Fn() -> bool) {
     }
 }
 
-
 fn freeze_and_thaw(hierarchy: Option<PathBuf>, version: &str) {
     require_root("these tests make cgroups");
     let Some(h) = hierarchy else {

@@ -126,7 +126,6 @@ impl Drop for Agent {
     }
 }
 
-
 /// Waits up to 30 s for the kernel to report the v1 freezer cgroup `state` FROZEN.
 fn wait_frozen(state: &Path) {
     poll("the container frozen", 30, || {

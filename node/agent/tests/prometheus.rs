@@ -47,7 +47,6 @@ fn prometheus_tools() -> Option<(PathBuf, PathBuf)> {
     None
 }
 
-
 // ---- HTTP ------------------------------------------------------------------------------------
 
 /// GET `target` (path and query) from `addr` over HTTP/1.0: the status code and the body.

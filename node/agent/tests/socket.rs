@@ -62,7 +62,6 @@ fn start(root: &Path, args: &[&str]) -> Agent {
     }
 }
 
-
 /// The child's side of `a_process_in_its_own_pid_namespace_is_told_its_host_pid`: does nothing
 /// unless that test started it.
 #[test]

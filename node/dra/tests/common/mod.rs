@@ -562,7 +562,6 @@ pub fn slice_config(core_limit: u32) -> Value {
     json!({"apiVersion": "gpu.cuslice.io/v1alpha1", "kind": "SliceConfig", "coreLimit": core_limit})
 }
 
-
 /// `value` read as JSON into the k8s-openapi type `T` and written back must give `value` again:
 /// a field k8s-openapi does not know (a typo, a field of another version) would be dropped.
 pub fn strict<T: serde::de::DeserializeOwned + serde::Serialize>(value: &Value) -> T {
