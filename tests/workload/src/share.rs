@@ -70,7 +70,12 @@ fn location(dev: CUdevice) -> CUmemLocation {
 }
 
 /// Reserves an address range for `handle` and maps it read-write for `dev`.
-fn map(d: &Driver, handle: CUmemGenericAllocationHandle, size: usize, dev: CUdevice) -> Result<Mapping, CuError> {
+fn map(
+    d: &Driver,
+    handle: CUmemGenericAllocationHandle,
+    size: usize,
+    dev: CUdevice,
+) -> Result<Mapping, CuError> {
     let mut ptr: CUdeviceptr = 0;
     // SAFETY: out-pointer to a local; no fixed address, default alignment.
     unsafe { d.cuMemAddressReserve(&mut ptr, size, 0, 0, 0) }?;
@@ -103,7 +108,8 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 fn unhex(s: &str) -> Option<Vec<u8>> {
-    (s.len() % 2 == 0)
+    s.len()
+        .is_multiple_of(2)
         .then(|| {
             (0..s.len())
                 .step_by(2)
@@ -215,7 +221,11 @@ pub fn import(s: &Session, a: &ImportArgs) -> Result<(), Failure> {
     let d = s.d;
     let from: Value = serde_json::from_str(&a.from)
         .map_err(|e| bad_from(format!("--from is not an exported line: {e}")))?;
-    let field = |k: &str| from[k].as_u64().ok_or_else(|| bad_from(format!("--from has no {k:?}")));
+    let field = |k: &str| {
+        from[k]
+            .as_u64()
+            .ok_or_else(|| bad_from(format!("--from has no {k:?}")))
+    };
     let bytes = field("bytes")? as usize;
     let (ptr, undo): (CUdeviceptr, Box<dyn FnOnce() -> Result<(), CuError> + '_>) =
         match from["via"].as_str() {
@@ -229,9 +239,7 @@ pub fn import(s: &Session, a: &ImportArgs) -> Result<(), Failure> {
                 h.reserved.copy_from_slice(&raw);
                 let mut ptr: CUdeviceptr = 0;
                 // SAFETY: out-pointer to a local; the handle is passed by value.
-                unsafe {
-                    d.cuIpcOpenMemHandle_v2(&mut ptr, h, LAZY_ENABLE_PEER_ACCESS)
-                }?;
+                unsafe { d.cuIpcOpenMemHandle_v2(&mut ptr, h, LAZY_ENABLE_PEER_ACCESS) }?;
                 // SAFETY: opened above and closed once.
                 (ptr, Box::new(move || unsafe { d.cuIpcCloseMemHandle(ptr) }))
             }
@@ -254,7 +262,11 @@ pub fn import(s: &Session, a: &ImportArgs) -> Result<(), Failure> {
                 let m = map(d, handle, bytes, s.dev)?;
                 (m.ptr, Box::new(move || unmap(d, m)))
             }
-            other => return Err(bad_from(format!("--from names no known \"via\": {other:?}"))),
+            other => {
+                return Err(bad_from(format!(
+                    "--from names no known \"via\": {other:?}"
+                )));
+            }
         };
     let probe = PROBE.min(bytes);
     let mut ok = true;
@@ -322,8 +334,10 @@ pub fn peers(d: &Driver) -> Result<(), Failure> {
                 Ok(()) => "CUDA_SUCCESS",
                 Err(e) => e.name().unwrap_or("?"),
             };
-            pairs.push(json!({"from": i, "to": j, "can_access": can, "attributes": attrs,
-                              "enable": enable}));
+            pairs.push(
+                json!({"from": i, "to": j, "can_access": can, "attributes": attrs,
+                              "enable": enable}),
+            );
         }
     }
     emit("peers", json!({"devices": n, "pairs": pairs}));
