@@ -6,16 +6,12 @@ use std::path::{Path, PathBuf};
 
 use oci_spec::runtime::State;
 
-use crate::inject::{Plan, inject};
-use crate::settings;
-use crate::state::{Record, Root, start_time, valid_id};
+use cuslice_state::host::{Record, Root, start_time, valid_id};
+use cuslice_state::paths::{CORE_FILE, INSTALLED_LIBRARY, LIBRARY_DIR, LIBRARY_FILE};
 
-/// Where `cuslice install` puts the library.
-pub const INSTALLED_LIBRARY: &str = "/usr/local/lib/cuslice/libcuslice.so";
-/// The interposer's core, which `libcuslice.so` (the small preloaded loader) opens from its own
-/// directory when a process first reaches CUDA: it must sit beside the library, on the host and
-/// in the container.
-pub const CORE_FILE: &str = "libcuslice_core.so";
+use crate::inject::{Plan, inject};
+use crate::rootfs::unmake;
+use crate::settings;
 
 /// The core beside `library`.
 pub fn core_beside(library: &Path) -> PathBuf {
@@ -34,14 +30,14 @@ fn with_core(library: PathBuf) -> Result<PathBuf, String> {
         ))
     }
 }
-pub const DEFAULT_NODE_DIR: &str = cuslice_state::board::DEFAULT_DIR;
+pub const DEFAULT_NODE_DIR: &str = cuslice_state::paths::DEFAULT_NODE_DIR;
 
 pub struct Options {
     pub state_root: PathBuf,
     pub node_dir: PathBuf,
     pub library: Option<PathBuf>,
     /// The DRA plugin's container index, read for the name of the claim a pod's container uses
-    /// (`cdi::DEFAULT_CONTAINER_INDEX` by default).
+    /// (`cuslice_cdi::DEFAULT_CONTAINER_INDEX` by default).
     pub container_index: PathBuf,
 }
 
@@ -76,8 +72,8 @@ pub fn find_library(given: Option<&Path>) -> Result<PathBuf, String> {
         .iter()
         .flat_map(|d| {
             [
-                d.join("libcuslice.so"),
-                d.join("../lib/cuslice/libcuslice.so"),
+                d.join(LIBRARY_FILE),
+                d.join("..").join(LIBRARY_DIR).join(LIBRARY_FILE),
             ]
         })
         .chain([PathBuf::from(INSTALLED_LIBRARY)]);
@@ -202,7 +198,7 @@ pub fn create(opts: &Options, state_json: &str) -> Result<Outcome, String> {
             opts.state_root.display()
         )
     })?;
-    root.sweep();
+    root.sweep(&unmake);
     if let Some(r) = root.read_record(id) {
         if r.pid == pid && r.start == start {
             return Ok(Outcome::Sliced);
@@ -249,7 +245,7 @@ pub fn create(opts: &Options, state_json: &str) -> Result<Outcome, String> {
     }) {
         Ok(c) => c,
         Err(e) => {
-            root.remove(id, &[]);
+            root.remove(id, &[], &unmake);
             return Err(e);
         }
     };
@@ -267,7 +263,7 @@ pub fn create(opts: &Options, state_json: &str) -> Result<Outcome, String> {
         created,
     };
     root.write_record(&record).map_err(|e| {
-        root.remove(id, &[]);
+        root.remove(id, &[], &unmake);
         format!("cannot write {}: {e}", root.dir(id).display())
     })?;
     Ok(Outcome::Sliced)
@@ -277,7 +273,7 @@ pub fn create(opts: &Options, state_json: &str) -> Result<Outcome, String> {
 /// index names for it (comma-separated where more than one, each cleaned like the names).
 fn kubernetes(annotations: &[(&str, &str)], index: &Path) -> Option<settings::Kubernetes> {
     let mut k = settings::kubernetes(annotations)?;
-    let claims: Vec<String> = crate::cdi::indexed_claims(
+    let claims: Vec<String> = cuslice_cdi::indexed_claims(
         index,
         &k.namespace,
         &k.pod,
@@ -331,8 +327,8 @@ pub fn poststop(opts: &Options, state_json: &str) -> Result<Outcome, String> {
         .into_iter()
         .filter(|r| &r.id != state.id() && start_time(r.pid) == Some(r.start))
         .collect();
-    root.discard(state.id(), &live);
-    root.sweep();
+    root.discard(state.id(), &live, &unmake);
+    root.sweep(&unmake);
     drop(_lock);
     empty_trash_later(&root);
     Ok(Outcome::Removed)
@@ -380,7 +376,7 @@ pub fn sweep(opts: &Options) -> Result<Outcome, String> {
             opts.state_root.display()
         )
     })?;
-    let swept = root.sweep();
+    let swept = root.sweep(&unmake);
     root.empty_trash();
     // Places on the compute board of this state root's containers that are gone (a directory
     // removed by hand), and standalone slices' leftovers.

@@ -21,6 +21,10 @@
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
+use cuslice_state::paths::{
+    CONTAINER_AGENT_DIR, CONTAINER_CORE, CONTAINER_DIR, CONTAINER_LEDGER, CONTAINER_LIBRARY,
+    CONTAINER_NODE_DIR, CONTAINER_PRELOAD, CONTAINER_SLICE_DIR, PRELOAD_FILE, in_rootfs,
+};
 use nix::mount::{MsFlags, mount};
 use nix::sched::{CloneFlags, setns};
 
@@ -46,8 +50,8 @@ pub struct Plan<'a> {
 }
 
 /// Paths in the rootfs the mounts need, and what must be there.
-const DIRS: [&str; 2] = ["run/cuslice", "etc"];
-const PRELOAD: &str = "etc/ld.so.preload";
+const DIRS: [&str; 2] = [in_rootfs(CONTAINER_DIR), "etc"];
+const PRELOAD: &str = in_rootfs(CONTAINER_PRELOAD);
 
 /// The container's `/etc/ld.so.preload`: the interposer first, then the well-formed entries of
 /// the image's own file (`settings::preload_file`). The image's file is read in the container's
@@ -106,43 +110,52 @@ fn mount_all(r: &Rootfs, plan: &Plan<'_>, created: &mut Vec<String>) -> Result<(
     }
     // Made here, once (not first empty at `Root::create`): readable by every user, since the
     // dynamic loader of every process in the container reads it.
-    crate::state::write_new(
-        &plan.mnt.join("ld.so.preload"),
-        plan.preload.as_bytes(),
-        0o644,
-    )
-    .map_err(|e| format!("{}: {e}", plan.mnt.join("ld.so.preload").display()))?;
+    cuslice_state::fsio::write_new(&plan.mnt.join(PRELOAD_FILE), plan.preload.as_bytes(), 0o644)
+        .map_err(|e| format!("{}: {e}", plan.mnt.join(PRELOAD_FILE).display()))?;
     if r.ensure_file(PRELOAD).map_err(|e| cant_make(PRELOAD, e))? {
         created.push(PRELOAD.to_string());
     }
-    let own_claims = format!("run/cuslice/node/{:016x}/claims", plan.slice);
+    let own_claims = format!(
+        "{}/{:016x}/{}",
+        in_rootfs(CONTAINER_NODE_DIR),
+        plan.slice,
+        cuslice_state::board::CLAIMS
+    );
     let binds: [(PathBuf, &str, bool); 9] = [
-        (plan.skeleton.to_path_buf(), "run/cuslice", true),
-        (plan.mnt.join("slice"), "run/cuslice/slice", true),
+        (plan.skeleton.to_path_buf(), in_rootfs(CONTAINER_DIR), true),
+        (plan.mnt.join("slice"), in_rootfs(CONTAINER_SLICE_DIR), true),
         (
             plan.mnt.join("slice/ledger"),
-            "run/cuslice/slice/ledger",
+            in_rootfs(CONTAINER_LEDGER),
             false,
         ),
         // Read-only: every slice reads the board; the one file of it this container writes is
         // its own claims, mounted read-write over their place in it.
-        (plan.node_dir.to_path_buf(), "run/cuslice/node", true),
+        (
+            plan.node_dir.to_path_buf(),
+            in_rootfs(CONTAINER_NODE_DIR),
+            true,
+        ),
         (plan.claims.to_path_buf(), &own_claims, false),
         // Read-only, yet the agent's socket in it still connects: connect(2) needs write
         // permission on the socket file, and read-only mounts spare sockets (as they spare
         // device nodes and fifos); it writes nothing to the file system.
-        (plan.agent_dir.to_path_buf(), "run/cuslice/agent", true),
+        (
+            plan.agent_dir.to_path_buf(),
+            in_rootfs(CONTAINER_AGENT_DIR),
+            true,
+        ),
         (
             plan.library.to_path_buf(),
-            "run/cuslice/lib/libcuslice.so",
+            in_rootfs(CONTAINER_LIBRARY),
             true,
         ),
         (
             crate::hook::core_beside(plan.library),
-            "run/cuslice/lib/libcuslice_core.so",
+            in_rootfs(CONTAINER_CORE),
             true,
         ),
-        (plan.mnt.join("ld.so.preload"), PRELOAD, true),
+        (plan.mnt.join(PRELOAD_FILE), PRELOAD, true),
     ];
     for (source, target, read_only) in &binds {
         bind(r, source, target, *read_only)

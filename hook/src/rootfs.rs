@@ -182,6 +182,17 @@ impl Rootfs {
     }
 }
 
+/// Removes, in the rootfs at `rootfs` (a host path), the mount points `created` (outermost
+/// first, as [`Rootfs::ensure_dir`] and [`Rootfs::ensure_file`] made them) that are still empty,
+/// innermost first: what the state root's removals (`cuslice_state::host::Unmake`) call.
+pub fn unmake(rootfs: &Path, created: &[String]) {
+    if let Ok(r) = Rootfs::open(rootfs) {
+        for rel in created.iter().rev() {
+            r.remove_if_empty(rel);
+        }
+    }
+}
+
 /// The path that names an open file descriptor, for mount(2).
 pub fn fd_path(fd: &OwnedFd) -> String {
     format!("/proc/self/fd/{}", fd.as_raw_fd())

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use std::path::Path;
 
-use cuslice_policy::config::{self, Config};
+use cuslice_policy::config::{self, Config, hook_file};
 use cuslice_policy::echo::{cut, quoted};
 use cuslice_policy::grant::{Grant, Origin};
 
@@ -17,9 +17,7 @@ pub const ANNOTATION_PREFIX: &str = "cuslice.io/";
 
 /// Where the slice's directory, the node's compute board and the library appear inside the
 /// container.
-pub const CONTAINER_DIR: &str = "/run/cuslice";
-pub const CONTAINER_NODE_DIR: &str = "/run/cuslice/node";
-pub const CONTAINER_LIBRARY: &str = "/run/cuslice/lib/libcuslice.so";
+pub use cuslice_state::paths::{CONTAINER_DIR, CONTAINER_LIBRARY, CONTAINER_NODE_DIR};
 
 /// A container's validated settings: `NAME=VALUE` pairs, sorted by name.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -130,15 +128,11 @@ impl Settings {
     /// The slice configuration file (`/run/cuslice/slice/config` in the container): the only
     /// source of limits for the processes inside, whatever their environment says.
     pub fn config_file(&self, container: &str) -> String {
-        let mut text = format!(
-            "# cuslice slice configuration for container {container}, written by cuslice-hook.\n\
-             # The processes in the container read their limits from here, not from their environment.\n"
-        );
-        for (name, value) in &self.entries {
-            text.push_str(&format!("{name}={}\n", value.trim()));
-        }
-        text.push_str(&format!("CUSLICE_NODE_DIR={CONTAINER_NODE_DIR}\n"));
-        text
+        hook_file::write(
+            container,
+            self.entries.iter().map(|(n, v)| (n.as_str(), v.as_str())),
+            CONTAINER_NODE_DIR,
+        )
     }
 }
 
@@ -209,21 +203,8 @@ pub fn clean_name(value: &str) -> Option<String> {
     (!out.is_empty()).then(|| out.to_string())
 }
 
-/// Where a container belongs in Kubernetes, from the annotations its engine passes in the spec.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Kubernetes {
-    pub namespace: String,
-    pub pod: String,
-    pub container: String,
-    /// The pod's uid (`None` where the engine does not say): tells a pod from one of the same
-    /// name made again.
-    #[serde(default)]
-    pub pod_uid: Option<String>,
-    /// The name of the DRA claim whose device the container uses, from the DRA plugin's
-    /// container index (`None`: not a DRA claim's container, or not known).
-    #[serde(default)]
-    pub claim: Option<String>,
-}
+/// Where a container belongs in Kubernetes: part of the hook's record, so defined with it.
+pub use cuslice_state::host::Kubernetes;
 
 /// The annotations each engine sets on a pod's containers: (namespace, pod, container, pod uid).
 /// containerd's CRI (Ref: containerd `pkg/cri/annotations/annotations.go`, `SandboxNamespace`,

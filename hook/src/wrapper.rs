@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use cuslice_policy::echo::cut;
 use serde_json::{Value, json};
 
-use crate::cdi::{self, HOOK_BIN, HOOK_STAGES};
+use cuslice_cdi::{self as cdi, HOOK_BIN, HOOK_STAGES};
 
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Args {

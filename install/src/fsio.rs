@@ -1,11 +1,11 @@
-//! The file-system side: paths under `--root`, reads, and atomic writes (temp file in the same
+//! The file-system side: paths under `--root`, reads, and removals. Writes are atomic and
+//! durable (`cuslice_state::fsio::write_atomic` with `Durability::Full`: temp file in the same
 //! directory, fsync, rename, fsync of the directory), so no file is ever left half-written.
 
-use std::fs::{self, File, OpenOptions, Permissions};
-use std::io::{self, Write};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::fs;
+use std::io;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, Ordering};
 
 /// A target-system path (absolute, as written into configuration) under `root`.
 pub fn host(root: &Path, target: &str) -> PathBuf {
@@ -49,65 +49,24 @@ pub fn read(path: &Path) -> io::Result<Option<(Vec<u8>, u32)>> {
     }
 }
 
-static COUNTER: AtomicU32 = AtomicU32::new(0);
-
-/// Writes `data` to `path` atomically with permission bits `mode`, keeping the owner of a file
-/// it replaces (where allowed). Creates missing parent directories.
-pub fn write_atomic(path: &Path, data: &[u8], mode: u32) -> io::Result<()> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    fs::create_dir_all(dir)?;
-    let name = path
-        .file_name()
-        .ok_or_else(|| io::Error::other("the path has no file name"))?;
-    let owner = fs::metadata(path).ok().map(|m| (m.uid(), m.gid()));
-    let tmp = dir.join(format!(
-        ".{}.cuslice-{}-{}.tmp",
-        name.to_string_lossy(),
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    ));
-    let result = (|| {
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        f.write_all(data)?;
-        if let Some((uid, gid)) = owner {
-            // Best effort: only root may give a file away; the mode below still applies.
-            let _ = std::os::unix::fs::fchown(&f, Some(uid), Some(gid));
-        }
-        f.set_permissions(Permissions::from_mode(mode))?;
-        f.sync_all()?;
-        drop(f);
-        fs::rename(&tmp, path)?;
-        File::open(dir)?.sync_all()
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
+/// Makes the missing parent directories of `path`, for a file written with
+/// `cuslice_state::fsio::write_atomic` (which install calls with `Durability::Full`).
+pub fn make_parent(path: &Path) -> io::Result<()> {
+    match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => fs::create_dir_all(d),
+        _ => Ok(()),
     }
-    result
 }
 
 /// Removes `path` (gone already is fine) and syncs its directory.
 pub fn remove(path: &Path) -> io::Result<()> {
-    match fs::remove_file(path) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(e),
-    }
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        File::open(dir)?.sync_all()?;
-    }
-    Ok(())
+    cuslice_state::fsio::remove_synced(path).map(|_| ())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cuslice_state::fsio::{Durability, write_atomic};
 
     #[test]
     fn host_paths_stay_under_root() {
@@ -122,10 +81,11 @@ mod tests {
     fn atomic_write_keeps_mode_and_leaves_no_temp() {
         let dir = tempfile::tempdir().expect("tempdir");
         let p = dir.path().join("sub/f.json");
-        write_atomic(&p, b"one", 0o640).expect("write");
+        make_parent(&p).expect("mkdir");
+        write_atomic(&p, b"one", 0o640, Durability::Full).expect("write");
         assert_eq!(fs::read(&p).expect("read"), b"one");
         assert_eq!(read(&p).expect("read").map(|(_, m)| m), Some(0o640));
-        write_atomic(&p, b"two", 0o755).expect("write");
+        write_atomic(&p, b"two", 0o755, Durability::Full).expect("write");
         assert_eq!(read(&p).expect("read"), Some((b"two".to_vec(), 0o755)));
         let names: Vec<_> = fs::read_dir(p.parent().expect("dir"))
             .expect("ls")

@@ -2,16 +2,16 @@
 //! and the hook command every registration names. Paths here are the ones written INTO
 //! configuration files, so they never carry the `--root` prefix.
 
-/// The hook stages cuslice registers, in the order they run (one definition, in the hook crate).
-pub const STAGES: [&str; 2] = cuslice_hook::cdi::HOOK_STAGES;
+/// The hook stages cuslice registers, in the order they run (one definition, in `cuslice_cdi`).
+pub const STAGES: [&str; 2] = cuslice_cdi::HOOK_STAGES;
 
 /// The installed file names.
-pub const HOOK_BIN: &str = cuslice_hook::cdi::HOOK_BIN;
+pub const HOOK_BIN: &str = cuslice_cdi::HOOK_BIN;
 pub const RUNTIME_BIN: &str = "cuslice-runtime";
 pub const CLI_BIN: &str = "cuslice";
-pub const LIBRARY: &str = "libcuslice.so";
+pub const LIBRARY: &str = cuslice_state::paths::LIBRARY_FILE;
 /// The interposer's core, which the library (a small loader) opens from its own directory.
-pub const CORE_LIBRARY: &str = cuslice_hook::hook::CORE_FILE;
+pub const CORE_LIBRARY: &str = cuslice_state::paths::CORE_FILE;
 /// Every library installed into PREFIX/lib/cuslice (the one list: a library added here is
 /// installed, stripped and removed like the others).
 pub const LIBRARIES: &[&str] = &[LIBRARY, CORE_LIBRARY];
@@ -92,7 +92,11 @@ impl Layout {
 
     /// A library's path: PREFIX/lib/cuslice/FILE.
     pub fn lib(&self, file: &str) -> String {
-        format!("{}/lib/cuslice/{file}", self.prefix)
+        format!(
+            "{}/{}/{file}",
+            self.prefix,
+            cuslice_state::paths::LIBRARY_DIR
+        )
     }
 
     /// The agent's systemd unit: `NAME-agent.service` (`cuslice-agent.service`).
@@ -121,7 +125,7 @@ impl Layout {
 
     /// The hook's argv for one stage (OCI hook `args` include argv\[0\]).
     pub fn hook_args(&self, stage: &str) -> Vec<String> {
-        cuslice_hook::cdi::hook_args(stage, &self.library_path())
+        cuslice_cdi::hook_args(stage, &self.library_path())
     }
 }
 

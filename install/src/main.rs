@@ -71,7 +71,7 @@ struct DoctorArgs {
     #[arg(long, default_value = "cuslice")]
     name: String,
     /// The OCI hook's state root (the agent's socket is DIR/agent/agent.sock)
-    #[arg(long, default_value = "/run/cuslice", value_name = "DIR")]
+    #[arg(long, default_value = cuslice_state::paths::DEFAULT_STATE_ROOT, value_name = "DIR")]
     state_root: PathBuf,
     /// Print JSON (the items, and whether the node is healthy)
     #[arg(long)]
@@ -89,7 +89,7 @@ struct DoctorArgs {
 #[derive(Args, Debug, Clone)]
 struct SourceArgs {
     /// The OCI hook's state root, where container slices are found
-    #[arg(long, default_value = "/run/cuslice", value_name = "DIR")]
+    #[arg(long, default_value = cuslice_state::paths::DEFAULT_STATE_ROOT, value_name = "DIR")]
     state_root: PathBuf,
     /// A standalone slice's CUSLICE_STATE_DIR (repeat for several) [default: $CUSLICE_STATE_DIR
     /// if set]
@@ -129,7 +129,7 @@ struct SetArgs {
     #[arg(long, value_name = "PRIORITY", allow_hyphen_values = true)]
     priority: Option<String>,
     /// The OCI hook's state root, where container slices are found
-    #[arg(long, default_value = "/run/cuslice", value_name = "DIR")]
+    #[arg(long, default_value = cuslice_state::paths::DEFAULT_STATE_ROOT, value_name = "DIR")]
     state_root: PathBuf,
     /// The node's compute board: the hook's --node-dir, a standalone slice's
     /// CUSLICE_NODE_DIR [default: $CUSLICE_NODE_DIR if set, else /dev/shm/cuslice]
@@ -294,7 +294,7 @@ struct Common {
     engines: Vec<Engine>,
     /// Where the files go: PREFIX/bin/cuslice-hook, PREFIX/bin/cuslice-runtime, PREFIX/bin/cuslice,
     /// PREFIX/lib/cuslice/libcuslice.so
-    #[arg(long, default_value = "/usr/local", value_name = "DIR")]
+    #[arg(long, default_value = cuslice_state::paths::DEFAULT_PREFIX, value_name = "DIR")]
     prefix: PathBuf,
     /// Read and write every file under DIR (like DESTDIR); paths written into the configuration
     /// stay those of the target system
@@ -398,7 +398,7 @@ fn doctor(a: DoctorArgs) -> Result<(), Failure> {
         .prefix
         .clone()
         .or_else(|| (root == Path::new("/")).then(own_prefix).flatten())
-        .unwrap_or_else(|| "/usr/local".to_owned());
+        .unwrap_or_else(|| cuslice_state::paths::DEFAULT_PREFIX.to_owned());
     let layout = Layout::new(&prefix, &a.name).map_err(refuse)?;
     if !root.is_dir() {
         return Err(refuse(format!(

@@ -5,6 +5,8 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+use cuslice_state::fsio::Durability;
+
 use crate::fsio;
 use crate::layout::{BINARIES, LIBRARIES, Layout, STAGES, SYSTEMD_RUNNING};
 use crate::problem::Problem;
@@ -956,7 +958,10 @@ pub fn apply(o: &Options, plan: &Plan) -> Result<String, Failure> {
                 } else {
                     c.old_mode.unwrap_or(c.mode)
                 };
-                fsio::write_atomic(&c.path, bytes, mode).map_err(|e| {
+                let written = fsio::make_parent(&c.path).and_then(|()| {
+                    cuslice_state::fsio::write_atomic(&c.path, bytes, mode, Durability::Full)
+                });
+                written.map_err(|e| {
                     Failure::Failed(format!(
                         "cuslice {}: {p}: cannot write it: {e}; {} (files listed above were \
                          already written; running the command again is safe)",

@@ -275,9 +275,9 @@ fn doctor_says_what_is_right_and_each_thing_broken() {
     let mut dead = Command::new("true").spawn().unwrap();
     let pid = dead.id() as i32;
     dead.wait().unwrap();
-    let root = cuslice_hook::state::Root::new(&node.state);
+    let root = cuslice_state::host::Root::new(&node.state);
     fs::create_dir_all(root.dir("deadbeef0123456789")).unwrap();
-    root.write_record(&cuslice_hook::state::Record {
+    root.write_record(&cuslice_state::host::Record {
         id: "deadbeef0123456789".into(),
         pid,
         start: 1,

@@ -772,10 +772,10 @@ fn daemonset_runs_the_dra_plugin_with_the_kubelet_dirs_cdi_dir_and_the_hosts_roo
     // reads the CDI specs from the host's CDI directory: each is mounted at its own host path,
     // writable.
     // The container index, too: cuslice-runtime reads it on the host, at the same path (its
-    // default, cuslice_hook::cdi::DEFAULT_CONTAINER_INDEX).
+    // default, cuslice_cdi::DEFAULT_CONTAINER_INDEX).
     assert_eq!(
         opt("--container-index"),
-        cuslice_hook::cdi::DEFAULT_CONTAINER_INDEX
+        cuslice_cdi::DEFAULT_CONTAINER_INDEX
     );
     for flag in [
         "--plugin-dir",

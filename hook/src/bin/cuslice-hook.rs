@@ -9,7 +9,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, ValueEnum};
 use cuslice_hook::hook::{self, DEFAULT_NODE_DIR, Options, Outcome};
-use cuslice_hook::state::DEFAULT_ROOT;
+use cuslice_state::host::DEFAULT_ROOT;
 
 #[derive(Clone, Copy, ValueEnum)]
 enum Stage {
@@ -44,7 +44,7 @@ struct Cli {
     node_dir: PathBuf,
     /// The DRA plugin's container index, read for the name of the claim a pod's container
     /// uses (a label for the node tools).
-    #[arg(long, default_value = cuslice_hook::cdi::DEFAULT_CONTAINER_INDEX)]
+    #[arg(long, default_value = cuslice_cdi::DEFAULT_CONTAINER_INDEX)]
     container_index: PathBuf,
 }
 

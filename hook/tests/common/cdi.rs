@@ -1,5 +1,5 @@
 //! Claims as CDI devices, the way the DRA plugin prepares them: a spec per claim built by
-//! `cuslice_hook::cdi::claim_spec` and written by `write_spec`, naming simgpu's libraries where
+//! `cuslice_cdi::claim_spec` and written by `write_spec`, naming simgpu's libraries where
 //! the driver's go, stand-in device nodes and cuslice-hook; the engine gets the hook from the
 //! spec alone. Podman resolves `--device` ids itself; containerd 1.6 has no CDI, so there
 //! cuslice-runtime applies the ids in the container's `cdi.k8s.io/*` annotations.
@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use cuslice_hook::cdi;
+use cuslice_cdi as cdi;
 use cuslice_test_harness::{GIB, MIB, Sim, bin_dir};
 use serde_json::Value;
 
@@ -31,7 +31,12 @@ impl Claim {
     /// `cdi.k8s.io/<driver>_<claim uid>`.
     pub fn annotation(&self) -> (String, String) {
         (
-            format!("{}{}_{}", cdi::ANNOTATION_PREFIX, cdi::DRIVER, self.uid),
+            format!(
+                "{}{}_{}",
+                cdi::ANNOTATION_PREFIX,
+                cdi::CLAIM_VENDOR,
+                self.uid
+            ),
             self.id.clone(),
         )
     }

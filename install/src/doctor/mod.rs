@@ -296,7 +296,7 @@ fn state_root(dir: &Path) -> StateRootFacts {
 /// Containers whose state the hook keeps but whose init is gone (what `cuslice-hook sweep`
 /// removes).
 fn stale(dir: &Path) -> Result<Vec<String>, String> {
-    use cuslice_hook::state::{Root, start_time};
+    use cuslice_state::host::{Root, start_time};
     let root = Root::new(dir);
     let containers = root.containers();
     if !containers.exists() {

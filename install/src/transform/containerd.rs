@@ -258,7 +258,7 @@ fn dropin(c: &Containerd<'_>, version: i64, cri: Option<&Item>) -> Result<String
     out.push_str(&format!(
         "\n[{}]\n  runtime_type = \"io.containerd.runc.v2\"\n  container_annotations = [\"{}*\"]\n\n[{}.options]\n  BinaryName = {}\n",
         table(c.name),
-        cuslice_hook::cdi::ANNOTATION_PREFIX,
+        cuslice_cdi::ANNOTATION_PREFIX,
         table(c.name),
         toml_str(c.runtime_path)
     ));

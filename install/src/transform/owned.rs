@@ -2,7 +2,7 @@
 //! hook descriptors, CRI-O's drop-in, the CDI spec and the agent's systemd unit. Each is a pure
 //! function of the layout.
 
-use cuslice_hook::cdi;
+use cuslice_cdi as cdi;
 use serde_json::{Value, json};
 
 use crate::layout::{Layout, STAGES};
@@ -82,7 +82,7 @@ pub fn cdi_file(name: &str) -> String {
 }
 
 /// The CDI spec: one device whose container edits are cuslice-hook at its stages (the shared
-/// types and hook convention of `cuslice_hook::cdi`, which the DRA plugin's claim specs use too).
+/// types and hook convention of `cuslice_cdi`, which the DRA plugin's claim specs use too).
 pub fn cdi_spec(l: &Layout) -> String {
     let spec = cdi::Spec {
         cdi_version: cdi::CDI_VERSION.to_owned(),
@@ -92,7 +92,7 @@ pub fn cdi_spec(l: &Layout) -> String {
             name: cdi_device(l.name()),
             annotations: Default::default(),
             container_edits: cdi::ContainerEdits {
-                hooks: cdi::cuslice_hooks(&l.hook_path(), &l.library_path()),
+                hooks: cdi::stage_hooks(&l.hook_path(), &l.library_path()),
                 ..Default::default()
             },
         }],

@@ -23,6 +23,20 @@ pub fn cut(value: &str) -> std::borrow::Cow<'_, str> {
     }
 }
 
+/// `s` with its control characters escaped (`\n` as the two characters `\` `n`), so that a
+/// message stays on one line whatever a name or value holds.
+pub fn one_line(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

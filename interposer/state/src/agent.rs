@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 /// The socket's file name in the agent's directory (`<state root>/agent/`).
 pub const SOCKET_NAME: &str = "agent.sock";
 /// Where the OCI hook mounts the agent's directory in every slice's container.
-pub const CONTAINER_DIR: &str = "/run/cuslice/agent";
-pub const CONTAINER_SOCKET: &str = "/run/cuslice/agent/agent.sock";
+pub const CONTAINER_DIR: &str = crate::paths::CONTAINER_AGENT_DIR;
+pub const CONTAINER_SOCKET: &str = crate::paths::CONTAINER_AGENT_SOCKET;
 /// The protocol version this side speaks.
 pub const VERSION: u32 = 1;
 const MAGIC: &str = "cuslice-agent";

@@ -5,10 +5,20 @@
 //! other slices' claims; the OCI hook creates a container's ledger and place on the board; the
 //! node tools read both. `agent` is the node agent's socket protocol, which tells container
 //! processes their host pids.
+//!
+//! Around those files: [`paths`] defines once where cuslice's files are (inside a container, on
+//! the host, where `cuslice install` puts the interposer); `host` (feature `host`) is the
+//! hook's state root, its layout and its per-container records, which the hook writes and the
+//! node tools and agent read; [`fsio`] is the one atomic file write, with the durability each
+//! caller needs.
 
 pub mod agent;
 pub mod board;
+pub mod fsio;
+#[cfg(feature = "host")]
+pub mod host;
 pub mod ledger;
+pub mod paths;
 pub mod snapshot;
 
 /// A device UUID as NVML and `nvidia-smi` print it: `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.

@@ -47,7 +47,7 @@ pub struct Config {
 
 /// The socket's directory under the state root (the hook mounts it into containers).
 pub fn socket_dir(state_root: &std::path::Path) -> PathBuf {
-    cuslice_hook::state::Root::new(state_root).agent()
+    cuslice_state::host::Root::new(state_root).agent()
 }
 
 /// Runs until SIGTERM or SIGINT. Err: one line saying why the agent cannot run.

@@ -1,12 +1,13 @@
-//! The CDI spec of a prepared claim, built with the hook crate's CDI definitions (the same types,
-//! hook stages and arguments `cuslice install --engine cdi` and `cuslice-runtime` use): one CDI
-//! device, `gpu.cuslice.io/claim=<claim uid>-<device>`.
+//! The CDI spec of a prepared claim, built on the claim spec's shape in `cuslice_cdi` (the same
+//! types, hook stages and arguments `cuslice install --engine cdi` and `cuslice-runtime` use):
+//! one CDI device, `gpu.cuslice.io/claim=<claim uid>-<device>`. What goes into it (which GPU's
+//! nodes and libraries, which settings) is decided here.
 
-use cuslice_hook::cdi::{self as spec, ClaimDevice, Spec};
+use cuslice_cdi::{self as spec, ClaimDevice, Spec};
 
 use crate::claim::{Allotted, ClaimRef, settings};
 use crate::discover::{self, Roots};
-use crate::slice::Gpu;
+use crate::resource_slice::Gpu;
 
 /// The spec file of a claim, in the CDI directory.
 pub fn file_name(claim: &ClaimRef) -> String {

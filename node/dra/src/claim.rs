@@ -8,7 +8,7 @@ use k8s_openapi::api::resource::v1::{DeviceAllocationConfiguration, ResourceClai
 use serde::{Deserialize, Serialize};
 
 use crate::quantity;
-use crate::slice::{DRIVER, Gpu, MEMORY_STEP};
+use crate::resource_slice::{DRIVER, Gpu, MEMORY_STEP};
 
 /// The claim the kubelet names.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use cuslice_node::nvml::Nvml;
 
-use crate::slice::Gpu;
+use crate::resource_slice::Gpu;
 
 /// The GPUs NVML lists now, and those it cannot describe (a GPU that fell off the bus), each
 /// with the reason.

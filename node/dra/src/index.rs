@@ -1,5 +1,6 @@
 //! Which containers of a pod use a claim, for the container index that tells cuslice-runtime a
-//! container's CDI devices on containerd 1.6 (see `cuslice_hook::cdi::IndexEntry`). Pure: from
+//! container's CDI devices on containerd 1.6 (see `cuslice_cdi::index`, whose format the plugin
+//! writes and the hook reads). Pure: from
 //! the Pod as the API server returns it.
 
 use k8s_openapi::api::core::v1::Pod;

@@ -11,17 +11,29 @@
 //! - Prepared claims are kept in a checkpoint file, so that a restarted plugin unprepares (or
 //!   prepares again, idempotently) claims an earlier run prepared.
 //!
-//! Policy (what a claim gets, what a slice publishes) is pure, in `claim` and `slice`; this file
-//! and `service` do the I/O.
+//! Policy (what a claim gets, what the node publishes) is pure, in `claim` and `resource_slice`.
+//! The I/O is in three parts, after kubernetes-sigs/dra-example-driver's driver.go and state.go:
+//! `service` turns the kubelet's gRPC calls into calls on `state`, which owns what is prepared
+//! (checkpoint, CDI specs, container index entries); `apiserver` is the API server's client
+//! (claims and pods in, the ResourceSlice out).
+//!
+//! What is the plugin's and what it shares with the hook side: the driver name
+//! ([`resource_slice::DRIVER`]), what goes into a claim's CDI spec ([`cdi`]), which containers use a
+//! claim ([`index`]) and when specs and index entries are written and removed ([`state`]) are
+//! here. The formats the hook side reads too (the CDI schema, the claim spec's shape, the
+//! container index entry and its file names and default directory) are in `cuslice_cdi`, so that
+//! the hook needs none of this crate (tonic, kube).
 
+pub mod apiserver;
 pub mod cdi;
 pub mod checkpoint;
 pub mod claim;
 pub mod discover;
 pub mod index;
 pub mod quantity;
+pub mod resource_slice;
 pub mod service;
-pub mod slice;
+pub mod state;
 
 /// The kubelet's DRA v1 API (proto/dra/v1/api.proto).
 pub mod dra {
@@ -63,12 +75,17 @@ impl Options {
 
     pub fn registration_socket(&self) -> PathBuf {
         self.registry_dir
-            .join(format!("{}-reg.sock", slice::DRIVER))
+            .join(format!("{}-reg.sock", resource_slice::DRIVER))
     }
 
     pub fn checkpoint(&self) -> PathBuf {
         self.plugin_dir.join("checkpoint.json")
     }
+}
+
+/// One line to stderr, prefixed with the plugin's name.
+fn log(line: &str) {
+    eprintln!("cuslice-dra-plugin: {line}");
 }
 
 /// Runs the plugin until SIGTERM or SIGINT; Err: one line saying why it cannot run.

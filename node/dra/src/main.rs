@@ -35,7 +35,7 @@ struct Cli {
     #[arg(long, default_value = "/usr/local/bin/cuslice-hook")]
     hook: String,
     /// libcuslice.so, as a path on the host
-    #[arg(long, default_value = "/usr/local/lib/cuslice/libcuslice.so")]
+    #[arg(long, default_value = cuslice_state::paths::INSTALLED_LIBRARY)]
     library: String,
     /// The API server's kubeconfig (default: $KUBECONFIG, else the pod's service account)
     #[arg(long)]
@@ -43,7 +43,7 @@ struct Cli {
     /// Where to keep the container index: for each container that uses a prepared claim, its
     /// CDI devices, which cuslice-runtime applies on containerd 1.6 (whose CRI does not pass
     /// them on)
-    #[arg(long, default_value = cuslice_hook::cdi::DEFAULT_CONTAINER_INDEX)]
+    #[arg(long, default_value = cuslice_cdi::DEFAULT_CONTAINER_INDEX)]
     container_index: PathBuf,
     /// Keep no container index (every node's runtime applies CDI itself: containerd >= 1.7,
     /// CRI-O); the plugin then reads no pods

@@ -230,11 +230,11 @@ fn containerd_16_gives_a_pods_container_its_claim_through_the_index() {
     let run = |container: &str| {
         let n = engines::name("indexed");
         let cri = [
-            (cuslice_hook::cdi::CRI_CONTAINER_TYPE, "container"),
-            (cuslice_hook::cdi::CRI_NAMESPACE, "default"),
-            (cuslice_hook::cdi::CRI_POD, "inference"),
-            (cuslice_hook::cdi::CRI_POD_UID, pod_uid.as_str()),
-            (cuslice_hook::cdi::CRI_CONTAINER, container),
+            (cuslice_cdi::CRI_CONTAINER_TYPE, "container"),
+            (cuslice_cdi::CRI_NAMESPACE, "default"),
+            (cuslice_cdi::CRI_POD, "inference"),
+            (cuslice_cdi::CRI_POD_UID, pod_uid.as_str()),
+            (cuslice_cdi::CRI_CONTAINER, container),
         ]
         .map(|(k, v)| (k.to_owned(), v.to_owned()));
         engine.run_with(

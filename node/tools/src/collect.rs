@@ -9,10 +9,9 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use cuslice_hook::settings::Kubernetes;
-use cuslice_hook::state::{Record, Root, start_time};
 use cuslice_policy::priority::Priority;
 use cuslice_state::agent;
+use cuslice_state::host::{Kubernetes, Record, Root, start_time};
 use cuslice_state::ledger::{self, Ledger};
 use cuslice_state::snapshot::Snapshot;
 use cuslice_state::uuid_string;

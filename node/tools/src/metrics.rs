@@ -1,7 +1,7 @@
 //! The node's view in the Prometheus (OpenMetrics) text format, read afresh from the ledgers at
 //! every scrape. Names and types: docs/status.md.
 
-use cuslice_hook::settings::Kubernetes;
+use cuslice_state::host::Kubernetes;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{
     DescriptorEncoder, EncodeCounterValue, EncodeGaugeValue, EncodeMetric,

@@ -1,6 +1,5 @@
 //! `cuslice set TARGET --memory-limit SIZE --core-limit P --core-request P --priority X`: changes
-//! a running slice's limits and priority from the node, without a restart (docs/status.md, "Changing limits while
-//! running").
+//! a running slice's limits and priority from the node, without a restart (docs/live-limits.md).
 //!
 //! - TARGET is what `cuslice status` shows: a container's id (or a unique prefix of it), its
 //!   name or pod/container, or a standalone slice's CUSLICE_STATE_DIR.
@@ -20,18 +19,20 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::{self, Write};
+use std::io;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use cuslice_hook::state::{Record, Root, start_time};
-use cuslice_policy::config::{Config, LiveLimit, live_core, parse_live, rewrite_hook_file};
-use cuslice_policy::echo::quoted;
+use cuslice_policy::config::live::{LiveLimit, RequestAboveLimit, live_core, parse_live};
+use cuslice_policy::config::{Config, hook_file};
+use cuslice_policy::echo::{one_line, quoted};
 use cuslice_policy::format_size;
 use cuslice_policy::grant::Grant;
 use cuslice_policy::priority::Priority;
 use cuslice_policy::share::FULL;
 use cuslice_state::board;
+use cuslice_state::fsio::{self, Durability};
+use cuslice_state::host::{Record, Root, start_time};
 use cuslice_state::ledger::{self, Ledger, LiveChange};
 use cuslice_state::uuid_string;
 
@@ -166,7 +167,7 @@ fn values(c: &Change) -> Result<Values, String> {
         (LiveLimit::Priority, &c.priority),
     ] {
         let Some(given) = given else { continue };
-        let n = parse_live(what, given)?;
+        let n = parse_live(what, given).map_err(|e| refused_value(what, given, &e))?;
         match what {
             LiveLimit::Memory => v.memory = Some(n),
             LiveLimit::CoreLimit => v.core_limit = Some(n as u32),
@@ -183,6 +184,44 @@ fn values(c: &Change) -> Result<Values, String> {
         );
     }
     Ok(v)
+}
+
+/// The flag that names `what` on `cuslice set`'s command line.
+pub fn flag(what: LiveLimit) -> &'static str {
+    match what {
+        LiveLimit::Memory => "--memory-limit",
+        LiveLimit::CoreLimit => "--core-limit",
+        LiveLimit::CoreRequest => "--core-request",
+        LiveLimit::Priority => "--priority",
+    }
+}
+
+/// A refused value, worded with its flag: `--memory-limit "12XB" is not a size (unknown unit);
+/// write e.g. --memory-limit 4GiB (...)`. One line.
+fn refused_value(what: LiveLimit, given: &str, e: &cuslice_policy::ConfigError) -> String {
+    let example = e
+        .example
+        .split_once('=')
+        .map_or(e.example.as_str(), |(_, v)| v);
+    one_line(&format!(
+        "{} {} {}; write e.g. {} {example}",
+        flag(what),
+        quoted(given),
+        e.problem,
+        flag(what),
+    ))
+}
+
+fn request_above_limit(e: RequestAboveLimit) -> String {
+    format!(
+        "a core request of {}% above a core limit of {}% cannot be met; give {} at most {} (or \
+         raise {} with it)",
+        e.request,
+        e.limit,
+        flag(LiveLimit::CoreRequest),
+        e.limit,
+        flag(LiveLimit::CoreLimit)
+    )
 }
 
 fn pct(ppm: u32) -> String {
@@ -222,7 +261,7 @@ pub fn set(target: &str, change: &Change, places: &Places) -> Result<String, Str
         let uuid = uuid_string(&d.uuid);
         let core = if v.core_limit.is_some() || v.core_request.is_some() {
             let c = live_core((d.core_request, d.core_limit), v.core_request, v.core_limit)
-                .map_err(|e| format!("{} on {uuid}: {e}", t.label))?;
+                .map_err(|e| format!("{} on {uuid}: {}", t.label, request_above_limit(e)))?;
             let taken = board::requested(&places.node_dir, &d.uuid, snap.slice_id);
             if c.0 > 0 && taken.saturating_add(c.0) > FULL {
                 return Err(refused_claim(&t.label, &uuid, taken, c.0));
@@ -246,7 +285,7 @@ pub fn set(target: &str, change: &Change, places: &Places) -> Result<String, Str
     let config = match &t.config {
         Some(path) => {
             let text = fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-            let new = rewrite_hook_file(&text, &v.written)
+            let new = hook_file::rewrite(&text, &v.written)
                 .map_err(|e| format!("{}: the change would make it unusable: {e}", t.label))?;
             Some((path, new))
         }
@@ -269,10 +308,11 @@ pub fn set(target: &str, change: &Change, places: &Places) -> Result<String, Str
             }
         }
         let text = serde_json::to_vec_pretty(&lowered).map_err(|e| e.to_string())?;
-        write_atomic(&path, &text).map_err(|e| format!("{}: {e}", path.display()))?;
+        write_keeping_mode(&path, &text).map_err(|e| format!("{}: {e}", path.display()))?;
     }
     if let Some((path, text)) = &config {
-        write_atomic(path, text.as_bytes()).map_err(|e| format!("{}: {e}", path.display()))?;
+        write_keeping_mode(path, text.as_bytes())
+            .map_err(|e| format!("{}: {e}", path.display()))?;
     }
     // What the other slices let it claim: for a container, what its new hook file sets; for a
     // standalone slice, its grant with the new values.
@@ -355,7 +395,7 @@ pub fn set(target: &str, change: &Change, places: &Places) -> Result<String, Str
             t.label,
             v.written
                 .iter()
-                .map(|(w, s)| format!("{} {s}", w.flag()))
+                .map(|(w, s)| format!("{} {s}", flag(*w)))
                 .collect::<Vec<_>>()
                 .join(", ")
         ));
@@ -375,21 +415,11 @@ fn refused_claim(label: &str, uuid: &str, taken: u32, asked: u32) -> String {
 }
 
 /// Replaces `path` by a file holding `text`, atomically (a reader sees the old file or the new,
-/// never a part), with the old file's mode.
-fn write_atomic(path: &Path, text: &[u8]) -> io::Result<()> {
+/// never a part), with the old file's mode (0644 for a new one). The file is fsynced, its
+/// directory not.
+fn write_keeping_mode(path: &Path, text: &[u8]) -> io::Result<()> {
     let mode = fs::metadata(path).map_or(0o644, |m| m.permissions().mode() & 0o7777);
-    let tmp = path.with_extension(format!("set{}", std::process::id()));
-    let result = (|| {
-        let mut f = fs::File::create(&tmp)?;
-        f.set_permissions(fs::Permissions::from_mode(mode))?;
-        f.write_all(text)?;
-        f.sync_all()?;
-        fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result
+    fsio::write_atomic(path, text, mode, Durability::File)
 }
 
 #[cfg(test)]
@@ -415,6 +445,66 @@ mod tests {
             .unwrap();
         }
         dir
+    }
+
+    #[test]
+    fn refused_values_are_named_by_their_flags() {
+        let c = |memory: &str, core: Option<&str>, priority: Option<&str>| {
+            values(&Change {
+                memory_limit: Some(memory.to_string()),
+                core_limit: core.map(str::to_string),
+                core_request: None,
+                priority: priority.map(str::to_string),
+            })
+            .map(|v| (v.memory, v.core_limit, v.priority))
+        };
+        assert_eq!(
+            c("2GiB", Some("60"), Some("high")),
+            Ok((Some(2 << 30), Some(60), Some(Priority::High.code())))
+        );
+        let e = c("12XB", None, None).unwrap_err();
+        assert!(
+            e.starts_with("--memory-limit \"12XB\" is not a size"),
+            "{e}"
+        );
+        assert!(e.contains("write e.g. --memory-limit 4GiB"), "{e}");
+        for bad in ["0", "101", "", "x"] {
+            let e = c("1GiB", Some(bad), None).unwrap_err();
+            assert!(e.starts_with(&format!("--core-limit {bad:?}")), "{e}");
+            assert!(!e.contains('\n'), "{e}");
+        }
+        let e = c("1GiB", None, Some("urgent")).unwrap_err();
+        assert_eq!(
+            e,
+            "--priority \"urgent\" is not a priority (high, normal or low); write e.g. \
+             --priority high"
+        );
+        let e = c("18446744073709551615", None, None).unwrap_err();
+        assert!(
+            e.starts_with("--memory-limit \"18446744073709551615\" is too large"),
+            "{e}"
+        );
+        assert!(e.contains("at most 1 PiB"), "{e}");
+        let long = format!("{}XB", "9".repeat(1 << 20));
+        let cut = format!("\"{}\"… ({} bytes)", &long[..64], long.len());
+        let e = c(&long, None, None).unwrap_err();
+        assert!(e.len() < 600, "{} bytes", e.len());
+        assert!(e.starts_with(&format!("--memory-limit {cut}")), "{e}");
+        let e = c("1GiB", None, Some(&long)).unwrap_err();
+        assert!(e.starts_with(&format!("--priority {cut}")), "{e}");
+    }
+
+    #[test]
+    fn a_request_above_the_limit_names_both_flags() {
+        let e = request_above_limit(RequestAboveLimit {
+            request: 40,
+            limit: 30,
+        });
+        assert_eq!(
+            e,
+            "a core request of 40% above a core limit of 30% cannot be met; give --core-request \
+             at most 30 (or raise --core-limit with it)"
+        );
     }
 
     #[test]

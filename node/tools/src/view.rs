@@ -49,7 +49,7 @@ pub struct Slice {
     /// Where the container belongs in Kubernetes (`namespace`, `pod`, `container`, `pod_uid`,
     /// and `claim`: the DRA claim it uses), as the hook recorded it from the engine's
     /// annotations; None: not a pod's container.
-    pub kubernetes: Option<cuslice_hook::settings::Kubernetes>,
+    pub kubernetes: Option<cuslice_state::host::Kubernetes>,
     /// The ledger the figures come from.
     pub ledger: String,
     pub memory: Memory,

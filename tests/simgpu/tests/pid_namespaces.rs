@@ -11,7 +11,6 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-
 fn lib_dir(dir: &std::path::Path) -> std::path::PathBuf {
     let lib = dir.join("lib");
     let out = Command::new(simgpu())

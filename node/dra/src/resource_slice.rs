@@ -14,9 +14,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 
 use crate::quantity;
 
-/// The DRA driver name: the DeviceClass, the ResourceSlice's driver, the opaque config's driver
-/// (one definition with the CDI specs' vendor).
-pub const DRIVER: &str = cuslice_hook::cdi::DRIVER;
+/// The DRA driver name: the DeviceClass, the ResourceSlice's driver, the opaque config's driver.
+/// It is the claim specs' CDI vendor, defined with them in `cuslice_cdi` (which the hook side
+/// reads too, for the container index's default directory).
+pub const DRIVER: &str = cuslice_cdi::CLAIM_VENDOR;
 
 /// Memory is taken in steps of this many bytes (and at least one step).
 pub const MEMORY_STEP: u64 = 256 << 20;

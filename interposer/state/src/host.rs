@@ -1,4 +1,8 @@
-//! The host side of each container's slice, under the state root (`/run/cuslice` by default):
+//! The host side of each container's slice, under the state root (`/run/cuslice` by default),
+//! which the OCI hook writes and the node tools and agent read: [`Root`] (the layout and the
+//! operations on it), [`Record`] (what the hook records of each container), [`start_time`]
+//! (which tells a live container from one whose pid was reused). Paths inside the container are
+//! in [`crate::paths`].
 //!
 //! ```text
 //! /run/cuslice/lock                          serialises the hooks of concurrent containers
@@ -36,32 +40,49 @@
 //!
 //! A record whose init process is gone (a container that vanished without `poststop`) is swept
 //! by the next hook that runs. A directory without a record is a hook that died half-way; since
-//! every hook holds the lock from start to end, it is garbage too.
+//! every hook holds the lock from start to end, it is garbage too. Removing what a container
+//! made in its rootfs is the hook's (it resolves paths inside a rootfs safely): the operations
+//! that remove containers take it as a function, [`Unmake`].
 
 use std::fs;
-use std::io::{self, Write};
+use std::io;
+use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use cuslice_policy::grant::Grant;
-use cuslice_state::board;
-use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 
-use crate::rootfs::Rootfs;
+use crate::board;
+use crate::fsio::{Durability, make_dir, write_atomic, write_new};
+use crate::paths;
 
-pub const DEFAULT_ROOT: &str = "/run/cuslice";
-/// The skeleton's entries, parents first: (path in it, whether a directory).
+pub const DEFAULT_ROOT: &str = paths::DEFAULT_STATE_ROOT;
+/// The skeleton's entries, parents first: (the container path each stands for, whether a
+/// directory). Each is at its container path below [`paths::CONTAINER_DIR`] in the skeleton.
 const SKELETON: [(&str, bool); 7] = [
-    ("", true),
-    ("slice", true),
-    ("node", true),
-    ("agent", true),
-    ("lib", true),
-    ("lib/libcuslice.so", false),
-    ("lib/libcuslice_core.so", false),
+    (paths::CONTAINER_DIR, true),
+    (paths::CONTAINER_SLICE_DIR, true),
+    (paths::CONTAINER_NODE_DIR, true),
+    (paths::CONTAINER_AGENT_DIR, true),
+    (paths::CONTAINER_LIB_DIR, true),
+    (paths::CONTAINER_LIBRARY, false),
+    (paths::CONTAINER_CORE, false),
 ];
+
+/// A skeleton entry's path relative to the skeleton: `/run/cuslice/lib` -> `lib`.
+fn in_skeleton(container_path: &str) -> &str {
+    container_path
+        .strip_prefix(paths::CONTAINER_DIR)
+        .unwrap_or(container_path)
+        .trim_start_matches('/')
+}
+
+/// Removes the mount points a container made in its rootfs: called with the rootfs and
+/// [`Record::created`] (outermost first), it removes each that is still an empty file or an empty
+/// directory, innermost first, and leaves anything else alone. The hook's (see its `rootfs`).
+pub type Unmake<'a> = &'a dyn Fn(&Path, &[String]);
 const RECORD: &str = "record.json";
 /// In a container's directory: the path of its place on the compute board.
 const BOARD: &str = "board";
@@ -84,26 +105,44 @@ pub struct Record {
     pub pid: i32,
     pub start: u64,
     pub rootfs: PathBuf,
-    /// What people call the container, where the engine says (see `settings::display_name`).
+    /// What people call the container, where the engine says (the hook's
+    /// `settings::display_name`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
-    /// Where the container belongs in Kubernetes, where the engine says (see
+    /// Where the container belongs in Kubernetes, where the engine says (the hook's
     /// `settings::kubernetes`), with the DRA claim it uses where the DRA plugin's container
     /// index names one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub kubernetes: Option<crate::settings::Kubernetes>,
+    pub kubernetes: Option<Kubernetes>,
     /// Mount points the hook made in the rootfs (relative to it, outermost first); removed when
     /// no live container uses the rootfs any more.
     pub created: Vec<String>,
+}
+
+/// Where a container belongs in Kubernetes, from the annotations its engine passes in the spec
+/// (the hook's `settings::kubernetes`); part of its [`Record`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Kubernetes {
+    pub namespace: String,
+    pub pod: String,
+    pub container: String,
+    /// The pod's uid (`None` where the engine does not say): tells a pod from one of the same
+    /// name made again.
+    #[serde(default)]
+    pub pod_uid: Option<String>,
+    /// The name of the DRA claim whose device the container uses, from the DRA plugin's
+    /// container index (`None`: not a DRA claim's container, or not known).
+    #[serde(default)]
+    pub claim: Option<String>,
 }
 
 pub struct Root {
     pub path: PathBuf,
 }
 
-/// Holds the state root's lock until dropped.
+/// Holds the state root's lock until dropped (closing the file releases the flock).
 pub struct Locked {
-    _lock: Flock<fs::File>,
+    _file: fs::File,
 }
 
 /// The start time of process `pid` (field 22 of /proc/PID/stat), or `None` if it is gone.
@@ -123,67 +162,6 @@ pub fn valid_id(id: &str) -> bool {
         && id
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"_+-.".contains(&b))
-}
-
-/// Writes `path` through a temporary file renamed over it, so that a reader (the agent, `cuslice
-/// status`, a hook of another container) sees the old file or the new one, never a part. No
-/// fsync: this is per-boot runtime state under /run (tmpfs on a usual host, where fsync does
-/// nothing), and on a host whose /run is a disk file system an fsync per file cost about a
-/// millisecond of every container's creation to keep files that a reboot makes
-/// meaningless anyway (their containers are gone; the next hook sweeps them).
-fn write_atomic(path: &Path, text: &[u8], mode: u32) -> io::Result<()> {
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    // A leftover of a hook that died with this pid would keep its own mode: start afresh.
-    let _ = fs::remove_file(&tmp);
-    let result = write_new(&tmp, text, mode).and_then(|()| fs::rename(&tmp, path));
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result
-}
-
-/// The hook's umask, read once (from /proc/self/status, which reports it without changing it;
-/// the umask(2) call would set it, process-wide). Unknown reads as "narrows everything".
-fn umask() -> u32 {
-    static UMASK: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-    *UMASK.get_or_init(|| {
-        fs::read_to_string("/proc/self/status")
-            .ok()
-            .and_then(|s| {
-                let line = s.lines().find_map(|l| l.strip_prefix("Umask:"))?;
-                u32::from_str_radix(line.trim(), 8).ok()
-            })
-            .unwrap_or(0o777)
-    })
-}
-
-/// Sets `path`'s mode to `mode` where the umask narrowed it at creation. Under the usual umask
-/// (022) the paths the hook makes come out right at once, and every chmod saved is one
-/// metadata update fewer on the container's creation path.
-fn fix_mode(path: &Path, mode: u32) -> io::Result<()> {
-    if umask() & mode != 0 {
-        fs::set_permissions(path, fs::Permissions::from_mode(mode))?;
-    }
-    Ok(())
-}
-
-/// Makes the directory `path` (its parent must exist) with `mode`.
-fn make_dir(path: &Path, mode: u32) -> io::Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
-    fs::DirBuilder::new().mode(mode).create(path)?;
-    fix_mode(path, mode)
-}
-
-/// Makes the new file `path` holding `text`, with `mode`.
-pub(crate) fn write_new(path: &Path, text: &[u8], mode: u32) -> io::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .open(path)?;
-    f.write_all(text)?;
-    fix_mode(path, mode)
 }
 
 impl Root {
@@ -222,8 +200,16 @@ impl Root {
             .truncate(false)
             .write(true)
             .open(self.path.join("lock"))?;
-        let lock = Flock::lock(f, FlockArg::LockExclusive).map_err(|(_, e)| io::Error::from(e))?;
-        Ok(Locked { _lock: lock })
+        loop {
+            // SAFETY: flock(2) on a descriptor `f` owns and keeps open for the call.
+            if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } == 0 {
+                return Ok(Locked { _file: f });
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
     }
 
     pub fn read_record(&self, id: &str) -> Option<Record> {
@@ -233,7 +219,15 @@ impl Root {
 
     pub fn write_record(&self, r: &Record) -> io::Result<()> {
         let text = serde_json::to_vec_pretty(r).map_err(io::Error::other)?;
-        write_atomic(&self.dir(&r.id).join(RECORD), &text, 0o644)
+        // Atomic, so that a reader (the agent, `cuslice status`, a hook of another container)
+        // sees the old record or the new one. No fsync: per-boot runtime state under /run, which
+        // a reboot makes meaningless anyway (its containers are gone; the next hook sweeps it).
+        write_atomic(
+            &self.dir(&r.id).join(RECORD),
+            &text,
+            0o644,
+            Durability::None,
+        )
     }
 
     /// Records of every container the state root knows, live or not.
@@ -257,8 +251,8 @@ impl Root {
     /// containers. Requires the lock.
     pub fn make_skeleton(&self) -> io::Result<PathBuf> {
         let skel = self.skeleton();
-        for (rel, dir) in SKELETON {
-            let path = skel.join(rel);
+        for (container_path, dir) in SKELETON {
+            let path = skel.join(in_skeleton(container_path));
             match fs::symlink_metadata(&path) {
                 Ok(found) if found.is_dir() == dir && (dir || found.is_file()) => {}
                 Ok(_) => {
@@ -301,11 +295,10 @@ impl Root {
             make_dir(&mnt.join("slice"), 0o755)?;
             write_new(&mnt.join("slice/config"), config.as_bytes(), 0o644)?;
             // ld.so.preload is written when the mounts are made, from the image's own file
-            // (inject.rs). Every process in the container updates the ledger and its claims,
+            // (the hook's inject.rs). Every process in the container updates the ledger and its claims,
             // whatever user it runs as.
-            let slice =
-                cuslice_state::ledger::Ledger::create_file(&mnt.join("slice/ledger"), 0o666)
-                    .map_err(|e| io::Error::other(e.to_string()))?;
+            let slice = crate::ledger::Ledger::create_file(&mnt.join("slice/ledger"), 0o666)
+                .map_err(|e| io::Error::other(e.to_string()))?;
             // Where the place will be, before it is made: whoever removes the directory (this
             // container's poststop, or a sweep of a hook that died half-way) removes it too.
             let place = board::slice_dir(node, slice);
@@ -345,8 +338,8 @@ impl Root {
 
     /// Removes a container's state. The mount points it made in the rootfs go too, unless another
     /// live container uses the same rootfs: then that one inherits them. Requires the lock.
-    pub fn remove(&self, id: &str, live: &[Record]) {
-        self.remove_mount_points(id, live);
+    pub fn remove(&self, id: &str, live: &[Record], unmake: Unmake<'_>) {
+        self.remove_mount_points(id, live, unmake);
         self.remove_place(id);
         let _ = fs::remove_dir_all(self.dir(id));
     }
@@ -357,8 +350,8 @@ impl Root {
     /// and directories of a slice took most of `poststop`'s time (1 to 30 ms on a busy disk,
     /// measured). The rootfs's mount points still go at once: the bundle is the engine's.
     /// Requires the lock.
-    pub fn discard(&self, id: &str, live: &[Record]) {
-        self.remove_mount_points(id, live);
+    pub fn discard(&self, id: &str, live: &[Record], unmake: Unmake<'_>) {
+        self.remove_mount_points(id, live, unmake);
         // At once: the other slices stop counting its claims.
         self.remove_place(id);
         let dir = self.dir(id);
@@ -385,7 +378,7 @@ impl Root {
         }
     }
 
-    fn remove_mount_points(&self, id: &str, live: &[Record]) {
+    fn remove_mount_points(&self, id: &str, live: &[Record], unmake: Unmake<'_>) {
         if let Some(r) = self.read_record(id) {
             let heir = live
                 .iter()
@@ -397,20 +390,14 @@ impl Root {
                     let _ = self.write_record(&h);
                 }
                 Some(_) => {}
-                None => {
-                    if let Ok(rootfs) = Rootfs::open(&r.rootfs) {
-                        for rel in r.created.iter().rev() {
-                            rootfs.remove_if_empty(rel);
-                        }
-                    }
-                }
+                None => unmake(&r.rootfs, &r.created),
             }
         }
     }
 
     /// Removes the state of every container whose init process is gone, and any directory a
     /// dead hook left half made. Requires the lock. Returns the ids it removed.
-    pub fn sweep(&self) -> Vec<String> {
+    pub fn sweep(&self, unmake: Unmake<'_>) -> Vec<String> {
         let Ok(dir) = fs::read_dir(self.containers()) else {
             return Vec::new();
         };
@@ -426,7 +413,7 @@ impl Root {
             }
         }
         for id in &dead {
-            self.remove(id, &live);
+            self.remove(id, &live, unmake);
         }
         dead
     }
@@ -436,6 +423,14 @@ impl Root {
 mod tests {
     use super::*;
     use std::os::unix::fs::MetadataExt;
+
+    /// What the hook's rootfs removal does, without its safe resolution.
+    fn unmake(rootfs: &Path, created: &[String]) {
+        for rel in created.iter().rev() {
+            let p = rootfs.join(rel);
+            let _ = fs::remove_file(&p).or_else(|_| fs::remove_dir(&p));
+        }
+    }
 
     /// Makes container `id`'s state under `root`, its place on the board under `node`.
     fn make(root: &Root, id: &str, config: &str, node: &Path) -> Made {
@@ -476,16 +471,21 @@ mod tests {
         let kinds = |skel: &Path| -> Vec<(String, bool)> {
             SKELETON
                 .iter()
-                .map(|(rel, _)| {
-                    let m = fs::symlink_metadata(skel.join(rel)).unwrap();
-                    (rel.to_string(), m.is_dir())
+                .map(|(path, _)| {
+                    let m = fs::symlink_metadata(skel.join(in_skeleton(path))).unwrap();
+                    (in_skeleton(path).to_string(), m.is_dir())
                 })
                 .collect()
         };
-        let want: Vec<(String, bool)> = SKELETON.iter().map(|(r, d)| (r.to_string(), *d)).collect();
+        let want: Vec<(String, bool)> = SKELETON
+            .iter()
+            .map(|(p, d)| (in_skeleton(p).to_string(), *d))
+            .collect();
+        assert_eq!(want[0], (String::new(), true));
+        assert_eq!(want[5], ("lib/libcuslice.so".to_string(), false));
         assert_eq!(kinds(&skel), want);
-        // The mount points inject.rs mounts the interposer on.
-        assert!(skel.join("lib").join(crate::hook::CORE_FILE).is_file());
+        // The mount points the hook mounts the interposer on.
+        assert!(skel.join("lib").join(paths::CORE_FILE).is_file());
         // A missing entry is made again; the others are left as they are.
         fs::remove_file(skel.join("lib/libcuslice.so")).unwrap();
         let node = fs::metadata(skel.join("node")).unwrap().ino();
@@ -500,7 +500,7 @@ mod tests {
         assert!(err.contains("agent is not a directory"), "{err}");
         assert!(!err.contains('\n'), "{err}");
         // Sweeping and emptying the trash leave it alone.
-        root.sweep();
+        root.sweep(&unmake);
         root.empty_trash();
         assert!(skel.join("node").is_dir());
     }
@@ -530,7 +530,7 @@ mod tests {
             .unwrap();
         }
         let half = make(&root, "half", "", node.path());
-        let mut gone = root.sweep();
+        let mut gone = root.sweep(&unmake);
         gone.sort();
         assert_eq!(gone, ["dead", "half"]);
         assert!(root.dir("live").join("mnt/slice/ledger").exists());
@@ -542,7 +542,7 @@ mod tests {
         // The live container shares the rootfs: it inherits the dead one's mount point.
         assert!(rootfs.path().join("made").exists());
         assert_eq!(root.read_record("live").unwrap().created, ["made", "made"]);
-        root.remove("live", &[]);
+        root.remove("live", &[], &unmake);
         assert!(!rootfs.path().join("made").exists());
         assert!(!root.dir("live").exists());
         assert!(!places[0].exists());
@@ -568,7 +568,7 @@ mod tests {
             created: vec!["made".into()],
         })
         .unwrap();
-        root.discard("c", &[]);
+        root.discard("c", &[], &unmake);
         assert!(!root.dir("c").exists());
         // Off the board at once, not when the trash is emptied.
         assert!(!made.claims.parent().unwrap().exists());

@@ -1,0 +1,145 @@
+//! The container slices the hook keeps under the state root (each read again when `cuslice
+//! set` replaces its hook file), and which slice a process is in, from /proc.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::sync::Arc;
+
+use cuslice_policy::config::Config as SliceConfig;
+use cuslice_state::host::{Record, Root, start_time};
+
+use super::{Slice, Verifier};
+use crate::cgroup::{self, Freezer, Scope};
+
+/// What tells a hook file replaced or changed since it was read.
+pub(super) fn stamp(path: &std::path::Path) -> Option<(u64, i64, i64)> {
+    fs::metadata(path)
+        .ok()
+        .map(|m| (m.ino(), m.mtime(), m.mtime_nsec()))
+}
+
+pub(super) fn short(id: &str) -> &str {
+    &id[..id.len().min(12)]
+}
+
+impl Verifier {
+    /// The live container slices under the state root.
+    pub(super) fn slices(&mut self) -> BTreeMap<String, Arc<Slice>> {
+        let root = Root::new(&self.cfg.state_root);
+        let mut out = BTreeMap::new();
+        let mut records: Vec<Record> = root.records();
+        records.sort_by(|a, b| a.id.cmp(&b.id));
+        let old = self.shared.lock().slices.clone();
+        for r in records {
+            if start_time(r.pid) != Some(r.start) {
+                continue; // gone; the next hook or `cuslice-hook sweep` removes it
+            }
+            let config_path = root.mnt(&r.id).join("slice/config");
+            let config_stamp = stamp(&config_path);
+            if let Some(s) = old.get(&r.id)
+                && s.init == r.pid
+                && s.config_stamp == config_stamp
+            {
+                out.insert(r.id.clone(), s.clone());
+                continue;
+            }
+            let config = match fs::read_to_string(&config_path)
+                .map_err(|e| e.to_string())
+                .and_then(|t| {
+                    SliceConfig::from_hook_file(&t, std::iter::empty::<(&str, &str)>())
+                        .map_err(|e| e.to_string())
+                }) {
+                Ok(c) => c,
+                Err(e) => {
+                    self.once(format!(
+                        "slice {}: {}: {e}; its limits are unknown, so it is not checked",
+                        short(&r.id),
+                        config_path.display()
+                    ));
+                    continue;
+                }
+            };
+            let init = cgroup::placement(r.pid).unwrap_or_default();
+            let scope = Scope::of(&init, &self.shared.agent);
+            let own_ns = fs::read_link("/proc/self/ns/pid").ok();
+            let pidns = fs::read_link(format!("/proc/{}/ns/pid", r.pid))
+                .ok()
+                .filter(|ns| Some(ns) != own_ns.as_ref());
+            let freezer = Freezer::for_scope(&scope, &self.mounts);
+            let lowered = fs::read_to_string(root.dir(&r.id).join(cuslice_node::set::LOWERED))
+                .ok()
+                .and_then(|t| serde_json::from_str(&t).ok())
+                .unwrap_or_default();
+            out.insert(
+                r.id.clone(),
+                Arc::new(Slice {
+                    ledger: root
+                        .mnt(&r.id)
+                        .join("slice")
+                        .join(cuslice_state::ledger::FILE_NAME),
+                    id: r.id,
+                    name: r.name,
+                    init: r.pid,
+                    pidns,
+                    scope,
+                    freezer,
+                    config,
+                    config_stamp,
+                    lowered,
+                }),
+            );
+        }
+        // Slices that went away: forget their cgroups (a cgroup that is gone needs no thaw).
+        let mut st = self.shared.lock();
+        for (id, s) in &old {
+            if out.contains_key(id) {
+                continue;
+            }
+            if let Some(f) = st.frozen.remove(id) {
+                let _ = f.freezer.thaw();
+            }
+            if let Ok(f) = &s.freezer {
+                let _ = st.record.remove(f);
+            }
+            st.unfreezable.remove(id);
+        }
+        out
+    }
+}
+
+/// The slice process `pid` (host pid) belongs to: the one whose init shares its pid namespace,
+/// or whose cgroup it is in.
+pub(super) fn classify(pid: i32, slices: &BTreeMap<String, Arc<Slice>>) -> Option<String> {
+    let ns = fs::read_link(format!("/proc/{pid}/ns/pid")).ok()?;
+    if let Some(s) = slices.values().find(|s| s.pidns.as_ref() == Some(&ns)) {
+        return Some(s.id.clone());
+    }
+    let p = cgroup::placement(pid).ok()?;
+    slices
+        .values()
+        .find(|s| s.scope.contains(&p))
+        .map(|s| s.id.clone())
+}
+
+/// The pid process `pid` has in its own pid namespace (the last field of `NSpid`).
+pub(super) fn inner_pid(pid: i32) -> Option<i32> {
+    fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))?
+        .split_whitespace()
+        .last()?
+        .parse()
+        .ok()
+}
+
+/// A variable of process `pid`'s environment as it was at exec.
+pub(super) fn environ(pid: i32, name: &str) -> Option<String> {
+    let raw = fs::read(format!("/proc/{pid}/environ")).ok()?;
+    raw.split(|&b| b == 0).find_map(|kv| {
+        let kv = std::str::from_utf8(kv).ok()?;
+        let (k, v) = kv.split_once('=')?;
+        (k == name).then(|| v.to_string())
+    })
+}
