@@ -55,21 +55,7 @@ pub trait Container {
 }
 
 pub fn root_required() {
-    assert!(
-        nix_is_root(),
-        "these tests start real container engines and need root (tests/run is run as root)"
-    );
-}
-
-fn nix_is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .map(|l| l.split_whitespace().nth(2) == Some("0"))
-        })
-        .unwrap_or(false)
+    cuslice_test_harness::require_root("these tests start real container engines");
 }
 
 /// A unique name for a container of this test run.
@@ -1297,18 +1283,8 @@ impl Daemon {
 }
 
 /// Waits up to 30 s for `f` to give a value.
-pub fn poll<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "no {what} in 30 s"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+pub fn poll<T>(what: &str, f: impl FnMut() -> Option<T>) -> T {
+    cuslice_test_harness::poll(what, 30, f)
 }
 
 /// Runs a command to completion; its stdout, or a failure naming the command and its stderr.

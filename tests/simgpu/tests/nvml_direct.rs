@@ -13,12 +13,7 @@ use cuda_abi::{
 #[test]
 fn nvml_lists_versions_and_process_utilisation() {
     let (_dir, cuda) = setup(&["--memory", "2GiB"]);
-    let nvml = Lib::open(
-        &std::path::Path::new(env!("CARGO_BIN_EXE_simgpu"))
-            .parent()
-            .unwrap()
-            .join("libsimgpu_nvml.so"),
-    );
+    let nvml = nvml_lib();
     // SAFETY: every signature below is the one cuda.h / nvml.h declares for that entry point.
     unsafe {
         let Core {

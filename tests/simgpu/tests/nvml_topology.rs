@@ -13,12 +13,7 @@ use direct::*;
 #[test]
 fn nvml_answers_the_topology_queries_nccl_makes() {
     let (_dir, _cuda) = setup(&["--memory", "2GiB", "--devices", "2"]);
-    let nvml = Lib::open(
-        &std::path::Path::new(env!("CARGO_BIN_EXE_simgpu"))
-            .parent()
-            .unwrap()
-            .join("libsimgpu_nvml.so"),
-    );
+    let nvml = nvml_lib();
     // SAFETY: every signature below is the one nvml.h declares for that entry point.
     unsafe {
         let nvml_init: Fn0 = nvml.f("nvmlInit_v2");

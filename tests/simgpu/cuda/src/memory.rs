@@ -531,13 +531,15 @@ pub unsafe extern "C" fn cuMemHostGetDevicePointer_v2(
     status(host_device_pointer(out, p, flags))
 }
 
+/// The same under the name `cuda.h` maps it to before the `_v2` ABI.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemHostGetDevicePointer(
     out: *mut CUdeviceptr,
     p: *mut c_void,
     flags: c_uint,
 ) -> CUresult {
-    status(host_device_pointer(out, p, flags))
+    // SAFETY: the caller's arguments, passed on.
+    unsafe { cuMemHostGetDevicePointer_v2(out, p, flags) }
 }
 
 #[unsafe(no_mangle)]

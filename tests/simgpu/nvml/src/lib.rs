@@ -178,9 +178,11 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex(
     by_index(i, out)
 }
 
+/// The device whose `f` is `key` (`same` decides, given `key` and a device's `f`).
 fn find(
     key: *const c_char,
     f: impl Fn(&State, u32) -> String,
+    same: impl Fn(&str, &str) -> bool,
     out: *mut nvmlDevice_t,
 ) -> nvmlReturn_t {
     status(state().and_then(|s| {
@@ -188,11 +190,9 @@ fn find(
             return Err(BAD_ARG);
         }
         // SAFETY: the caller passes a NUL-terminated string.
-        let want = unsafe { CStr::from_ptr(key) }
-            .to_string_lossy()
-            .to_ascii_lowercase();
+        let want = unsafe { CStr::from_ptr(key) }.to_string_lossy();
         let i = (0..s.ndev())
-            .find(|&i| f(s, i).to_ascii_lowercase() == want)
+            .find(|&i| same(&want, &f(s, i)))
             .ok_or(nvmlReturn_t::NVML_ERROR_NOT_FOUND)?;
         if s.lost(i) {
             return Err(nvmlReturn_t::NVML_ERROR_GPU_IS_LOST);
@@ -207,7 +207,12 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
     uuid: *const c_char,
     out: *mut nvmlDevice_t,
 ) -> nvmlReturn_t {
-    find(uuid, |s, i| s.uuid_string(i), out)
+    find(
+        uuid,
+        |s, i| s.uuid_string(i),
+        |a, b| a.eq_ignore_ascii_case(b),
+        out,
+    )
 }
 
 /// A PCI bus id as numbers (domain, bus, device, function): NVML takes both its own form
@@ -230,22 +235,8 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByPciBusId_v2(
     bus: *const c_char,
     out: *mut nvmlDevice_t,
 ) -> nvmlReturn_t {
-    status(state().and_then(|s| {
-        if bus.is_null() {
-            return Err(BAD_ARG);
-        }
-        // SAFETY: the caller passes a NUL-terminated string.
-        let want = bus_id_numbers(&unsafe { CStr::from_ptr(bus) }.to_string_lossy())
-            .ok_or(nvmlReturn_t::NVML_ERROR_NOT_FOUND)?;
-        let i = (0..s.ndev())
-            .find(|&i| bus_id_numbers(&s.pci_bus_id(i)) == Some(want))
-            .ok_or(nvmlReturn_t::NVML_ERROR_NOT_FOUND)?;
-        if s.lost(i) {
-            return Err(nvmlReturn_t::NVML_ERROR_GPU_IS_LOST);
-        }
-        // SAFETY: out-pointer from the caller.
-        unsafe { put(out, handle(i)) }
-    }))
+    let same = |a: &str, b: &str| bus_id_numbers(a).is_some_and(|a| Some(a) == bus_id_numbers(b));
+    find(bus, |s, i| s.pci_bus_id(i), same, out)
 }
 
 /// The same under the name `nvml.h` maps it to before the `_v2` ABI (NCCL asks for it).

@@ -33,6 +33,16 @@ impl Lib {
     }
 }
 
+/// The simulated libnvidia-ml.so.1, from beside the simgpu binary under test.
+pub fn nvml_lib() -> Lib {
+    Lib::open(
+        &std::path::Path::new(env!("CARGO_BIN_EXE_simgpu"))
+            .parent()
+            .unwrap()
+            .join("libsimgpu_nvml.so"),
+    )
+}
+
 /// A fresh state with `args`, named by SIMGPU_STATE for this (single-test) process, and the
 /// library loaded.
 pub fn setup(args: &[&str]) -> (tempfile::TempDir, Lib) {
