@@ -11,10 +11,9 @@
 //! cuslice-runtime applies the devices: it runs as the runc binary through a two-line script
 //! that adds `--cuslice-cdi-spec-dir=DIR`, the test's spec directory.
 
-mod common;
-
-use common::containerd::engine;
-use common::*;
+use cuslice_test_engines as engines;
+use cuslice_test_engines::containerd::engine;
+use cuslice_test_engines::*;
 
 engine_scenarios!(engine());
 
@@ -23,7 +22,7 @@ engine_scenarios!(engine());
 #[test]
 fn cdi_two_claims_on_one_device() {
     root_required();
-    common::cdi::two_claims(engine());
+    engines::cdi::two_claims(engine());
 }
 
 /// An annotation naming a device no spec defines: cuslice-runtime's one line (the annotation,
@@ -33,8 +32,8 @@ fn cdi_unknown_device_is_refused() {
     root_required();
     let e = engine();
     let key = "cdi.k8s.io/gpu.cuslice.io_nope";
-    let line = common::cdi::unknown_device(e, key);
-    let dir = common::cdi::CdiEngine::spec_dir(e);
+    let line = engines::cdi::unknown_device(e, key);
+    let dir = engines::cdi::CdiEngine::spec_dir(e);
     assert!(
         line.contains(&format!("annotation {key}: CDI device gpu.cuslice.io/claim=nope-gpu-0 is not defined in any spec under {}", dir.display())),
         "{line}"

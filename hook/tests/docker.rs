@@ -1,12 +1,10 @@
 //! The hook with Docker: `cuslice install --engine docker --prefix TMP/prefix --config
 //! TMP/daemon.json` registers cuslice-runtime as the runtime `cuslice`, dockerd is started with
 //! `--config-file TMP/daemon.json`, and containers choose it with `docker run --runtime=cuslice`.
-//! The image is an import of common::make_rootfs. One dockerd serves every test of this binary, with
-//! its data root, exec root (and the containerd it starts there), pidfile, socket and daemon.json
-//! under a temporary directory; it is stopped and the directory removed when the test process
-//! exits. Always /usr/bin/docker: a different client may come first on PATH.
-
-mod common;
+//! The image is an import of `make_rootfs`'s root filesystem. One dockerd serves every test of
+//! this binary, with its data root, exec root (and the containerd it starts there), pidfile,
+//! socket and daemon.json under a temporary directory; it is stopped and the directory removed
+//! when the test process exits. Always /usr/bin/docker: a different client may come first on PATH.
 
 use std::ffi::OsString;
 use std::io::BufReader;
@@ -14,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Output, Stdio};
 use std::sync::OnceLock;
 
-use common::*;
+use cuslice_test_engines::*;
 use cuslice_test_harness::Sim;
 
 const IMAGE: &str = "cuslice-test:local";

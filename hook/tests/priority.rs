@@ -3,12 +3,10 @@
 //! and a bad value refuses the container with one line; a high-priority probe container waits
 //! less beside a low-priority neighbour container than two containers without priority do.
 
-mod common;
-
 use std::process::{Command, Output, Stdio};
 
-use common::runc::{RuncContainer, bundle};
-use common::*;
+use cuslice_test_engines::runc::{RuncContainer, bundle};
+use cuslice_test_engines::*;
 use cuslice_test_harness::Sim;
 use serde_json::json;
 

@@ -1,15 +1,14 @@
 //! The hook with plain runc: OCI bundles whose config.json lists `cuslice-hook prestart` and
 //! `poststop` (the "done when"), run with `runc run`.
 
-mod common;
-
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::preload::{self, Prepared};
-use common::runc::{Bundle, RuncContainer, bundle, state_pid};
-use common::*;
+use cuslice_test_engines as engines;
+use cuslice_test_engines::preload::{self, Prepared};
+use cuslice_test_engines::runc::{Bundle, RuncContainer, bundle, state_pid};
+use cuslice_test_engines::*;
 use cuslice_test_harness::Sim;
 use serde_json::{Value, json};
 
@@ -63,7 +62,7 @@ hostile_scenarios!(&Runc);
 #[test]
 fn demo_shares_hold_with_the_agent() {
     root_required();
-    common::shares::shares_hold(&Runc);
+    engines::shares::shares_hold(&Runc);
 }
 
 /// The image is left as it was: the mount points the hook made are gone after the container.
@@ -520,7 +519,7 @@ fn a_huge_image_preload_does_not_hold_up_other_containers() {
 #[test]
 fn a_cap_no_device_holds_and_a_long_value_are_refused_in_one_short_line() {
     root_required();
-    common::too_large_or_too_long(&Runc);
+    engines::too_large_or_too_long(&Runc);
 }
 
 // ---- a slice's first context beside busy neighbours --------------------------------------------
@@ -799,7 +798,7 @@ print(json.dumps([[s.name, s.labels] for f in text_string_to_metric_families(sys
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("python3 (tests/ensure-tools installs it and prometheus-client)");
+        .expect("python3 (tests/tools/ensure-tools installs it and prometheus-client)");
     py.stdin.take().unwrap().write_all(body.as_bytes()).unwrap();
     let parsed = py.wait_with_output().unwrap();
     assert!(

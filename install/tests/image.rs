@@ -48,7 +48,7 @@ fn missing() -> Option<&'static str> {
         return Some("needs root");
     }
     if !have("podman") || !have("runc") {
-        return Some("needs podman and runc (tests/ensure-tools installs them)");
+        return Some("needs podman and runc (tests/tools/ensure-tools installs them)");
     }
     if !have("objcopy") {
         return Some("needs objcopy (binutils) to strip the image's files");
@@ -137,7 +137,7 @@ fn mount(host: &Path, inside: &str, ro: bool) -> [String; 2] {
 }
 
 /// The simulated GPU as the NVIDIA container runtime would give it: NVML at the driver's path,
-/// the simulator's state and its device memory (hook/tests/common: `gpu_mounts`).
+/// the simulator's state and its device memory (as `cuslice_test_engines::gpu_mounts`).
 fn gpu_options(sim: &Sim) -> Vec<String> {
     let mut o = Vec::new();
     o.extend(mount(

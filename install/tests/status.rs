@@ -1,7 +1,7 @@
 //! `cuslice status`, `top` and `exporter` against live standalone slices on simgpu: every figure
 //! is checked against the simulator's ground truth (what each process holds, the device time it
 //! used), and what the exporter serves is parsed by the Prometheus project's own OpenMetrics
-//! parser (Python `prometheus_client`, installed by tests/ensure-tools). Container slices are
+//! parser (Python `prometheus_client`, installed by tests/tools/ensure-tools). Container slices are
 //! checked with every engine in hook/tests (`status_shows_the_container`).
 
 use std::collections::HashMap;
@@ -283,7 +283,7 @@ print(json.dumps({"samples": samples, "types": types}))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("python3 (tests/ensure-tools installs it and prometheus-client)");
+        .expect("python3 (tests/tools/ensure-tools installs it and prometheus-client)");
     py.stdin.take().unwrap().write_all(body.as_bytes()).unwrap();
     let out = py.wait_with_output().unwrap();
     assert!(

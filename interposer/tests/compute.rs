@@ -1,6 +1,6 @@
 //! Compute time-share on the simulator: each slice's share of device time, read from
 //! `simgpu show` (device_time_ns per process, the simulator's ground truth) over a window that
-//! starts once the slices have settled. The full scenario table is `tests/share.py` (bench).
+//! starts once the slices have settled. The full scenario table is `tests/tools/share.py` (bench).
 
 mod common;
 use common::*;

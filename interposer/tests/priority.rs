@@ -1,7 +1,7 @@
 //! Priority (`CUSLICE_PRIORITY`) on the simulator: real processes through libcuslice, device time
 //! from `simgpu show` (the simulator's ground truth), probe latencies from the probe itself. No
-//! goal is timed here (tests/latency.py measures them); each test compares runs made side by side
-//! with wide margins, or checks that something happens at all.
+//! goal is timed here (tests/tools/latency.py measures them); each test compares runs made side
+//! by side with wide margins, or checks that something happens at all.
 
 mod common;
 use common::*;

@@ -128,7 +128,7 @@ pub fn earned(share: u32, elapsed_ns: u64) -> i64 {
 /// more than it can use meanwhile, and gets it back afterwards from the bank. With a bank of
 /// 20 ms of share, a 70% slice beside a 30% one banks 14 ms: less than two 10 ms kernels, so
 /// earnings past one kernel were thrown away at each such stall, and its 1 s share dipped 2 to
-/// 3 points below 70% now and then (tests/share.py "10ms 30/70", #18).
+/// 3 points below 70% now and then (tests/tools/share.py "10ms 30/70").
 pub fn bank(share: u32, cost_ns: u64) -> i64 {
     let launches = (cost_ns.saturating_mul(BANK_LAUNCHES)).min(i64::MAX as u64) as i64;
     earned(share, BANK_NS).max(launches).max(MIN_BANK_NS)
@@ -160,7 +160,7 @@ pub fn pause_ns(debt_ns: i64, share: u32) -> u64 {
 /// reading's launch count is often one off, and its ratio 15% off. Averaged per reading, that
 /// error moved the estimate 10% for half a second at a time, and the slice was charged that much
 /// too much or too little until the readings caught up: 1 s shares 2 to 3 points off with 10 ms
-/// kernels (tests/share.py "10ms 30/70"). In the sums, a launch counted late is counted all the
+/// kernels (tests/tools/share.py "10ms 30/70"). In the sums, a launch counted late is counted all the
 /// same, with the device time it used.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CostEstimate {

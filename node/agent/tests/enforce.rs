@@ -6,10 +6,7 @@
 //! process holds, the device time it used), the kernel (the cgroup freezer's state, exit
 //! statuses), never the agent's own files alone.
 //!
-//! Needs root, runc and busybox (`tests/ensure-tools`), and the release build.
-
-#[path = "../../../hook/tests/common/mod.rs"]
-mod common;
+//! Needs root, runc and busybox (`tests/tools/ensure-tools`), and the release build.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -18,8 +15,9 @@ use std::process::{Child, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::runc::RuncContainer;
-use common::{Container, Spec, name, root_required};
+use cuslice_test_engines as engines;
+use cuslice_test_engines::runc::RuncContainer;
+use cuslice_test_engines::{Container, Spec, name, root_required};
 use cuslice_test_harness::{GIB, MIB, Sim, bin_dir, poll};
 use serde_json::{Value, json};
 
@@ -291,8 +289,8 @@ fn stop_kills_a_slice_over_its_memory_cap() {
             read_only: false,
         },
     );
-    common::wait_for(&mut c, "bypass");
-    let holding = common::wait_for(&mut c, "holding");
+    engines::wait_for(&mut c, "bypass");
+    let holding = engines::wait_for(&mut c, "holding");
     let over_at = Instant::now();
     let pid = c.host_pid();
     let (held, _) = truth(&sim, pid);
@@ -363,7 +361,7 @@ fn stop_holds_a_slice_to_its_core_limit_by_freezing() {
             read_only: false,
         },
     );
-    common::wait_for(&mut c, "start");
+    engines::wait_for(&mut c, "start");
     let started = Instant::now();
     let pid = c.host_pid();
     let freezer = PathBuf::from(format!("/sys/fs/cgroup/freezer/{n}/freezer.state"));
@@ -489,8 +487,8 @@ fn report_shows_the_overuse_and_kills_nothing() {
             read_only: false,
         },
     );
-    common::wait_for(&mut c, "holding");
-    common::wait_for(&mut h, "holding");
+    engines::wait_for(&mut c, "holding");
+    engines::wait_for(&mut h, "holding");
     let pid = c.host_pid();
     let line = agent.wait_log("by the driver's count, over its cap", 20);
     assert!(line.contains(&n[..12]) && line.contains("1 GiB"), "{line}");
@@ -589,7 +587,7 @@ fn a_ledger_written_over_is_found() {
             read_only: false,
         },
     );
-    let t = common::wait_for(&mut c, "tampered");
+    let t = engines::wait_for(&mut c, "tampered");
     assert!(t["words"].as_u64().unwrap() >= 2, "{t}");
     let pid = c.host_pid();
     let f = poll("a ledger finding", 15, || {
@@ -633,7 +631,7 @@ fn files_grown_past_their_size_are_found_and_cut_back() {
             read_only: false,
         },
     );
-    let (tried, _) = common::lines_until(&mut c, "ready");
+    let (tried, _) = engines::lines_until(&mut c, "ready");
     let grown: Vec<String> = tried
         .iter()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
@@ -729,7 +727,7 @@ fn stop_leaves_a_slice_the_library_holds_alone() {
             read_only: false,
         },
     );
-    common::wait_for(&mut c, "start");
+    engines::wait_for(&mut c, "start");
     let pid = c.host_pid();
     std::thread::sleep(Duration::from_secs(3));
     let (_, t0) = truth(&sim, pid);
@@ -813,7 +811,7 @@ fn stop_holds_long_queued_kernels_by_the_drivers_count() {
             read_only: false,
         },
     );
-    common::wait_for(&mut c, "start");
+    engines::wait_for(&mut c, "start");
     let truth = Truth::start(&sim);
     agent.wait_log("over its core limit", 30);
     // Settle, then measure.
@@ -894,7 +892,7 @@ fn stop_kills_queued_work_freezing_cannot_hold() {
             read_only: false,
         },
     );
-    common::wait_for(&mut c, "start");
+    engines::wait_for(&mut c, "start");
     let started = unix_now();
     let truth = Truth::start(&sim);
     let (at, line) = poll("kill by the agent", 30, || agent.logged_at("killed pid"));
@@ -975,7 +973,7 @@ fn stop_kills_a_slice_that_keeps_going_back_over_its_cap() {
         },
     );
     let truth = Truth::start(&sim);
-    common::wait_for(&mut c, "holding");
+    engines::wait_for(&mut c, "holding");
     let started = unix_now();
     let until = Instant::now() + Duration::from_secs(40);
     let status = loop {
@@ -1053,7 +1051,7 @@ fn stop_leaves_a_slice_filling_its_cap_alone() {
         },
     );
     let truth = Truth::start(&sim);
-    common::wait_for(&mut c, "holding");
+    engines::wait_for(&mut c, "holding");
     let started = unix_now();
     std::thread::sleep(Duration::from_secs(20));
     let peak = truth.samples().iter().map(|s| s.1).max().unwrap();
@@ -1083,7 +1081,7 @@ fn frozen_often(sim: &Sim, root: &Path, n: &str) -> RuncContainer {
             read_only: false,
         },
     );
-    common::wait_for(&mut c, "start");
+    engines::wait_for(&mut c, "start");
     c
 }
 
@@ -1330,7 +1328,7 @@ fn stop_finds_nothing_against_honest_workloads() {
         );
         if what == "churn" {
             // Its context made before the others start: it churns while they make theirs.
-            common::wait_for(&mut c, "start");
+            engines::wait_for(&mut c, "start");
         }
         running.push((what.clone(), n, c));
     }
@@ -1495,8 +1493,8 @@ fn stop_leaves_honest_slices_sharing_the_device_alone() {
             },
         );
         let mut b = start(&small, neighbour, &format!("exec {flat_out}"));
-        common::wait_for(&mut a, "start");
-        common::wait_for(&mut b, "start");
+        engines::wait_for(&mut a, "start");
+        engines::wait_for(&mut b, "start");
         let truth = Truth::start(&sim);
         let pb = b.host_pid();
         let (_, b0) = self::truth(&sim, pb);
@@ -1601,8 +1599,8 @@ fn bypass_beside_honest(model: &str) {
     let (bad, good) = (name("bypass20"), name("honest30"));
     let mut h = start(&good, "CUSLICE_CORE_LIMIT=30", "");
     let mut b = start(&bad, "CUSLICE_CORE_LIMIT=20", "bypass");
-    common::wait_for(&mut h, "start");
-    common::wait_for(&mut b, "start");
+    engines::wait_for(&mut h, "start");
+    engines::wait_for(&mut b, "start");
     let (ph, pb) = (h.host_pid(), b.host_pid());
     let line = agent.wait_log("over its core limit", 30);
     let by = if model == "per-process" {

@@ -5,12 +5,9 @@
 //! cap, the agent killed). Every PromQL expression of the dashboard is asked of the same
 //! Prometheus: it must parse and return data.
 //!
-//! Needs root, runc and busybox, Debian's prometheus package (`tests/ensure-tools` installs
+//! Needs root, runc and busybox, Debian's prometheus package (`tests/tools/ensure-tools` installs
 //! them), and the release build. Without prometheus the tests are skipped with one line, except
 //! under `CI`, where they fail.
-
-#[path = "../../../hook/tests/common/mod.rs"]
-mod common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -18,8 +15,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::runc::RuncContainer;
-use common::{Container, Spec, name, root_required};
+use cuslice_test_engines as engines;
+use cuslice_test_engines::runc::RuncContainer;
+use cuslice_test_engines::{Container, Spec, name, root_required};
 use cuslice_test_harness::{GIB, Sim, bin_dir, poll};
 use serde_json::Value;
 
@@ -41,7 +39,7 @@ fn prometheus_tools() -> Option<(PathBuf, PathBuf)> {
         return Some((p, t));
     }
     let why = "prometheus and promtool are not on PATH: Debian's prometheus package is missing \
-               (tests/ensure-tools installs it)";
+               (tests/tools/ensure-tools installs it)";
     assert!(std::env::var_os("CI").is_none(), "{why}");
     println!("SKIPPED: {why}");
     None
@@ -375,7 +373,7 @@ fn prometheus_scrapes_the_agent_and_fires_on_a_bypass() {
         },
         &hook_args,
     );
-    common::wait_for(&mut h, "holding");
+    engines::wait_for(&mut h, "holding");
     let sel = format!("slice=\"{honest}\"");
     poll("Prometheus's first scrape of the agent", 20, || {
         (prom.value("up{job=\"cuslice\"}") == Some(1.0)).then_some(())
@@ -493,7 +491,7 @@ fn prometheus_scrapes_the_agent_and_fires_on_a_bypass() {
         },
         &hook_args,
     );
-    common::wait_for(&mut b, "holding");
+    engines::wait_for(&mut b, "holding");
     let started = Instant::now();
     let pid = b.host_pid();
     let firing = poll(
@@ -610,7 +608,7 @@ fn prometheus_fires_when_the_agent_kills_a_bypass() {
         },
         &["--state-root", root.path().to_str().unwrap()],
     );
-    common::wait_for(&mut b, "holding");
+    engines::wait_for(&mut b, "holding");
     let pid = b.host_pid();
     let started = Instant::now();
     let killed = poll("CusliceAgentKilled firing", 30, || {

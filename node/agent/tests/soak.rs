@@ -16,10 +16,7 @@
 //! - nothing is left behind: no container state, no place on the compute board, no process on
 //!   the simulated device, no frozen cgroup.
 //!
-//! Needs root, runc and busybox (`tests/ensure-tools`), and the release build.
-
-#[path = "../../../hook/tests/common/mod.rs"]
-mod common;
+//! Needs root, runc and busybox (`tests/tools/ensure-tools`), and the release build.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -28,8 +25,9 @@ use std::process::{Child, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::runc::RuncContainer;
-use common::{Container, Spec, name, root_required};
+use cuslice_test_engines as engines;
+use cuslice_test_engines::runc::RuncContainer;
+use cuslice_test_engines::{Container, Spec, name, root_required};
 use cuslice_test_harness::{GIB, Sim, bin_dir};
 
 const GRACE_S: f64 = 2.0;
@@ -186,7 +184,7 @@ fn soak() {
                 &["CUSLICE_MEMORY_LIMIT=1GiB", &env],
                 &honest_cmd,
             );
-            common::wait_for(&mut c, "start");
+            engines::wait_for(&mut c, "start");
             (limit, c)
         })
         .collect();
@@ -245,7 +243,7 @@ fn soak() {
                     "120",
                 ],
             );
-            common::wait_for(&mut c, "start");
+            engines::wait_for(&mut c, "start");
             let pid = c.host_pid();
             bypasses.push(Bypass {
                 c: Some(c),
@@ -280,7 +278,7 @@ fn soak() {
                     "120",
                 ],
             );
-            common::wait_for(&mut c, "start");
+            engines::wait_for(&mut c, "start");
             let pid = c.host_pid() as i64;
             eprintln!(
                 "a compute bypass starts at {:.0} s",
@@ -316,7 +314,7 @@ fn soak() {
                     "4",
                 ],
             );
-            common::wait_for(&mut c, "start");
+            engines::wait_for(&mut c, "start");
             churners_started += 1;
             let life = 5 + (round * 7919) % 21;
             churners.push((c, Instant::now() + Duration::from_secs(life)));

@@ -1,11 +1,11 @@
 //! Clients nobody here wrote, used as their users use them: `tests/clients/cuda_client.py` calls
 //! the driver through NVIDIA's `cuda-bindings` (`cuda.bindings.driver`) and NVML through
-//! `nvidia-ml-py` (`pynvml`), both pinned in tests/requirements.txt. Each test runs it on simgpu,
-//! with and without libcuslice.so preloaded, and checks what it printed against the simulator's
-//! ground truth (`simgpu show`).
+//! `nvidia-ml-py` (`pynvml`), both pinned in tests/tools/requirements.txt. Each test runs it on
+//! simgpu, with and without libcuslice.so preloaded, and checks what it printed against the
+//! simulator's ground truth (`simgpu show`).
 //!
 //! Without python3 or those packages the tests print one skip line and pass, except under `CI`,
-//! where they fail (tests/ensure-tools installs them).
+//! where they fail (tests/tools/ensure-tools installs them).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -53,9 +53,11 @@ fn have_python() -> bool {
         Err(why) => {
             assert!(
                 std::env::var_os("CI").is_none(),
-                "{why}; tests/ensure-tools installs tests/requirements.txt"
+                "{why}; tests/tools/ensure-tools installs tests/tools/requirements.txt"
             );
-            eprintln!("skipped: {why}; tests/ensure-tools installs tests/requirements.txt");
+            eprintln!(
+                "skipped: {why}; tests/tools/ensure-tools installs tests/tools/requirements.txt"
+            );
             false
         }
     }

@@ -1,6 +1,6 @@
 """Compute: slices running real kernels (the workload's PTX spin kernel, and PyTorch matmul loops)
 at core limits and requests, each slice's achieved share judged by NVML's per-process samples.
-The spin scenarios are tests/share.py's, so the tier and the benchmark mean the same thing.
+The spin scenarios are tests/tools/share.py's, so the tier and the benchmark mean the same thing.
 
 A real driver gives one utilisation sample a period, naming one process, with the device's
 utilisation (docs/compute.md, "The meter"): there NVML cannot say what each of several processes
@@ -26,7 +26,7 @@ TORCH = "PyTorch bf16 matmul loops at 30/70"
 
 
 def _share_py():
-    path = os.path.join(os.path.dirname(__file__), "..", "..", "share.py")
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "tools", "share.py")
     spec = importlib.util.spec_from_file_location("share", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

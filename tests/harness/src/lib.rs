@@ -2,6 +2,8 @@
 //! and the interposer's). They need the release build of the whole workspace
 //! (`cargo build --release --workspace`), which `tests/run` does first.
 
+pub mod direct;
+
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -4,9 +4,7 @@
 use std::ffi::{CString, c_int, c_uint, c_void};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-#[path = "common/direct.rs"]
-mod direct;
-use direct::*;
+use cuslice_test_harness::direct::*;
 
 const MIB: usize = 1 << 20;
 

@@ -1,7 +1,6 @@
 //! The simulated compute engine: device time, contention between processes, events, graphs.
 
-mod common;
-use common::*;
+use cuslice_test_harness::*;
 
 const MS: u64 = 1_000_000;
 

@@ -2,9 +2,7 @@
 
 use std::ffi::{CString, c_char, c_int, c_uint, c_void};
 
-#[path = "common/direct.rs"]
-mod direct;
-use direct::*;
+use cuslice_test_harness::direct::*;
 
 #[test]
 fn the_driver_answers_with_the_real_status_codes() {

@@ -5,9 +5,7 @@
 
 use std::ffi::{c_int, c_uint, c_void};
 
-#[path = "common/direct.rs"]
-mod direct;
-use direct::*;
+use cuslice_test_harness::direct::*;
 
 const MIB: usize = 1 << 20;
 

@@ -4,9 +4,7 @@
 use std::ffi::{c_uint, c_void};
 use std::ptr::null_mut;
 
-#[path = "common/direct.rs"]
-mod direct;
-use direct::*;
+use cuslice_test_harness::direct::*;
 
 const MIB: usize = 1 << 20;
 const GIB: usize = 1 << 30;

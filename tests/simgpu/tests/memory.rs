@@ -1,7 +1,6 @@
 //! Device memory as the simulated driver models it, checked end to end with real processes.
 
-mod common;
-use common::*;
+use cuslice_test_harness::*;
 
 const ROUTES: [&str; 5] = ["dlsym", "proc-v1", "proc-v2", "cudart-12.9", "cudart-13.0"];
 

@@ -4,9 +4,7 @@
 
 use std::ffi::{c_uint, c_void};
 
-#[path = "common/direct.rs"]
-mod direct;
-use direct::*;
+use cuslice_test_harness::direct::*;
 
 const MIB: usize = 1 << 20;
 

@@ -1,7 +1,6 @@
 //! NVML agrees with the device model; cuGetProcAddress answers both libcudart request lists.
 
-mod common;
-use common::*;
+use cuslice_test_harness::*;
 use std::time::Duration;
 
 #[test]

@@ -2,9 +2,7 @@
 
 use std::ffi::{CString, c_char, c_uint, c_void};
 
-#[path = "common/direct.rs"]
-mod direct;
-use direct::*;
+use cuslice_test_harness::direct::*;
 
 use cuda_abi::{
     NVML_MEMORY_V2, nvmlMemory_v2_t, nvmlProcessInfo_v2_t, nvmlProcessUtilizationSample_t,

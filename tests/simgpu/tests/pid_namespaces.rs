@@ -3,10 +3,7 @@
 //! locks must still tell their holders apart, and no process killed at any instruction, waiting
 //! or holding, may take another process down, hang it, or spoil the device's accounting.
 
-mod common;
-use common::*;
-
-use cuslice_test_harness::require_root;
+use cuslice_test_harness::*;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};

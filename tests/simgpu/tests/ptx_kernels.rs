@@ -5,9 +5,7 @@
 use std::ffi::{CString, c_void};
 use std::ptr::null_mut;
 
-#[path = "common/direct.rs"]
-mod direct;
-use direct::*;
+use cuslice_test_harness::direct::*;
 
 const PTX: &str = "\
 // simgpu-kernel spin block-ns=param1

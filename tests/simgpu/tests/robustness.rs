@@ -1,7 +1,6 @@
 //! The shared state survives processes dying at any point, and refuses files it does not understand.
 
-mod common;
-use common::*;
+use cuslice_test_harness::*;
 use std::process::Command;
 use std::time::{Duration, Instant};
 

@@ -7,8 +7,7 @@
 //! `TEARDOWN_CHILD` is set) under `simgpu run`: a failure there is an abort, which must not take
 //! the test runner down.
 
-mod common;
-use common::*;
+use cuslice_test_harness::*;
 
 use std::ffi::{c_char, c_int, c_void};
 use std::process::Command;

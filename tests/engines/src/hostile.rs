@@ -484,23 +484,23 @@ macro_rules! hostile_scenarios {
     ($engine:expr) => {
         #[test]
         fn hostile_two_containers_share_nothing_writable() {
-            $crate::common::root_required();
-            $crate::common::hostile::nothing_shared_is_writable($engine);
+            $crate::root_required();
+            $crate::hostile::nothing_shared_is_writable($engine);
         }
         #[test]
         fn hostile_forged_claims_take_nothing_from_a_neighbour() {
-            $crate::common::root_required();
-            $crate::common::hostile::forged_claims_take_nothing($engine);
+            $crate::root_required();
+            $crate::hostile::forged_claims_take_nothing($engine);
         }
         #[test]
         fn hostile_preload_dropped_by_ld_audit_is_stopped_by_the_agent() {
-            $crate::common::root_required();
-            $crate::common::hostile::preload_dropped_is_stopped_by_the_agent($engine);
+            $crate::root_required();
+            $crate::hostile::preload_dropped_is_stopped_by_the_agent($engine);
         }
         #[test]
         fn hostile_replaced_or_locked_state_hangs_nobody() {
-            $crate::common::root_required();
-            $crate::common::hostile::replaced_state_hangs_nobody($engine);
+            $crate::root_required();
+            $crate::hostile::replaced_state_hangs_nobody($engine);
         }
     };
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Each slice's compute share over a window: `cuslice status` beside the simulator's ground truth.
 
-Usage: python3 tests/demo-shares.py BIN STATE [--secs 10] [--json OUT]
+Usage: python3 tests/tools/demo-shares.py BIN STATE [--secs 10] [--json OUT]
 
 BIN is target/release, STATE the simulated GPU's state file. It reads every process's device
 time from `simgpu show` (the simulator's count), waits SECS, reads it again and runs

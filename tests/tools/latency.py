@@ -14,11 +14,11 @@ The neighbour's throughput is its device time over the probe's reported window, 
 the device time the probe leaves idle (window - the probe's device time): both from
 `device_time_ns` in `simgpu show --json` (the simulator's ground truth). Goals: p99
 with a low-priority neighbour at most p99 alone + one neighbour kernel; the neighbour gets at least
-80% of the idle time. Used by tests/bench; `tests/latency.py [1ms|10ms ...]` runs some.
+80% of the idle time. Used by tests/bench; `tests/tools/latency.py [1ms|10ms ...]` runs some.
 """
 import json, os, subprocess, sys, tempfile, threading, time
 
-BIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "target", "release")
+BIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "target", "release")
 SIMGPU, WORKLOAD, LIB = (os.path.join(BIN, n) for n in ("simgpu", "cuda-workload", "libcuslice.so"))
 SECS = float(os.environ.get("LATENCY_SECS", "6"))
 WARMUP = float(os.environ.get("LATENCY_WARMUP", "1.5"))

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Plot a timeline of `cuslice status --json` snapshots as an SVG (standard library only).
 
-Usage: python3 tests/plot-slices.py TIMELINE.jsonl OUT.svg [--title TEXT]
+Usage: python3 tests/tools/plot-slices.py TIMELINE.jsonl OUT.svg [--title TEXT]
 
 TIMELINE.jsonl holds one snapshot per line, as printed by `cuslice status --json`:
 

@@ -1,7 +1,7 @@
 //! The hook with Podman: `cuslice install --engine podman --prefix TMP/prefix --config TMP/hooks.d`
 //! writes two OCI hook descriptors (createRuntime and poststop), given with `podman --hooks-dir
 //! TMP/hooks.d`. Podman runs createRuntime through runc, and poststop itself after it deleted the
-//! container. Each container's root filesystem is a fresh common::make_rootfs directory (`podman
+//! container. Each container's root filesystem is a fresh `make_rootfs` directory (`podman
 //! run --rootfs`), so no image is stored; the storage driver is vfs, which mounts nothing. Podman
 //! has no daemon: its root, runroot, tmpdir and network configuration live under one temporary
 //! directory per test binary, removed (after every container left in it) when the test process

@@ -5,11 +5,11 @@ Each scenario starts its slices at once (each slice one process launching back t
 the library), reads every process's device time from `simgpu show` (the simulator's ground
 truth) every 250 ms, and reports each slice's share over the settled window (from SETTLE s to the
 end), the worst 1 s window in it, and when the slice's 1 s share first came within 2 points of
-its final figure and stayed there. Used by tests/bench; `tests/share.py [NAME...]` runs some.
+its final figure and stayed there. Used by tests/bench; `tests/tools/share.py [NAME...]` runs some.
 """
 import json, os, subprocess, sys, tempfile, time
 
-BIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "target", "release")
+BIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "target", "release")
 SIMGPU, WORKLOAD, LIB = (os.path.join(BIN, n) for n in ("simgpu", "cuda-workload", "libcuslice.so"))
 SECS = float(os.environ.get("SHARE_SECS", "8"))
 SETTLE = float(os.environ.get("SHARE_SETTLE", "3"))

@@ -26,7 +26,7 @@ pub fn bundle(sim: &Sim, spec: &Spec<'_>, hook_args: &[&str]) -> Bundle {
         .arg("spec")
         .current_dir(&path)
         .output()
-        .expect("runc is missing: apt-get install runc (tests/ensure-tools does)");
+        .expect("runc is missing: apt-get install runc (tests/tools/ensure-tools does)");
     assert!(
         out.status.success(),
         "runc spec: {}",

@@ -1,5 +1,5 @@
-//! Calling the simulated libcuda.so.1 directly (dlopen + dlsym), for tests of single entry points.
-#![allow(dead_code)]
+//! Calling the simulated libcuda.so.1 and libnvidia-ml.so.1 directly (dlopen + dlsym), in the
+//! test process, for simgpu's tests of single entry points.
 
 use std::ffi::{CString, c_char, c_int, c_uint, c_void};
 
@@ -33,14 +33,9 @@ impl Lib {
     }
 }
 
-/// The simulated libnvidia-ml.so.1, from beside the simgpu binary under test.
+/// The simulated libnvidia-ml.so.1 of this build.
 pub fn nvml_lib() -> Lib {
-    Lib::open(
-        &std::path::Path::new(env!("CARGO_BIN_EXE_simgpu"))
-            .parent()
-            .unwrap()
-            .join("libsimgpu_nvml.so"),
-    )
+    Lib::open(&crate::bin_dir().join("libsimgpu_nvml.so"))
 }
 
 /// A fresh state with `args`, named by SIMGPU_STATE for this (single-test) process, and the
@@ -48,8 +43,7 @@ pub fn nvml_lib() -> Lib {
 pub fn setup(args: &[&str]) -> (tempfile::TempDir, Lib) {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
-    let simgpu = env!("CARGO_BIN_EXE_simgpu");
-    let out = std::process::Command::new(simgpu)
+    let out = std::process::Command::new(crate::simgpu())
         .arg("init")
         .args(args)
         .arg("--state")
@@ -63,12 +57,7 @@ pub fn setup(args: &[&str]) -> (tempfile::TempDir, Lib) {
     );
     // SAFETY: each test binary using this has one test, so nothing reads the environment concurrently.
     unsafe { std::env::set_var("SIMGPU_STATE", &state) };
-    let lib = Lib::open(
-        &std::path::Path::new(simgpu)
-            .parent()
-            .unwrap()
-            .join("libsimgpu_cuda.so"),
-    );
+    let lib = Lib::open(&crate::bin_dir().join("libsimgpu_cuda.so"));
     (dir, lib)
 }
 

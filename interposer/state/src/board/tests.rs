@@ -1,0 +1,212 @@
+use super::*;
+use cuslice_policy::grant::Origin;
+
+const UUID: [u8; 16] = [7; 16];
+
+fn grant(request: u32, limit: u32, priority: Priority) -> Grant {
+    Grant {
+        request,
+        limit,
+        priority,
+        origin: Origin::Standalone,
+    }
+}
+
+fn standalone(node: &Path, slice: u64, g: Grant) -> Board {
+    Board::open(node, slice, Maker::Standalone(g)).unwrap()
+}
+
+fn post(b: &Board, request: u32, limit: u32, priority: Priority, usage: u32) {
+    let now = now_ns();
+    b.post(
+        0,
+        &UUID,
+        &Post {
+            request,
+            limit,
+            priority,
+            usage,
+            launched: usage,
+            hungry_until: now + 1_000_000_000,
+            active_ns: now,
+        },
+        now,
+    );
+}
+
+#[test]
+fn a_slice_sees_the_others_bounded_by_their_grants() {
+    let node = tempfile::tempdir().unwrap();
+    let a = standalone(node.path(), 1, grant(0, FULL, Priority::Normal));
+    let b = standalone(node.path(), 2, grant(300_000, 500_000, Priority::Normal));
+    a.claim(0, &UUID, 0, FULL, Priority::Normal).unwrap();
+    b.claim(0, &UUID, 300_000, 500_000, Priority::Normal)
+        .unwrap();
+    post(&a, 0, FULL, Priority::Normal, 100_000);
+    // B says more than it was granted: the whole device, high priority.
+    post(&b, FULL, FULL, Priority::High, 2 * FULL);
+    let now = now_ns();
+    let (views, highs) = a.views(0, &UUID, now, now - 1_000_000_000);
+    assert_eq!(views.len(), 2);
+    assert_eq!(views[0].slice, 1);
+    assert_eq!(views[0].demand.usage, 100_000);
+    let v = views[1];
+    assert_eq!(v.slice, 2);
+    assert_eq!((v.demand.request, v.demand.limit), (300_000, 500_000));
+    assert_eq!(v.priority, Priority::Normal);
+    assert_eq!(v.demand.usage, FULL);
+    assert!(v.demand.hungry);
+    assert!(highs.is_empty());
+}
+
+#[test]
+fn requests_past_the_device_are_refused_and_a_stale_claim_frees_its_request() {
+    let node = tempfile::tempdir().unwrap();
+    let a = standalone(node.path(), 1, grant(600_000, FULL, Priority::Normal));
+    let b = standalone(node.path(), 2, grant(600_000, FULL, Priority::Normal));
+    a.claim(0, &UUID, 600_000, FULL, Priority::Normal).unwrap();
+    let e = b
+        .claim(0, &UUID, 500_000, FULL, Priority::Normal)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("has 60% requested by other slices"), "{e}");
+    assert!(e.contains("ask for at most 40%"), "{e}");
+    b.claim(0, &UUID, 400_000, FULL, Priority::Normal).unwrap();
+    // A process of A joining later finds the claim held.
+    let a2 = Board::open(node.path(), 1, Maker::Hooked).unwrap();
+    a2.claim(0, &UUID, 600_000, FULL, Priority::Normal).unwrap();
+    // A's processes die: once its claim is stale, its request counts no more.
+    a.entry(0)
+        .unwrap()
+        .beat_ns
+        .store(now_ns() - STALE_NS - 1, Ordering::Relaxed);
+    let c = standalone(node.path(), 3, grant(FULL, FULL, Priority::Normal));
+    c.claim(0, &UUID, 600_000, FULL, Priority::Normal).unwrap();
+}
+
+#[test]
+fn slices_posting_at_once_never_both_take_more_than_the_device() {
+    for round in 0..20 {
+        let node = tempfile::tempdir().unwrap();
+        let boards: Vec<Board> = (1..=4)
+            .map(|s| standalone(node.path(), s, grant(FULL, FULL, Priority::Normal)))
+            .collect();
+        let barrier = std::sync::Barrier::new(boards.len());
+        let admitted: u32 = std::thread::scope(|s| {
+            let hs: Vec<_> = boards
+                .iter()
+                .map(|b| {
+                    let barrier = &barrier;
+                    s.spawn(move || {
+                        barrier.wait();
+                        u32::from(b.claim(0, &UUID, 400_000, FULL, Priority::Normal).is_ok())
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).sum()
+        });
+        // 40% each: two fit, a third would not. Never more than two; and contention is
+        // resolved, not turned into refusals for all.
+        assert_eq!(admitted, 2, "round {round}");
+    }
+}
+
+#[test]
+fn what_a_slice_does_to_its_own_file_harms_nobody_else() {
+    let node = tempfile::tempdir().unwrap();
+    let a = standalone(node.path(), 1, grant(500_000, FULL, Priority::Normal));
+    let b = standalone(node.path(), 2, grant(0, FULL, Priority::Normal));
+    a.claim(0, &UUID, 500_000, FULL, Priority::Normal).unwrap();
+    post(&b, 0, FULL, Priority::Normal, 0);
+    let claims = slice_dir(node.path(), 2).join(CLAIMS);
+    // Truncated: B's own mapping would fault, A's reading does not.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&claims)
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    let now = now_ns();
+    let (views, _) = a.views(0, &UUID, now, 0);
+    assert_eq!(views.len(), 1);
+    // Grown past any size, with garbage: read up to its size, found not valid.
+    std::fs::write(&claims, vec![0xffu8; 3 * SIZE]).unwrap();
+    assert_eq!(a.views(0, &UUID, now, 0).0.len(), 1);
+    // Replaced by a FIFO: passed over without waiting.
+    std::fs::remove_file(&claims).unwrap();
+    let c = std::ffi::CString::new(claims.to_str().unwrap()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o666) }, 0);
+    a.others.lock().clear();
+    assert_eq!(a.views(0, &UUID, now, 0).0.len(), 1);
+    // A grant replaced by garbage is the least: no request.
+    std::fs::write(slice_dir(node.path(), 2).join(GRANT), b"request x\0").unwrap();
+    assert_eq!(
+        read_grant(&slice_dir(node.path(), 2).join(GRANT)).request,
+        0
+    );
+}
+
+#[test]
+fn high_priority_is_believed_only_as_granted_and_only_so_far_ahead() {
+    let node = tempfile::tempdir().unwrap();
+    let a = standalone(node.path(), 1, grant(0, FULL, Priority::Normal));
+    let hi = standalone(node.path(), 2, grant(0, FULL, Priority::High));
+    let liar = standalone(node.path(), 3, grant(0, FULL, Priority::Normal));
+    for b in [&hi, &liar] {
+        post(b, 0, FULL, Priority::High, FULL);
+        b.raise_high_until(0, u64::MAX);
+    }
+    let now = now_ns();
+    let (views, highs) = a.views(0, &UUID, now, now - 1_000_000_000);
+    assert_eq!(views.len(), 3);
+    assert_eq!(highs.len(), 1, "only the slice granted high priority");
+    let until = high_until(&highs, now);
+    assert_eq!(until, now + AHEAD_NS);
+}
+
+#[test]
+fn a_standalone_slice_leaves_and_its_leftovers_are_swept() {
+    let node = tempfile::tempdir().unwrap();
+    let a = standalone(node.path(), 1, grant(0, FULL, Priority::Normal));
+    assert!(a.dir().join(CLAIMS).is_file());
+    a.leave();
+    assert!(!a.dir().exists());
+    let b = standalone(node.path(), 2, grant(0, FULL, Priority::Normal));
+    post(&b, 0, FULL, Priority::Normal, 0);
+    b.claims()
+        .header
+        .beat_ns
+        .store(now_ns() - LEFTOVER_NS - 1, Ordering::Relaxed);
+    // Its directory made long ago too (a place made in the last minute is never swept).
+    let old = std::time::SystemTime::now() - std::time::Duration::from_secs(120);
+    std::fs::File::open(b.dir())
+        .unwrap()
+        .set_modified(old)
+        .unwrap();
+    // A container's place is never a standalone sweep's.
+    let c = slice_dir(node.path(), 3);
+    std::fs::create_dir(&c).unwrap();
+    let hooked = Grant {
+        origin: Origin::Hook {
+            id: "c1".into(),
+            root: "/run/cuslice".into(),
+        },
+        ..grant(0, FULL, Priority::Normal)
+    };
+    write_grant(&c.join(GRANT), &hooked, 0o644).unwrap();
+    create_claims(&c.join(CLAIMS), 3, 0o666).unwrap();
+    // One being made: an empty directory, no grant yet.
+    let making = slice_dir(node.path(), 4);
+    std::fs::create_dir(&making).unwrap();
+    sweep(node.path(), None);
+    assert!(!b.dir().exists());
+    assert!(making.exists());
+    assert!(c.exists());
+    // The hook's sweep removes it once its container is gone.
+    sweep(
+        node.path(),
+        Some((Path::new("/run/cuslice"), &|id| id != "c1")),
+    );
+    assert!(!c.exists());
+}

@@ -1,0 +1,338 @@
+//! Launching kernels (launch, bench-launch, probe): the spin kernel through every launch route,
+//! captured graphs included, and the latency of a probe beside other work.
+
+use super::*;
+
+const BLOCK_DIM: u32 = 128;
+
+/// Waits for `stream` with an event: cuEventRecord, cuEventSynchronize, cuEventDestroy.
+pub(super) fn sync_with_event(d: &Driver, stream: CUstream) -> Result<(), CuError> {
+    let ev = create_event(d, CU_EVENT_DISABLE_TIMING)?;
+    // SAFETY: a live event and the live stream it is recorded on.
+    let r = unsafe { d.cuEventRecord(ev, stream) }
+        // SAFETY: the event was recorded just now.
+        .and_then(|()| unsafe { d.cuEventSynchronize(ev) });
+    // SAFETY: the event is idle and destroyed once.
+    unsafe { d.cuEventDestroy_v2(ev) }?;
+    r
+}
+
+fn create_event(d: &Driver, flags: u32) -> Result<CUevent, CuError> {
+    let mut ev: CUevent = null_mut();
+    // SAFETY: out-pointer to a local.
+    unsafe { d.cuEventCreate(&mut ev, flags) }?;
+    Ok(ev)
+}
+
+/// Launches `f` once on `stream` the way `via` says (`exec`: the instantiated graph), shaped
+/// as `shape` says.
+fn launch_once(
+    d: &Driver,
+    via: Via,
+    f: CUfunction,
+    exec: CUgraphExec,
+    stream: CUstream,
+    shape: Shape,
+) -> Result<(), CuError> {
+    // The kernel's one parameter; the driver copies it before the launch call returns.
+    let mut arg = shape.arg;
+    let mut params = [&mut arg as *mut u64 as *mut c_void];
+    let params = params.as_mut_ptr();
+    let null: *mut *mut c_void = null_mut();
+    let grid = shape.grid;
+    match via {
+        // SAFETY: `f` is a live function taking one u64, which `params` points to; `stream` is live.
+        Via::Kernel => unsafe {
+            d.cuLaunchKernel(f, grid, 1, 1, BLOCK_DIM, 1, 1, 0, stream, params, null)
+        },
+        Via::Ex => {
+            let config = CUlaunchConfig {
+                gridDimX: grid,
+                gridDimY: 1,
+                gridDimZ: 1,
+                blockDimX: BLOCK_DIM,
+                blockDimY: 1,
+                blockDimZ: 1,
+                sharedMemBytes: 0,
+                hStream: stream,
+                attrs: null_mut(),
+                numAttrs: 0,
+            };
+            // SAFETY: `config` outlives the call and has no attributes; `params` as above.
+            unsafe { d.cuLaunchKernelEx(&config, f, params, null) }
+        }
+        // SAFETY: as for cuLaunchKernel.
+        Via::Coop => unsafe {
+            d.cuLaunchCooperativeKernel(f, grid, 1, 1, BLOCK_DIM, 1, 1, 0, stream, params)
+        },
+        // SAFETY: `exec` was instantiated from the captured graph; `stream` is live.
+        Via::Graph => unsafe { d.cuGraphLaunch(exec, stream) },
+    }
+}
+
+/// Captures one cuLaunchKernel on `stream` into a graph and instantiates it.
+fn capture(
+    d: &Driver,
+    f: CUfunction,
+    stream: CUstream,
+    shape: Shape,
+) -> Result<(CUgraph, CUgraphExec), CuError> {
+    // SAFETY: `stream` is a live, non-legacy stream.
+    unsafe { d.cuStreamBeginCapture_v2(stream, CU_STREAM_CAPTURE_MODE_GLOBAL) }?;
+    let launched = launch_once(d, Via::Kernel, f, null_mut(), stream, shape);
+    let mut graph: CUgraph = null_mut();
+    // SAFETY: ends the capture begun above (also after a failed launch); out-pointer to a local.
+    let ended = unsafe { d.cuStreamEndCapture(stream, &mut graph) };
+    launched?;
+    ended?;
+    let mut exec: CUgraphExec = null_mut();
+    // SAFETY: `graph` is the captured graph; out-pointer to a local.
+    unsafe { d.cuGraphInstantiateWithFlags(&mut exec, graph, 0) }?;
+    Ok((graph, exec))
+}
+
+pub fn launch(s: &Session, a: &LaunchArgs) -> Result<(), Failure> {
+    let d = s.d;
+    let spin = Spin::load(d, s.dev, a.image, a.ns_per_block)?;
+    let shape = spin.shape(a.ns_per_block, a.blocks);
+    let func = spin.func;
+    let mut streams = Vec::with_capacity(a.streams as usize);
+    for _ in 0..a.streams {
+        let mut stream: CUstream = null_mut();
+        // SAFETY: out-pointer to a local.
+        unsafe { d.cuStreamCreate(&mut stream, CU_STREAM_DEFAULT) }?;
+        streams.push(stream);
+    }
+    let graph = if a.via == Via::Graph {
+        Some(capture(d, func, streams[0], shape)?)
+    } else {
+        None
+    };
+    let exec = graph.map_or(null_mut(), |(_, exec)| exec);
+    let start = create_event(d, CU_EVENT_DEFAULT)?;
+    let end = create_event(d, CU_EVENT_DEFAULT)?;
+
+    // SAFETY: live event and stream.
+    unsafe { d.cuEventRecord(start, streams[0]) }?;
+    let t0 = Instant::now();
+    let deadline = Duration::from_secs_f64(a.secs);
+    let count = a.count.unwrap_or(0);
+    let mut in_flight: Vec<VecDeque<CUevent>> = vec![VecDeque::new(); streams.len()];
+    // Completed tracking events, reused; they block rather than spin in cuEventSynchronize.
+    let mut spare: Vec<CUevent> = Vec::new();
+    let mut launches: u64 = 0;
+    loop {
+        let done = if a.secs > 0.0 {
+            t0.elapsed() >= deadline
+        } else {
+            launches >= count
+        };
+        if done {
+            break;
+        }
+        let i = (launches % streams.len() as u64) as usize;
+        let oldest = if in_flight[i].len() >= a.depth as usize {
+            in_flight[i].pop_front()
+        } else {
+            None
+        };
+        if let Some(oldest) = oldest {
+            // SAFETY: a recorded event of ours.
+            unsafe { d.cuEventSynchronize(oldest) }?;
+            spare.push(oldest);
+        }
+        launch_once(d, a.via, func, exec, streams[i], shape)?;
+        let ev = match spare.pop() {
+            Some(ev) => ev,
+            None => create_event(d, CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING)?,
+        };
+        // SAFETY: live event and stream.
+        unsafe { d.cuEventRecord(ev, streams[i]) }?;
+        in_flight[i].push_back(ev);
+        launches += 1;
+    }
+    for &stream in &streams {
+        sync(d, stream)?;
+    }
+    // SAFETY: live event and stream.
+    unsafe { d.cuEventRecord(end, streams[0]) }?;
+    // SAFETY: recorded just above.
+    unsafe { d.cuEventSynchronize(end) }?;
+    let wall_ns = t0.elapsed().as_nanos() as u64;
+    let mut ms: f32 = 0.0;
+    // SAFETY: both events recorded and complete; out-pointer to a local.
+    unsafe { d.cuEventElapsedTime(&mut ms, start, end) }?;
+
+    for ev in in_flight
+        .into_iter()
+        .flatten()
+        .chain(spare)
+        .chain([start, end])
+    {
+        // SAFETY: each event is ours, complete, and destroyed once.
+        unsafe { d.cuEventDestroy_v2(ev) }?;
+    }
+    if let Some((graph, exec)) = graph {
+        // SAFETY: idle graph exec and graph, destroyed once.
+        unsafe { d.cuGraphExecDestroy(exec) }?;
+        // SAFETY: as above.
+        unsafe { d.cuGraphDestroy(graph) }?;
+    }
+    for stream in streams {
+        // SAFETY: idle stream of ours, destroyed once.
+        unsafe { d.cuStreamDestroy_v2(stream) }?;
+    }
+    let image = spin.describe();
+    spin.unload(d)?;
+
+    let engine_ns_requested =
+        u128::from(launches) * u128::from(a.ns_per_block) * u128::from(a.blocks);
+    let mut f = json!({
+        "via": a.via.name(),
+        "launches": launches,
+        "blocks": a.blocks,
+        "ns_per_block": a.ns_per_block,
+        "grid": shape.grid,
+        "streams": a.streams,
+        "depth": a.depth,
+        "wall_ns": wall_ns,
+        "engine_ns_requested": u64::try_from(engine_ns_requested).unwrap_or(u64::MAX),
+        "elapsed_ns": (f64::from(ms) * 1e6).round() as u64,
+    });
+    merge(&mut f, image);
+    emit("launched", f);
+    Ok(())
+}
+
+/// Times batches of launches of a short kernel, pausing (untimed) between batches so that a
+/// slice with a core limit stays within its budget: what a launch costs the calling thread, not
+/// how long the device takes.
+pub fn bench_launch(s: &Session, a: &BenchLaunchArgs) -> Result<(), Failure> {
+    let d = s.d;
+    let spin = Spin::load(d, s.dev, a.image, a.kernel_ns)?;
+    let shape = spin.shape(a.kernel_ns, 1);
+    let func = spin.func;
+    let mut stream: CUstream = null_mut();
+    // SAFETY: out-pointer to a local.
+    unsafe { d.cuStreamCreate(&mut stream, CU_STREAM_DEFAULT) }?;
+    let graph = if a.via == Via::Graph {
+        Some(capture(d, func, stream, shape)?)
+    } else {
+        None
+    };
+    let exec = graph.map_or(null_mut(), |(_, exec)| exec);
+    let pause = Duration::from_micros(a.pause_us);
+    let batch = || -> Result<u64, CuError> {
+        let t0 = Instant::now();
+        for _ in 0..a.batch {
+            launch_once(d, a.via, func, exec, stream, shape)?;
+        }
+        let ns = t0.elapsed().as_nanos() as u64;
+        sync(d, stream)?;
+        if !pause.is_zero() {
+            std::thread::sleep(pause);
+        }
+        Ok(ns)
+    };
+    let warmup = Instant::now();
+    while warmup.elapsed().as_secs_f64() < a.warmup_secs {
+        batch()?;
+    }
+    let mut per_launch = Vec::with_capacity(a.batches as usize);
+    for _ in 0..a.batches {
+        per_launch.push(batch()? as f64 / f64::from(a.batch));
+    }
+    if let Some((graph, exec)) = graph {
+        // SAFETY: idle graph exec and graph, destroyed once.
+        unsafe { d.cuGraphExecDestroy(exec) }?;
+        // SAFETY: as above.
+        unsafe { d.cuGraphDestroy(graph) }?;
+    }
+    // SAFETY: idle stream of ours, destroyed once.
+    unsafe { d.cuStreamDestroy_v2(stream) }?;
+    let image = spin.describe();
+    spin.unload(d)?;
+    let mean = per_launch.iter().sum::<f64>() / per_launch.len() as f64;
+    per_launch.sort_by(f64::total_cmp);
+    let pick = |q: f64| per_launch[((per_launch.len() - 1) as f64 * q).round() as usize];
+    let mut f = json!({
+        "via": a.via.name(),
+        "batches": a.batches,
+        "batch": a.batch,
+        "ns_per_launch_median": pick(0.5),
+        "ns_per_launch_mean": mean,
+        "ns_per_launch_p90": pick(0.9),
+        "ns_per_launch_max": pick(1.0),
+    });
+    merge(&mut f, image);
+    emit("bench", f);
+    Ok(())
+}
+
+/// A latency probe: every --period-ms, launch one short kernel and wait for it
+/// (cuStreamSynchronize); each probe's completion latency is the wall time from just before the
+/// launch to the synchronisation's return. One `probed` line: every latency (ns, in order), their
+/// p50 / p99 / max, and start_mono_ns / end_mono_ns (CLOCK_MONOTONIC) of the reported probes.
+pub fn probe(s: &Session, a: &ProbeArgs) -> Result<(), Failure> {
+    let d = s.d;
+    let kernel_ns = a.kernel_us * 1000;
+    let spin = Spin::load(d, s.dev, a.image, kernel_ns)?;
+    let shape = spin.shape(kernel_ns, 1);
+    let mut stream: CUstream = null_mut();
+    // SAFETY: out-pointer to a local.
+    unsafe { d.cuStreamCreate(&mut stream, CU_STREAM_NON_BLOCKING) }?;
+    let period = Duration::from_secs_f64(a.period_ms.max(0.0) / 1000.0);
+    let t0 = Instant::now();
+    let warmup = Duration::from_secs_f64(a.warmup_secs);
+    let end = warmup + Duration::from_secs_f64(a.secs);
+    let mut latencies: Vec<u64> = Vec::new();
+    let mut start_mono = 0;
+    let mut next = t0;
+    while t0.elapsed() < end {
+        let now = Instant::now();
+        if next > now {
+            std::thread::sleep(next - now);
+        }
+        next += period;
+        let at = Instant::now();
+        let mono = monotonic_ns();
+        launch_once(d, Via::Kernel, spin.func, null_mut(), stream, shape)?;
+        sync(d, stream)?;
+        let ns = at.elapsed().as_nanos() as u64;
+        if at.duration_since(t0) >= warmup {
+            if latencies.is_empty() {
+                start_mono = mono;
+            }
+            latencies.push(ns);
+        }
+        // A probe that overran its period does not make the next ones bunch up.
+        next = next.max(Instant::now());
+    }
+    let end_mono = monotonic_ns();
+    // SAFETY: idle stream of ours, destroyed once.
+    unsafe { d.cuStreamDestroy_v2(stream) }?;
+    let image = spin.describe();
+    spin.unload(d)?;
+    let mut sorted = latencies.clone();
+    sorted.sort_unstable();
+    let pick = |q: f64| {
+        sorted
+            .get(((sorted.len().max(1) - 1) as f64 * q).round() as usize)
+            .copied()
+            .unwrap_or(0)
+    };
+    let mut f = json!({
+        "kernel_ns": kernel_ns,
+        "period_ms": a.period_ms,
+        "probes": latencies.len(),
+        "p50_ns": pick(0.5),
+        "p99_ns": pick(0.99),
+        "max_ns": pick(1.0),
+        "start_mono_ns": start_mono,
+        "end_mono_ns": end_mono,
+        "latencies_ns": latencies,
+    });
+    merge(&mut f, image);
+    emit("probed", f);
+    Ok(())
+}
