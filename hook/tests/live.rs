@@ -4,13 +4,12 @@
 //! device) leave the hook file, the ledger and the container as they were. Ground truth from
 //! the simulator (what the container's process holds, the device time it used).
 
-mod common;
-
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::runc::{RuncContainer, bundle};
-use common::*;
+use cuslice_test_engines as engines;
+use cuslice_test_engines::runc::{RuncContainer, bundle};
+use cuslice_test_engines::*;
 use cuslice_test_harness::{GIB, MIB, Sim, bin_dir};
 use serde_json::Value;
 
@@ -293,6 +292,217 @@ fn live_refusals(engine: &dyn Engine) {
     b.remove();
 }
 
+/// One SIGUSR1 to the `steps` process `host_pid` of the container: its `step` line.
+fn step_pid(c: &mut dyn Container, host_pid: i64) -> Value {
+    let ok = Command::new("kill")
+        .arg("-USR1")
+        .arg(host_pid.to_string())
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill -USR1 {host_pid}");
+    wait_for(c, "step")
+}
+
+/// What the simulator says process `host_pid` holds on device `dev`.
+fn held_on(sim: &Sim, dev: usize, host_pid: i64) -> u64 {
+    let d = sim.device(dev);
+    d["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"] == host_pid)
+        .unwrap_or_else(|| panic!("simgpu lists no process {host_pid} on device {dev}: {d}"))["held"]
+        .as_u64()
+        .unwrap()
+}
+
+/// Container `id`'s memory cap on the device `uuid` in a `cuslice status --json` view.
+fn cap_on(view: &Value, uuid: &str, id: &str) -> Value {
+    view["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["uuid"] == uuid)
+        .and_then(|d| d["slices"].as_array()?.iter().find(|s| s["slice"] == id))
+        .unwrap_or_else(|| panic!("container {id} not on {uuid} in {view}"))["memory"]["limit"]
+        .clone()
+}
+
+/// `cuslice set --device` on a container with a process on each of two devices, both capped at
+/// 1 GiB: device 1 raised to 2 GiB by its index, then device 0 lowered to 768 MiB by its UUID.
+/// By the simulator's count each change holds on its device alone; the hook file, `cuslice
+/// status` and the lines `set` prints say the same; a device the slice does not have, or a
+/// priority for one device, is refused in one line and changes nothing.
+fn live_device_cap(engine: &dyn Engine) {
+    let sim = Sim::new(&["--devices", "2", "--memory", "8GiB"]);
+    let n = name("live-device");
+    let mut c = engine.spawn(
+        &sim,
+        &Spec {
+            name: &n,
+            env: &["CUSLICE_MEMORY_LIMIT=1GiB"],
+            cmd: &[
+                "sh",
+                "-c",
+                "cuda-workload --device 1 steps --bytes 256MiB & \
+                 exec cuda-workload steps --bytes 256MiB",
+            ],
+            read_only: false,
+        },
+    );
+    wait_for(&mut *c, "ready");
+    wait_for(&mut *c, "ready");
+    let id = c.id();
+    let p0 = i64::from(c.host_pid());
+    let on_1 = poll("the process on device 1", || {
+        sim.device(1)["processes"]
+            .as_array()?
+            .iter()
+            .find_map(|p| p["pid"].as_i64())
+    });
+    let uuid = |d: usize| sim.device(d)["uuid"].as_str().unwrap().to_string();
+    // Each process up to the cap on its device.
+    for p in [p0, on_1] {
+        let mut last = step_pid(&mut *c, p);
+        for _ in 0..8 {
+            if last["ok"] == false {
+                break;
+            }
+            last = step_pid(&mut *c, p);
+        }
+        assert_eq!(last["code"], 2, "never refused under a 1 GiB cap: {last}");
+    }
+    let (held0, held1) = (held_on(&sim, 0, p0), held_on(&sim, 1, on_1));
+    assert!(held0 <= GIB && held1 <= GIB, "held {held0}, {held1}");
+
+    // Device 1 by its index: raised there alone.
+    let said = set_ok(&id, &["--device", "1", "--memory-limit", "2GiB"]);
+    assert_eq!(said.lines().count(), 1, "{said}");
+    assert!(
+        said.contains(&format!("on {}: memory limit 2 GiB (was 1 GiB)", uuid(1))),
+        "{said}"
+    );
+    let raised = step_pid(&mut *c, on_1);
+    assert_eq!(
+        raised["ok"], true,
+        "device 1 refused after its cap was raised: {raised}"
+    );
+    assert_eq!(raised["total"], 2 * GIB, "{raised}");
+    let still = step_pid(&mut *c, p0);
+    assert_eq!(still["code"], 2, "device 0 took more: {still}");
+    assert_eq!(still["total"], GIB, "{still}");
+    let after1 = held_on(&sim, 1, on_1);
+    assert!(
+        after1 >= held1 + 256 * MIB && after1 <= 2 * GIB,
+        "simulator, device 1: held {held1} before, {after1} after"
+    );
+    assert_eq!(held_on(&sim, 0, p0), held0, "simulator, device 0");
+    eprintln!(
+        "{said}simulator: device 0 held {held0} before and after; device 1 held {held1} before, \
+         {after1} after"
+    );
+    let file = config(&id);
+    assert!(
+        file.contains("CUSLICE_MEMORY_LIMIT=1GiB\n")
+            && file.contains("CUSLICE_MEMORY_LIMIT_1=2GiB\n"),
+        "{file}"
+    );
+    let view = status_json(&sim);
+    assert_eq!(
+        (cap_on(&view, &uuid(0), &id), cap_on(&view, &uuid(1), &id)),
+        (Value::from(GIB), Value::from(2 * GIB)),
+        "{view}"
+    );
+    // The table: under device 1 the new cap, marked as changed live; under device 0 the old.
+    let table = output_of(&mut sim.command(&bin_dir().join("cuslice"), &["status"]));
+    let under = |d: usize| {
+        let start = table.find(&uuid(d)).unwrap_or_else(|| panic!("{table}"));
+        let rest = &table[start + 1..];
+        let end = [uuid(0), uuid(1)]
+            .iter()
+            .filter_map(|u| rest.find(u.as_str()))
+            .min()
+            .unwrap_or(rest.len());
+        rest[..end].to_string()
+    };
+    assert!(under(1).contains(" 2 GiB*"), "{table}");
+    assert!(
+        under(0).contains(" 1 GiB ") && !under(0).contains("GiB*"),
+        "{table}"
+    );
+
+    // Device 0 by its UUID: lowered below what it holds there, device 1 unchanged.
+    let said = set_ok(&id, &["--device", &uuid(0), "--memory-limit", "768MiB"]);
+    assert_eq!(said.lines().count(), 1, "{said}");
+    assert!(
+        said.contains(&format!("on {}: memory limit 768 MiB", uuid(0))),
+        "{said}"
+    );
+    let lowered = step_pid(&mut *c, p0);
+    assert_eq!(
+        (lowered["code"].clone(), lowered["total"].clone()),
+        (Value::from(2), Value::from(768 * MIB)),
+        "{lowered}"
+    );
+    assert_eq!(
+        held_on(&sim, 0, p0),
+        held0,
+        "memory was freed behind the application"
+    );
+    let more = step_pid(&mut *c, on_1);
+    assert_eq!(
+        (more["ok"].clone(), more["total"].clone()),
+        (Value::Bool(true), Value::from(2 * GIB)),
+        "{more}"
+    );
+    assert!(held_on(&sim, 1, on_1) <= 2 * GIB);
+    let view = status_json(&sim);
+    assert_eq!(
+        (cap_on(&view, &uuid(0), &id), cap_on(&view, &uuid(1), &id)),
+        (Value::from(768 * MIB), Value::from(2 * GIB)),
+        "{view}"
+    );
+
+    // Refusals: one line each, the hook file as it was.
+    let file = config(&id);
+    let bad_uuid = "GPU-ffffffff-ffff-4fff-bfff-ffffffffffff";
+    for (args, says) in [
+        (
+            &["--device", "2", "--memory-limit", "1GiB"][..],
+            "has no device 2; its devices are 0: ",
+        ),
+        (
+            &["--device", bad_uuid, "--memory-limit", "1GiB"][..],
+            "has no device \"gpu-ffffffff",
+        ),
+        (
+            &["--device", "first", "--memory-limit", "1GiB"][..],
+            "neither a device index nor a GPU UUID",
+        ),
+        (
+            &["--device", "1", "--priority", "high"][..],
+            "--priority is the slice's on every device",
+        ),
+    ] {
+        let out = set(&id, args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: not one line: {err}");
+        assert!(
+            err.contains(says),
+            "{args:?}: {err:?} does not say {says:?}"
+        );
+    }
+    assert!(
+        set(&id, &["--device", "2", "--memory-limit", "1GiB"])
+            .stdout
+            .is_empty()
+    );
+    assert_eq!(config(&id), file, "a refused change rewrote the hook file");
+    c.remove();
+}
+
 /// `cuslice agent --enforce stop` under the simulator, stopped when dropped.
 struct StopAgent(std::process::Child, cuslice_test_harness::Stderr);
 
@@ -410,19 +620,31 @@ fn runc_refused_changes_change_nothing() {
 #[test]
 fn podman_cap_changed_while_running() {
     root_required();
-    live_cap(common::podman::engine());
+    live_cap(engines::podman::engine());
 }
 
 #[test]
 fn podman_core_limit_30_to_60_while_running() {
     root_required();
-    live_core(common::podman::engine());
+    live_core(engines::podman::engine());
 }
 
 #[test]
 fn podman_refused_changes_change_nothing() {
     root_required();
-    live_refusals(common::podman::engine());
+    live_refusals(engines::podman::engine());
+}
+
+#[test]
+fn runc_one_devices_cap_changed_while_running() {
+    root_required();
+    live_device_cap(&Runc);
+}
+
+#[test]
+fn podman_one_devices_cap_changed_while_running() {
+    root_required();
+    live_device_cap(engines::podman::engine());
 }
 
 #[test]
@@ -434,5 +656,5 @@ fn runc_cap_lowered_under_enforce_stop_kills_nothing() {
 #[test]
 fn podman_cap_lowered_under_enforce_stop_kills_nothing() {
     root_required();
-    lowered_under_stop(common::podman::engine());
+    lowered_under_stop(engines::podman::engine());
 }

@@ -113,8 +113,9 @@ struct SetArgs {
     /// The slice: a container's id (or a unique prefix), name or pod/container, or a standalone
     /// slice's CUSLICE_STATE_DIR
     target: String,
-    /// The new memory cap for every device of the slice (e.g. 4GiB); lowered below what the
-    /// slice holds, new allocations are refused until it is under it
+    /// The new memory cap for every device of the slice, or the one --device names (e.g.
+    /// 4GiB); lowered below what the slice holds, new allocations are refused until it is under
+    /// it
     #[arg(long, value_name = "SIZE", allow_hyphen_values = true)]
     memory_limit: Option<String>,
     /// The new core limit, percent of device time (1-100)
@@ -128,6 +129,11 @@ struct SetArgs {
     /// "Priority")
     #[arg(long, value_name = "PRIORITY", allow_hyphen_values = true)]
     priority: Option<String>,
+    /// Change the memory limit, core limit and core request of this device alone: its index as
+    /// the slice sees it (0 is the first device its processes see, as CUSLICE_MEMORY_LIMIT_0
+    /// counts), or its UUID (GPU-..., or a prefix naming one device) [default: every device]
+    #[arg(long, value_name = "N|UUID", allow_hyphen_values = true)]
+    device: Option<String>,
     /// The OCI hook's state root, where container slices are found
     #[arg(long, default_value = cuslice_state::paths::DEFAULT_STATE_ROOT, value_name = "DIR")]
     state_root: PathBuf,
@@ -269,6 +275,7 @@ fn set(a: SetArgs) -> Result<(), Failure> {
         core_limit: a.core_limit,
         core_request: a.core_request,
         priority: a.priority,
+        device: a.device,
     };
     let places = cuslice_node::set::Places {
         state_root: a.state_root,

@@ -45,6 +45,7 @@
 mod log;
 
 pub mod agent;
+pub mod alloc_table;
 pub mod array;
 pub mod compute;
 pub mod context;

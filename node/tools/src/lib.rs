@@ -8,6 +8,7 @@ pub mod exporter;
 pub mod findings;
 pub mod metrics;
 pub mod nvml;
+pub mod requests;
 pub mod set;
 pub mod text;
 pub mod view;

@@ -1,11 +1,15 @@
-//! `cuslice set TARGET --memory-limit SIZE --core-limit P --core-request P --priority X`: changes
-//! a running slice's limits and priority from the node, without a restart (docs/live-limits.md).
+//! `cuslice set TARGET [--device N] --memory-limit SIZE --core-limit P --core-request P
+//! --priority X`: changes a running slice's limits and priority from the node, without a restart
+//! (docs/live-limits.md).
 //!
 //! - TARGET is what `cuslice status` shows: a container's id (or a unique prefix of it), its
 //!   name or pod/container, or a standalone slice's CUSLICE_STATE_DIR.
+//! - `--device` (an index as the slice sees it, or a GPU UUID) changes the limits of that device
+//!   alone; without it, of every device of the slice.
 //! - Every value is checked before anything is written, and so is the device: a core request
-//!   that would take the requests of the slices on a device past 100% is refused. A refusal is
-//!   one line and changes nothing.
+//!   that would take the requests of the slices on a device past 100% is refused. The check and
+//!   the writes are one step against any other `cuslice set` on the node (`requests`). A refusal
+//!   is one line and changes nothing.
 //! - What is written, in this order: a container's hook file (`slice/config`, the authoritative
 //!   record, read-only inside the container; replaced atomically), then the slice's grant on the
 //!   node's compute board (what other slices let it claim), then the slice's ledger (what the
@@ -24,7 +28,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use cuslice_policy::config::live::{LiveLimit, RequestAboveLimit, live_core, parse_live};
-use cuslice_policy::config::{Config, hook_file};
+use cuslice_policy::config::{Config, MAX_ORDINAL, hook_file};
 use cuslice_policy::echo::{one_line, quoted};
 use cuslice_policy::format_size;
 use cuslice_policy::grant::Grant;
@@ -35,6 +39,8 @@ use cuslice_state::fsio::{self, Durability};
 use cuslice_state::host::{Record, Root, start_time};
 use cuslice_state::ledger::{self, Ledger, LiveChange};
 use cuslice_state::uuid_string;
+
+use crate::requests::Requests;
 
 /// In a container's host-only state directory: device UUID -> what the slice held when
 /// `cuslice set` lowered its cap below that (read by the node agent).
@@ -51,6 +57,9 @@ pub struct Change {
     pub core_limit: Option<String>,
     pub core_request: Option<String>,
     pub priority: Option<String>,
+    /// The one device to change (an index as the slice sees it, or a GPU UUID); None: every
+    /// device of the slice.
+    pub device: Option<String>,
 }
 
 /// Where slices live on this node.
@@ -232,10 +241,93 @@ fn pct(ppm: u32) -> String {
     }
 }
 
+/// A device named by `--device`: an index, or a GPU UUID (or a prefix of one that names one
+/// device, as `CUDA_VISIBLE_DEVICES` takes them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum DeviceArg {
+    Index(u32),
+    Uuid(String),
+}
+
+fn device_arg(given: &str) -> Result<DeviceArg, String> {
+    let g = given.trim();
+    if let Ok(i) = g.parse::<u32>() {
+        if i > MAX_ORDINAL {
+            return Err(format!(
+                "--device {} is out of range; a device index is from 0 to {MAX_ORDINAL}; write \
+                 e.g. --device 0 (the first device the slice sees), or its UUID",
+                quoted(given)
+            ));
+        }
+        return Ok(DeviceArg::Index(i));
+    }
+    if g.len() > 4 && g.get(..4).is_some_and(|p| p.eq_ignore_ascii_case("GPU-")) {
+        return Ok(DeviceArg::Uuid(g.to_ascii_lowercase()));
+    }
+    Err(format!(
+        "--device {} is neither a device index nor a GPU UUID; write e.g. --device 0 (the \
+         first device the slice sees) or --device GPU-... (as `cuslice status` shows it)",
+        quoted(given)
+    ))
+}
+
+/// The slice's devices in the order its processes see them (the order its first process
+/// registered them in the ledger: CUDA's ordinals, as `CUSLICE_MEMORY_LIMIT_<i>` counts them),
+/// as `index: UUID`, for a refusal.
+fn listed(devices: &[[u8; 16]]) -> String {
+    devices
+        .iter()
+        .enumerate()
+        .map(|(i, d)| format!("{i}: {}", uuid_string(d)))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Which of `devices` `arg` names: its index among them. Err: one line.
+fn pick(label: &str, devices: &[[u8; 16]], arg: &DeviceArg) -> Result<usize, String> {
+    let found: Vec<usize> = devices
+        .iter()
+        .enumerate()
+        .filter(|(i, d)| match arg {
+            DeviceArg::Index(n) => *i == *n as usize,
+            DeviceArg::Uuid(u) => uuid_string(d).to_ascii_lowercase().starts_with(u),
+        })
+        .map(|(i, _)| i)
+        .collect();
+    match found.as_slice() {
+        [i] => Ok(*i),
+        [] => Err(format!(
+            "{label} has no device {}; its devices are {}",
+            match arg {
+                DeviceArg::Index(i) => i.to_string(),
+                DeviceArg::Uuid(u) => quoted(u).to_string(),
+            },
+            listed(devices)
+        )),
+        _ => Err(format!(
+            "{label}: --device {} names {} of its devices ({}); give more of the UUID",
+            match arg {
+                DeviceArg::Index(i) => i.to_string(),
+                DeviceArg::Uuid(u) => quoted(u).to_string(),
+            },
+            found.len(),
+            listed(devices)
+        )),
+    }
+}
+
 /// Changes the limits of the slice `target` names. Ok: what changed, one line per device.
 /// Err: one line; nothing was changed.
 pub fn set(target: &str, change: &Change, places: &Places) -> Result<String, String> {
     let v = values(change)?;
+    let device = change.device.as_deref().map(device_arg).transpose()?;
+    if device.is_some() && v.priority.is_some() {
+        return Err(
+            "--priority is the slice's on every device, not one device's; give it without \
+             --device"
+                .to_string(),
+        );
+    }
     let t = resolve(target, &places.state_root)?;
     // A container's: the hooks' lock, so that two changes (or a change and the container's
     // poststop) do not interleave.
@@ -247,6 +339,12 @@ pub fn set(target: &str, change: &Change, places: &Places) -> Result<String, Str
         ),
         None => None,
     };
+    // A core request: no other `cuslice set` on the node checks or writes one until this one
+    // has written its own (docs/live-limits.md).
+    let mut requests = match v.core_request {
+        Some(_) if places.node_dir.is_dir() => Some(Requests::lock(&places.node_dir)?),
+        _ => None,
+    };
     let snap = Ledger::read(&t.ledger).map_err(|e| e.to_string())?;
     if snap.devices.is_empty() && t.config.is_none() {
         return Err(format!(
@@ -255,14 +353,43 @@ pub fn set(target: &str, change: &Change, places: &Places) -> Result<String, Str
             t.label
         ));
     }
+    // The device `--device` names: its index in the ledger, which is its ordinal in the hook
+    // file. A container none of whose processes has used a device yet can still be given a
+    // limit for an ordinal, in its hook file.
+    let (chosen, ordinal) = match &device {
+        None => (None, None),
+        Some(DeviceArg::Index(i)) if snap.devices.is_empty() => (None, Some(*i)),
+        Some(arg) if snap.devices.is_empty() => {
+            return Err(format!(
+                "{}: no process of it has used a device yet, so no device has the UUID {}; \
+                 give its index (--device 0 for the first device it sees)",
+                t.label,
+                quoted(match arg {
+                    DeviceArg::Uuid(u) => u.as_str(),
+                    DeviceArg::Index(_) => "",
+                })
+            ));
+        }
+        Some(arg) => {
+            let uuids: Vec<[u8; 16]> = snap.devices.iter().map(|d| d.uuid).collect();
+            let i = pick(&t.label, &uuids, arg)?;
+            (Some(i), Some(i as u32))
+        }
+    };
     // Every device first: the new core request and limit, and room for the request.
     let mut plans = Vec::new();
-    for d in &snap.devices {
+    for (i, d) in snap.devices.iter().enumerate() {
+        if chosen.is_some_and(|c| c != i) {
+            continue;
+        }
         let uuid = uuid_string(&d.uuid);
         let core = if v.core_limit.is_some() || v.core_request.is_some() {
             let c = live_core((d.core_request, d.core_limit), v.core_request, v.core_limit)
                 .map_err(|e| format!("{} on {uuid}: {}", t.label, request_above_limit(e)))?;
-            let taken = board::requested(&places.node_dir, &d.uuid, snap.slice_id);
+            let taken = match &requests {
+                Some(r) => r.taken(&places.node_dir, &d.uuid, snap.slice_id),
+                None => board::requested(&places.node_dir, &d.uuid, snap.slice_id),
+            };
             if c.0 > 0 && taken.saturating_add(c.0) > FULL {
                 return Err(refused_claim(&t.label, &uuid, taken, c.0));
             }
@@ -285,8 +412,11 @@ pub fn set(target: &str, change: &Change, places: &Places) -> Result<String, Str
     let config = match &t.config {
         Some(path) => {
             let text = fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-            let new = hook_file::rewrite(&text, &v.written)
-                .map_err(|e| format!("{}: the change would make it unusable: {e}", t.label))?;
+            let new = match ordinal {
+                Some(o) => hook_file::rewrite_device(&text, o, &v.written),
+                None => hook_file::rewrite(&text, &v.written),
+            }
+            .map_err(|e| format!("{}: the change would make it unusable: {e}", t.label))?;
             Some((path, new))
         }
         None => None,
@@ -326,16 +456,20 @@ pub fn set(target: &str, change: &Change, places: &Places) -> Result<String, Str
                     .map_err(|e| format!("{}: {e}", t.label))?,
                 old.origin,
             ),
-            None => Grant {
-                request: v
-                    .core_request
-                    .map_or(old.request, |p| p.min(100) * (FULL / 100)),
-                limit: v
-                    .core_limit
-                    .map_or(old.limit, |p| p.min(100) * (FULL / 100)),
-                priority: v.priority.map_or(old.priority, Priority::from_code),
-                origin: old.origin,
-            },
+            // The most it may claim on any device: for one device, what it may claim there
+            // now or on another.
+            None => {
+                let ppm = |p: u32, old: u32| {
+                    let new = p.min(100) * (FULL / 100);
+                    if device.is_some() { new.max(old) } else { new }
+                };
+                Grant {
+                    request: v.core_request.map_or(old.request, |p| ppm(p, old.request)),
+                    limit: v.core_limit.map_or(old.limit, |p| ppm(p, old.limit)),
+                    priority: v.priority.map_or(old.priority, Priority::from_code),
+                    origin: old.origin,
+                }
+            }
         };
         board::write_grant(&grant_path, &grant, 0o644)
             .map_err(|e| format!("{}: {e}", grant_path.display()))?;
@@ -343,6 +477,9 @@ pub fn set(target: &str, change: &Change, places: &Places) -> Result<String, Str
     let mut lines = Vec::new();
     for (d, uuid, live) in &plans {
         Ledger::set_live(&t.ledger, &d.uuid, live).map_err(|e| e.to_string())?;
+        if let (Some(r), Some((request, _))) = (requests.as_mut(), live.core) {
+            r.note(snap.slice_id, &d.uuid, request);
+        }
         let mut what = Vec::new();
         if let Some(m) = live.memory {
             let was = d.limit.map_or("none".to_string(), format_size);
@@ -389,10 +526,14 @@ pub fn set(target: &str, change: &Change, places: &Places) -> Result<String, Str
         }
         lines.push(format!("{} on {uuid}: {}", t.label, what.join(", ")));
     }
+    if let Some(r) = requests {
+        r.save(&places.node_dir)?;
+    }
     if plans.is_empty() {
         lines.push(format!(
-            "{}: {} (its processes have not used a device yet; they start with it)",
+            "{}{}: {} (its processes have not used a device yet; they start with it)",
             t.label,
+            ordinal.map_or(String::new(), |o| format!(" on device {o}")),
             v.written
                 .iter()
                 .map(|(w, s)| format!("{} {s}", flag(*w)))
@@ -455,6 +596,7 @@ mod tests {
                 core_limit: core.map(str::to_string),
                 core_request: None,
                 priority: priority.map(str::to_string),
+                device: None,
             })
             .map(|v| (v.memory, v.core_limit, v.priority))
         };
@@ -492,6 +634,46 @@ mod tests {
         assert!(e.starts_with(&format!("--memory-limit {cut}")), "{e}");
         let e = c("1GiB", None, Some(&long)).unwrap_err();
         assert!(e.starts_with(&format!("--priority {cut}")), "{e}");
+    }
+
+    #[test]
+    fn a_device_is_an_index_or_a_uuid_and_anything_else_is_refused_in_one_line() {
+        assert_eq!(device_arg("1"), Ok(DeviceArg::Index(1)));
+        assert_eq!(device_arg(" 0 "), Ok(DeviceArg::Index(0)));
+        assert_eq!(
+            device_arg("GPU-ABC"),
+            Ok(DeviceArg::Uuid("gpu-abc".to_string()))
+        );
+        for (bad, says) in [
+            ("64", "out of range"),
+            ("-1", "neither a device index nor a GPU UUID"),
+            ("gpu0", "neither"),
+            ("GPU-", "neither"),
+            ("GPé-1", "neither"),
+            ("", "neither"),
+        ] {
+            let e = device_arg(bad).unwrap_err();
+            assert!(e.starts_with(&format!("--device {}", quoted(bad))), "{e}");
+            assert!(e.contains(says), "{e}");
+            assert!(!e.contains('\n'), "{e}");
+        }
+        let devices = [[0xaa; 16], [0xab; 16]];
+        let second = uuid_string(&[0xab; 16]);
+        assert_eq!(pick("s", &devices, &DeviceArg::Index(1)), Ok(1));
+        assert_eq!(pick("s", &devices, &device_arg(&second).unwrap()), Ok(1));
+        assert_eq!(
+            pick("s", &devices, &device_arg(&second[..10]).unwrap()),
+            Ok(1)
+        );
+        let e = pick("s", &devices, &DeviceArg::Index(2)).unwrap_err();
+        assert!(
+            e.starts_with("s has no device 2; its devices are 0: GPU-aaaa"),
+            "{e}"
+        );
+        let e = pick("s", &devices, &device_arg("GPU-a").unwrap()).unwrap_err();
+        assert!(e.contains("names 2 of its devices"), "{e}");
+        let e = pick("s", &devices, &device_arg("GPU-ff").unwrap()).unwrap_err();
+        assert!(e.starts_with("s has no device \"gpu-ff\""), "{e}");
     }
 
     #[test]

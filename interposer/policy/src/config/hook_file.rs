@@ -134,6 +134,41 @@ pub fn rewrite(text: &str, changes: &[(LiveLimit, String)]) -> Result<String, Co
     Ok(out)
 }
 
+/// The hook file `text` with `changes` made on one device alone, `ordinal` (the device's ordinal
+/// as the container's processes see it, as `CUSLICE_MEMORY_LIMIT_<i>` counts): every line that
+/// sets one of the changed limits for that device by its ordinal (under any family's name) gives
+/// way to one `CUSLICE_*_<ordinal>` line, which wins over every all-devices line; the other
+/// devices keep what they had. Checked as [`rewrite`] is. The priority is the slice's, not a
+/// device's: a change of it is the caller's to refuse.
+pub fn rewrite_device(
+    text: &str,
+    ordinal: u32,
+    changes: &[(LiveLimit, String)],
+) -> Result<String, ConfigError> {
+    let sets_changed = |name: &str| match classify(name) {
+        Name::Limit {
+            quantity,
+            ordinal: Some(o),
+            ..
+        } => o == ordinal && changes.iter().any(|(w, _)| w.quantity() == Some(quantity)),
+        _ => false,
+    };
+    let mut out = String::new();
+    for raw in text.lines() {
+        let name = raw.trim().split_once('=').map(|(n, _)| n.trim());
+        if name.is_some_and(|n| !raw.trim().starts_with('#') && sets_changed(n)) {
+            continue;
+        }
+        out.push_str(raw);
+        out.push('\n');
+    }
+    for (what, value) in changes {
+        out.push_str(&format!("{}_{ordinal}={}\n", what.variable(), value.trim()));
+    }
+    Config::from_hook_file(&out, std::iter::empty::<(&str, &str)>())?;
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::PathBuf;
@@ -332,6 +367,57 @@ mod tests {
         assert_eq!(
             (c.limits(0).core_limit, c.limits(0).core_request),
             (Some(60), Some(40))
+        );
+    }
+
+    #[test]
+    fn a_limit_rewritten_for_one_device_changes_that_device_alone() {
+        let text = "CUSLICE_MEMORY_LIMIT=1GiB\nCUDA_DEVICE_MEMORY_LIMIT_1=2g\n\
+                    CUSLICE_MEMORY_LIMIT_2=3GiB\nCUSLICE_CORE_LIMIT=30\n# CUSLICE_MEMORY_LIMIT_1=9g\n";
+        let new = rewrite_device(text, 1, &[(LiveLimit::Memory, "4GiB".into())]).unwrap();
+        assert_eq!(
+            new,
+            "CUSLICE_MEMORY_LIMIT=1GiB\nCUSLICE_MEMORY_LIMIT_2=3GiB\nCUSLICE_CORE_LIMIT=30\n\
+             # CUSLICE_MEMORY_LIMIT_1=9g\nCUSLICE_MEMORY_LIMIT_1=4GiB\n"
+        );
+        let c = Config::from_hook_file(&new, std::iter::empty::<(&str, &str)>()).unwrap();
+        let memory = |o| c.limits(o).memory;
+        assert_eq!(
+            (memory(0), memory(1), memory(2), memory(3)),
+            (Some(GIB), Some(4 * GIB), Some(3 * GIB), Some(GIB))
+        );
+        assert_eq!(c.limits(1).core_limit, Some(30));
+        // Again on the same device: one line for it, the latest.
+        let again = rewrite_device(&new, 1, &[(LiveLimit::Memory, "512MiB".into())]).unwrap();
+        assert_eq!(
+            again.matches("CUSLICE_MEMORY_LIMIT_1=").count(),
+            2,
+            "{again}"
+        );
+        assert!(
+            again.ends_with("CUSLICE_MEMORY_LIMIT_1=512MiB\n"),
+            "{again}"
+        );
+        // A request above that device's limit is refused; within it, taken.
+        let e = rewrite_device(text, 2, &[(LiveLimit::CoreRequest, "40".into())]).unwrap_err();
+        assert_eq!(e.variable, "CUSLICE_CORE_REQUEST_2", "{e}");
+        let ok = rewrite_device(
+            text,
+            2,
+            &[
+                (LiveLimit::CoreLimit, "60".into()),
+                (LiveLimit::CoreRequest, "40".into()),
+            ],
+        )
+        .unwrap();
+        let c = Config::from_hook_file(&ok, std::iter::empty::<(&str, &str)>()).unwrap();
+        assert_eq!(
+            (c.limits(2).core_limit, c.limits(2).core_request),
+            (Some(60), Some(40))
+        );
+        assert_eq!(
+            (c.limits(0).core_limit, c.limits(0).core_request),
+            (Some(30), None)
         );
     }
 

@@ -162,12 +162,34 @@ extern "C" fn after_fork_in_child() {
     }
 }
 
+/// `SIMGPU_ADDRESSES`: `reuse` (the default: first fit, so a freed address is handed out
+/// again at once) or `fresh` (next fit: every allocation gets an address not used since the
+/// space was last gone through). Err: one line.
+fn fresh_addresses() -> Result<bool, String> {
+    match std::env::var("SIMGPU_ADDRESSES") {
+        Err(_) => Ok(false),
+        Ok(v) => match v.trim() {
+            "" | "reuse" => Ok(false),
+            "fresh" => Ok(true),
+            other => Err(format!(
+                "simgpu: SIMGPU_ADDRESSES={:?} is neither reuse nor fresh; write e.g. \
+                 SIMGPU_ADDRESSES=fresh",
+                other.chars().take(64).collect::<String>()
+            )),
+        },
+    }
+}
+
 /// cuInit: opens the state, registers the process, applies CUDA_VISIBLE_DEVICES.
 pub fn init() -> CUresult {
     if FORKED.load(Ordering::Relaxed) {
         return CUresult::CUDA_ERROR_NOT_INITIALIZED;
     }
     let r = DRIVER.get_or_init(|| {
+        let fresh = fresh_addresses().map_err(|e| {
+            eprintln!("{e}");
+            CUresult::CUDA_ERROR_INVALID_VALUE
+        })?;
         let state = simgpu::state_from_env().map_err(|e| {
             eprintln!("{e}");
             CUresult::CUDA_ERROR_NO_DEVICE
@@ -204,8 +226,8 @@ pub fn init() -> CUresult {
                 maps: BTreeMap::new(),
                 reserved: BTreeMap::new(),
                 host: HashMap::new(),
-                va: VaSpace::new(false),
-                va32: VaSpace::new(true),
+                va: VaSpace::new(false, fresh),
+                va32: VaSpace::new(true, fresh),
                 global_captures: 0,
                 managed: HashMap::new(),
             }),
@@ -368,6 +390,10 @@ pub struct VaSpace {
     base: u64,
     len: u64,
     free: FreeRanges,
+    /// `SIMGPU_ADDRESSES=fresh`: hand out addresses next fit from `cursor`, so that no address
+    /// comes back until the space has been gone through once; else first fit.
+    fresh: bool,
+    cursor: u64,
 }
 
 const VA_SIZE: u64 = 1 << 44; // 16 TiB
@@ -375,12 +401,14 @@ const VA_SIZE: u64 = 1 << 44; // 16 TiB
 const VA32_SIZE: u64 = 256 << 20;
 
 impl VaSpace {
-    fn new(low: bool) -> VaSpace {
+    fn new(low: bool, fresh: bool) -> VaSpace {
         VaSpace {
             low,
             base: 0,
             len: 0,
             free: FreeRanges::default(),
+            fresh,
+            cursor: 0,
         }
     }
 
@@ -417,9 +445,13 @@ impl VaSpace {
     pub fn take(&mut self, len: u64, align: u64) -> Res<u64> {
         self.reserve()?;
         let align = align.max(GRANULE).next_power_of_two();
-        self.free
-            .take(len.max(1).next_multiple_of(GRANULE), align)
-            .ok_or(E_OOM)
+        let len = len.max(1).next_multiple_of(GRANULE);
+        if !self.fresh {
+            return self.free.take(len, align).ok_or(E_OOM);
+        }
+        let at = self.free.take_from(self.cursor, len, align).ok_or(E_OOM)?;
+        self.cursor = at + len;
+        Ok(at)
     }
 
     /// Takes exactly `[addr, addr+len)` if it is free (cuMemAddressReserve with a fixed address).
