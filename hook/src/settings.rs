@@ -12,7 +12,8 @@ use cuslice_policy::grant::{Grant, Origin};
 
 /// Annotations under this prefix are settings too: `cuslice.io/memory-limit` is
 /// `CUSLICE_MEMORY_LIMIT`, `cuslice.io/core-limit-1` is `CUSLICE_CORE_LIMIT_1`,
-/// `cuslice.io/priority` is `CUSLICE_PRIORITY`.
+/// `cuslice.io/priority` is `CUSLICE_PRIORITY`, `cuslice.io/memory-wait` is
+/// `CUSLICE_MEMORY_WAIT`.
 pub const ANNOTATION_PREFIX: &str = "cuslice.io/";
 
 /// Where the slice's directory, the node's compute board and the library appear inside the
@@ -374,6 +375,35 @@ mod tests {
         );
         let e = read([], [("cuslice.io/state-dir", "/x")]).unwrap_err();
         assert!(e.contains("cuslice.io/state-dir"), "{e}");
+    }
+
+    #[test]
+    fn what_an_allocation_does_at_the_cap_comes_from_annotations_too() {
+        let s = read(
+            ["CUSLICE_MEMORY_LIMIT=1GiB"],
+            [
+                ("cuslice.io/memory-wait", "5s"),
+                ("cuslice.io/memory-spill", "2GiB"),
+            ],
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            s.entries,
+            vec![
+                ("CUSLICE_MEMORY_LIMIT".to_string(), "1GiB".to_string()),
+                ("CUSLICE_MEMORY_SPILL".to_string(), "2GiB".to_string()),
+                ("CUSLICE_MEMORY_WAIT".to_string(), "5s".to_string()),
+            ]
+        );
+        let e = read([], [("cuslice.io/memory-wait", "soon")]).unwrap_err();
+        assert!(
+            e.starts_with(
+                "annotation cuslice.io/memory-wait: CUSLICE_MEMORY_WAIT=\"soon\" is not a \
+                 duration"
+            ),
+            "{e}"
+        );
     }
 
     #[test]

@@ -108,7 +108,7 @@ fn create(
         return make();
     };
     let reserved = s.rounded(dev, est);
-    if let Err(e) = s.reserve(dev, reserved) {
+    if let Err(e) = s.reserve_or_wait(dev, reserved) {
         return e;
     }
     let r = make();

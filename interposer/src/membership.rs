@@ -22,9 +22,10 @@ use cuslice_policy::config::Config;
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
+use crate::alloc_table::Table;
 use crate::log::info;
 use crate::real;
-use cuslice_state::ledger::Ledger;
+use cuslice_state::ledger::{Ledger, OverCap};
 
 pub use cuslice_state::uuid_string;
 
@@ -150,6 +151,13 @@ impl Slice {
     /// process's idle pool memory, then tries once more; while the driver is still tearing down
     /// a dead process of the slice, it waits for that (up to `DEAD_WAIT`) rather than refuse.
     pub fn reserve(&self, ordinal: usize, bytes: u64) -> Result<(), CUresult> {
+        self.reserve_quietly(ordinal, bytes)
+            .map_err(|over| self.refuse(ordinal, bytes, over))
+    }
+
+    /// `reserve` without recording or logging a refusal: Err says what the slice holds of its
+    /// cap.
+    pub fn reserve_quietly(&self, ordinal: usize, bytes: u64) -> Result<(), OverCap> {
         let Some(d) = self.devs().get(ordinal) else {
             return Ok(());
         };
@@ -165,18 +173,110 @@ impl Slice {
             waiting = self.sweep();
             result = self.ledger.reserve(self.slot, d.index, bytes);
         }
-        match result {
-            Ok(()) => Ok(()),
-            Err(over) => {
-                self.ledger.note_refusal(d.index);
+        result
+    }
+
+    /// Records and logs a refusal at the cap; the error every refusal returns.
+    fn refuse(&self, ordinal: usize, bytes: u64, over: OverCap) -> CUresult {
+        if let Some(d) = self.devs().get(ordinal) {
+            self.ledger.note_refusal(d.index);
+        }
+        info!(
+            "refused {} on device {ordinal}: the slice holds {} of its {} cap",
+            cuslice_policy::format_size(bytes),
+            cuslice_policy::format_size(over.used),
+            cuslice_policy::format_size(over.limit)
+        );
+        CUresult::CUDA_ERROR_OUT_OF_MEMORY
+    }
+
+    /// `reserve` for an allocation that may wait at the cap (`CUSLICE_MEMORY_WAIT`; without it,
+    /// `reserve` itself). It queues behind the slice's allocations already waiting on the device
+    /// (first come, first served), sleeps on the ledger's futex word holding no lock, and is
+    /// woken by the slice's frees; every `RECHECK` it also looks for what a dead process left
+    /// and for a cap the node raised, which come without a free. Out of time, it is refused as
+    /// `reserve` would be. Only for calls that hold no lock a free could need: a free of this
+    /// process must never wait for its own waiting allocation.
+    pub fn reserve_or_wait(&self, ordinal: usize, bytes: u64) -> Result<(), CUresult> {
+        let Some(wait) = self.config.memory_wait else {
+            return self.reserve(ordinal, bytes);
+        };
+        let Some(d) = self.devs().get(ordinal) else {
+            return Ok(());
+        };
+        if bytes == 0 {
+            return Ok(());
+        }
+        let over = if self.ledger.queued(d.index) {
+            OverCap {
+                used: self.ledger.used(d.index),
+                limit: self.ledger.limit(d.index).unwrap_or(u64::MAX),
+            }
+        } else {
+            match self.reserve_quietly(ordinal, bytes) {
+                Ok(()) => return Ok(()),
+                Err(over) => over,
+            }
+        };
+        if bytes > over.limit {
+            // No free can ever make room for it.
+            return Err(self.refuse(ordinal, bytes, over));
+        }
+        let Some(ticket) = self.ledger.wait_enter(d.index) else {
+            info!("{WAIT_SLOTS_FULL}");
+            return Err(self.refuse(ordinal, bytes, over));
+        };
+        let deadline = std::time::Instant::now() + wait;
+        loop {
+            let seq = match self.ledger.wait_try(self.slot, d.index, bytes, ticket) {
+                Ok(()) => return Ok(()),
+                Err(seq) => seq,
+            };
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                self.ledger.wait_leave(d.index, ticket);
+                let over = OverCap {
+                    used: self.ledger.used(d.index),
+                    limit: self.ledger.limit(d.index).unwrap_or(u64::MAX),
+                };
+                return Err(self.refuse(ordinal, bytes, over));
+            }
+            self.ledger
+                .wait_sleep(d.index, seq, (deadline - now).min(RECHECK));
+            self.sweep();
+        }
+    }
+
+    /// Whether allocations past the cap may be served from host memory
+    /// (`CUSLICE_MEMORY_SPILL`).
+    #[inline]
+    pub fn spills(&self) -> bool {
+        self.config.memory_spill.is_some()
+    }
+
+    /// Checks and reserves `bytes` of spill (host memory past the cap) on device `ordinal`.
+    pub fn reserve_spill(&self, ordinal: usize, bytes: u64) -> Result<(), CUresult> {
+        let Some(d) = self.devs().get(ordinal) else {
+            return Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+        };
+        self.ledger
+            .reserve_spill(self.slot, d.index, bytes)
+            .map_err(|over| {
                 info!(
-                    "refused {} on device {ordinal}: the slice holds {} of its {} cap",
+                    "cannot spill {} on device {ordinal}: the slice holds {} of its {} spill",
                     cuslice_policy::format_size(bytes),
                     cuslice_policy::format_size(over.used),
                     cuslice_policy::format_size(over.limit)
                 );
-                Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY)
-            }
+                CUresult::CUDA_ERROR_OUT_OF_MEMORY
+            })
+    }
+
+    pub fn release_spill(&self, ordinal: usize, bytes: u64) {
+        if let Some(d) = self.devs().get(ordinal)
+            && bytes > 0
+        {
+            self.ledger.release_spill(self.slot, d.index, bytes);
         }
     }
 
@@ -234,6 +334,13 @@ impl Slice {
 
 /// How long a refusal waits for the driver to free a dead process's memory.
 const DEAD_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// How often an allocation waiting at the cap looks for memory that came back without a free
+/// (a dead process's, reclaimed by the sweep; a cap the node raised).
+const RECHECK: std::time::Duration = std::time::Duration::from_millis(100);
+
+const WAIT_SLOTS_FULL: &str = "the slice's queue of allocations waiting at the cap is full; \
+                               refused at once";
 
 // ---- the current context ---------------------------------------------------------------------
 
@@ -373,6 +480,13 @@ impl Managed {
 }
 
 pub static MANAGED: Mutex<Option<Managed>> = Mutex::new(None);
+
+/// Allocations served from host memory past the cap (`CUSLICE_MEMORY_SPILL`): pointer -> charge
+/// against the slice's spill. Apart from the allocation table, so that the table and its hot
+/// path stay as they are; a free the table does not know looks here only once the process has
+/// spilled (`SPILL_USED`).
+pub static SPILLED: Mutex<Option<FxHashMap<u64, Charge>>> = Mutex::new(None);
+pub static SPILL_USED: AtomicBool = AtomicBool::new(false);
 /// Whether the process ever made a managed allocation: a free the allocation table does not know
 /// looks in `MANAGED` only then.
 pub static MANAGED_USED: AtomicBool = AtomicBool::new(false);
@@ -392,13 +506,14 @@ pub fn managed<R>(f: impl FnOnce(&mut Managed) -> R) -> R {
 const SHARDS: usize = 64;
 
 /// One shard: a spin lock (taken with one compare-and-swap, given back with a plain store; a
-/// parking mutex gives back with a second compare-and-swap) around a map. It is held for one
-/// hash-map operation, and with 64 shards two threads seldom want the same one; a thread that
-/// does spins briefly, then yields until the holder is scheduled again.
-#[repr(align(64))]
+/// parking mutex gives back with a second compare-and-swap) around a table whose inline keys
+/// share the lock's cache line (`alloc_table`). It is held for one table operation, and with 64
+/// shards two threads seldom want the same one; a thread that does spins briefly, then yields
+/// until the holder is scheduled again.
+#[repr(C, align(64))]
 struct Shard {
     locked: AtomicBool,
-    map: UnsafeCell<FxHashMap<u64, Charge>>,
+    map: UnsafeCell<Table<Charge>>,
 }
 
 // SAFETY: `map` is only reached through `with`, under `locked`.
@@ -408,7 +523,11 @@ impl Shard {
     const fn new() -> Shard {
         Shard {
             locked: AtomicBool::new(false),
-            map: UnsafeCell::new(FxHashMap::with_hasher(rustc_hash::FxBuildHasher)),
+            map: UnsafeCell::new(Table::new(Charge {
+                dev: 0,
+                bytes: 0,
+                ctx: 0,
+            })),
         }
     }
 
@@ -450,7 +569,7 @@ impl Shard {
     }
 
     #[inline]
-    fn with<R>(&self, f: impl FnOnce(&mut FxHashMap<u64, Charge>) -> R) -> R {
+    fn with<R>(&self, f: impl FnOnce(&mut Table<Charge>) -> R) -> R {
         self.lock();
         // SAFETY: the lock is held: nobody else reaches the map until `unlock`. `f` cannot
         // unwind (panic = abort), so the lock is always given back.
@@ -517,6 +636,20 @@ pub fn context_gone(s: &Slice, ctx: usize) {
     }));
     for c in freed {
         s.release(c.dev, c.bytes);
+    }
+    if SPILL_USED.load(Ordering::Relaxed) {
+        let mut gone = Vec::new();
+        if let Some(t) = SPILLED.lock().as_mut() {
+            t.retain(|_, c| {
+                c.ctx != ctx || {
+                    gone.push(*c);
+                    false
+                }
+            });
+        }
+        for c in gone {
+            s.release_spill(c.dev, c.bytes);
+        }
     }
     if MANAGED_USED.load(Ordering::Relaxed) {
         managed(|m| {
@@ -619,6 +752,7 @@ pub fn give_back_idle(s: &Slice, dev: usize) {
 /// the child finds none held by a thread it does not have.
 pub fn before_fork() {
     std::mem::forget(MANAGED.lock());
+    std::mem::forget(SPILLED.lock());
     std::mem::forget(LOCAL.lock());
     for sh in ALLOCS.iter() {
         sh.lock();
@@ -636,6 +770,7 @@ pub unsafe fn unlock_after_fork() {
             sh.unlock();
         }
         LOCAL.force_unlock();
+        SPILLED.force_unlock();
         MANAGED.force_unlock();
     }
 }
@@ -648,6 +783,8 @@ pub fn child_after_fork() -> bool {
     *LOCAL.lock() = None;
     *MANAGED.lock() = None;
     MANAGED_USED.store(false, Ordering::Relaxed);
+    *SPILLED.lock() = None;
+    SPILL_USED.store(false, Ordering::Relaxed);
     for sh in ALLOCS.iter() {
         sh.with(|m| m.clear());
     }

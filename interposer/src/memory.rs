@@ -8,6 +8,13 @@
 //! let a slice exceed its cap behind the cap's back. The driver backs it in steps, so a process's
 //! managed memory on a device is charged at its sum rounded up to the step
 //! (`cuslice_policy::managed`; the table is `membership::Managed`).
+//!
+//! At the cap (docs/interposer.md, "At the cap"): with `CUSLICE_MEMORY_SPILL` an allocation of
+//! cuMemAlloc_v2 or cuMemAllocPitch_v2 that does not fit is served as managed memory that
+//! prefers the host, charged to the slice's spill; with `CUSLICE_MEMORY_WAIT` one that still
+//! does not fit waits for the slice's frees (`Slice::reserve_or_wait`). The 32-bit ABIs and
+//! managed allocations never spill; managed allocations never wait (they hold the process's
+//! managed table, which its frees need).
 
 #![allow(non_snake_case)]
 
@@ -27,6 +34,25 @@ pub fn charged_alloc(
     result: impl FnOnce() -> (u64, Option<u64>),
     undo: impl FnOnce(u64),
 ) -> CUresult {
+    spillable_alloc(
+        estimate,
+        alloc,
+        result,
+        undo,
+        None::<fn(u64, u64) -> CUresult>,
+    )
+}
+
+/// `charged_alloc` for a family that may spill: `spill(bytes, ptr)` hands the caller the
+/// managed allocation `ptr` of `bytes` made in its place, when the slice spills
+/// (`CUSLICE_MEMORY_SPILL`) and the request does not fit under the cap.
+pub fn spillable_alloc(
+    estimate: u64,
+    alloc: impl FnOnce() -> CUresult,
+    result: impl FnOnce() -> (u64, Option<u64>),
+    undo: impl FnOnce(u64),
+    spill: Option<impl FnOnce(u64, u64) -> CUresult>,
+) -> CUresult {
     let s = match membership::active() {
         Err(e) => return e,
         Ok(None) => return alloc(),
@@ -36,7 +62,17 @@ pub fn charged_alloc(
         return alloc();
     };
     let reserved = s.rounded(dev, estimate);
-    if let Err(e) = s.reserve(dev, reserved) {
+    let fits = match spill.filter(|_| s.spills()) {
+        None => s.reserve_or_wait(dev, reserved),
+        Some(hand_out) => match s.reserve_quietly(dev, reserved) {
+            Ok(()) => Ok(()),
+            Err(_) => match spill_alloc(s, ctx, dev, reserved) {
+                Ok(ptr) => return hand_out(reserved, ptr),
+                Err(_) => s.reserve_or_wait(dev, reserved),
+            },
+        },
+    };
+    if let Err(e) = fits {
         return e;
     }
     let r = alloc();
@@ -57,6 +93,46 @@ pub fn charged_alloc(
     r
 }
 
+/// Serves `bytes` past the cap from host memory: charged to the slice's spill, allocated as
+/// managed memory attached to the host, advised to prefer the host and to be accessed by the
+/// device (so the device maps it rather than migrating it). Returns the pointer.
+fn spill_alloc(s: &membership::Slice, ctx: usize, dev: usize, bytes: u64) -> Result<u64, CUresult> {
+    let (Some(managed), Some(advise)) = (real::cuMemAllocManaged(), real::cuMemAdvise()) else {
+        return Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+    };
+    let cudev = s.devs().get(dev).map_or(0, |d| d.cudev);
+    s.reserve_spill(dev, bytes)?;
+    let mut ptr: CUdeviceptr = 0;
+    // SAFETY: a valid out-pointer; the size and flag are the driver's contract.
+    let r = unsafe { managed(&mut ptr, bytes as usize, CU_MEM_ATTACH_HOST) };
+    if !r.is_ok() {
+        s.release_spill(dev, bytes);
+        return Err(r);
+    }
+    // SAFETY: advice on the whole range the driver just handed out.
+    let advised = unsafe {
+        advise(
+            ptr,
+            bytes as usize,
+            CU_MEM_ADVISE_SET_PREFERRED_LOCATION,
+            CU_DEVICE_CPU,
+        )
+        .is_ok()
+            && advise(ptr, bytes as usize, CU_MEM_ADVISE_SET_ACCESSED_BY, cudev).is_ok()
+    };
+    if !advised {
+        free_v2(ptr);
+        s.release_spill(dev, bytes);
+        return Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    membership::SPILL_USED.store(true, std::sync::atomic::Ordering::Relaxed);
+    membership::SPILLED
+        .lock()
+        .get_or_insert_with(Default::default)
+        .insert(ptr, Charge { dev, bytes, ctx });
+    Ok(ptr)
+}
+
 /// The free path shared by every family charged by pointer. The pointer is forgotten before the
 /// driver frees it: the moment it is free, another thread may get the same address back from
 /// its own allocation and record it.
@@ -65,6 +141,21 @@ pub fn charged_free(ptr: u64, free: impl FnOnce() -> CUresult) -> CUresult {
         return free();
     };
     let charge = membership::alloc_remove(ptr);
+    if charge.is_none() && membership::SPILL_USED.load(std::sync::atomic::Ordering::Relaxed) {
+        let spilled = membership::SPILLED
+            .lock()
+            .as_mut()
+            .and_then(|t| t.remove(&ptr));
+        if let Some(c) = spilled {
+            let r = free();
+            if r.is_ok() {
+                s.release_spill(c.dev, c.bytes);
+            } else if let Some(t) = membership::SPILLED.lock().as_mut() {
+                t.insert(ptr, c);
+            }
+            return r;
+        }
+    }
     if charge.is_none() && membership::MANAGED_USED.load(std::sync::atomic::Ordering::Relaxed) {
         let mut table = membership::MANAGED.lock();
         if let Some((c, drop)) = table.as_mut().and_then(|m| m.remove(ptr)) {
@@ -102,13 +193,23 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, size: usize) -> C
     let Some(f) = real::cuMemAlloc_v2() else {
         return CUresult::CUDA_ERROR_NOT_INITIALIZED;
     };
-    charged_alloc(
+    if dptr.is_null() {
+        // SAFETY: forwarded unchanged; the driver refuses it.
+        return unsafe { f(dptr, size) };
+    }
+    spillable_alloc(
         size as u64,
         // SAFETY: forwarded unchanged.
         || unsafe { f(dptr, size) },
         // SAFETY: the driver wrote *dptr on success.
         || (unsafe { *dptr }, None),
         free_v2,
+        Some(|_, ptr| {
+            // SAFETY: the caller's out-pointer, as the driver would have written it (a NULL one
+            // never gets here: the driver refused it before the cap was reached).
+            unsafe { *dptr = ptr };
+            CUresult::CUDA_SUCCESS
+        }),
     )
 }
 
@@ -156,13 +257,26 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
     let estimate = (width as u64)
         .next_multiple_of(PITCH_ESTIMATE_ALIGN)
         .saturating_mul(height as u64);
-    charged_alloc(
+    if dptr.is_null() || pitch.is_null() {
+        // SAFETY: forwarded unchanged; the driver refuses it.
+        return unsafe { f(dptr, pitch, width, height, elem) };
+    }
+    spillable_alloc(
         estimate,
         // SAFETY: forwarded unchanged.
         || unsafe { f(dptr, pitch, width, height, elem) },
         // SAFETY: the driver wrote both on success.
         || unsafe { (*dptr, Some((*pitch as u64).saturating_mul(height as u64))) },
         free_v2,
+        Some(|_, ptr| {
+            // SAFETY: both checked non-NULL above. The rows are laid out at the estimate's
+            // pitch, which is what was allocated (`height` rows of it, at least).
+            unsafe {
+                *dptr = ptr;
+                *pitch = (width as u64).next_multiple_of(PITCH_ESTIMATE_ALIGN) as usize;
+            }
+            CUresult::CUDA_SUCCESS
+        }),
     )
 }
 

@@ -104,6 +104,7 @@ table! {
     Cuda cuMemAllocPitch(*mut CUdeviceptr_v1, *mut c_uint, c_uint, c_uint, c_uint) -> CUresult;
     Cuda cuMemAllocPitch_v2(*mut CUdeviceptr, *mut usize, usize, usize, c_uint) -> CUresult;
     Cuda cuMemAllocManaged(*mut CUdeviceptr, usize, c_uint) -> CUresult;
+    Cuda cuMemAdvise(CUdeviceptr, usize, c_int, CUdevice) -> CUresult;
     Cuda cuMemFree(CUdeviceptr_v1) -> CUresult;
     Cuda cuMemFree_v2(CUdeviceptr) -> CUresult;
     // --- stream-ordered allocation and pools

@@ -203,6 +203,17 @@ pub fn attach_devices() -> bool {
                         cuslice_policy::format_size(bytes as u64)
                     );
                 }
+                if let Some(spill) = s.config.memory_spill {
+                    let slice = s.ledger.set_spill_limit(index, spill);
+                    if slice != spill {
+                        crate::log::warning!(
+                            "device {i}: the slice spills up to {}, as its first process said; \
+                             CUSLICE_MEMORY_SPILL={} here is not used",
+                            cuslice_policy::format_size(slice),
+                            cuslice_policy::format_size(spill)
+                        );
+                    }
+                }
                 index
             }
             Err(e) => {

@@ -45,7 +45,7 @@ pub unsafe extern "C" fn cuMemCreate(
         return call();
     };
     let bytes = s.rounded(dev, size as u64);
-    if let Err(e) = s.reserve(dev, bytes) {
+    if let Err(e) = s.reserve_or_wait(dev, bytes) {
         return e;
     }
     let r = call();

@@ -4,6 +4,7 @@
 //! buckets). Everything here is ordinary Rust with ordinary unit tests.
 
 pub mod config;
+pub mod duration;
 pub mod echo;
 pub mod grant;
 pub mod managed;

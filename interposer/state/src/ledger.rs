@@ -43,7 +43,10 @@ pub const MAGIC: [u8; 8] = *b"CUSLICE\x00";
 /// owner's pid namespace, and the processes of a slice may be in several): the table lock is an
 /// OFD lock on a byte of the file (`TABLE_LOCK_BYTE`), the measuring lock an `OwnerLock`; the
 /// header says how far the process table was ever used (`procs_used`).
-pub const VERSION: u32 = 6;
+/// 7: what an allocation does at the cap: each device's queue of allocations waiting for the
+/// slice's frees (`waiters`, `wake`, `queue`) and its memory spilled to the host (`spill_limit`,
+/// `spilled`; per process `ProcRec::spilled`).
+pub const VERSION: u32 = 7;
 pub const MAX_DEVICES: usize = 64;
 pub const MAX_PROCS: usize = 1024;
 /// Liveness locks sit far past the end of the file (OFD locks need no backing bytes).
@@ -57,6 +60,9 @@ pub const MARKS: usize = 16;
 const FREE: u32 = 0;
 const LIVE: u32 = 1;
 const LIMIT_UNSET: u64 = u64::MAX;
+/// How many allocations of a slice may wait on one device at once (`CUSLICE_MEMORY_WAIT`); one
+/// more is refused at once.
+pub const WAIT_SLOTS: usize = 64;
 /// `DeviceRec::live` bits: the node changed the memory cap / the core request and limit.
 pub const LIVE_MEMORY: u32 = 1;
 pub const LIVE_CORE: u32 = 2;
@@ -93,6 +99,9 @@ pub struct DeviceRec {
     /// What `cuslice set` changed while the slice ran (`LIVE_MEMORY`, `LIVE_CORE`): a process
     /// that joins later takes those values from here, not from its own configuration.
     live: AtomicU32,
+    /// Allocations queued in `queue` (under `lock`): a free that sees more than 0 wakes them
+    /// (`wake`). In the first cache line, so that a free pays one load it already has, no more.
+    waiters: AtomicU32,
     /// The cap in bytes; LIMIT_UNSET when no process of the slice has set one.
     limit: AtomicU64,
     used: AtomicU64,
@@ -127,6 +136,26 @@ pub struct DeviceRec {
     /// `device_ns` and `throttled_ns` as they were at the first report of each second, in the
     /// slot of that second modulo MARKS.
     marks: [Mark; MARKS],
+    /// The futex word waiting allocations sleep on: a free with waiters adds one and wakes them.
+    wake: AtomicU32,
+    /// The slice's spill on the device: the most it may hold in host memory past its cap
+    /// (LIMIT_UNSET: none set), and what its processes hold there now (the sum of their
+    /// `ProcRec::spilled`, kept under `lock`).
+    spill_limit: AtomicU64,
+    spilled: AtomicU64,
+    spill_peak: AtomicU64,
+    /// The next ticket of the wait queue (under `lock`): first come, first served.
+    wait_next: AtomicU64,
+    /// Allocations waiting for the slice's frees, each named by its process's token (0: a free
+    /// entry) with its ticket. An entry whose process died is skipped and cleared by whoever
+    /// finds it.
+    queue: [WaitEntry; WAIT_SLOTS],
+}
+
+#[repr(C)]
+struct WaitEntry {
+    token: AtomicU32,
+    ticket: AtomicU64,
 }
 
 #[repr(C)]
@@ -195,6 +224,8 @@ pub struct ProcRec {
     beat_ns: AtomicU64,
     /// Its share of each device in its meter's last period (ppm).
     usage: [AtomicU32; MAX_DEVICES],
+    /// What it holds in host memory past the cap on each device (`CUSLICE_MEMORY_SPILL`).
+    spilled: [AtomicU64; MAX_DEVICES],
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -451,6 +482,7 @@ impl Ledger {
             // The locks are zero: free.
             for d in (*h).devices.iter() {
                 d.limit.store(LIMIT_UNSET, Ordering::Relaxed);
+                d.spill_limit.store(LIMIT_UNSET, Ordering::Relaxed);
                 d.share
                     .store(cuslice_policy::share::FULL, Ordering::Relaxed);
                 d.core_limit
@@ -499,6 +531,15 @@ impl Ledger {
                 .map(|c| c.load(Ordering::Relaxed))
                 .fold(0u64, u64::saturating_add);
             rec.used.store(sum, Ordering::Relaxed);
+            let spilled = self
+                .header()
+                .procs
+                .iter()
+                .filter(|p| p.state.load(Ordering::Acquire) == LIVE)
+                .filter_map(|p| p.spilled.get(d))
+                .map(|c| c.load(Ordering::Relaxed))
+                .fold(0u64, u64::saturating_add);
+            rec.spilled.store(spilled, Ordering::Relaxed);
         }
         DevGuard { rec }
     }
@@ -560,6 +601,9 @@ impl Ledger {
             for u in p.usage.iter() {
                 u.store(0, Ordering::Relaxed);
             }
+            for c in p.spilled.iter() {
+                c.store(0, Ordering::Relaxed);
+            }
             p.state.store(LIVE, Ordering::Release);
             self.me.store(s as u32, Ordering::Relaxed);
             self.header()
@@ -597,6 +641,17 @@ impl Ledger {
             };
             let mut kept = false;
             for (d, rec) in self.header().devices.iter().enumerate() {
+                // Spilled memory is the process's host memory: gone with the process.
+                if let Some(c) = p.spilled.get(d)
+                    && c.load(Ordering::Relaxed) > 0
+                {
+                    let _g = self.lock_dev(rec, d);
+                    let n = c.swap(0, Ordering::Relaxed);
+                    rec.spilled.store(
+                        rec.spilled.load(Ordering::Relaxed).saturating_sub(n),
+                        Ordering::Relaxed,
+                    );
+                }
                 let Some(c) = p.charged.get(d) else { continue };
                 if c.load(Ordering::Relaxed) == 0 {
                     continue;
@@ -715,7 +770,8 @@ impl Ledger {
         }
     }
 
-    /// Gives back `bytes` process `me` held on device `d`.
+    /// Gives back `bytes` process `me` held on device `d`, and wakes the allocations waiting
+    /// for the slice's frees there, if any.
     pub fn release(&self, me: u32, d: u32, bytes: u64) {
         let (Some(rec), Some(p)) = (self.dev(d), self.header().procs.get(me as usize)) else {
             return;
@@ -723,13 +779,214 @@ impl Ledger {
         let Some(charge) = p.charged.get(d as usize) else {
             return;
         };
+        let waiters = {
+            let _g = self.lock_dev(rec, d as usize);
+            let n = bytes.min(charge.load(Ordering::Relaxed));
+            charge.store(charge.load(Ordering::Relaxed) - n, Ordering::Relaxed);
+            rec.used.store(
+                rec.used.load(Ordering::Relaxed).saturating_sub(n),
+                Ordering::Relaxed,
+            );
+            // Read under the lock: a waiter queues itself under it before it sleeps, so either
+            // it saw this free when it checked, or this free sees it here.
+            rec.waiters.load(Ordering::Relaxed)
+        };
+        if waiters > 0 {
+            wake_all(&rec.wake);
+        }
+    }
+
+    // ---- at the cap: waiting for the slice's frees, spilling to host memory ----------------
+
+    /// Whether allocations wait on device `d` now: a newcomer that would go ahead of them
+    /// queues behind them instead (first come, first served).
+    pub fn queued(&self, d: u32) -> bool {
+        self.dev(d)
+            .is_some_and(|r| r.waiters.load(Ordering::Relaxed) > 0)
+    }
+
+    /// Queues an allocation of this process on device `d` to wait for the slice's frees.
+    /// Returns its ticket, or None when `WAIT_SLOTS` allocations wait there already.
+    pub fn wait_enter(&self, d: u32) -> Option<u64> {
+        let rec = self.dev(d)?;
+        let token = self.token.load(Ordering::Relaxed);
+        let _g = self.lock_dev(rec, d as usize);
+        self.clear_dead_waiters(rec);
+        let e = rec
+            .queue
+            .iter()
+            .find(|e| e.token.load(Ordering::Relaxed) == 0)?;
+        let ticket = rec.wait_next.load(Ordering::Relaxed);
+        rec.wait_next.store(ticket + 1, Ordering::Relaxed);
+        e.ticket.store(ticket, Ordering::Relaxed);
+        e.token.store(token, Ordering::Relaxed);
+        rec.waiters.fetch_add(1, Ordering::Relaxed);
+        Some(ticket)
+    }
+
+    /// The waiting allocation `ticket` of process `me` on device `d` tries to reserve `bytes`:
+    /// only when no live allocation queued before it still waits, and the bytes fit. On success
+    /// it leaves the queue (and the next one is woken to try). Otherwise the futex value to
+    /// sleep on with `wait_sleep` (read under the lock, so a free after it changes it).
+    pub fn wait_try(&self, me: u32, d: u32, bytes: u64, ticket: u64) -> Result<(), u32> {
+        let (Some(rec), Some(p)) = (self.dev(d), self.header().procs.get(me as usize)) else {
+            return Err(0);
+        };
+        let Some(charge) = p.charged.get(d as usize) else {
+            return Err(0);
+        };
+        let token = self.token.load(Ordering::Relaxed);
+        let more = {
+            let _g = self.lock_dev(rec, d as usize);
+            self.clear_dead_waiters(rec);
+            let seq = rec.wake.load(Ordering::Relaxed);
+            let ahead = rec.queue.iter().any(|e| {
+                let t = e.token.load(Ordering::Relaxed);
+                t != 0 && e.ticket.load(Ordering::Relaxed) < ticket
+            });
+            let used = rec.used.load(Ordering::Relaxed);
+            let after = used.saturating_add(bytes);
+            if ahead || after > rec.limit.load(Ordering::Relaxed) {
+                return Err(seq);
+            }
+            charge.store(charge.load(Ordering::Relaxed) + bytes, Ordering::Relaxed);
+            rec.used.store(after, Ordering::Relaxed);
+            if after > rec.peak.load(Ordering::Relaxed) {
+                rec.peak.store(after, Ordering::Relaxed);
+            }
+            self.leave_locked(rec, token, ticket)
+        };
+        if more {
+            wake_all(&rec.wake);
+        }
+        Ok(())
+    }
+
+    /// The waiting allocation `ticket` gives up (its time is out): it leaves the queue, and the
+    /// ones behind it are woken (one of them may now be first).
+    pub fn wait_leave(&self, d: u32, ticket: u64) {
+        let Some(rec) = self.dev(d) else { return };
+        let token = self.token.load(Ordering::Relaxed);
+        let more = {
+            let _g = self.lock_dev(rec, d as usize);
+            self.leave_locked(rec, token, ticket)
+        };
+        if more {
+            wake_all(&rec.wake);
+        }
+    }
+
+    /// Sleeps until a free on device `d` changes its futex word from `seq`, or `timeout`
+    /// passes. Holds no lock.
+    pub fn wait_sleep(&self, d: u32, seq: u32, timeout: std::time::Duration) {
+        if let Some(rec) = self.dev(d) {
+            futex_wait(&rec.wake, seq, timeout);
+        }
+    }
+
+    /// Takes the entry (`token`, `ticket`) out of the queue; whether others still wait. Under
+    /// the device's lock.
+    fn leave_locked(&self, rec: &DeviceRec, token: u32, ticket: u64) -> bool {
+        for e in rec.queue.iter() {
+            if e.token.load(Ordering::Relaxed) == token
+                && e.ticket.load(Ordering::Relaxed) == ticket
+            {
+                e.token.store(0, Ordering::Relaxed);
+                let _ = rec
+                    .waiters
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |w| w.checked_sub(1));
+                break;
+            }
+        }
+        rec.waiters.load(Ordering::Relaxed) > 0
+    }
+
+    /// Clears the queue entries of processes that died waiting. Under the device's lock.
+    fn clear_dead_waiters(&self, rec: &DeviceRec) {
+        if rec.waiters.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let mine = self.token.load(Ordering::Relaxed);
+        let my_slot = self.me.load(Ordering::Relaxed);
+        let mut live = 0;
+        for e in rec.queue.iter() {
+            let t = e.token.load(Ordering::Relaxed);
+            if t == 0 {
+                continue;
+            }
+            // An entry of this process's slot under another registration is a dead process's
+            // whose slot this one took since.
+            let stale = t != mine && token_owner(t).is_some_and(|(slot, _)| slot == my_slot);
+            if stale || self.owner_dead(t) {
+                e.token.store(0, Ordering::Relaxed);
+            } else {
+                live += 1;
+            }
+        }
+        rec.waiters.store(live, Ordering::Relaxed);
+    }
+
+    /// Records the slice's spill on device `d` (bytes it may hold in host memory past its cap),
+    /// unless a process of the slice recorded one already. Returns the slice's.
+    pub fn set_spill_limit(&self, d: u32, bytes: u64) -> u64 {
+        let Some(rec) = self.dev(d) else { return 0 };
+        match rec.spill_limit.compare_exchange(
+            LIMIT_UNSET,
+            bytes,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        ) {
+            Ok(_) => bytes,
+            Err(recorded) => recorded,
+        }
+    }
+
+    /// Checks and reserves `bytes` of spill for process `me` on device `d` in one step.
+    pub fn reserve_spill(&self, me: u32, d: u32, bytes: u64) -> Result<(), OverCap> {
+        let (Some(rec), Some(p)) = (self.dev(d), self.header().procs.get(me as usize)) else {
+            return Err(OverCap { used: 0, limit: 0 });
+        };
+        let Some(charge) = p.spilled.get(d as usize) else {
+            return Err(OverCap { used: 0, limit: 0 });
+        };
+        let _g = self.lock_dev(rec, d as usize);
+        let used = rec.spilled.load(Ordering::Relaxed);
+        let limit = match rec.spill_limit.load(Ordering::Relaxed) {
+            LIMIT_UNSET => 0,
+            l => l,
+        };
+        let after = used.saturating_add(bytes);
+        if after > limit {
+            return Err(OverCap { used, limit });
+        }
+        charge.store(charge.load(Ordering::Relaxed) + bytes, Ordering::Relaxed);
+        rec.spilled.store(after, Ordering::Relaxed);
+        if after > rec.spill_peak.load(Ordering::Relaxed) {
+            rec.spill_peak.store(after, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Gives back `bytes` of spill process `me` held on device `d`.
+    pub fn release_spill(&self, me: u32, d: u32, bytes: u64) {
+        let (Some(rec), Some(p)) = (self.dev(d), self.header().procs.get(me as usize)) else {
+            return;
+        };
+        let Some(charge) = p.spilled.get(d as usize) else {
+            return;
+        };
         let _g = self.lock_dev(rec, d as usize);
         let n = bytes.min(charge.load(Ordering::Relaxed));
         charge.store(charge.load(Ordering::Relaxed) - n, Ordering::Relaxed);
-        rec.used.store(
-            rec.used.load(Ordering::Relaxed).saturating_sub(n),
+        rec.spilled.store(
+            rec.spilled.load(Ordering::Relaxed).saturating_sub(n),
             Ordering::Relaxed,
         );
+    }
+
+    /// What the whole slice holds in host memory past its cap on device `d`.
+    pub fn spilled(&self, d: u32) -> u64 {
+        self.dev(d).map_or(0, |r| r.spilled.load(Ordering::Relaxed))
     }
 
     pub fn note_refusal(&self, d: u32) {
@@ -1067,6 +1324,42 @@ impl Ledger {
     }
 }
 
+/// Wakes every thread sleeping on the futex word `w` (in any process: the word is in a shared
+/// mapping, so no FUTEX_PRIVATE_FLAG), after moving it on so that one about to sleep does not.
+fn wake_all(w: &AtomicU32) {
+    w.fetch_add(1, Ordering::Release);
+    // SAFETY: FUTEX_WAKE on the address of a live atomic in our mapping; it reads nothing else.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            w.as_ptr(),
+            libc::FUTEX_WAKE,
+            i32::MAX,
+            std::ptr::null::<libc::timespec>(),
+        )
+    };
+}
+
+/// Sleeps while the futex word `w` still holds `seq`, for at most `timeout` (a signal, a
+/// spurious wake-up or a changed word end it early: the caller looks again).
+fn futex_wait(w: &AtomicU32, seq: u32, timeout: std::time::Duration) {
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs().min(i64::MAX as u64) as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: FUTEX_WAIT on the address of a live atomic in our mapping, with a relative
+    // timeout that lives across the call.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            w.as_ptr(),
+            libc::FUTEX_WAIT,
+            seq,
+            &ts as *const libc::timespec,
+        )
+    };
+}
+
 fn uuid_of(rec: &DeviceRec) -> [u8; 16] {
     let mut u = [0u8; 16];
     let (a, b) = u.split_at_mut(8);
@@ -1096,6 +1389,10 @@ fn snapshot_of(h: &Header, alive: impl Fn(usize) -> bool) -> Snapshot {
             charged: devices
                 .iter()
                 .map(|(i, _)| p.charged.get(*i).map_or(0, |c| c.load(Ordering::Relaxed)))
+                .collect(),
+            spilled: devices
+                .iter()
+                .map(|(i, _)| p.spilled.get(*i).map_or(0, |c| c.load(Ordering::Relaxed)))
                 .collect(),
         })
         .collect();
@@ -1355,9 +1652,14 @@ fn device_snapshot(uuid: [u8; 16], r: &DeviceRec) -> DeviceSnapshot {
     }
     marks.sort_by_key(|m| m.at_ns);
     let limit = r.limit.load(Ordering::Relaxed);
+    let spill_limit = r.spill_limit.load(Ordering::Relaxed);
     DeviceSnapshot {
         uuid,
         limit: (limit != LIMIT_UNSET).then_some(limit),
+        spill_limit: (spill_limit != LIMIT_UNSET).then_some(spill_limit),
+        spilled: r.spilled.load(Ordering::Relaxed),
+        spill_peak: r.spill_peak.load(Ordering::Relaxed),
+        waiting: r.waiters.load(Ordering::Relaxed),
         used: r.used.load(Ordering::Relaxed),
         peak: r.peak.load(Ordering::Relaxed),
         refusals: r.refusals.load(Ordering::Relaxed),

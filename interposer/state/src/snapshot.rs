@@ -22,6 +22,13 @@ pub struct DeviceSnapshot {
     /// Bytes the slice's processes hold, and the most they ever held at once.
     pub used: u64,
     pub peak: u64,
+    /// The most the slice may hold in host memory past its cap (`CUSLICE_MEMORY_SPILL`), if
+    /// set; what it holds there now, and the most it held there at once.
+    pub spill_limit: Option<u64>,
+    pub spilled: u64,
+    pub spill_peak: u64,
+    /// Allocations waiting now for the slice's frees (`CUSLICE_MEMORY_WAIT`).
+    pub waiting: u32,
     /// Allocations refused at the cap.
     pub refusals: u64,
     pub context_overhead: u64,
@@ -65,6 +72,8 @@ pub struct ProcSnapshot {
     pub alive: bool,
     /// Bytes charged to it, per device, in the order of `Snapshot::devices`.
     pub charged: Vec<u64>,
+    /// Bytes it holds in host memory past the cap, per device, in the same order.
+    pub spilled: Vec<u64>,
 }
 
 /// How far a mark may sit from where a window should start, as a part of the window.
@@ -121,6 +130,10 @@ mod tests {
             limit: None,
             used: 0,
             peak: 0,
+            spill_limit: None,
+            spilled: 0,
+            spill_peak: 0,
+            waiting: 0,
             refusals: 0,
             context_overhead: 0,
             core_request: 0,

@@ -337,6 +337,10 @@ fn by_device(gpus: &[Gpu], found: &[Found], now: u64) -> Vec<Device> {
                     peak: d.peak,
                     refusals: d.refusals,
                     set_live: d.live & ledger::LIVE_MEMORY != 0,
+                    spilled: d.spilled,
+                    spill_limit: d.spill_limit,
+                    spill_peak: d.spill_peak,
+                    waiting: d.waiting,
                 },
                 compute: Compute {
                     request_pct: d.request().map(pct),

@@ -190,6 +190,32 @@ impl Collector for NodeCollector {
         )?;
         family(
             e,
+            "slice_memory_spilled",
+            "Bytes the slice holds in host memory past its cap (CUSLICE_MEMORY_SPILL; absent: it \
+             does not spill)",
+            bytes,
+            Gauge,
+            per_slice(&node, |s| s.memory.spill_limit.map(|_| s.memory.spilled)),
+        )?;
+        family(
+            e,
+            "slice_memory_spill_limit",
+            "The most the slice may hold in host memory past its cap (absent: it does not spill)",
+            bytes,
+            Gauge,
+            per_slice(&node, |s| s.memory.spill_limit),
+        )?;
+        family(
+            e,
+            "slice_memory_waiting",
+            "Allocations of the slice waiting now at its cap for its own frees \
+             (CUSLICE_MEMORY_WAIT)",
+            None,
+            Gauge,
+            per_slice(&node, |s| Some(s.memory.waiting as u64)),
+        )?;
+        family(
+            e,
             "slice_memory_refusals",
             "Allocations refused because they would cross the cap",
             None,
@@ -366,6 +392,10 @@ mod tests {
                 peak: 0,
                 refusals: 0,
                 set_live: false,
+                spilled: 0,
+                spill_limit: None,
+                spill_peak: 0,
+                waiting: 0,
             },
             compute: Compute {
                 request_pct: None,

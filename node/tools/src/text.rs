@@ -34,7 +34,10 @@ pub fn render(node: &Node) -> String {
             out.push_str("  no slices\n");
             continue;
         }
-        let header = [
+        // SPILLED only where some slice of the GPU spills (`CUSLICE_MEMORY_SPILL`): what it holds
+        // in host memory past its cap, of the most it may.
+        let spills = d.slices.iter().any(|s| s.memory.spill_limit.is_some());
+        let mut header = vec![
             "SLICE",
             "NAME",
             "MEMORY",
@@ -50,6 +53,9 @@ pub fn render(node: &Node) -> String {
             "THROTTLED",
             "PROCESSES",
         ];
+        if spills {
+            header.insert(6, "SPILLED");
+        }
         let rows: Vec<Vec<String>> = d
             .slices
             .iter()
@@ -57,7 +63,7 @@ pub fn render(node: &Node) -> String {
                 let c = &s.compute;
                 let live = s.processes.iter().filter(|p| p.alive).count();
                 let est = if c.estimated { " (est.)" } else { "" };
-                vec![
+                let mut row = vec![
                     short(s),
                     s.name.clone().unwrap_or_else(|| "-".into()),
                     format_size(s.memory.used),
@@ -76,7 +82,17 @@ pub fn render(node: &Node) -> String {
                     pct(Some(c.allotted_pct)),
                     format!("{:.1} s", c.throttled_seconds),
                     pids(s, live),
-                ]
+                ];
+                if spills {
+                    let spilled = match s.memory.spill_limit {
+                        Some(l) => {
+                            format!("{} of {}", format_size(s.memory.spilled), format_size(l))
+                        }
+                        None => "-".into(),
+                    };
+                    row.insert(6, spilled);
+                }
+                row
             })
             .collect();
         let mut width: Vec<usize> = header.iter().map(|h| h.len()).collect();

@@ -68,6 +68,13 @@ pub struct Memory {
     pub refusals: u64,
     /// The cap was changed while the slice ran (`cuslice set`).
     pub set_live: bool,
+    /// Bytes the slice holds in host memory past its cap (`CUSLICE_MEMORY_SPILL`), the most it
+    /// may (None: it does not spill) and the most it held there at once.
+    pub spilled: u64,
+    pub spill_limit: Option<u64>,
+    pub spill_peak: u64,
+    /// Allocations waiting now for the slice's frees (`CUSLICE_MEMORY_WAIT`).
+    pub waiting: u32,
 }
 
 #[derive(Debug, Clone, Serialize)]

@@ -11,6 +11,8 @@
 //! **Variables.** `CUSLICE_MEMORY_LIMIT[_<i>]` (a size, see [`crate::size`]),
 //! `CUSLICE_CORE_LIMIT[_<i>]` and `CUSLICE_CORE_REQUEST[_<i>]` (percent, 1 to 100),
 //! `CUSLICE_PRIORITY` (`high`, `normal` or `low`, all devices; see [`crate::priority`]),
+//! `CUSLICE_MEMORY_WAIT` (a duration, see [`crate::duration`]) and `CUSLICE_MEMORY_SPILL` (a
+//! size): what an allocation does at the cap, on every device,
 //! `CUSLICE_STATE_DIR`, `CUSLICE_LOG`; HAMi-core's `CUDA_DEVICE_MEMORY_LIMIT[_<i>]` (`4g`, `512m`,
 //! bytes) and `CUDA_DEVICE_SM_LIMIT[_<i>]` (percent, 0 = no limit); Alibaba cGPU's
 //! `ALIYUN_COM_GPU_MEM_CONTAINER` (in `ALIYUN_COM_GPU_MEM_UNIT`, default GiB). `<i>` is a device
@@ -161,6 +163,12 @@ pub struct Config {
     pub node_dir: Option<PathBuf>,
     /// `CUSLICE_PRIORITY`: the slice's priority on its devices (default normal).
     pub priority: Priority,
+    /// `CUSLICE_MEMORY_WAIT`: how long an allocation that would pass the cap waits for the
+    /// slice's own frees before it is refused (None: refused at once).
+    pub memory_wait: Option<std::time::Duration>,
+    /// `CUSLICE_MEMORY_SPILL`: bytes per device the slice may hold past its cap in host memory
+    /// (managed memory that prefers the host), charged apart from device memory.
+    pub memory_spill: Option<u64>,
     /// One-line messages worth reporting: conflicting aliases, ignored settings.
     pub notices: Vec<String>,
     /// Every limit that some variable sets, winners and losers alike.

@@ -52,6 +52,8 @@ pub(super) const STATE_DIR: &str = "CUSLICE_STATE_DIR";
 pub(super) const NODE_DIR: &str = "CUSLICE_NODE_DIR";
 pub(super) const LOG: &str = "CUSLICE_LOG";
 pub(super) const PRIORITY: &str = "CUSLICE_PRIORITY";
+pub(super) const MEMORY_WAIT: &str = "CUSLICE_MEMORY_WAIT";
+pub(super) const MEMORY_SPILL: &str = "CUSLICE_MEMORY_SPILL";
 pub(super) const ALIYUN_CONTAINER: &str = "ALIYUN_COM_GPU_MEM_CONTAINER";
 pub(super) const ALIYUN_UNIT: &str = "ALIYUN_COM_GPU_MEM_UNIT";
 
@@ -60,8 +62,9 @@ pub(super) const ALIYUN_UNIT: &str = "ALIYUN_COM_GPU_MEM_UNIT";
 pub(super) const OTHER_CUSLICE_NAMES: [&str; 1] = ["CUSLICE_CUDA_HEADERS"];
 
 pub(super) const KNOWN_CUSLICE: &str = "CUSLICE_MEMORY_LIMIT[_<i>], CUSLICE_CORE_LIMIT[_<i>], \
-                             CUSLICE_CORE_REQUEST[_<i>], CUSLICE_PRIORITY, CUSLICE_STATE_DIR, \
-                             CUSLICE_NODE_DIR, CUSLICE_LOG";
+                             CUSLICE_CORE_REQUEST[_<i>], CUSLICE_PRIORITY, CUSLICE_MEMORY_WAIT, \
+                             CUSLICE_MEMORY_SPILL, CUSLICE_STATE_DIR, CUSLICE_NODE_DIR, \
+                             CUSLICE_LOG";
 
 /// What a variable name means to cuslice.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,6 +84,8 @@ pub(super) enum Name<'a> {
     NodeDir,
     Log,
     Priority,
+    MemoryWait,
+    MemorySpill,
     AliyunContainer,
     AliyunUnit,
     UnknownCuslice,
@@ -118,6 +123,8 @@ pub(super) fn classify(name: &str) -> Name<'_> {
         NODE_DIR => Name::NodeDir,
         LOG => Name::Log,
         PRIORITY => Name::Priority,
+        MEMORY_WAIT => Name::MemoryWait,
+        MEMORY_SPILL => Name::MemorySpill,
         ALIYUN_CONTAINER => Name::AliyunContainer,
         ALIYUN_UNIT => Name::AliyunUnit,
         _ if OTHER_CUSLICE_NAMES.contains(&name) => Name::Other,
@@ -173,7 +180,17 @@ pub(super) fn suggest(name: &str) -> Option<String> {
         .iter()
         .filter(|(base, ..)| base.starts_with("CUSLICE_"))
         .map(|(base, ..)| base.to_string())
-        .chain([STATE_DIR, NODE_DIR, LOG, PRIORITY].map(String::from))
+        .chain(
+            [
+                STATE_DIR,
+                NODE_DIR,
+                LOG,
+                PRIORITY,
+                MEMORY_WAIT,
+                MEMORY_SPILL,
+            ]
+            .map(String::from),
+        )
         .collect();
     // A typo in a per-device name keeps its ordinal: CUSLICE_MEMORY_LIMT_1 suggests
     // CUSLICE_MEMORY_LIMIT_1.

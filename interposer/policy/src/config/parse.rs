@@ -5,11 +5,12 @@
 use std::path::PathBuf;
 
 use super::names::{
-    ALIYUN_CONTAINER, ALIYUN_UNIT, Family, KNOWN_CUSLICE, LOG, MAX_ORDINAL, NODE_DIR, Name,
-    PRIORITY, Quantity, STATE_DIR, Syntax, classify, suggest,
+    ALIYUN_CONTAINER, ALIYUN_UNIT, Family, KNOWN_CUSLICE, LOG, MAX_ORDINAL, MEMORY_SPILL,
+    MEMORY_WAIT, NODE_DIR, Name, PRIORITY, Quantity, STATE_DIR, Syntax, classify, suggest,
 };
 use super::precedence::Setting;
 use super::{Config, ConfigError, LogLevel};
+use crate::duration::{DurationError, parse_duration};
 use crate::echo::{cut, one_line, quoted};
 use crate::priority::Priority;
 use crate::size::{Reason, parse_size};
@@ -174,6 +175,40 @@ pub(super) fn parse_priority(entry: &Entry) -> Result<Priority, ConfigError> {
     })
 }
 
+/// `CUSLICE_MEMORY_WAIT`: how long an allocation at the cap waits for the slice's own frees; a
+/// duration more than 0 (`5s`, `500ms`, `2m`), at most a day.
+pub(super) fn parse_memory_wait(entry: &Entry) -> Result<std::time::Duration, ConfigError> {
+    let example = format!("{MEMORY_WAIT}=5s (units: ms, s, m, h; to not wait, leave it out)");
+    match parse_duration(&entry.value) {
+        Ok(d) if d.is_zero() => Err(entry.error(
+            "is 0; a wait must be more than 0 (to not wait, leave the variable out)",
+            example,
+        )),
+        Ok(d) => Ok(d),
+        Err(DurationError::Empty) => Err(entry.error(EMPTY, example)),
+        Err(e) => Err(entry.error(format!("is not a duration ({e})"), example)),
+    }
+}
+
+/// `CUSLICE_MEMORY_SPILL`: how much more than the cap the slice may hold in host memory; a size
+/// more than 0, at most 1 PiB.
+pub(super) fn parse_memory_spill(entry: &Entry) -> Result<u64, ConfigError> {
+    let example = format!("{MEMORY_SPILL}=4GiB ({SIZE_UNITS})");
+    match parse_size(&entry.value) {
+        Ok(0) => Err(entry.error(
+            "is 0; a spill must be more than 0 (to not spill, leave the variable out)",
+            example,
+        )),
+        Ok(bytes) if bytes > MAX_MEMORY_LIMIT => Err(entry.error(
+            "is too large: a spill is at most 1 PiB (1125899906842624 bytes)",
+            example,
+        )),
+        Ok(bytes) => Ok(bytes),
+        Err(e) if e.reason == Reason::Empty => Err(entry.error(EMPTY, example)),
+        Err(e) => Err(entry.error(format!("is not a size ({})", e.reason), example)),
+    }
+}
+
 pub(super) fn parse_log(entry: &Entry) -> Result<LogLevel, ConfigError> {
     LogLevel::parse(&entry.value).ok_or_else(|| {
         entry.error(
@@ -275,6 +310,8 @@ impl Config {
                 }
                 Name::Log => config.log = parse_log(entry)?,
                 Name::Priority => config.priority = parse_priority(entry)?,
+                Name::MemoryWait => config.memory_wait = Some(parse_memory_wait(entry)?),
+                Name::MemorySpill => config.memory_spill = Some(parse_memory_spill(entry)?),
                 Name::AliyunContainer => aliyun_container = Some(entry),
                 Name::AliyunUnit => aliyun_unit = Some(entry),
                 Name::UnknownCuslice => {

@@ -748,3 +748,65 @@ fn a_long_value_or_name_is_echoed_cut_short() {
     ]);
     assert!(c.notices.iter().all(|n| n.len() < 600), "{:?}", c.notices);
 }
+
+#[test]
+fn memory_wait_and_spill_are_read_for_every_device() {
+    let c = config(&[
+        ("CUSLICE_MEMORY_LIMIT", "1GiB"),
+        ("CUSLICE_MEMORY_WAIT", "5s"),
+        ("CUSLICE_MEMORY_SPILL", "1GiB"),
+    ]);
+    assert_eq!(c.memory_wait, Some(std::time::Duration::from_secs(5)));
+    assert_eq!(c.memory_spill, Some(GIB));
+    let c = config(&[("CUSLICE_MEMORY_WAIT", "250ms")]);
+    assert_eq!(c.memory_wait, Some(std::time::Duration::from_millis(250)));
+    assert_eq!(c.memory_spill, None);
+    let none = config(&[("CUSLICE_MEMORY_LIMIT", "1GiB")]);
+    assert_eq!((none.memory_wait, none.memory_spill), (None, None));
+}
+
+#[test]
+fn bad_memory_waits_and_spills_are_refused_in_one_line() {
+    let cases: [(&str, &str, &str); 8] = [
+        (
+            "CUSLICE_MEMORY_WAIT",
+            "5",
+            "is not a duration (it has no unit)",
+        ),
+        (
+            "CUSLICE_MEMORY_WAIT",
+            "5 fortnights",
+            "is not a duration (unknown unit)",
+        ),
+        (
+            "CUSLICE_MEMORY_WAIT",
+            "-1s",
+            "is not a duration (durations cannot be negative)",
+        ),
+        (
+            "CUSLICE_MEMORY_WAIT",
+            "0s",
+            "is 0; a wait must be more than 0",
+        ),
+        ("CUSLICE_MEMORY_WAIT", "", "is empty"),
+        (
+            "CUSLICE_MEMORY_SPILL",
+            "12XB",
+            "is not a size (unknown unit)",
+        ),
+        (
+            "CUSLICE_MEMORY_SPILL",
+            "0",
+            "is 0; a spill must be more than 0",
+        ),
+        ("CUSLICE_MEMORY_SPILL", "2PiB", "is too large"),
+    ];
+    for (name, value, problem) in cases {
+        let e = error(&[(name, value)]);
+        assert_eq!(e.variable, name);
+        assert!(e.to_string().contains(problem), "{e}");
+        assert!(e.example.starts_with(name), "{e}");
+    }
+    let e = error(&[("CUSLICE_MEMORY_WAT", "5s")]);
+    assert!(e.to_string().contains("CUSLICE_MEMORY_WAIT=5s"), "{e}");
+}

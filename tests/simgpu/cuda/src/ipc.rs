@@ -47,7 +47,8 @@ pub unsafe extern "C" fn cuIpcGetMemHandle(
         let m = inner
             .maps
             .get(&dptr)
-            .filter(|m| m.kind == MapKind::Owned)
+            // Managed memory cannot be shared this way (the driver answers INVALID_VALUE).
+            .filter(|m| m.kind == MapKind::Owned && !m.host_mapped)
             .ok_or(E_INVALID_VALUE)?;
         let id = m.id.ok_or(E_INVALID_VALUE)?;
         // SAFETY: out-pointer from the caller.

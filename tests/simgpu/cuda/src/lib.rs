@@ -266,6 +266,8 @@ export_table![
     cuMemFree,
     cuMemFree_v2,
     cuMemAllocManaged,
+    cuMemAdvise,
+    cuMemAdvise_v2,
     cuMemGetAddressRange_v2,
     cuMemAllocHost,
     cuMemAllocHost_v2,

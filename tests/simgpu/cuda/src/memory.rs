@@ -326,9 +326,12 @@ pub unsafe extern "C" fn cuMemAllocPitch(
     )
 }
 
-/// Managed memory is modelled as resident on the device from allocation (it counts in full, and
-/// the process's managed memory on the device is backed in steps: `MANAGED_STEP`) and mapped for
-/// the host at the same address.
+/// Managed memory attached globally (`CU_MEM_ATTACH_GLOBAL`) is modelled as resident on the
+/// device from allocation (it counts in full, and the process's managed memory on the device is
+/// backed in steps: `MANAGED_STEP`) and mapped for the host at the same address. Managed memory
+/// attached to the host (`CU_MEM_ATTACH_HOST`) is modelled as resident in host memory: it is
+/// the process's own memory at that address and counts as none of the device's, whatever advice
+/// it is given later (see `cuMemAdvise`).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemAllocManaged(
     dptr: *mut CUdeviceptr,
@@ -340,8 +343,132 @@ pub unsafe extern "C" fn cuMemAllocManaged(
     {
         return E_INVALID_VALUE;
     }
+    let made = if flags == cuda_abi::CU_MEM_ATTACH_HOST {
+        alloc_host_resident(size as u64)
+    } else {
+        alloc_owned(size as u64, AllocKind::Managed, false)
+    };
     // SAFETY: checked non-NULL.
-    status(alloc_owned(size as u64, AllocKind::Managed, false).map(|va| unsafe { dptr.write(va) }))
+    status(made.map(|va| unsafe { dptr.write(va) }))
+}
+
+/// Managed memory resident on the host: an address in the device range, backed by fresh memory
+/// of this process (zero, as the driver's), with no device memory behind it.
+fn alloc_host_resident(size: u64) -> Res<u64> {
+    if size == 0 {
+        return Err(E_INVALID_VALUE);
+    }
+    let d = drv()?;
+    let mut inner = d.inner.lock();
+    inner.refuse_if_capturing()?;
+    let (ctx, c) = inner.cur()?;
+    let dev = c.dev;
+    let len = size.next_multiple_of(GRANULE);
+    let va = inner.va.take(len, GRANULE)?;
+    // SAFETY: MAP_FIXED over our own PROT_NONE reservation at an address just handed out for
+    // this allocation; nothing else lives there.
+    let p = unsafe {
+        libc::mmap(
+            va as *mut c_void,
+            len as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_ANONYMOUS | libc::MAP_FIXED | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        inner.va.give(va, len);
+        return Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    inner.maps.insert(
+        va,
+        Mapping {
+            len,
+            dev,
+            ctx,
+            id: None,
+            offset: 0,
+            kind: MapKind::Owned,
+            size,
+            host_mapped: true,
+            handle: 0,
+        },
+    );
+    Ok(va)
+}
+
+/// Whether `len` bytes at `va` lie in managed memory resident on the host (where the host
+/// pointer is the address itself).
+fn host_resident(inner: &Inner, va: u64, len: u64) -> Option<Res<*mut u8>> {
+    let (start, m) = inner.find(va)?;
+    if !(m.host_mapped && m.id.is_none()) {
+        return None;
+    }
+    if va + len > start + m.len {
+        return Some(Err(E_INVALID_VALUE));
+    }
+    Some(Ok(va as *mut u8))
+}
+
+/// cuMemAdvise (CUDA 8.0's, the device as an ordinal or `CU_DEVICE_CPU`): checked as the driver
+/// checks it (a managed range, a known advice, a device or the host) and otherwise not
+/// modelled: an allocation stays where it was made (see `cuMemAllocManaged`); nothing migrates
+/// on advice, on access or on prefetch.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAdvise(
+    ptr: CUdeviceptr,
+    count: usize,
+    advice: i32,
+    device: CUdevice,
+) -> CUresult {
+    status(advise(
+        ptr,
+        count as u64,
+        advice,
+        device == cuda_abi::CU_DEVICE_CPU,
+        device,
+    ))
+}
+
+/// cuMemAdvise_v2 (CUDA 12.2's, the location as a `CUmemLocation`; what CUDA 13's headers
+/// call cuMemAdvise): as `cuMemAdvise`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAdvise_v2(
+    ptr: CUdeviceptr,
+    count: usize,
+    advice: i32,
+    location: cuda_abi::CUmemLocation,
+) -> CUresult {
+    let host = matches!(
+        location.type_,
+        cuda_abi::CU_MEM_LOCATION_TYPE_HOST
+            | cuda_abi::CU_MEM_LOCATION_TYPE_HOST_NUMA
+            | cuda_abi::CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT
+    );
+    if !host && location.type_ != cuda_abi::CU_MEM_LOCATION_TYPE_DEVICE {
+        return E_INVALID_VALUE;
+    }
+    status(advise(ptr, count as u64, advice, host, location.id))
+}
+
+fn advise(ptr: u64, count: u64, advice: i32, host: bool, device: CUdevice) -> Res {
+    let d = drv()?;
+    if !(cuda_abi::CU_MEM_ADVISE_SET_READ_MOSTLY..=cuda_abi::CU_MEM_ADVISE_UNSET_ACCESSED_BY)
+        .contains(&advice)
+        || count == 0
+    {
+        return Err(E_INVALID_VALUE);
+    }
+    if !host && (device < 0 || device as u32 >= d.state.ndev()) {
+        return Err(CUresult::CUDA_ERROR_INVALID_DEVICE);
+    }
+    let inner = d.inner.lock();
+    let (start, m) = inner.find(ptr).ok_or(E_INVALID_VALUE)?;
+    if !m.host_mapped || ptr + count > start + m.len {
+        return Err(E_INVALID_VALUE);
+    }
+    Ok(())
 }
 
 fn mem_info() -> Res<(u64, u64)> {
@@ -593,7 +720,9 @@ enum Side {
 }
 
 fn side(d: &Driver, inner: &Inner, p: u64, len: u64) -> Res<Side> {
-    if inner.va.contains(p) || inner.va32.contains(p) {
+    if let Some(host) = host_resident(inner, p, len) {
+        Ok(Side::Host(host?))
+    } else if inner.va.contains(p) || inner.va32.contains(p) {
         Ok(Side::Device(segments(d, inner, p, len)?))
     } else if p == 0 {
         Err(E_INVALID_VALUE)
@@ -654,7 +783,19 @@ pub fn fill(dst: u64, value: u32, width: u64, count: u64) -> Res {
     if len == 0 {
         return Ok(());
     }
-    let segs = segments(d, &d.inner.lock(), dst, len)?;
+    let segs = {
+        let inner = d.inner.lock();
+        if let Some(host) = host_resident(&inner, dst, len) {
+            let host = host?;
+            let pattern = value.to_le_bytes();
+            for i in 0..len as usize {
+                // SAFETY: inside the host-resident allocation, bounds-checked above.
+                unsafe { host.add(i).write(pattern[i % width as usize]) };
+            }
+            return Ok(());
+        }
+        segments(d, &inner, dst, len)?
+    };
     let data = d.state.data().map_err(|_| CUresult::CUDA_ERROR_UNKNOWN)?;
     if value.to_le_bytes()[..width as usize]
         .iter()

@@ -118,6 +118,8 @@ pub static VARIANTS: &[Variant] = &[
     v("cuMemFree", 2000, Legacy, "cuMemFree"),
     v("cuMemFree", 3020, Legacy, "cuMemFree_v2"),
     v("cuMemAllocManaged", 6000, Legacy, "cuMemAllocManaged"),
+    v("cuMemAdvise", 8000, Legacy, "cuMemAdvise"),
+    v("cuMemAdvise", 12020, Legacy, "cuMemAdvise_v2"),
     // Omitted: cuMemGetAddressRange v2000 (export "cuMemGetAddressRange", 32-bit ABI);
     // requests below 3020 answer VersionNotSufficient.
     v("cuMemGetAddressRange", 3020, Legacy, "cuMemGetAddressRange_v2"),
