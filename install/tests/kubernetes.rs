@@ -1,7 +1,7 @@
 //! The Kubernetes manifests in install/kubernetes/ (installed with `kubectl apply -k`) and the
 //! examples in install/kubernetes/examples/: no cluster runs them here, so this checks what can be
 //! checked without one. The files are parsed as YAML (by Python's yaml module, which
-//! tests/ensure-tools installs; PyYAML reads YAML 1.1 as kubectl's parser does) and:
+//! tests/tools/ensure-tools installs; PyYAML reads YAML 1.1 as kubectl's parser does) and:
 //!
 //! - every object is read as k8s-openapi's type for its kind (Kubernetes 1.34) and written back,
 //!   and must come back as it was: a field the API does not have (k8s-openapi skips those when
@@ -153,7 +153,7 @@ fn parse_yaml(what: &str, text: &str) -> Option<Vec<Value>> {
     let mut child = match child {
         Ok(c) => c,
         Err(e) if std::env::var_os("CI").is_none() => {
-            eprintln!("skipped: no python3 ({e}); tests/ensure-tools installs it");
+            eprintln!("skipped: no python3 ({e}); tests/tools/ensure-tools installs it");
             return None;
         }
         Err(e) => panic!("python3: {e}"),
@@ -168,7 +168,9 @@ fn parse_yaml(what: &str, text: &str) -> Option<Vec<Value>> {
     let err = String::from_utf8_lossy(&out.stderr);
     if !out.status.success() {
         if err.contains("No module named 'yaml'") && std::env::var_os("CI").is_none() {
-            eprintln!("skipped: python3 has no yaml module; tests/ensure-tools installs PyYAML");
+            eprintln!(
+                "skipped: python3 has no yaml module; tests/tools/ensure-tools installs PyYAML"
+            );
             return None;
         }
         panic!("{what} is not valid YAML: {err}");
@@ -1096,6 +1098,23 @@ fn examples_ask_for_the_device_class_capacities_and_config_the_plugin_serves() {
     }
     let (memory, cores) = two.iter().fold((0, 0), |(m, c), x| (m + x.1, c + x.2));
     assert!(memory <= 16 * GIB && cores <= 100, "{two:?}");
+
+    // Tensor parallel: one claim of two requests, 40 GiB and 50 cores each, kept on two GPUs
+    // by their UUIDs (an attribute the plugin publishes).
+    let tp = &asked["examples/tensor-parallel-2-gpus.yaml"];
+    assert_eq!(tp.len(), 2, "{tp:?}");
+    assert!(tp.iter().all(|x| (x.1, x.2) == (40 * GIB, 50)), "{tp:?}");
+    let name = "examples/tensor-parallel-2-gpus.yaml";
+    let Some(docs) = documents(name) else { return };
+    for (source, spec) in claim_specs(name, &docs) {
+        let constraints = spec.devices.and_then(|d| d.constraints).unwrap_or_default();
+        assert!(
+            constraints.iter().any(|c| c.distinct_attribute.as_deref()
+                == Some(&format!("{DRIVER}/uuid"))
+                && c.requests.as_ref().is_some_and(|r| r.len() == 2)),
+            "{source}: {constraints:?}"
+        );
+    }
 
     // More memory than any GPU has.
     let big = &asked["examples/too-big-stays-pending.yaml"];

@@ -175,20 +175,49 @@ fn the_same_ranks_without_cuslice() {
     }
 }
 
-/// What the driver says of peers (can access, the P2P attributes, enabling access) is what a
-/// process under cuslice is told: cuslice hides no peer and no link.
+/// What the driver says of peers (can access, the P2P attributes, enabling access) and of
+/// multicast objects is what a process under cuslice is told: cuslice hides no peer, no link and
+/// no multicast support, and adds none. On PCIe cards without peer access and on an NVLink board
+/// (`simgpu init --nvlink`), where every pair reaches the other and access is enabled; neither
+/// has NVSwitch multicast (attribute 0, `cuMulticastCreate` not supported), which NCCL then
+/// does without.
 #[test]
 fn peer_queries_pass_through_untouched() {
-    for n in [2, 4] {
-        let sim = Sim::new(&["--devices", &n.to_string(), "--memory", "8GiB"]);
-        let (plain, code) = sim.workload(&["peers"]);
-        assert_eq!(code, 0);
-        let slice = Slice::new(&[("CUSLICE_MEMORY_LIMIT", "1GiB")]);
-        let (capped, code, stderr) = slice.run(&sim, &["peers"]);
-        assert_eq!(code, 0, "{stderr}");
-        let (a, b) = (event(&plain, "peers"), event(&capped, "peers"));
-        assert_eq!(u(&a["devices"]), n as u64);
-        assert_eq!(a["pairs"].as_array().unwrap().len(), n * (n - 1));
-        assert_eq!(a["pairs"], b["pairs"]);
+    for nvlink in [false, true] {
+        for n in [2, 4] {
+            let count = n.to_string();
+            let mut args = vec!["--devices", &count, "--memory", "8GiB"];
+            if nvlink {
+                args.push("--nvlink");
+            }
+            let sim = Sim::new(&args);
+            let (plain, code) = sim.workload(&["peers"]);
+            assert_eq!(code, 0);
+            let slice = Slice::new(&[("CUSLICE_MEMORY_LIMIT", "1GiB")]);
+            let (capped, code, stderr) = slice.run(&sim, &["peers"]);
+            assert_eq!(code, 0, "{stderr}");
+            let (a, b) = (event(&plain, "peers"), event(&capped, "peers"));
+            assert_eq!(u(&a["devices"]), n as u64);
+            let pairs = a["pairs"].as_array().unwrap();
+            assert_eq!(pairs.len(), n * (n - 1));
+            for p in pairs {
+                let (can, enable) = if nvlink {
+                    (1, "CUDA_SUCCESS")
+                } else {
+                    (0, "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED")
+                };
+                assert_eq!(p["can_access"], can, "the driver, nvlink {nvlink}: {p}");
+                assert_eq!(p["enable"], enable, "the driver, nvlink {nvlink}: {p}");
+            }
+            assert_eq!(a["multicast_create"], "CUDA_ERROR_NOT_SUPPORTED", "{a}");
+            assert_eq!(
+                a["multicast_supported"],
+                serde_json::json!(vec![0; n]),
+                "{a}"
+            );
+            for k in ["pairs", "multicast_supported", "multicast_create"] {
+                assert_eq!(a[k], b[k], "{k}, {n} devices, nvlink {nvlink}");
+            }
+        }
     }
 }

@@ -58,6 +58,7 @@ codes!(CUresult {
     CUDA_ERROR_NOT_READY = 600,
     CUDA_ERROR_ILLEGAL_ADDRESS = 700,
     CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES = 701,
+    CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED = 704,
     CUDA_ERROR_PEER_ACCESS_NOT_ENABLED = 705,
     CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE = 708,
     CUDA_ERROR_CONTEXT_IS_DESTROYED = 709,
@@ -214,6 +215,15 @@ pub const CU_MEMPOOL_ATTR_USED_MEM_HIGH: u32 = 8;
 /// `CUmemAttach_flags` for `cuMemAllocManaged`.
 pub const CU_MEM_ATTACH_GLOBAL: u32 = 0x1;
 pub const CU_MEM_ATTACH_HOST: u32 = 0x2;
+
+/// `CUmem_advise` for `cuMemAdvise`, and the device that names the host there.
+pub const CU_MEM_ADVISE_SET_READ_MOSTLY: i32 = 1;
+pub const CU_MEM_ADVISE_UNSET_READ_MOSTLY: i32 = 2;
+pub const CU_MEM_ADVISE_SET_PREFERRED_LOCATION: i32 = 3;
+pub const CU_MEM_ADVISE_UNSET_PREFERRED_LOCATION: i32 = 4;
+pub const CU_MEM_ADVISE_SET_ACCESSED_BY: i32 = 5;
+pub const CU_MEM_ADVISE_UNSET_ACCESSED_BY: i32 = 6;
+pub const CU_DEVICE_CPU: i32 = -1;
 
 /// `CUstreamCaptureMode` and `CUstreamCaptureStatus`.
 pub const CU_STREAM_CAPTURE_MODE_GLOBAL: u32 = 0;

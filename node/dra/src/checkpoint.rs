@@ -145,6 +145,8 @@ mod tests {
                         core_request: 30,
                         core_limit: 30,
                         priority: None,
+                        memory_wait: None,
+                        memory_spill: None,
                     },
                     pool: "node-a".into(),
                     cdi_ids: vec!["gpu.cuslice.io/claim=u1-gpu-0".into()],

@@ -1,8 +1,10 @@
 //! What an allocated ResourceClaim gives each of its gpu.cuslice.io devices: the memory cap (the
 //! consumed `memory`), the core request (the consumed `cores`) and the core limit (the claim's
-//! opaque `coreLimit`, or the request). Pure: from the claim as the API server returns it and the
+//! opaque `coreLimit`, or the request), and what an allocation does at the cap (`memoryWait`,
+//! `memorySpill`). Pure: from the claim as the API server returns it and the
 //! GPUs this node has now. Every refusal is one line naming the claim and the reason.
 
+use cuslice_policy::config::Config;
 use cuslice_policy::priority::Priority;
 use k8s_openapi::api::resource::v1::{DeviceAllocationConfiguration, ResourceClaim};
 use serde::{Deserialize, Serialize};
@@ -43,6 +45,12 @@ pub struct SliceConfig {
     /// `high`, `normal` or `low`: the slice's priority at the GPU's gate (`CUSLICE_PRIORITY`,
     /// docs/compute.md).
     pub priority: Option<String>,
+    /// How long an allocation at the cap waits for the slice's own frees (`CUSLICE_MEMORY_WAIT`,
+    /// e.g. `5s`).
+    pub memory_wait: Option<String>,
+    /// How much the slice may hold in host memory past its cap (`CUSLICE_MEMORY_SPILL`, e.g.
+    /// `4Gi` or `4GiB`).
+    pub memory_spill: Option<String>,
 }
 
 /// One device of the claim, with the slice's settings.
@@ -62,6 +70,28 @@ pub struct Allotted {
     /// The priority the configuration gave (`high`, `normal`, `low`); none: the default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority: Option<String>,
+    /// `CUSLICE_MEMORY_WAIT` and `CUSLICE_MEMORY_SPILL` as the configuration gave them, checked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_wait: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_spill: Option<String>,
+}
+
+/// Checks a value the configuration gives for `variable` by the interposer's own rules; the
+/// value as the container's environment gets it (a Kubernetes quantity's `Gi` read as `GiB`).
+fn at_cap_setting(
+    claim: &ClaimRef,
+    field: &str,
+    variable: &str,
+    value: &str,
+) -> Result<String, String> {
+    let value = match value.trim().strip_suffix('i') {
+        Some(v) if v.ends_with(['K', 'M', 'G', 'T', 'P']) => format!("{v}iB"),
+        _ => value.trim().to_string(),
+    };
+    Config::from_vars([(variable, value.as_str())])
+        .map(|_| value.clone())
+        .map_err(|e| format!("{claim}: {field}: {e}"))
 }
 
 fn config_applies(c: &DeviceAllocationConfiguration, request: &str) -> bool {
@@ -77,7 +107,7 @@ fn read_config(claim: &ClaimRef, value: &serde_json::Value) -> Result<SliceConfi
     let c: SliceConfig = serde_json::from_value(value.clone()).map_err(|e| {
         format!(
             "{claim}: its {DRIVER} configuration is not a {CONFIG_API_VERSION} {CONFIG_KIND}: {e} \
-             (known fields: apiVersion, kind, coreLimit, priority)"
+             (known fields: apiVersion, kind, coreLimit, priority, memoryWait, memorySpill)"
         )
     })?;
     if c.api_version != CONFIG_API_VERSION || c.kind != CONFIG_KIND {
@@ -178,6 +208,7 @@ pub fn allotments(
         let cores = cores as u32;
         let mut limit = cores;
         let mut priority = None;
+        let (mut memory_wait, mut memory_spill) = (None, None);
         // Class configurations come first, the claim's own after them and win.
         let mut ordered: Vec<&&DeviceAllocationConfiguration> = configs
             .iter()
@@ -204,6 +235,22 @@ pub fn allotments(
                 })?;
                 priority = Some(p.to_string());
             }
+            if let Some(w) = &sc.memory_wait {
+                memory_wait = Some(at_cap_setting(
+                    claim,
+                    "memoryWait",
+                    "CUSLICE_MEMORY_WAIT",
+                    w,
+                )?);
+            }
+            if let Some(s) = &sc.memory_spill {
+                memory_spill = Some(at_cap_setting(
+                    claim,
+                    "memorySpill",
+                    "CUSLICE_MEMORY_SPILL",
+                    s,
+                )?);
+            }
         }
         if limit < cores {
             return Err(format!(
@@ -220,36 +267,89 @@ pub fn allotments(
             core_request: cores,
             core_limit: limit,
             priority,
+            memory_wait,
+            memory_spill,
         });
     }
-    if out.len() > 1 {
+    // The container sees the claim's GPUs in the order of their PCI bus ids (the settings say
+    // so: `CUDA_DEVICE_ORDER`), which is NVML's order too: per-device settings name them so.
+    let index = |a: &Allotted| {
+        gpus.iter()
+            .find(|g| g.name() == a.device)
+            .map_or(u32::MAX, |g| g.description.index)
+    };
+    out.sort_by_key(index);
+    if let Some(w) = out.windows(2).find(|w| w[0].device == w[1].device) {
         return Err(format!(
-            "{claim}: it holds {} {DRIVER} devices ({}); a claim may hold one, as a container's \
-             settings cover every GPU it sees: ask for each GPU in a claim of its own",
-            out.len(),
-            out.iter()
-                .map(|a| a.device.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
+            "{claim}: its requests {} and {} were both allocated {}; a container sees a GPU              once, so ask for it in one request (or add a constraint that keeps the requests on              distinct devices)",
+            w[0].request, w[1].request, w[0].device
+        ));
+    }
+    if let Some((first, other)) = out.first().and_then(|f| {
+        out.iter()
+            .find(|a| slice_wide(a) != slice_wide(f))
+            .map(|o| (f, o))
+    }) {
+        return Err(format!(
+            "{claim}: devices {} and {} are configured differently ({:?} and {:?}); priority,              memoryWait and memorySpill cover every GPU of a container: give the claim's requests              one configuration",
+            first.device,
+            other.device,
+            slice_wide(first),
+            slice_wide(other)
         ));
     }
     Ok(out)
 }
 
-/// The slice's settings, as the container's environment (the hook reads them from there).
-pub fn settings(a: &Allotted) -> Vec<(String, String)> {
-    vec![
-        ("CUSLICE_MEMORY_LIMIT".into(), a.memory.to_string()),
-        ("CUSLICE_CORE_REQUEST".into(), a.core_request.to_string()),
-        ("CUSLICE_CORE_LIMIT".into(), a.core_limit.to_string()),
+/// What a configuration gives a whole container rather than one of its GPUs: priority,
+/// memoryWait, memorySpill.
+fn slice_wide(a: &Allotted) -> [Option<&str>; 3] {
+    [
+        a.priority.as_deref(),
+        a.memory_wait.as_deref(),
+        a.memory_spill.as_deref(),
     ]
-    .into_iter()
-    .chain(
-        a.priority
-            .iter()
-            .map(|p| ("CUSLICE_PRIORITY".into(), p.clone())),
-    )
-    .collect()
+}
+
+/// The settings of device `i` of a claim's devices `all` (as [`allotments`] ordered them), as
+/// the container's environment (the hook reads them from there).
+///
+/// A claim of one device sets the slice-wide variables. A claim of several gives each device
+/// its own (`CUSLICE_MEMORY_LIMIT_<i>`, the GPU's ordinal in the container's view) and, in
+/// every device alike, the slice-wide ones at the smallest of the claim's values: a container
+/// that uses only some of the claim's requests sees its GPUs at other ordinals, and is then
+/// held to the smallest of the claim's settings, never to none.
+pub fn settings(all: &[Allotted], i: usize) -> Vec<(String, String)> {
+    let a = &all[i];
+    let mut out: Vec<(String, String)> = Vec::new();
+    let mut slice = |name: &str, value: String| out.push((name.to_owned(), value));
+    if all.len() == 1 {
+        slice("CUSLICE_MEMORY_LIMIT", a.memory.to_string());
+        slice("CUSLICE_CORE_REQUEST", a.core_request.to_string());
+        slice("CUSLICE_CORE_LIMIT", a.core_limit.to_string());
+    } else {
+        let least = |f: fn(&Allotted) -> u64| all.iter().map(f).min().unwrap_or(0).to_string();
+        slice("CUDA_DEVICE_ORDER", "PCI_BUS_ID".to_owned());
+        slice("CUSLICE_MEMORY_LIMIT", least(|a| a.memory));
+        slice("CUSLICE_CORE_REQUEST", least(|a| a.core_request.into()));
+        slice("CUSLICE_CORE_LIMIT", least(|a| a.core_limit.into()));
+        slice(&format!("CUSLICE_MEMORY_LIMIT_{i}"), a.memory.to_string());
+        slice(
+            &format!("CUSLICE_CORE_REQUEST_{i}"),
+            a.core_request.to_string(),
+        );
+        slice(&format!("CUSLICE_CORE_LIMIT_{i}"), a.core_limit.to_string());
+    }
+    for (name, value) in [
+        ("CUSLICE_PRIORITY", &a.priority),
+        ("CUSLICE_MEMORY_WAIT", &a.memory_wait),
+        ("CUSLICE_MEMORY_SPILL", &a.memory_spill),
+    ] {
+        if let Some(v) = value {
+            slice(name, v.clone());
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -312,7 +412,7 @@ mod tests {
         );
         assert_eq!(a[0].uuid, "GPU-1");
         assert_eq!(
-            settings(&a[0])[0],
+            settings(&a, 0)[0],
             ("CUSLICE_MEMORY_LIMIT".to_owned(), (8u64 << 30).to_string())
         );
     }
@@ -333,6 +433,44 @@ mod tests {
     }
 
     #[test]
+    fn memory_wait_and_spill_become_the_containers_settings_checked() {
+        let params = |w: &str, sp: &str| {
+            json!({"apiVersion": CONFIG_API_VERSION, "kind": CONFIG_KIND,
+                   "memoryWait": w, "memorySpill": sp})
+        };
+        let c = claim(
+            json!([result("gpu-0", "1Gi", "30")]),
+            json!([opaque("FromClaim", params("5s", "2Gi"))]),
+        );
+        let a = allotments(&r(), &c, "node-a", &gpus()).unwrap();
+        let s = settings(&a, 0);
+        assert!(
+            s.contains(&("CUSLICE_MEMORY_WAIT".to_owned(), "5s".to_owned())),
+            "{s:?}"
+        );
+        assert!(
+            s.contains(&("CUSLICE_MEMORY_SPILL".to_owned(), "2GiB".to_owned())),
+            "{s:?}"
+        );
+        let none = claim(json!([result("gpu-0", "1Gi", "30")]), json!([]));
+        let a = allotments(&r(), &none, "node-a", &gpus()).unwrap();
+        assert!(
+            settings(&a, 0)
+                .iter()
+                .all(|(k, _)| k != "CUSLICE_MEMORY_WAIT" && k != "CUSLICE_MEMORY_SPILL")
+        );
+        let bad = claim(
+            json!([result("gpu-0", "1Gi", "30")]),
+            json!([opaque("FromClaim", params("5", "2Gi"))]),
+        );
+        let e = allotments(&r(), &bad, "node-a", &gpus()).unwrap_err();
+        assert!(
+            e.contains("memoryWait: CUSLICE_MEMORY_WAIT=\"5\" is not a duration (it has no unit)"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn priority_comes_from_the_claim_over_the_class_and_becomes_cuslice_priority() {
         let params =
             |p: &str| json!({"apiVersion": CONFIG_API_VERSION, "kind": CONFIG_KIND, "priority": p});
@@ -346,14 +484,14 @@ mod tests {
         let a = allotments(&r(), &c, "node-a", &gpus()).unwrap();
         assert_eq!(a[0].priority.as_deref(), Some("high"));
         assert!(
-            settings(&a[0]).contains(&("CUSLICE_PRIORITY".to_owned(), "high".to_owned())),
+            settings(&a, 0).contains(&("CUSLICE_PRIORITY".to_owned(), "high".to_owned())),
             "{:?}",
-            settings(&a[0])
+            settings(&a, 0)
         );
         // None given: the variable is left out (the default, normal).
         let c = claim(json!([result("gpu-0", "1Gi", "30")]), json!([]));
         let a = allotments(&r(), &c, "node-a", &gpus()).unwrap();
-        assert!(settings(&a[0]).iter().all(|(k, _)| k != "CUSLICE_PRIORITY"));
+        assert!(settings(&a, 0).iter().all(|(k, _)| k != "CUSLICE_PRIORITY"));
         let bad = claim(
             json!([result("gpu-0", "1Gi", "30")]),
             json!([opaque("FromClaim", params("urgent"))]),
@@ -408,6 +546,65 @@ mod tests {
         assert_eq!((a[0].memory, a[0].core_request), (16 << 30, 100));
     }
 
+    /// A tensor-parallel claim: two requests, one GPU each, listed out of order. The devices
+    /// come in the GPUs' order, each with its own settings at its ordinal, and the slice-wide
+    /// ones at the smallest of the claim's (what a container using one request only gets).
+    #[test]
+    fn a_claim_of_two_gpus_sets_each_one_by_its_ordinal() {
+        let mut second = result("gpu-1", "6Gi", "50");
+        second["request"] = json!("tp1");
+        let mut first = result("gpu-0", "4Gi", "40");
+        first["request"] = json!("tp0");
+        let c = claim(json!([second, first]), json!([]));
+        let a = allotments(&r(), &c, "node-a", &gpus()).unwrap();
+        let names: Vec<&str> = a.iter().map(|a| a.device.as_str()).collect();
+        assert_eq!(names, ["gpu-0", "gpu-1"]);
+        let env = |i| -> std::collections::BTreeMap<String, String> {
+            settings(&a, i).into_iter().collect()
+        };
+        let (e0, e1) = (env(0), env(1));
+        assert_eq!(e0["CUSLICE_MEMORY_LIMIT_0"], (4u64 << 30).to_string());
+        assert_eq!(e0["CUSLICE_CORE_REQUEST_0"], "40");
+        assert_eq!(e1["CUSLICE_MEMORY_LIMIT_1"], (6u64 << 30).to_string());
+        assert_eq!(e1["CUSLICE_CORE_LIMIT_1"], "50");
+        for e in [&e0, &e1] {
+            assert_eq!(e["CUSLICE_MEMORY_LIMIT"], (4u64 << 30).to_string(), "{e:?}");
+            assert_eq!(e["CUSLICE_CORE_REQUEST"], "40", "{e:?}");
+            assert_eq!(e["CUDA_DEVICE_ORDER"], "PCI_BUS_ID", "{e:?}");
+        }
+        // What both devices set, they set alike (an engine merges the devices' env by name).
+        for (k, v) in &e0 {
+            if let Some(w) = e1.get(k) {
+                assert_eq!(v, w, "{k}");
+            }
+        }
+        // Every setting passes the interposer's own rules, merged as a container gets them.
+        let mut merged = e0.clone();
+        merged.extend(e1.clone());
+        Config::from_vars(merged.iter().map(|(k, v)| (k.as_str(), v.as_str()))).unwrap();
+        // Configured differently per request: refused, naming both devices.
+        let prio = |p: &str, req: &str| {
+            json!({"source": "FromClaim", "requests": [req],
+                   "opaque": {"driver": DRIVER, "parameters":
+                       {"apiVersion": CONFIG_API_VERSION, "kind": CONFIG_KIND, "priority": p}}})
+        };
+        let mut x = result("gpu-0", "4Gi", "40");
+        x["request"] = json!("tp0");
+        let mut y = result("gpu-1", "4Gi", "40");
+        y["request"] = json!("tp1");
+        let c = claim(
+            json!([x, y]),
+            json!([prio("high", "tp0"), prio("low", "tp1")]),
+        );
+        let e = allotments(&r(), &c, "node-a", &gpus()).unwrap_err();
+        assert!(
+            e.starts_with(
+                "claim ns/c (uid u1): devices gpu-0 and gpu-1 are configured differently"
+            ) && !e.contains('\n'),
+            "{e}"
+        );
+    }
+
     #[test]
     fn refusals_name_the_claim_and_the_reason() {
         let ok = json!([result("gpu-0", "1Gi", "30")]);
@@ -456,10 +653,10 @@ mod tests {
             ),
             (
                 claim(
-                    json!([result("gpu-0", "1Gi", "30"), result("gpu-1", "1Gi", "30")]),
+                    json!([result("gpu-0", "1Gi", "30"), result("gpu-0", "2Gi", "30")]),
                     json!([]),
                 ),
-                "a claim may hold one",
+                "its requests gpu and gpu were both allocated gpu-0",
             ),
         ];
         for (c, want) in cases {

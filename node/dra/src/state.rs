@@ -96,24 +96,33 @@ impl DeviceState {
         gpus: &[Gpu],
         pods: &[(String, Pod)],
     ) -> Result<&Prepared, String> {
-        let mut devices = Vec::new();
-        for a in allotted {
-            let gpu = gpus
-                .iter()
-                .find(|g| g.name() == a.device)
-                .expect("allotments are of usable GPUs");
-            let p = &self.places;
-            let spec = cdi::build(c, &a, gpu, &p.roots, &p.hook, &p.library);
-            let spec_file = p.cdi_dir.join(cdi::file_name(c));
+        let p = &self.places;
+        let with_gpus: Vec<(Allotted, &Gpu)> = allotted
+            .into_iter()
+            .map(|a| {
+                let gpu = gpus
+                    .iter()
+                    .find(|g| g.name() == a.device)
+                    .expect("allotments are of usable GPUs");
+                (a, gpu)
+            })
+            .collect();
+        // One spec for the claim, with a CDI device per GPU.
+        let spec = cdi::build(c, &with_gpus, &p.roots, &p.hook, &p.library);
+        let spec_file = p.cdi_dir.join(cdi::file_name(c));
+        if !with_gpus.is_empty() {
             write_spec(&spec_file, &spec).map_err(|e| format!("{c}: {e}"))?;
-            devices.push(PreparedDevice {
+        }
+        let devices: Vec<PreparedDevice> = with_gpus
+            .into_iter()
+            .map(|(a, _)| PreparedDevice {
                 cdi_ids: vec![cdi::id(c, &a)],
                 allotted: a,
                 pool: p.pool.clone(),
-                spec_file,
-                spec,
-            });
-        }
+                spec_file: spec_file.clone(),
+                spec: spec.clone(),
+            })
+            .collect();
         let index_files = match &self.places.container_index {
             Some(dir) => match write_index(dir, c, pods, &devices) {
                 Ok(files) => files,
@@ -296,6 +305,8 @@ mod tests {
             core_request: 30,
             core_limit: 30,
             priority: None,
+            memory_wait: None,
+            memory_spill: None,
         }
     }
 
@@ -330,6 +341,76 @@ mod tests {
         let reloaded = DeviceState::load(places(d.path())).unwrap();
         assert!(reloaded.prepared(&claim()).unwrap().is_none());
         st.unprepare(&claim()).unwrap();
+    }
+
+    /// A claim of two GPUs is one spec with a CDI device per GPU, each with its own settings,
+    /// and a container index entry that names both.
+    #[test]
+    fn a_claim_of_two_gpus_is_one_spec_with_a_device_each() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(d.path().join("plugin")).unwrap();
+        let mut places = places(d.path());
+        places.container_index = Some(d.path().join("index"));
+        let mut st = DeviceState::load(places).unwrap();
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "pod-uid"},
+            "spec": {
+                "resourceClaims": [{"name": "gpus", "resourceClaimName": "c"}],
+                "containers": [{"name": "main", "resources": {"claims": [{"name": "gpus"}]}}]
+            }
+        }))
+        .unwrap();
+        let mut second = allotted("gpu-1");
+        second.memory = 2 << 30;
+        let p = st
+            .prepare(
+                &claim(),
+                vec![allotted("gpu-0"), second],
+                &[gpu(0), gpu(1)],
+                &[("p".into(), pod)],
+            )
+            .unwrap()
+            .clone();
+        assert_eq!(p.devices.len(), 2);
+        let file = &p.devices[0].spec_file;
+        assert_eq!(file, &p.devices[1].spec_file);
+        let spec: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
+        let devices = spec["devices"].as_array().unwrap();
+        let names: Vec<&str> = devices
+            .iter()
+            .map(|d| d["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["u1-gpu-0", "u1-gpu-1"]);
+        let env = |i: usize| -> Vec<&str> {
+            devices[i]["containerEdits"]["env"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|e| e.as_str().unwrap())
+                .collect()
+        };
+        assert!(
+            env(0).contains(&"CUSLICE_MEMORY_LIMIT_0=1073741824"),
+            "{:?}",
+            env(0)
+        );
+        assert!(
+            env(1).contains(&"CUSLICE_MEMORY_LIMIT_1=2147483648"),
+            "{:?}",
+            env(1)
+        );
+        let entry: cuslice_cdi::IndexEntry =
+            serde_json::from_str(&std::fs::read_to_string(&p.index_files[0]).unwrap()).unwrap();
+        assert_eq!(
+            entry.cdi_devices,
+            [
+                "gpu.cuslice.io/claim=u1-gpu-0".to_owned(),
+                "gpu.cuslice.io/claim=u1-gpu-1".to_owned()
+            ]
+        );
+        st.unprepare(&claim()).unwrap();
+        assert!(!file.exists() && !p.index_files[0].exists());
     }
 
     #[test]

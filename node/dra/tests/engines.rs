@@ -4,15 +4,15 @@
 //! plugin's socket, from claims the test API server returns; each container then gets only what
 //! the plugin's spec gives it (device nodes, the driver's libraries, the settings, the hook).
 //! Ground truth: the simulator (what each container's process held; device time per process).
-//! Needs root, podman, containerd, runc and busybox (`tests/ensure-tools`), and the release build.
+//! Needs root, podman, containerd, runc and busybox (`tests/tools/ensure-tools`), and the release
+//! build.
 
 mod common;
-#[path = "../../../hook/tests/common/mod.rs"]
-mod engines;
 
 use std::time::Duration;
 
 use common::*;
+use cuslice_test_engines as engines;
 use cuslice_test_harness::{GIB, bin_dir};
 use engines::cdi::{CdiEngine, Claim, held_to_claims};
 use engines::{Container, Spec, root_required};
@@ -21,7 +21,12 @@ use serde_json::Value;
 /// The plugin on a node of one simulated 8 GiB GPU, writing specs where `engine` reads them,
 /// naming this build's hook and library.
 fn node_for(engine: &dyn CdiEngine) -> (Node, PluginProcess) {
-    let node = Node::with_cdi_dir(1, "8GiB", Some(engine.spec_dir()));
+    node_of(engine, 1)
+}
+
+/// The same, on a node of `gpus` simulated 8 GiB GPUs.
+fn node_of(engine: &dyn CdiEngine, gpus: u32) -> (Node, PluginProcess) {
+    let node = Node::with_cdi_dir(gpus, "8GiB", Some(engine.spec_dir()));
     let hook = bin_dir().join("cuslice-hook");
     let library = bin_dir().join("libcuslice.so");
     let plugin = node.start_plugin(&[
@@ -281,6 +286,93 @@ fn containerd_16_gives_a_pods_container_its_claim_through_the_index() {
     );
 }
 
+/// A tensor-parallel claim: two requests, 1 GiB and 30 cores of gpu-0 and 2 GiB and 40 cores of
+/// gpu-1, prepared as one spec with a CDI device each. One container gets both; a process on
+/// each of its GPUs fills it: by the simulator's count each GPU held at most its own cap and
+/// nearly all of it, and `cuslice status` shows the slice on each GPU with that GPU's cap, core
+/// request and limit.
+fn a_claim_of_two_gpus_caps_each(engine: &dyn CdiEngine) {
+    let (node, _plugin) = node_of(engine, 2);
+    let uid = format!("{:08x}-0000-4000-8000-00000000002a", std::process::id());
+    let mut c = claim(&engines::name("tp"), &uid, "gpu-0", "1Gi", "30", None);
+    let request = |name: &str, memory: &str, cores: &str| {
+        serde_json::json!({"name": name, "exactly": {"deviceClassName": "gpu.cuslice.io",
+            "allocationMode": "ExactCount", "count": 1,
+            "capacity": {"requests": {"memory": memory, "cores": cores}}}})
+    };
+    c["spec"]["devices"]["requests"] =
+        serde_json::json!([request("tp0", "1Gi", "30"), request("tp1", "2Gi", "40")]);
+    let results = &mut c["status"]["allocation"]["devices"]["results"];
+    let mut second = results[0].clone();
+    results[0]["request"] = "tp0".into();
+    second["request"] = "tp1".into();
+    second["device"] = "gpu-1".into();
+    second["consumedCapacity"] = serde_json::json!({"memory": "2Gi", "cores": "40"});
+    results.as_array_mut().unwrap().push(second);
+    node.api.put_claim(&c);
+    let _prepared = Prepared {
+        node: &node,
+        claims: vec![c.clone()],
+    };
+    let r = prepare(&node.dra_socket(), vec![claim_of(&c)]);
+    let answer = &r.claims[&uid];
+    assert_eq!(answer.error, "");
+    let ids: Vec<engines::cdi::Claim> = answer
+        .devices
+        .iter()
+        .map(|d| engines::cdi::Claim {
+            uid: uid.clone(),
+            id: d.cdi_device_ids[0].clone(),
+        })
+        .collect();
+    assert_eq!(ids.len(), 2, "{answer:?}");
+    let n = engines::name("tp");
+    let fill =
+        |d: u32| format!("cuda-workload --device {d} fill --family mem --chunk 64MiB --hold 60");
+    let script = format!("{} & exec {}", fill(0), fill(1));
+    let mut k = engine.spawn_with(
+        &node.sim,
+        &Spec {
+            name: &n,
+            env: &[],
+            cmd: &["sh", "-c", &script],
+            read_only: false,
+        },
+        &ids.iter().collect::<Vec<_>>(),
+    );
+    engines::wait_for(k.as_mut(), "holding");
+    engines::wait_for(k.as_mut(), "holding");
+    let caps = [GIB, 2 * GIB];
+    for (d, cap) in caps.iter().enumerate() {
+        let dev = node.sim.device(d);
+        let held: u64 = dev["processes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|p| p["held"].as_u64().unwrap())
+            .sum();
+        let peak = dev["peak_used"].as_u64().unwrap();
+        assert!(
+            peak <= *cap && held >= cap - 128 * cuslice_test_harness::MIB,
+            "GPU {d}, cap {cap}: held {held}, peak {peak}: {dev}"
+        );
+    }
+    let view = engines::status_json(&node.sim);
+    for (d, (cap, (request, limit))) in caps.iter().zip([(30.0, 30.0), (40.0, 40.0)]).enumerate() {
+        let slice = view["devices"][d]["slices"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|s| s["slice"] == k.id())
+            .unwrap_or_else(|| panic!("GPU {d}: no slice {}: {view}", k.id()))
+            .clone();
+        assert_eq!(slice["memory"]["limit"], *cap, "GPU {d}: {slice}");
+        assert_eq!(slice["compute"]["request_pct"], request, "GPU {d}: {slice}");
+        assert_eq!(slice["compute"]["limit_pct"], limit, "GPU {d}: {slice}");
+    }
+    k.remove();
+}
+
 fn podman() -> &'static dyn CdiEngine {
     engines::podman::engine()
 }
@@ -318,4 +410,11 @@ fn containerd_gives_each_claim_its_share() {
     root_required();
     let _one = cuslice_test_harness::serial();
     shares_hold(containerd());
+}
+
+#[test]
+fn podman_caps_each_gpu_of_a_claim_of_two() {
+    root_required();
+    let _one = cuslice_test_harness::serial();
+    a_claim_of_two_gpus_caps_each(podman());
 }

@@ -149,3 +149,80 @@ fn nccl_initialises_and_all_reduces_under_caps_as_without_cuslice() {
         eprintln!("{n} ranks: without cuslice {plain:?}; with {capped:?}");
     }
 }
+
+/// `n` ranks in `slice` (or outside any) all-reducing back to back for a while: each rank's share
+/// of its own device's time over a 4 s window after they settled, by the simulator's count.
+fn spin_shares(python: &Path, n: usize, slice: Option<&Slice>) -> Vec<f64> {
+    let sim = Sim::new(&["--devices", &n.to_string(), "--memory", "8GiB"]);
+    let port = free_port().to_string();
+    let (settle, window) = (Duration::from_secs(2), Duration::from_secs(4));
+    let secs = (settle + window + Duration::from_secs(2))
+        .as_secs()
+        .to_string();
+    let mut ranks: Vec<Running> = (0..n)
+        .map(|r| {
+            let script = script().display().to_string();
+            let (rank, world) = (r.to_string(), n.to_string());
+            let mut c = command(&sim, python, slice, &[&script, &rank, &world, &port, &secs]);
+            c.env("NCCL_CUMEM_ENABLE", "0");
+            Running::start(bounded(&c))
+        })
+        .collect();
+    let timeout = Duration::from_secs(BOUND_SECS);
+    let pids: Vec<Value> = ranks
+        .iter_mut()
+        .map(|r| r.wait_for("reduced", timeout)["pid"].clone())
+        .collect();
+    std::thread::sleep(settle);
+    let busy = |sim: &Sim| -> Vec<u64> {
+        let show = sim.show();
+        pids.iter()
+            .enumerate()
+            .map(|(d, pid)| {
+                show["devices"][d]["processes"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|p| p["pid"] == *pid)
+                    .map_or(0, |p| u(&p["device_time_ns"]))
+            })
+            .collect()
+    };
+    let (t0, before) = (std::time::Instant::now(), busy(&sim));
+    std::thread::sleep(window);
+    let (after, wall) = (busy(&sim), t0.elapsed().as_nanos() as f64);
+    for r in ranks.iter_mut() {
+        let spun = r.wait_for("spun", timeout);
+        assert!(u(&spun["all_reduces"]) > 0, "{spun}");
+    }
+    for r in ranks {
+        let err = r.err.text();
+        assert_eq!(r.release(), 0, "a rank failed: {err}");
+    }
+    before
+        .iter()
+        .zip(&after)
+        .map(|(b, a)| 100.0 * (a - b) as f64 / wall)
+        .collect()
+}
+
+/// All-reduces are metered by core limits like any kernel. Two ranks all-reducing back to back
+/// keep their devices about 11% busy on simgpu (the host side, NCCL's proxy and the ranks'
+/// synchronisation, bounds them), so the slice is limited below that: to 5%, each rank's kernels
+/// take at most 5% of its device (within 1.5 points) by the simulator's count.
+#[test]
+fn all_reduces_in_a_slice_limited_to_5_take_at_most_5_percent_of_each_device() {
+    let Some(python) = framework_python_or_skip("cu13", "torch") else {
+        return;
+    };
+    let _turn = serial();
+    let free = spin_shares(&python, 2, None);
+    let slice = Slice::new(&[("CUSLICE_CORE_LIMIT", "5")]);
+    let limited = spin_shares(&python, 2, Some(&slice));
+    eprintln!("all-reduce device shares: without cuslice {free:.1?}, limited to 5 {limited:.1?}");
+    assert!(free.iter().all(|s| *s > 7.0), "without cuslice: {free:.1?}");
+    assert!(
+        limited.iter().all(|s| *s <= 6.5 && *s > 1.0),
+        "limited to 5: {limited:.1?}"
+    );
+}

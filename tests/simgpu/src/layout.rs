@@ -13,7 +13,8 @@ pub const MAGIC: [u8; 8] = *b"SIMGPU\0\0";
 /// 7: the locks are simgpu's own (`OwnerLock` words naming a locker, see `lockers.rs`), no
 /// longer glibc robust mutexes, whose owner is a thread id that only means something in the
 /// owner's pid namespace; the header has the lockers' generations.
-pub const LAYOUT_VERSION: u32 = 8;
+/// 9: the header says whether the devices are linked by NVLink (`Header::nvlink`).
+pub const LAYOUT_VERSION: u32 = 9;
 
 /// Allocation granularity: every allocation takes whole 2 MiB granules.
 pub const GRANULE: u64 = 2 << 20;
@@ -69,7 +70,9 @@ pub struct Header {
     /// Random identity of this simulated machine (IPC handles from another one are refused).
     pub machine_id: u64,
     pub ndev: u32,
-    pub _pad: u32,
+    /// 1: every pair of devices is linked by NVLink, with peer access (`simgpu init --nvlink`;
+    /// an SXM board's GPUs); 0: PCIe cards without peer access. Fixed when the file is made.
+    pub nvlink: u32,
     pub config: SimConfig,
     /// How NVML gives per-process utilisation samples (`state::ProcessSamples`): 1, one sample
     /// per period naming one process with the device's utilisation (what a real driver does);

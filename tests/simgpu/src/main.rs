@@ -100,6 +100,10 @@ struct DeviceArgs {
     /// NOT_SUPPORTED, as on MIG instances and some vGPU profiles); device-wide utilisation stays
     #[arg(long, conflicts_with = "process_samples")]
     no_process_samples: bool,
+    /// Every pair of devices is linked by NVLink, with peer access (an SXM board); without it
+    /// the devices are PCIe cards that cannot reach each other
+    #[arg(long)]
+    nvlink: bool,
 }
 
 fn on_off(s: &str) -> Result<bool, String> {
@@ -135,6 +139,7 @@ impl DeviceArgs {
             } else {
                 self.process_samples.unwrap_or(d.process_samples)
             },
+            nvlink: self.nvlink,
             ..d
         }
     }

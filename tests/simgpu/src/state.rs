@@ -108,6 +108,8 @@ pub struct CreateOptions {
     pub util_sample_ns: u64,
     /// How NVML gives per-process utilisation samples (see `Header::process_samples`).
     pub process_samples: ProcessSamples,
+    /// Every pair of devices linked by NVLink, with peer access (see `Header::nvlink`).
+    pub nvlink: bool,
     pub name: String,
     pub driver_version: i32,
 }
@@ -122,6 +124,7 @@ impl Default for CreateOptions {
             timeslice_ns: 2 * MS,
             util_sample_ns: 100 * MS,
             process_samples: ProcessSamples::OnePerPeriod,
+            nvlink: false,
             name: "SimGPU (simulated)".into(),
             driver_version: 13000,
         }
@@ -434,6 +437,11 @@ impl State {
 
     pub fn ndev(&self) -> u32 {
         self.header().ndev
+    }
+
+    /// Whether devices `a` and `b` (two different ones) are linked by NVLink, with peer access.
+    pub fn linked(&self, a: u32, b: u32) -> bool {
+        a != b && a < self.ndev() && b < self.ndev() && self.header().nvlink == 1
     }
 
     fn block_ptr(&self, d: u32) -> *mut DeviceBlock {
@@ -970,6 +978,7 @@ unsafe fn init_file(
         h.file_size = header_size + dl.size * o.devices as u64;
         h.machine_id = random_u64();
         h.ndev = o.devices;
+        h.nvlink = o.nvlink.into();
         h.config = SimConfig {
             context_overhead: o.context_overhead,
             timeslice_ns: o.timeslice_ns,

@@ -3,9 +3,7 @@
 
 use std::ffi::{CString, c_char, c_uint, c_void};
 
-#[path = "common/direct.rs"]
-mod direct;
-use direct::*;
+use cuslice_test_harness::direct::*;
 
 /// What NCCL asks NVML while it builds its topology: a device by its PCI bus id in NVML's form
 /// and in CUDA's, peer status (a device reaches itself; devices without peer access do not

@@ -142,7 +142,8 @@ pub enum Scenario {
     /// Open memory another process exported, map it on --device and read its pattern back: one
     /// `imported` line (pattern_ok); held until stdin reaches EOF
     Import(crate::share::ImportArgs),
-    /// Peer access between every pair of devices: one `peers` line (no --device)
+    /// Peer access between every pair of devices and multicast objects across them: one
+    /// `peers` line (no --device)
     Peers,
     /// Only resolve the entry points and report how (no cuInit)
     Resolve,

@@ -115,6 +115,7 @@ macro_rules! cuda_functions {
             { cuDeviceGetP2PAttribute, "cuDeviceGetP2PAttribute", 8000, [],
                 (value: *mut i32, attrib: i32, src: CUdevice, dst: CUdevice) }
             { cuCtxEnablePeerAccess, "cuCtxEnablePeerAccess", 4000, [], (peer: CUcontext, flags: u32) }
+            { cuMulticastCreate, "cuMulticastCreate", 12010, [], (handle: *mut u64, prop: *const c_void) }
         }
     };
 }

@@ -290,6 +290,18 @@ pub fn import(s: &Session, a: &ImportArgs) -> Result<(), Failure> {
 /// What the driver says of every ordered pair of devices (the P2P attributes 1 to 4: performance
 /// rank, access supported, native atomics, CUDA arrays), and what enabling peer access between
 /// their primary contexts returns.
+/// `CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED`.
+const ATTRIBUTE_MULTICAST_SUPPORTED: i32 = 132;
+
+/// `CUmulticastObjectProp`.
+#[repr(C)]
+struct MulticastProp {
+    num_devices: u32,
+    size: usize,
+    handle_types: u64,
+    flags: u64,
+}
+
 pub fn peers(d: &Driver) -> Result<(), Failure> {
     let mut n = 0i32;
     // SAFETY: plain flags argument.
@@ -340,7 +352,32 @@ pub fn peers(d: &Driver) -> Result<(), Failure> {
             );
         }
     }
-    emit("peers", json!({"devices": n, "pairs": pairs}));
+    // Multicast objects (NVLink SHARP, NCCL's NVLS): what the driver says of each device, and
+    // what it answers to making one across all of them.
+    let mut multicast = Vec::new();
+    for &dev in &devs {
+        let mut supported = -1;
+        // SAFETY: out-pointer to a local; the device came from cuDeviceGet.
+        unsafe { d.cuDeviceGetAttribute(&mut supported, ATTRIBUTE_MULTICAST_SUPPORTED, dev) }?;
+        multicast.push(json!(supported));
+    }
+    let prop = MulticastProp {
+        num_devices: n as u32,
+        size: 2 << 20,
+        handle_types: 1, // CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        flags: 0,
+    };
+    let mut handle = 0u64;
+    // SAFETY: out-pointer to a local and a property struct laid out as cuda.h's.
+    let create = match unsafe { d.cuMulticastCreate(&mut handle, (&raw const prop).cast()) } {
+        Ok(()) => "CUDA_SUCCESS",
+        Err(e) => e.name().unwrap_or("?"),
+    };
+    emit(
+        "peers",
+        json!({"devices": n, "pairs": pairs, "multicast_supported": multicast,
+               "multicast_create": create}),
+    );
     for dev in devs {
         // SAFETY: retained once above.
         unsafe { d.cuDevicePrimaryCtxRelease_v2(dev) }?;

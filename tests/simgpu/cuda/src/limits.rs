@@ -12,10 +12,12 @@
 //! `cuDeviceGetAttribute` reports them; the SMs sit in 8 GPCs, dealt in pairs (132 SMs: two GPCs
 //! of 18, six of 16), and a cluster's blocks run in one GPC. A kernel uses 32 registers a thread
 //! and no static shared memory (as `cuFuncGetAttribute` says). Devices have no peer access to
-//! each other (as PCIe GPUs without P2P): `cuDeviceCanAccessPeer` answers 0 and
-//! `cuCtxEnablePeerAccess` `CUDA_ERROR_PEER_ACCESS_UNSUPPORTED`.
+//! each other (as PCIe GPUs without P2P: `cuDeviceCanAccessPeer` answers 0 and
+//! `cuCtxEnablePeerAccess` `CUDA_ERROR_PEER_ACCESS_UNSUPPORTED`), unless the machine was made with
+//! `simgpu init --nvlink`: then every pair is linked as on an SXM board (access, native atomics
+//! and arrays, the best rank) and peer access is enabled and disabled per pair of contexts.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::ffi::{c_int, c_uint};
 use std::sync::Mutex;
 
@@ -192,6 +194,18 @@ pub extern "C" fn cuFuncSetSharedMemConfig(f: CUfunction, config: c_int) -> CUre
 
 // ---- peer access -----------------------------------------------------------------------------
 
+/// `CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK`.
+const P2P_PERFORMANCE_RANK: c_int = 1;
+
+/// (context, peer context) pairs with peer access enabled, in this process.
+static PEERS: Mutex<BTreeSet<(u64, u64)>> = Mutex::new(BTreeSet::new());
+
+fn peers() -> std::sync::MutexGuard<'static, BTreeSet<(u64, u64)>> {
+    PEERS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// 1 where the devices are linked (`simgpu init --nvlink`), else 0.
+///
 /// # Safety
 /// `can` must be NULL or writable.
 #[unsafe(no_mangle)]
@@ -201,14 +215,14 @@ pub unsafe extern "C" fn cuDeviceCanAccessPeer(
     peer: CUdevice,
 ) -> CUresult {
     status(drv().and_then(|d| {
-        d.physical(dev)?;
-        d.physical(peer)?;
+        let (a, b) = (d.physical(dev)?, d.physical(peer)?);
         // SAFETY: out-pointer from the caller (NULL refused by `put`).
-        unsafe { put(can, 0) }
+        unsafe { put(can, d.state.linked(a, b).into()) }
     }))
 }
 
-/// Every attribute is 0: no access, no atomics, no native arrays, the lowest rank.
+/// Linked devices: access, native atomics and CUDA arrays supported, performance rank 0 (the
+/// best). Otherwise every attribute is 0.
 ///
 /// # Safety
 /// `value` must be NULL or writable.
@@ -220,41 +234,58 @@ pub unsafe extern "C" fn cuDeviceGetP2PAttribute(
     dst: CUdevice,
 ) -> CUresult {
     status(drv().and_then(|d| {
-        d.physical(src)?;
-        d.physical(dst)?;
+        let (a, b) = (d.physical(src)?, d.physical(dst)?);
         if src == dst {
             return Err(E_INVALID_DEVICE);
         }
         if !(1..=P2P_ATTRIBUTE_MAX).contains(&attrib) {
             return Err(E_INVALID_VALUE);
         }
+        let v = d.state.linked(a, b) && attrib != P2P_PERFORMANCE_RANK;
         // SAFETY: out-pointer from the caller (NULL refused by `put`).
-        unsafe { put(value, 0) }
+        unsafe { put(value, v.into()) }
     }))
 }
 
-/// A peer context of this process: its device cannot be reached from the current one.
+/// Access from the current context to `peer`'s memory: on linked devices enabled once per pair
+/// (`CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED` the second time), refused for a context on the same
+/// device (`CUDA_ERROR_INVALID_DEVICE`) and between devices that are not linked.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxEnablePeerAccess(peer: CUcontext, flags: c_uint) -> CUresult {
     status(drv().and_then(|d| {
         let inner = d.inner.lock();
-        inner.cur()?;
-        inner.ctx(from_ptr(peer as *mut _))?;
+        let (cur, c) = inner.cur()?;
+        let h = from_ptr(peer as *mut _);
+        let p = inner.ctx(h)?;
         if flags != 0 {
             return Err(E_INVALID_VALUE);
         }
-        Err(CUresult::CUDA_ERROR_PEER_ACCESS_UNSUPPORTED)
+        if c.dev == p.dev {
+            return Err(E_INVALID_DEVICE);
+        }
+        if !d.state.linked(c.dev, p.dev) {
+            return Err(CUresult::CUDA_ERROR_PEER_ACCESS_UNSUPPORTED);
+        }
+        if !peers().insert((cur, h)) {
+            return Err(CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED);
+        }
+        Ok(())
     }))
 }
 
-/// Nothing was ever enabled.
+/// `CUDA_ERROR_PEER_ACCESS_NOT_ENABLED` unless access to `peer` was enabled from the current
+/// context.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuCtxDisablePeerAccess(peer: CUcontext) -> CUresult {
     status(drv().and_then(|d| {
         let inner = d.inner.lock();
-        inner.cur()?;
-        inner.ctx(from_ptr(peer as *mut _))?;
-        Err(CUresult::CUDA_ERROR_PEER_ACCESS_NOT_ENABLED)
+        let (cur, _) = inner.cur()?;
+        let h = from_ptr(peer as *mut _);
+        inner.ctx(h)?;
+        if !peers().remove(&(cur, h)) {
+            return Err(CUresult::CUDA_ERROR_PEER_ACCESS_NOT_ENABLED);
+        }
+        Ok(())
     }))
 }
 

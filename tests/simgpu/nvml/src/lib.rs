@@ -844,45 +844,80 @@ fn not_supported(dev: nvmlDevice_t) -> nvmlReturn_t {
 }
 
 // ---- NVLink ---------------------------------------------------------------------------------
-// The simulated devices have no NVLink: every link query answers NVML_ERROR_NOT_SUPPORTED, as
-// NVML does on a GPU without NVLink (a PCIe card). PyTorch looks these up when NVML loads and
-// asserts only that they exist; it reads the answers to find NVLink peers, and finds none.
+// Without `simgpu init --nvlink` the devices have no NVLink: every link query answers
+// NVML_ERROR_NOT_SUPPORTED, as NVML does on a GPU without NVLink (a PCIe card). PyTorch looks
+// these up when NVML loads and asserts only that they exist; it reads the answers to find NVLink
+// peers, and finds none. With it, device `a` has one link to each other device, link `l` to the
+// `l`-th of them in index order, each active, GPU to GPU, with peer access and atomics over it.
+
+/// The device link `link` of device `a` reaches, on a machine made with `--nvlink`.
+fn remote(dev: nvmlDevice_t, link: c_uint) -> Result<(&'static State, u32), nvmlReturn_t> {
+    let (s, a) = dev_of(dev)?;
+    if !s.linked(a, (a + 1) % s.ndev().max(1)) {
+        return Err(nvmlReturn_t::NVML_ERROR_NOT_SUPPORTED);
+    }
+    let b = (0..s.ndev())
+        .filter(|&b| b != a)
+        .nth(link as usize)
+        .ok_or(BAD_ARG)?;
+    Ok((s, b))
+}
+
+/// `NVML_FEATURE_ENABLED`.
+const FEATURE_ENABLED: c_uint = 1;
+/// `nvmlNvLinkCapability_t`: P2P_SUPPORTED, SYSMEM_ACCESS, P2P_ATOMICS, SYSMEM_ATOMICS,
+/// SLI_BRIDGE, VALID; a GPU-to-GPU link has the first, third and last.
+const NVLINK_CAPABILITIES: [c_uint; 6] = [1, 0, 1, 0, 0, 1];
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetNvLinkState(
     dev: nvmlDevice_t,
-    _link: c_uint,
-    _active: *mut c_uint,
+    link: c_uint,
+    active: *mut c_uint,
 ) -> nvmlReturn_t {
-    not_supported(dev)
+    // SAFETY: out-pointer from the caller.
+    status(remote(dev, link).and_then(|_| unsafe { put(active, FEATURE_ENABLED) }))
 }
 
+/// `NVML_NVLINK_DEVICE_TYPE_GPU`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetNvLinkRemoteDeviceType(
     dev: nvmlDevice_t,
-    _link: c_uint,
-    _kind: *mut c_uint,
+    link: c_uint,
+    kind: *mut c_uint,
 ) -> nvmlReturn_t {
-    not_supported(dev)
+    // SAFETY: out-pointer from the caller.
+    status(remote(dev, link).and_then(|_| unsafe { put(kind, 0) }))
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetNvLinkCapability(
     dev: nvmlDevice_t,
-    _link: c_uint,
-    _capability: c_uint,
-    _result: *mut c_uint,
+    link: c_uint,
+    capability: c_uint,
+    result: *mut c_uint,
 ) -> nvmlReturn_t {
-    not_supported(dev)
+    status(remote(dev, link).and_then(|_| {
+        let v = *NVLINK_CAPABILITIES
+            .get(capability as usize)
+            .ok_or(BAD_ARG)?;
+        // SAFETY: out-pointer from the caller.
+        unsafe { put(result, v) }
+    }))
 }
 
+/// The PCI information of the device at the link's other end.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetNvLinkRemotePciInfo(
     dev: nvmlDevice_t,
-    _link: c_uint,
-    _pci: *mut nvmlPciInfo_t,
+    link: c_uint,
+    pci: *mut nvmlPciInfo_t,
 ) -> nvmlReturn_t {
-    not_supported(dev)
+    match remote(dev, link) {
+        // SAFETY: the other device's handle (index + 1) and the caller's out-pointer.
+        Ok((_, b)) => unsafe { nvmlDeviceGetPciInfo_v3((b as usize + 1) as nvmlDevice_t, pci) },
+        Err(e) => e,
+    }
 }
 
 // ---- PCIe and the platform -------------------------------------------------------------------
@@ -973,8 +1008,10 @@ pub extern "C" fn nvmlSystemGetConfComputeSettings(_out: *mut std::ffi::c_void) 
 const P2P_STATUS_NOT_SUPPORTED: c_uint = 5;
 const P2P_STATUS_OK: c_uint = 0;
 
-/// Every peer capability (read, write, atomics, NVLink, ...) between two different devices is
-/// not supported, as on PCIe cards without peer access; a device reaches itself.
+/// A device reaches itself. Between two different devices every peer capability (read, write,
+/// atomics, NVLink, ...) is OK where they are linked (`simgpu init --nvlink`, as
+/// `cuDeviceCanAccessPeer` says 1), and not supported otherwise, as on PCIe cards without peer
+/// access.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetP2PStatus(
     dev1: nvmlDevice_t,
@@ -982,9 +1019,9 @@ pub unsafe extern "C" fn nvmlDeviceGetP2PStatus(
     _index: c_uint,
     out: *mut c_uint,
 ) -> nvmlReturn_t {
-    status(dev_of(dev1).and_then(|(_, a)| {
+    status(dev_of(dev1).and_then(|(s, a)| {
         let (_, b) = dev_of(dev2)?;
-        let answer = if a == b {
+        let answer = if a == b || s.linked(a, b) {
             P2P_STATUS_OK
         } else {
             P2P_STATUS_NOT_SUPPORTED
@@ -1032,8 +1069,9 @@ pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetNvLinkRemotePciInfo_v2(
     dev: nvmlDevice_t,
-    _link: c_uint,
-    _pci: *mut nvmlPciInfo_t,
+    link: c_uint,
+    pci: *mut nvmlPciInfo_t,
 ) -> nvmlReturn_t {
-    not_supported(dev)
+    // SAFETY: forwarding the caller's arguments.
+    unsafe { nvmlDeviceGetNvLinkRemotePciInfo(dev, link, pci) }
 }
