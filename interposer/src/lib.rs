@@ -16,7 +16,8 @@
 //! 0. Leaves, using nothing else of the crate:
 //!    - [`real`]: the real entry points: the table of driver and NVML functions with their C
 //!      prototypes, `real::cuXxx()` for each, the lookups by name and address, glibc's `dlsym`.
-//!    - `log` (stderr lines, no allocation), [`count`] (the launch counter).
+//!    - `log` (stderr lines, no allocation), [`count`] (the launch counter), [`alloc_table`] (one
+//!      shard of the allocation table, pure).
 //! 1. Over [`real`]: [`nvml_query`] (cuslice's own NVML queries: process memory, utilisation
 //!    samples) and [`dlmopen`] (the core of the `dlmopen` override).
 //! 2. [`membership`]: whether and which slice this process joined, its devices, the one
@@ -81,6 +82,7 @@ mod tests {
         ("real", 0),
         ("log", 0),
         ("count", 0),
+        ("alloc_table", 0),
         ("nvml_query", 1),
         ("dlmopen", 1),
         ("membership", 2),
