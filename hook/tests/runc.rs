@@ -1,5 +1,5 @@
 //! The hook with plain runc: OCI bundles whose config.json lists `cuslice-hook prestart` and
-//! `poststop` (the "done when"), run with `runc run`.
+//! `poststop`, run with `runc run`. One concern (the hook under plain runc), kept in one file.
 
 use std::path::Path;
 use std::process::{Command, Output, Stdio};

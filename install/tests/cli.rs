@@ -1,6 +1,7 @@
 //! The built `cuslice` command, run with `--root` in a temporary directory: what it writes for
 //! each engine, idempotency, install-then-uninstall gives back the original bytes, dry runs, and
-//! refusals that leave every file as it was.
+//! refusals that leave every file as it was. One concern (what the command writes under a root,
+//! the agent's systemd unit included), kept in one file.
 
 use std::collections::BTreeMap;
 use std::fs;

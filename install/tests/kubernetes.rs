@@ -21,6 +21,9 @@
 //!   the plugin accepts, and ask for what their comments say; the example without DRA sets
 //!   CUSLICE_* values the interposer accepts, sized to fit its time-slicing replicas;
 //! - the RuntimeClass names the default runtime.
+//!
+//! One concern (the Kubernetes files, checked without a cluster), kept in one file: the helpers
+//! that read the YAML as the API's types serve every check here.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;

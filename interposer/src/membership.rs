@@ -2,7 +2,8 @@
 //! (the configuration, the ledger, its slot), the devices as this process sees them (ordinal ->
 //! UUID, cap, allocation granularity), the one step every charge goes through (`Slice::reserve`),
 //! and the process-local tables of what it holds (which allocation was charged how much, to
-//! which device and context; what each stream-ordered pool is charged).
+//! which device and context; what each stream-ordered pool is charged). What a fork does to
+//! those tables is in `fork`.
 //!
 //! Joining is `startup`'s (at cuInit, or at the first NVML call of a process that never calls
 //! it); this module only keeps what it set. It uses the real entry points (`real`) and
@@ -28,6 +29,9 @@ use crate::real;
 use cuslice_state::ledger::{Ledger, OverCap};
 
 pub use cuslice_state::uuid_string;
+
+mod fork;
+pub use fork::{before_fork, child_after_fork, unlock_after_fork};
 
 const UNINIT: u8 = 0;
 /// No cuslice setting at all: every call goes straight to the driver.
@@ -746,110 +750,5 @@ pub fn give_back_idle(s: &Slice, dev: usize) {
     }
 }
 
-// ---- fork --------------------------------------------------------------------------------------
-
-/// Before a fork: takes every lock of the process-local tables (after `startup`'s own), so that
-/// the child finds none held by a thread it does not have.
-pub fn before_fork() {
-    std::mem::forget(MANAGED.lock());
-    std::mem::forget(SPILLED.lock());
-    std::mem::forget(LOCAL.lock());
-    for sh in ALLOCS.iter() {
-        sh.lock();
-    }
-}
-
-/// After a fork, in parent and child: gives back what `before_fork` took.
-///
-/// # Safety
-/// Only after `before_fork`, in the thread that called it (in the child: its one thread).
-pub unsafe fn unlock_after_fork() {
-    // SAFETY: all locked by before_fork in this thread, with their guards forgotten.
-    unsafe {
-        for sh in ALLOCS.iter() {
-            sh.unlock();
-        }
-        LOCAL.force_unlock();
-        SPILLED.force_unlock();
-        MANAGED.force_unlock();
-    }
-}
-
-/// In a forked child (one thread, locks given back): the child has no CUDA state of its own and
-/// must not pass for its parent in the ledger. Forgets the tables and the slice (a fresh
-/// registration comes at its own cuInit) and drops the parent's liveness lock. Returns whether
-/// the parent had joined a slice.
-pub fn child_after_fork() -> bool {
-    *LOCAL.lock() = None;
-    *MANAGED.lock() = None;
-    MANAGED_USED.store(false, Ordering::Relaxed);
-    *SPILLED.lock() = None;
-    SPILL_USED.store(false, Ordering::Relaxed);
-    for sh in ALLOCS.iter() {
-        sh.with(|m| m.clear());
-    }
-    let p = SLICE.swap(std::ptr::null_mut(), Ordering::AcqRel);
-    // SAFETY: the old slice is leaked on purpose (the parent's memory image); only its file
-    // descriptor is closed, and nothing else in the child refers to it any more.
-    let joined = match unsafe { p.as_mut() } {
-        Some(s) => {
-            s.ledger.forget_in_child();
-            true
-        }
-        None => false,
-    };
-    if MODE.load(Ordering::Relaxed) == ON {
-        MODE.store(UNINIT, Ordering::Release);
-    }
-    contexts_changed();
-    joined
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn charge(bytes: u64) -> Charge {
-        Charge {
-            dev: 0,
-            bytes,
-            ctx: 1,
-        }
-    }
-
-    #[test]
-    fn racing_threads_each_get_back_exactly_their_own_charges() {
-        // Pointers unique to this test (the table is the process's).
-        let ptr = |t: u64, i: u64| (0x7e00_0000_0000 + (t << 32)) | i << 21;
-        std::thread::scope(|s| {
-            for t in 0..8 {
-                s.spawn(move || {
-                    for round in 0..20 {
-                        for i in 0..500 {
-                            assert!(alloc_insert(ptr(t, i), charge(i + round)).is_none());
-                        }
-                        for i in 0..500 {
-                            let c = alloc_remove(ptr(t, i)).map(|c| c.bytes);
-                            assert_eq!(c, Some(i + round));
-                            assert!(alloc_remove(ptr(t, i)).is_none());
-                        }
-                    }
-                });
-            }
-        });
-    }
-
-    #[test]
-    fn a_pointer_freed_twice_at_once_is_given_back_once() {
-        for i in 0..2000u64 {
-            let p = 0x7f00_0000_0000 | i << 21;
-            alloc_insert(p, charge(1));
-            let got: u32 = std::thread::scope(|s| {
-                let a = s.spawn(|| u32::from(alloc_remove(p).is_some()));
-                let b = s.spawn(|| u32::from(alloc_remove(p).is_some()));
-                a.join().unwrap() + b.join().unwrap()
-            });
-            assert_eq!(got, 1);
-        }
-    }
-}
+mod tests;

@@ -6,6 +6,11 @@ use common::*;
 
 const CAP: u64 = GIB;
 
+/// The workload linked against libcuda.so.1 (route "direct").
+fn linked() -> std::path::PathBuf {
+    bin_dir().join("cuda-workload-linked")
+}
+
 /// Fills the device with 64 MiB chunks of `family` through `route` (or with the driver opened by
 /// `dlmopen` into a new namespace) under a 1 GiB cap and checks
 /// the refusal against the simulator's ground truth.

@@ -2,8 +2,7 @@
 //! `simgpu show` (device_time_ns per process, the simulator's ground truth) over a window that
 //! starts once the slices have settled. The full scenario table is `tests/tools/share.py` (bench).
 
-mod common;
-use common::*;
+use cuslice_test_harness::*;
 
 use std::time::{Duration, Instant};
 

@@ -2,8 +2,7 @@
 //! that never use CUDA, and its dlsym override must answer only the exact names it wraps,
 //! keeping every other lookup (RTLD_NEXT ones of other libraries included) as it was.
 
-mod common;
-use common::*;
+use cuslice_test_harness::*;
 use std::process::Command;
 
 fn run(

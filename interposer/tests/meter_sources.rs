@@ -2,8 +2,7 @@
 //! per-process samples, the device's own utilisation, or launch estimates alone. Ground truth is
 //! the simulator's device time per process (`simgpu show`).
 
-mod common;
-use common::*;
+use cuslice_test_harness::*;
 
 use std::io::BufRead;
 use std::process::{Child, Stdio};

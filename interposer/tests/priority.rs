@@ -3,8 +3,7 @@
 //! goal is timed here (tests/tools/latency.py measures them); each test compares runs made side
 //! by side with wide margins, or checks that something happens at all.
 
-mod common;
-use common::*;
+use cuslice_test_harness::*;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Stdio};

@@ -1,5 +1,4 @@
 //! Helpers for the interposer's tests: processes run against simgpu with libcuslice.so preloaded.
-#![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -8,11 +7,16 @@ pub use cuslice_test_harness::*;
 use serde_json::Value;
 
 /// A slice: a CUSLICE_STATE_DIR in a temporary folder, with the environment its processes get.
+// Not made by every test binary (glibc's run their processes without one), and its folder is
+// read only by the tests that look inside it.
+#[allow(dead_code)]
 pub struct Slice {
     pub dir: tempfile::TempDir,
     pub env: Vec<(String, String)>,
 }
 
+// Each test binary calls the methods it needs, not all of them.
+#[allow(dead_code)]
 impl Slice {
     pub fn new(env: &[(&str, &str)]) -> Slice {
         let dir = tempfile::tempdir().unwrap();
@@ -58,16 +62,16 @@ pub fn split(out: Output) -> (Vec<Value>, i32, String) {
     )
 }
 
-/// The workload linked against libcuda.so.1 (route "direct").
-pub fn linked() -> PathBuf {
-    bin_dir().join("cuda-workload-linked")
-}
-
 /// The simulator's device-wide peak memory in use (all processes together).
+// Not every test binary reads the peak.
+#[allow(dead_code)]
 pub fn peak_used(sim: &Sim, dev: usize) -> u64 {
     u(&sim.device(dev)["peak_used"])
 }
 
+/// The simulator's device-wide memory in use now (all processes together).
+// Not every test binary reads it.
+#[allow(dead_code)]
 pub fn used(sim: &Sim, dev: usize) -> u64 {
     u(&sim.device(dev)["used"])
 }

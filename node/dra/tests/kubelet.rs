@@ -8,9 +8,12 @@
 mod common;
 
 use std::collections::BTreeSet;
+use std::path::Path;
 
 use common::*;
 use cuslice_dra::quantity;
+use cuslice_dra::registration::registration_client::RegistrationClient;
+use cuslice_dra::registration::{PluginInfo, RegistrationStatus};
 use cuslice_test_harness::{GIB, MIB, poll};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use serde_json::{Value, json};
@@ -562,4 +565,34 @@ fn bad_options_get_one_line() {
         err.starts_with("cuslice-dra-plugin: node node-z: "),
         "{err}"
     );
+}
+
+/// The plugin's registration info, as the kubelet asks for it.
+fn get_info(reg: &Path) -> PluginInfo {
+    try_info(reg).unwrap()
+}
+
+/// Tells the plugin whether the kubelet registered it, as the kubelet does.
+fn notify(reg: &Path, registered: bool, error: &str) {
+    block_on(async {
+        RegistrationClient::new(channel(reg).await.unwrap())
+            .notify_registration_status(RegistrationStatus {
+                plugin_registered: registered,
+                error: error.into(),
+            })
+            .await
+            .unwrap();
+    })
+}
+
+/// `value` read as JSON into the k8s-openapi type `T` and written back must give `value` again:
+/// a field k8s-openapi does not know (a typo, a field of another version) would be dropped.
+fn strict<T: serde::de::DeserializeOwned + serde::Serialize>(value: &Value) -> T {
+    let t: T = serde_json::from_value(value.clone()).unwrap();
+    let back = serde_json::to_value(&t).unwrap();
+    assert_eq!(
+        &back, value,
+        "the object does not round-trip through k8s-openapi"
+    );
+    t
 }

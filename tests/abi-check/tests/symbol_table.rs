@@ -2,14 +2,9 @@
 //! against the `PFN_<base>_v<version>[_ptds|_ptsz]` typedefs of `cudaTypedefs.h` (12.9 and 13.0)
 //! and the `#define base target` lines of 13.0's `cuda.h`.
 
-// Included by path so that this crate does not depend on the simulator's cdylib crate; its own
-// unit tests run here too.
-#[path = "../../simgpu/cuda/src/symbols.rs"]
-mod symbols;
-
 use abi_check::headers_or_skip;
+use simgpu_cuda::symbols::{self, Lookup, Stream, VARIANTS};
 use std::collections::{BTreeMap, BTreeSet};
-use symbols::{Lookup, Stream, VARIANTS};
 
 /// Variants the headers list that the simulator deliberately does not export: the CUDA 2.x/3.0
 /// originals with the 32-bit `CUdeviceptr` ABI, superseded by `_v2` at 3020. (base, version)

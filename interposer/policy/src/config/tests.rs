@@ -1,6 +1,7 @@
 //! Tests of reading the configuration from the environment: every variable, every spelling,
 //! precedence, notices and errors. The hook file's and the live changes' tests sit beside their
-//! modules and share the helpers here.
+//! modules and share the helpers here. One concern (reading the
+//! environment), kept in one file.
 
 use std::path::PathBuf;
 

@@ -4,8 +4,6 @@
 //! node would run it, and a gRPC client that makes the kubelet's calls over the plugin's unix
 //! sockets, built from the same .proto definitions.
 
-#![allow(dead_code)]
-
 use std::collections::BTreeMap;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
@@ -21,7 +19,7 @@ use cuslice_dra::dra::{
     NodeUnprepareResourcesRequest, NodeUnprepareResourcesResponse,
 };
 use cuslice_dra::registration::registration_client::RegistrationClient;
-use cuslice_dra::registration::{InfoRequest, PluginInfo, RegistrationStatus};
+use cuslice_dra::registration::{InfoRequest, PluginInfo};
 use cuslice_test_harness::{Sim, Stderr, simgpu};
 use serde_json::{Value, json};
 use tonic::transport::{Channel, Endpoint, Uri};
@@ -44,7 +42,10 @@ pub fn data(name: &str) -> Value {
 pub struct Req {
     pub method: String,
     pub path: String,
+    // Read by the tests that check what the plugin sent (kubelet.rs's), not by every binary.
+    #[allow(dead_code)]
     pub query: String,
+    #[allow(dead_code)]
     pub content_type: String,
     pub body: String,
 }
@@ -210,7 +211,11 @@ impl ApiServer {
             claim.clone(),
         );
     }
+}
 
+// What the server holds and was sent: read by kubelet.rs's tests, not by every binary.
+#[allow(dead_code)]
+impl ApiServer {
     pub fn slice(&self) -> Option<Value> {
         let name = format!("{NODE}-gpu.cuslice.io");
         self.state.lock().unwrap().slices.get(&name).cloned()
@@ -270,6 +275,8 @@ pub fn stand_in_device(path: &Path) {
 
 impl Node {
     /// `devices` simulated GPUs of `memory` each.
+    // Not every test binary: engines.rs's nodes give a CDI directory (`with_cdi_dir`).
+    #[allow(dead_code)]
     pub fn new(devices: u32, memory: &str) -> Node {
         Node::with_cdi_dir(devices, memory, None)
     }
@@ -334,6 +341,9 @@ impl Node {
             .unwrap_or_else(|| self.dir.path().join("container-index"))
     }
 
+    /// The plugin's checkpoint.
+    // Read by kubelet.rs's tests, not by every binary.
+    #[allow(dead_code)]
     pub fn checkpoint(&self) -> PathBuf {
         self.plugin_dir().join("checkpoint.json")
     }
@@ -415,7 +425,12 @@ impl PluginProcess {
     pub fn log(&self) -> String {
         self.stderr.as_ref().map(Stderr::text).unwrap_or_default()
     }
+}
 
+// Signalling, stopping and crashing the plugin: kubelet.rs's tests; engines.rs's leave it to
+// `Drop`.
+#[allow(dead_code)]
+impl PluginProcess {
     pub fn signal(&self, sig: i32) {
         // SAFETY: kill with a pid of our own child.
         unsafe { libc::kill(self.child.id() as i32, sig) };
@@ -471,7 +486,8 @@ pub async fn channel(path: &Path) -> Result<Channel, tonic::transport::Error> {
         .await
 }
 
-fn try_info(reg: &Path) -> Result<PluginInfo, String> {
+/// The plugin's registration info, asked over its registration socket as the kubelet asks.
+pub fn try_info(reg: &Path) -> Result<PluginInfo, String> {
     block_on(async {
         let ch = channel(reg).await.map_err(|e| e.to_string())?;
         RegistrationClient::new(ch)
@@ -479,22 +495,6 @@ fn try_info(reg: &Path) -> Result<PluginInfo, String> {
             .await
             .map(|r| r.into_inner())
             .map_err(|e| e.to_string())
-    })
-}
-
-pub fn get_info(reg: &Path) -> PluginInfo {
-    try_info(reg).unwrap()
-}
-
-pub fn notify(reg: &Path, registered: bool, error: &str) {
-    block_on(async {
-        RegistrationClient::new(channel(reg).await.unwrap())
-            .notify_registration_status(RegistrationStatus {
-                plugin_registered: registered,
-                error: error.into(),
-            })
-            .await
-            .unwrap();
     })
 }
 
@@ -560,16 +560,4 @@ pub fn claim(
 
 pub fn slice_config(core_limit: u32) -> Value {
     json!({"apiVersion": "gpu.cuslice.io/v1alpha1", "kind": "SliceConfig", "coreLimit": core_limit})
-}
-
-/// `value` read as JSON into the k8s-openapi type `T` and written back must give `value` again:
-/// a field k8s-openapi does not know (a typo, a field of another version) would be dropped.
-pub fn strict<T: serde::de::DeserializeOwned + serde::Serialize>(value: &Value) -> T {
-    let t: T = serde_json::from_value(value.clone()).unwrap();
-    let back = serde_json::to_value(&t).unwrap();
-    assert_eq!(
-        &back, value,
-        "the object does not round-trip through k8s-openapi"
-    );
-    t
 }

@@ -30,7 +30,9 @@ mod pool;
 mod ptx;
 mod ranges;
 mod stream;
-mod symbols;
+/// The `cuGetProcAddress` table, public so that tests/abi-check can check it against NVIDIA's
+/// headers (only `#[no_mangle]` entry points are exported from the shared library).
+pub mod symbols;
 mod unsupported;
 mod vmm;
 

@@ -1,0 +1,187 @@
+//! Processes: registration, liveness, sweeping the slots of dead ones, and the PIDs NVML
+//! reports for them.
+
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::MetadataExt;
+use std::sync::atomic::Ordering;
+
+use super::{State, StateError};
+use crate::clock;
+use crate::layout::*;
+use cuslice_shm::liveness;
+
+/// Inode number of the initial PID namespace (`PROC_PID_INIT_INO` in the kernel).
+const INIT_PIDNS_INO: u64 = 0xEFFF_FFFC;
+
+impl State {
+    pub fn my_slot(&self) -> Option<u32> {
+        let s = self.my_slot.load(Ordering::Relaxed);
+        (s != NONE).then_some(s)
+    }
+
+    /// Whether the process in slot `s` is alive: its liveness lock is held (the kernel drops it
+    /// when the process dies, however it dies).
+    pub fn slot_alive(&self, s: u32) -> bool {
+        let slot = &self.header().procs[s as usize];
+        if slot.state.load(Ordering::Acquire) != SLOT_LIVE {
+            return false;
+        }
+        if self.my_slot() == Some(s) {
+            return true; // our own lock does not conflict with our own query
+        }
+        liveness::held_by_other(self.file.as_raw_fd(), LIVENESS_LOCK_BASE + s as i64)
+    }
+
+    /// Registers this process (once); returns its slot.
+    pub fn register(&self) -> Result<u32, StateError> {
+        if let Some(s) = self.my_slot() {
+            return Ok(s);
+        }
+        let _g = self.lock_procs();
+        self.sweep_locked();
+        let (pidns, ns_pid) = (own_pidns(), std::process::id() as i32);
+        for s in 0..MAX_PROCS as u32 {
+            let slot = &self.header().procs[s as usize];
+            if slot.state.load(Ordering::Acquire) != SLOT_FREE {
+                continue;
+            }
+            if liveness::hold(self.file.as_raw_fd(), LIVENESS_LOCK_BASE + s as i64).is_err() {
+                continue;
+            }
+            slot.generation.fetch_add(1, Ordering::Relaxed);
+            slot.ns_pid.store(ns_pid, Ordering::Relaxed);
+            slot.host_pid.store(
+                if pidns == INIT_PIDNS_INO { ns_pid } else { 0 },
+                Ordering::Relaxed,
+            );
+            slot.pidns.store(pidns, Ordering::Relaxed);
+            slot.started_ns.store(clock::now_ns(), Ordering::Relaxed);
+            // SAFETY: `comm` is written only under the process-table lock, which we hold.
+            unsafe { *slot.comm.get() = cstr_field(&own_comm()) };
+            slot.state.store(SLOT_LIVE, Ordering::Release);
+            self.my_slot.store(s, Ordering::Relaxed);
+            return Ok(s);
+        }
+        Err(StateError::TooManyProcesses {
+            path: self.path.clone(),
+        })
+    }
+
+    /// In a forked child: the slot and its liveness lock belong to the parent.
+    pub fn forget_registration(&self) {
+        self.my_slot.store(NONE, Ordering::Relaxed);
+    }
+
+    pub(super) fn exited_record(&self, s: u32) -> ExitedProc {
+        let slot = &self.header().procs[s as usize];
+        ExitedProc {
+            ns_pid: slot.ns_pid.load(Ordering::Relaxed),
+            host_pid: slot.host_pid.load(Ordering::Relaxed),
+            peak: 0,
+            device_time_ns: 0,
+            exited_ns: clock::now_ns(),
+            // SAFETY: comm changes only at registration, under the process-table lock; a racing
+            // read yields at worst a mixed name, never invalid memory.
+            comm: unsafe { *slot.comm.get() },
+        }
+    }
+
+    /// Reclaims everything dead processes held, on every device, and frees their slots.
+    pub fn sweep(&self) {
+        let _g = self.lock_procs();
+        self.sweep_locked();
+    }
+
+    fn sweep_locked(&self) {
+        for s in 0..MAX_PROCS as u32 {
+            let slot = &self.header().procs[s as usize];
+            if slot.state.load(Ordering::Acquire) == SLOT_LIVE && !self.slot_alive(s) {
+                let who = self.exited_record(s);
+                for d in 0..self.ndev() {
+                    self.lock_device(d).dev().reclaim_owner(s, &who);
+                }
+                slot.state.store(SLOT_FREE, Ordering::Release);
+            }
+        }
+    }
+
+    /// Fills in host PIDs of processes in other PID namespaces (containers) by looking them up in
+    /// /proc; only meaningful when this process sees the initial PID namespace.
+    pub fn resolve_host_pids(&self) {
+        if own_pidns() != INIT_PIDNS_INO {
+            return;
+        }
+        let wanted: Vec<u32> = (0..MAX_PROCS as u32)
+            .filter(|&s| {
+                let slot = &self.header().procs[s as usize];
+                slot.state.load(Ordering::Acquire) == SLOT_LIVE
+                    && slot.host_pid.load(Ordering::Relaxed) == 0
+            })
+            .collect();
+        if wanted.is_empty() {
+            return;
+        }
+        let Ok(dir) = std::fs::read_dir("/proc") else {
+            return;
+        };
+        for entry in dir.flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<i32>().ok())
+            else {
+                continue;
+            };
+            let Ok(ns) = std::fs::metadata(format!("/proc/{pid}/ns/pid")).map(|m| m.ino()) else {
+                continue;
+            };
+            for &s in &wanted {
+                let slot = &self.header().procs[s as usize];
+                if slot.pidns.load(Ordering::Relaxed) == ns
+                    && innermost_pid(pid) == Some(slot.ns_pid.load(Ordering::Relaxed))
+                {
+                    slot.host_pid.store(pid, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    /// The PID NVML reports for slot `s`: the host PID when known, else the process's own.
+    pub fn reported_pid(&self, s: u32) -> i32 {
+        let slot = &self.header().procs[s as usize];
+        match slot.host_pid.load(Ordering::Relaxed) {
+            0 => slot.ns_pid.load(Ordering::Relaxed),
+            p => p,
+        }
+    }
+
+    pub fn slot_comm(&self, s: u32) -> String {
+        // SAFETY: see `exited_record`.
+        field_str(unsafe { &*self.header().procs[s as usize].comm.get() })
+    }
+
+    pub fn slot_ns_pid(&self, s: u32) -> i32 {
+        self.header().procs[s as usize]
+            .ns_pid
+            .load(Ordering::Relaxed)
+    }
+}
+
+fn own_pidns() -> u64 {
+    std::fs::metadata("/proc/self/ns/pid")
+        .map(|m| m.ino())
+        .unwrap_or(0)
+}
+
+fn own_comm() -> String {
+    std::fs::read_to_string("/proc/self/comm")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// The PID of host process `pid` inside its own (innermost) PID namespace.
+fn innermost_pid(pid: i32) -> Option<i32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("NSpid:"))?;
+    line.split_whitespace().last()?.parse().ok()
+}
