@@ -1,15 +1,15 @@
 //! The hook with Docker: `cuslice install --engine docker --prefix TMP/prefix --config
 //! TMP/daemon.json` registers cuslice-runtime as the runtime `cuslice`, dockerd is started with
 //! `--config-file TMP/daemon.json`, and containers choose it with `docker run --runtime=cuslice`.
-//! The image is an import of `make_rootfs`'s root filesystem. One dockerd serves every test of
-//! this binary, with its data root, exec root (and the containerd it starts there), pidfile,
-//! socket and daemon.json under a temporary directory; it is stopped and the directory removed
-//! when the test process exits. Always /usr/bin/docker: a different client may come first on PATH.
+//! The image is an import of `make_rootfs`'s root filesystem. One dockerd
+//! (`cuslice_test_engines::docker`) serves every test of this binary, with its data root, exec
+//! root, pidfile, socket and daemon.json under a temporary directory; it is stopped and the
+//! directory removed when the test process exits.
 
 use std::ffi::OsString;
 use std::io::BufReader;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdout, Command, Output, Stdio};
+use std::process::{Child, ChildStdout, Command, Output};
 use std::sync::OnceLock;
 
 use cuslice_test_engines::*;
@@ -18,33 +18,14 @@ use cuslice_test_harness::Sim;
 const IMAGE: &str = "cuslice-test:local";
 
 struct Docker {
-    daemon: Daemon,
-    docker: PathBuf,
-    /// What dockerd makes outside its directories, if it was not there before.
-    made: Vec<PathBuf>,
+    dockerd: docker::Dockerd,
 }
 
 static ENGINE: OnceLock<Docker> = OnceLock::new();
 
 fn engine() -> &'static Docker {
     ENGINE.get_or_init(|| {
-        let dockerd = tool("dockerd", "docker.io");
-        let docker = tool("/usr/bin/docker", "docker.io");
-        tool("containerd", "containerd");
-        tool("runc", "runc");
         let dir = state_dir("dockerd");
-        // dockerd 20.10 writes its trust key to /etc/docker/key.json whatever its options; the
-        // containerd it starts makes /opt/containerd; the shims keep their sockets under
-        // /run/containerd/s.
-        let made = new_paths(&[
-            "/etc/docker",
-            "/etc/docker/key.json",
-            "/opt/containerd",
-            "/opt/containerd/bin",
-            "/opt/containerd/lib",
-            "/run/containerd",
-            "/run/containerd/s",
-        ]);
         let config = dir.join("daemon.json");
         let prefix = dir.join("prefix");
         or_undo(
@@ -53,84 +34,28 @@ fn engine() -> &'static Docker {
             },
             || remove_dir(&dir),
         );
-        let sock = format!("unix://{}", dir.join("docker.sock").display());
-        let mut cmd = Command::new(dockerd);
-        cmd.arg("--data-root")
-            .arg(dir.join("data"))
-            .arg("--exec-root")
-            .arg(dir.join("exec"))
-            .arg("--pidfile")
-            .arg(dir.join("docker.pid"))
-            .args(["-H", &sock])
-            .arg("--config-file")
-            .arg(&config)
-            // No networking: the containers run with --network=none, and the host's firewall and
-            // sysctls stay as they are. The storage driver is dockerd's choice: overlay2 where
-            // the directory's filesystem takes it, else (on overlayfs, say) the next that works,
-            // down to vfs.
-            .args([
-                "--iptables=false",
-                "--ip6tables=false",
-                "--ip-forward=false",
-            ])
-            .args(["--ip-masq=false", "--bridge=none"]);
-        let probe = docker.clone();
-        let probe_sock = sock.clone();
-        let ready = move || {
-            Command::new(&probe)
-                .args(["-H", &probe_sock, "version"])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success())
-        };
-        let daemon = or_undo(
-            || Daemon::start("dockerd", dir, cmd, ready),
-            || remove_new(&made),
-        );
         let d = Docker {
-            daemon,
-            docker,
-            made,
+            dockerd: docker::Dockerd::start(dir, &config),
         };
         or_undo(
             || output_of(d.docker().arg("import").arg(rootfs_tar()).arg(IMAGE)),
-            || d.stop(),
+            || d.dockerd.stop(),
         );
         at_exit(stop);
         d
     })
 }
 
-/// At exit: see [`Docker::stop`].
+/// At exit: removes what containers are left, stops dockerd and removes its directory.
 fn stop() {
     if let Some(d) = ENGINE.get() {
-        d.stop();
+        d.dockerd.stop();
     }
 }
 
 impl Docker {
-    /// Removes what containers are left, stops dockerd (it stops its containerd) and removes its
-    /// directory.
-    fn stop(&self) {
-        if let Ok(out) = self.docker().args(["ps", "-aq", "--no-trunc"]).output() {
-            for id in String::from_utf8_lossy(&out.stdout).lines() {
-                let _ = self.docker().args(["rm", "-f", id]).output();
-            }
-        }
-        self.daemon.stop();
-        remove_new(&self.made);
-    }
-
     fn docker(&self) -> Command {
-        let mut c = Command::new(&self.docker);
-        c.arg("-H")
-            .arg(format!(
-                "unix://{}",
-                self.daemon.dir.join("docker.sock").display()
-            ))
-            .stdin(Stdio::null());
-        c
+        self.dockerd.docker()
     }
 
     /// `docker run ... IMAGE CMD...`; `cidfile`: where docker writes the container's id.

@@ -76,9 +76,10 @@ struct DoctorArgs {
     /// Print JSON (the items, and whether the node is healthy)
     #[arg(long)]
     json: bool,
-    /// Also start a throwaway container with CUSLICE_MEMORY_LIMIT=1GiB through ENGINE (runc:
-    /// runc directly, with the installed hook) and check from inside that the cap is seen
-    #[arg(long, value_name = "ENGINE", value_parser = ["runc"])]
+    /// Also start a throwaway container with CUSLICE_MEMORY_LIMIT=1GiB through ENGINE's
+    /// registration of cuslice (runc: runc directly, with the installed hook) and check from
+    /// inside that the cap is seen
+    #[arg(long, value_name = "ENGINE", value_parser = doctor::container::ENGINES)]
     container_test: Option<String>,
     /// The simulated GPU's state file, mounted into the test container [default:
     /// $SIMGPU_STATE]
@@ -421,12 +422,12 @@ fn doctor(a: DoctorArgs) -> Result<(), Failure> {
     };
     let facts = doctor::gather(&places);
     let mut items = doctor::judge::judge(&facts);
-    if a.container_test.is_some() {
+    if let Some(engine) = &a.container_test {
         let sim = a
             .sim_state
             .or_else(|| std::env::var_os("SIMGPU_STATE").map(PathBuf::from))
             .map(|s| absolute(&s));
-        items.push(doctor::container::runc(&places, sim.as_deref()));
+        items.push(doctor::container::test(&places, engine, sim.as_deref()));
     }
     let healthy = doctor::judge::healthy(&items);
     if a.json {
@@ -555,8 +556,25 @@ fn install(command: Command) -> Result<(), Failure> {
     Ok(())
 }
 
+/// `cuslice --version`: the release, then the state formats it writes and reads
+/// (docs/upgrades.md).
+fn version() -> &'static str {
+    let s = format!(
+        "{}\n{}",
+        env!("CARGO_PKG_VERSION"),
+        cuslice_state::formats::describe()
+    );
+    // Once per process, for clap, which takes a 'static string.
+    Box::leak(s.into_boxed_str())
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    use clap::{CommandFactory, FromArgMatches};
+    let matches = Cli::command().version(version()).get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -149,7 +149,8 @@ fn files(p: &Places) -> Vec<FileFacts> {
         .collect()
 }
 
-/// `EXE --version`'s last word (`cuslice-hook 0.1.0`).
+/// The last word of `EXE --version`'s first line (`cuslice-hook 0.1.0`; lines after it may
+/// list the state formats).
 fn version_of(exe: &Path) -> Result<String, String> {
     let out = std::process::Command::new(exe)
         .arg("--version")
@@ -157,7 +158,12 @@ fn version_of(exe: &Path) -> Result<String, String> {
         .output()
         .map_err(|e| e.to_string())?;
     let text = String::from_utf8_lossy(&out.stdout);
-    match (out.status.success(), text.split_whitespace().last()) {
+    match (
+        out.status.success(),
+        text.lines()
+            .next()
+            .and_then(|l| l.split_whitespace().last()),
+    ) {
         (true, Some(v)) => Ok(v.to_owned()),
         _ => Err(format!(
             "`{} --version` said {:?} ({})",
@@ -204,22 +210,7 @@ fn ask_agent(socket: &Path) -> Result<i32, String> {
         .map_err(|e| format!("no cuslice agent at {} ({e})", socket.display()))?;
     s.set_read_timeout(Some(Duration::from_secs(1)))
         .map_err(|e| e.to_string())?;
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: a connected socket, and an out-buffer of the size passed.
-    let r = unsafe {
-        libc::getsockopt(
-            std::os::fd::AsRawFd::as_raw_fd(&s),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&raw mut cred).cast(),
-            &mut len,
-        )
-    };
+    let pid = peer_pid(&s);
     let mut line = Vec::new();
     let _ = (&mut s).take(512).read_to_end(&mut line);
     let line = String::from_utf8_lossy(&line);
@@ -229,7 +220,28 @@ fn ask_agent(socket: &Path) -> Result<i32, String> {
             socket.display()
         )
     })?;
-    Ok(if r == 0 { cred.pid } else { 0 })
+    Ok(pid.unwrap_or(0))
+}
+
+/// The pid of the process at the other end of a connected Unix socket (SO_PEERCRED).
+fn peer_pid(s: &UnixStream) -> Option<i32> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: a connected socket, and an out-buffer of the size passed.
+    let r = unsafe {
+        libc::getsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(s),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&raw mut cred).cast(),
+            &mut len,
+        )
+    };
+    (r == 0).then_some(cred.pid)
 }
 
 /// The agent's version: this cuslice's when it runs the same file, else what its executable

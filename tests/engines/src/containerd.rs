@@ -34,27 +34,54 @@ static ENGINE: OnceLock<Containerd> = OnceLock::new();
 
 pub fn engine() -> &'static Containerd {
     ENGINE.get_or_init(|| {
-        let ctr = tool("ctr", "containerd");
-        let containerd = tool("containerd", "containerd");
-        tool("containerd-shim-runc-v2", "containerd");
-        tool("runc", "runc");
         let dir = state_dir("containerd");
-        let made = new_paths(&["/run/containerd", "/run/containerd/s"]);
-        // No CRI plugin (ctr does not use it, and it is the slow part of starting), and nothing
-        // outside `dir` but what the shim keeps under /run/containerd/s while a task runs.
-        let config = format!(
-            r#"version = 2
+        std::fs::write(dir.join("config.toml"), base_config(&dir, false)).unwrap();
+        let c = Containerd::start(dir);
+        at_exit(stop);
+        c
+    })
+}
+
+/// The configuration of a containerd of the tests' own in `dir`: nothing outside `dir` but what
+/// the shim keeps under /run/containerd/s while a task runs. `cri`: with the CRI plugin, which
+/// holds the runtime handlers (`config dump` leaves a disabled plugin's settings out); without
+/// it (ctr does not use it) containerd starts faster.
+pub fn base_config(dir: &Path, cri: bool) -> String {
+    format!(
+        r#"version = 2
 root = "{d}/root"
 state = "{d}/state"
-disabled_plugins = ["io.containerd.grpc.v1.cri"]
+{disabled}
 [grpc]
   address = "{d}/containerd.sock"
 [plugins."io.containerd.internal.v1.opt"]
   path = "{d}/opt"
 "#,
-            d = dir.display()
-        );
-        std::fs::write(dir.join("config.toml"), config).unwrap();
+        d = dir.display(),
+        disabled = if cri {
+            ""
+        } else {
+            r#"disabled_plugins = ["io.containerd.grpc.v1.cri"]"#
+        }
+    )
+}
+
+/// At exit: see [`Containerd::stop`].
+fn stop() {
+    if let Some(e) = ENGINE.get() {
+        e.stop();
+    }
+}
+
+impl Containerd {
+    /// Starts containerd with `dir/config.toml`, which holds at least [`base_config`] (`dir`
+    /// from [`state_dir`]), once it answers. On failure `dir` is removed.
+    pub fn start(dir: PathBuf) -> Containerd {
+        let ctr = tool("ctr", "containerd");
+        let containerd = tool("containerd", "containerd");
+        tool("containerd-shim-runc-v2", "containerd");
+        tool("runc", "runc");
+        let made = new_paths(&["/run/containerd", "/run/containerd/s"]);
         let mut cmd = Command::new(containerd);
         cmd.arg("--config").arg(dir.join("config.toml"));
         let sock = dir.join("containerd.sock");
@@ -73,39 +100,53 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
             || Daemon::start("containerd", dir, cmd, ready),
             || remove_new(&made),
         );
-        at_exit(stop);
         Containerd { daemon, ctr, made }
-    })
-}
+    }
 
-/// At exit: kill and delete what is left in the namespace (a shim outlives containerd while its
-/// task exists), then stop containerd and remove its directory.
-fn stop() {
-    let Some(e) = ENGINE.get() else { return };
-    let list = |what: &str| -> Vec<String> {
-        e.ctr()
-            .args([what, "ls", "-q"])
-            .output()
-            .map(|o| {
-                String::from_utf8_lossy(&o.stdout)
-                    .lines()
-                    .map(str::to_string)
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
-    for t in list("task") {
-        let _ = e.ctr().args(["task", "kill", "-s", "SIGKILL", &t]).output();
-        let _ = e.ctr().args(["task", "rm", "-f", &t]).output();
+    /// Its socket, as `CONTAINERD_ADDRESS` names it.
+    pub fn address(&self) -> PathBuf {
+        self.daemon.dir.join("containerd.sock")
     }
-    for c in list("container") {
-        let _ = e.ctr().args(["container", "rm", &c]).output();
+
+    /// Kills and deletes what is left in the tests' namespace (a shim outlives containerd while
+    /// its task exists), then stops containerd and removes its directory. Idempotent.
+    pub fn stop(&self) {
+        let list = |what: &str| -> Vec<String> {
+            self.ctr()
+                .args([what, "ls", "-q"])
+                .output()
+                .map(|o| {
+                    String::from_utf8_lossy(&o.stdout)
+                        .lines()
+                        .map(str::to_string)
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        for t in list("task") {
+            let _ = self
+                .ctr()
+                .args(["task", "kill", "-s", "SIGKILL", &t])
+                .output();
+            let _ = self.ctr().args(["task", "rm", "-f", &t]).output();
+        }
+        for c in list("container") {
+            let _ = self.ctr().args(["container", "rm", &c]).output();
+        }
+        self.daemon.stop();
+        remove_new(&self.made);
     }
-    e.daemon.stop();
-    remove_new(&e.made);
 }
 
 impl Containerd {
+    /// ctr for this containerd, in ctr's own default namespace (`default`), where a user's
+    /// `ctr run` puts containers.
+    pub fn ctr_default_namespace(&self) -> Command {
+        let mut c = Command::new(&self.ctr);
+        c.arg("--address").arg(self.address()).stdin(Stdio::null());
+        c
+    }
+
     fn ctr(&self) -> Command {
         let mut c = Command::new(&self.ctr);
         c.arg("--address")

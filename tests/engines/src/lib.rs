@@ -12,8 +12,9 @@
 //! - [`agent`]: the node agent beside the engines, and its scenarios;
 //! - [`daemon`]: engines with a daemon or shared state (start, stop, clean up);
 //! - [`runc`], [`containerd`], [`podman`]: the engines shared by several test binaries (Docker's
-//!   is in the hook's Docker test, its one user); [`cdi`], [`preload`], [`shares`] and
-//!   [`hostile`]: scenarios that need more of an engine than [`Engine`] gives.
+//!   [`Engine`] is in the hook's Docker test, its one user; [`docker`] starts its dockerd);
+//!   [`cdi`], [`preload`], [`shares`] and [`hostile`]: scenarios that need more of an engine
+//!   than [`Engine`] gives.
 //!
 //! Needs root and the engines installed (`tests/tools/ensure-tools` installs them on Debian).
 
@@ -21,6 +22,7 @@ pub mod agent;
 pub mod cdi;
 pub mod containerd;
 pub mod daemon;
+pub mod docker;
 pub mod hostile;
 pub mod podman;
 pub mod preload;

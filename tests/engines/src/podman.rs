@@ -58,6 +58,51 @@ fn stop() {
     remove_new(&p.made);
 }
 
+/// The settings [`Podman`] gives podman as flags, as configuration files in `dir` for a podman
+/// that another program runs with no flags of ours: the variables to set (`CONTAINERS_CONF`,
+/// `CONTAINERS_STORAGE_CONF`: each then the only file of its kind podman reads) and their
+/// files. Hooks come from `hooks` alone.
+pub fn scratch_conf(dir: &Path, hooks: &Path) -> Vec<(&'static str, PathBuf)> {
+    let d = dir.display();
+    let containers = format!(
+        r#"[containers]
+# Without both, runc fails setting rlimits on this machine kind.
+default_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]
+
+[engine]
+# crun refuses this machine kind's hybrid cgroup layout; systemd may not be there.
+cgroup_manager = "cgroupfs"
+runtime = "runc"
+events_logger = "file"
+events_logfile_path = "{d}/events.log"
+hooks_dir = ["{hooks}"]
+tmp_dir = "{d}/tmp"
+
+[network]
+network_config_dir = "{d}/networks"
+"#,
+        hooks = hooks.display()
+    );
+    let storage = format!(
+        r#"[storage]
+driver = "vfs"
+graphroot = "{d}/root"
+runroot = "{d}/runroot"
+"#
+    );
+    let files = [
+        ("CONTAINERS_CONF", dir.join("containers.conf"), containers),
+        ("CONTAINERS_STORAGE_CONF", dir.join("storage.conf"), storage),
+    ];
+    files
+        .into_iter()
+        .map(|(var, path, text)| {
+            std::fs::write(&path, text).unwrap();
+            (var, path)
+        })
+        .collect()
+}
+
 impl Podman {
     fn podman(&self) -> Command {
         self.podman_with_hooks(&self.dir.join("hooks.d"))
