@@ -261,6 +261,7 @@ pub fn create(opts: &Options, state_json: &str) -> Result<Outcome, String> {
         ),
         kubernetes,
         created,
+        ledger_version: Some(cuslice_state::ledger::VERSION),
     };
     root.write_record(&record).map_err(|e| {
         root.remove(id, &[], &unmake);

@@ -117,6 +117,12 @@ pub struct Record {
     /// Mount points the hook made in the rootfs (relative to it, outermost first); removed when
     /// no live container uses the rootfs any more.
     pub created: Vec<String>,
+    /// The format of the ledger the hook made (`ledger::VERSION` of its release), which the
+    /// container cannot change, unlike its ledger's header: the agent trusts this one
+    /// (docs/upgrades.md). None in a record of a release before it (whose ledgers are
+    /// `ledger::PREVIOUS`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ledger_version: Option<u32>,
 }
 
 /// Where a container belongs in Kubernetes, from the annotations its engine passes in the spec
@@ -526,6 +532,7 @@ mod tests {
                 start,
                 rootfs: rootfs.path().into(),
                 created: vec!["made".into()],
+                ledger_version: None,
             })
             .unwrap();
         }
@@ -566,6 +573,7 @@ mod tests {
             start: start_time(me).unwrap(),
             rootfs: rootfs.path().into(),
             created: vec!["made".into()],
+            ledger_version: None,
         })
         .unwrap();
         root.discard("c", &[], &unmake);

@@ -47,6 +47,12 @@ pub const MAGIC: [u8; 8] = *b"CUSLICE\x00";
 /// slice's frees (`waiters`, `wake`, `queue`) and its memory spilled to the host (`spill_limit`,
 /// `spilled`; per process `ProcRec::spilled`).
 pub const VERSION: u32 = 7;
+/// The previous version, which the node's tools still read and change (`read`, `set_live`,
+/// `tell_host_pids`): the slices the previous release started keep writing it after an upgrade
+/// (docs/upgrades.md). The library itself joins only `VERSION`.
+pub const PREVIOUS: u32 = v6::VERSION;
+
+mod v6;
 pub const MAX_DEVICES: usize = 64;
 pub const MAX_PROCS: usize = 1024;
 /// Liveness locks sit far past the end of the file (OFD locks need no backing bytes).
@@ -241,6 +247,10 @@ pub enum LedgerError {
     )]
     Version { path: PathBuf, found: u32 },
     #[error(
+        "{path} is a slice's ledger of version {found}, which this cuslice (ledger versions {PREVIOUS} and {VERSION}) cannot read: use the cuslice release that started the slice (`cuslice --version` names the formats each release speaks)"
+    )]
+    Unreadable { path: PathBuf, found: u32 },
+    #[error(
         "{path} is damaged (size {found} bytes, its header says {expected}); stop the processes using it and remove it"
     )]
     Damaged {
@@ -319,6 +329,23 @@ fn size() -> usize {
 /// reports one that has grown).
 pub fn file_size() -> u64 {
     size() as u64
+}
+
+/// The size of every ledger file of `version`, for the versions the node's tools read.
+pub fn file_size_of(version: u32) -> Option<u64> {
+    match version {
+        VERSION => Some(size() as u64),
+        PREVIOUS => Some(v6::size() as u64),
+        _ => None,
+    }
+}
+
+/// The version of the ledger at `path`, from its header (None: not a ledger, or unreadable).
+pub fn version_of(path: &Path) -> Option<u32> {
+    let f = File::open(path).ok()?;
+    let mut head = [0u8; 12];
+    (f.read_at(&mut head, 0).ok()? == 12 && head[..8] == MAGIC)
+        .then(|| u32::from_ne_bytes([head[8], head[9], head[10], head[11]]))
 }
 
 impl Ledger {
@@ -463,7 +490,7 @@ impl Ledger {
 
     /// Validates the header of an opened ledger file and maps it with `prot`.
     fn check(f: File, path: PathBuf, prot: libc::c_int) -> Result<Ledger, LedgerError> {
-        validate(&f, &path)?;
+        validate(&f, &path, false)?;
         Ledger::map_prot(&f, &path, prot).map_err(|err| LedgerError::Io { path, err })
     }
 
@@ -503,6 +530,15 @@ impl Ledger {
         &self.path
     }
 
+    /// The process slots ever taken (`procs_used`; slots are taken lowest first). The rest are
+    /// free and never read, so that a ledger cut short past them by an agent of an earlier
+    /// release (docs/upgrades.md) is never touched there.
+    fn slots(&self) -> &[ProcRec] {
+        let h = self.header();
+        let used = (h.procs_used.load(Ordering::Acquire) as usize).min(MAX_PROCS);
+        &h.procs[..used]
+    }
+
     fn dev(&self, d: u32) -> Option<&DeviceRec> {
         self.header().devices.get(d as usize)
     }
@@ -523,8 +559,7 @@ impl Ledger {
             // The dead owner may have updated a charge and not `used` (or the other way round):
             // the charges are the truth.
             let sum = self
-                .header()
-                .procs
+                .slots()
                 .iter()
                 .filter(|p| p.state.load(Ordering::Acquire) == LIVE)
                 .filter_map(|p| p.charged.get(d))
@@ -532,8 +567,7 @@ impl Ledger {
                 .fold(0u64, u64::saturating_add);
             rec.used.store(sum, Ordering::Relaxed);
             let spilled = self
-                .header()
-                .procs
+                .slots()
                 .iter()
                 .filter(|p| p.state.load(Ordering::Acquire) == LIVE)
                 .filter_map(|p| p.spilled.get(d))
@@ -630,7 +664,7 @@ impl Ledger {
             return 0;
         }
         let mut waiting = 0;
-        for (s, p) in self.header().procs.iter().enumerate() {
+        for (s, p) in self.slots().iter().enumerate() {
             if p.state.load(Ordering::Acquire) != LIVE || Some(s as u32) == me || self.alive(s) {
                 continue;
             }
@@ -1064,8 +1098,7 @@ impl Ledger {
     /// Process ids of the slice's processes: the live ones, and those that have exited while
     /// the device still holds their memory.
     pub fn pids(&self) -> Vec<i32> {
-        self.header()
-            .procs
+        self.slots()
             .iter()
             .filter(|p| p.state.load(Ordering::Acquire) == LIVE)
             .map(|p| p.pid.load(Ordering::Relaxed))
@@ -1093,8 +1126,7 @@ impl Ledger {
 
     /// The slice's processes as in `pids`, each with its host pid where it is known.
     pub fn pids_with_host(&self) -> Vec<(i32, Option<i32>)> {
-        self.header()
-            .procs
+        self.slots()
             .iter()
             .filter(|p| p.state.load(Ordering::Acquire) == LIVE)
             .map(|p| {
@@ -1113,7 +1145,10 @@ impl Ledger {
     ) -> Result<(), LedgerError> {
         // A copy to read and `pwrite` to write, as in `set_live`: nothing the slice does to its
         // file can harm or hold up the node's tools.
-        let f = open_checked(path, true)?;
+        let (f, version) = open_checked(path, true)?;
+        if version == PREVIOUS {
+            return v6::tell_host_pids(&f, path, host);
+        }
         let mut copy = zeroed_header();
         read_copy(&f, &mut copy);
         let io = |err| LedgerError::Io {
@@ -1152,7 +1187,7 @@ impl Ledger {
             p.beat_ns.store(now_ns, Ordering::Relaxed);
         }
         let mut sum = 0u32;
-        for (i, p) in procs.iter().enumerate() {
+        for (i, p) in self.slots().iter().enumerate() {
             if p.state.load(Ordering::Acquire) != LIVE {
                 continue;
             }
@@ -1226,7 +1261,10 @@ impl Ledger {
         // Written with `pwrite` into the file, never through a mapping, and without the device's
         // lock: the slice's processes may have truncated the file or hold its locks, and the
         // node's tool must neither die nor wait for them. Each field is one aligned word.
-        let f = open_checked(path, true)?;
+        let (f, version) = open_checked(path, true)?;
+        if version == PREVIOUS {
+            return v6::set_live(&f, path, uuid, change);
+        }
         let mut copy = zeroed_header();
         read_copy(&f, &mut copy);
         let d = copy
@@ -1397,15 +1435,16 @@ fn snapshot_of(h: &Header, alive: impl Fn(usize) -> bool) -> Snapshot {
         })
         .collect();
     Snapshot {
+        version: VERSION,
         slice_id: h.slice_id,
         devices: devices.into_iter().map(|(_, d)| d).collect(),
         procs,
     }
 }
 
-/// Checks that `f` (opened from `path`) is a whole ledger of this version: its header, and its
-/// size as the header says.
-fn validate(f: &File, path: &Path) -> Result<(), LedgerError> {
+/// Checks that `f` (opened from `path`) is a whole ledger of this version, or with `previous`
+/// of the previous one too: its header, and its size as the header says. Returns its version.
+fn validate(f: &File, path: &Path, previous: bool) -> Result<u32, LedgerError> {
     let path = path.to_path_buf();
     let io = |err| LedgerError::Io {
         path: path.clone(),
@@ -1418,24 +1457,55 @@ fn validate(f: &File, path: &Path) -> Result<(), LedgerError> {
         return Err(LedgerError::Foreign { path });
     }
     let version = u32::from_ne_bytes([head[8], head[9], head[10], head[11]]);
-    if n < 24 || version != VERSION {
-        return Err(LedgerError::Version {
-            path,
-            found: version,
+    let known = version == VERSION || (previous && version == PREVIOUS);
+    if n < 24 || !known {
+        return Err(if previous {
+            LedgerError::Unreadable {
+                path,
+                found: version,
+            }
+        } else {
+            LedgerError::Version {
+                path,
+                found: version,
+            }
         });
     }
     let header_size = u32::from_ne_bytes([head[12], head[13], head[14], head[15]]);
     let expected = u64::from_ne_bytes([
         head[16], head[17], head[18], head[19], head[20], head[21], head[22], head[23],
     ]);
-    if found != expected || expected != size() as u64 || header_size as usize != size() {
-        return Err(LedgerError::Damaged {
-            path,
-            found,
-            expected,
-        });
+    let want = file_size_of(version).unwrap_or(0);
+    let damaged = || LedgerError::Damaged {
+        path: path.clone(),
+        found,
+        expected,
+    };
+    if expected != want || header_size as u64 != want {
+        return Err(damaged());
     }
-    Ok(())
+    if found < expected && version == VERSION && found >= slots_end(f) {
+        // Cut short past the process slots ever taken: what an agent of an earlier release does
+        // to a ledger larger than its own format (docs/upgrades.md, downgrade). Nothing in use
+        // was lost; a process of the slice grows it back (zeros: free slots), a reader reads
+        // zeros there.
+        if !previous {
+            f.set_len(expected).map_err(|_| damaged())?;
+        }
+        return Ok(version);
+    }
+    if found != expected {
+        return Err(damaged());
+    }
+    Ok(version)
+}
+
+/// Where the process slots ever taken end in the ledger `f` (of this version), by its header's
+/// `procs_used`; the whole table when that cannot be read.
+fn slots_end(f: &File) -> u64 {
+    let used = read_u32(f, std::mem::offset_of!(Header, procs_used) as u64)
+        .map_or(MAX_PROCS, |u| (u as usize).min(MAX_PROCS));
+    (std::mem::offset_of!(Header, procs) + used * std::mem::size_of::<ProcRec>()) as u64
 }
 
 impl Drop for Ledger {
@@ -1454,12 +1524,19 @@ impl Drop for Ledger {
 pub struct ReadOnly {
     file: File,
     path: PathBuf,
-    copy: parking_lot::Mutex<Box<Header>>,
+    copy: parking_lot::Mutex<Copy>,
+}
+
+/// The copy a `ReadOnly` reads into, in its file's format.
+enum Copy {
+    Current(Box<Header>),
+    Previous(Box<v6::Header>),
 }
 
 /// Opens a ledger a tenant may have tampered with: a regular file only (never a FIFO, whose open
-/// or read could wait, nor a link), with its header checked.
-fn open_checked(path: &Path, write: bool) -> Result<File, LedgerError> {
+/// or read could wait, nor a link), with its header checked: of this version or the previous
+/// one (the node's tools read both). Returns it with its version.
+fn open_checked(path: &Path, write: bool) -> Result<(File, u32), LedgerError> {
     use std::os::unix::fs::OpenOptionsExt;
     let io = |err| LedgerError::Io {
         path: path.to_path_buf(),
@@ -1476,8 +1553,8 @@ fn open_checked(path: &Path, write: bool) -> Result<File, LedgerError> {
             path: path.to_path_buf(),
         });
     }
-    validate(&f, path)?;
-    Ok(f)
+    let version = validate(&f, path, true)?;
+    Ok((f, version))
 }
 
 /// A zeroed header on the heap (a megabyte: never on a stack).
@@ -1513,6 +1590,12 @@ fn read_range(f: &File, copy: &mut Header, from: usize, to: usize) {
     // SAFETY: `copy` is `size()` bytes we hold exclusively; any bytes are a valid `Header`.
     let bytes =
         unsafe { std::slice::from_raw_parts_mut((copy as *mut Header).cast::<u8>(), size()) };
+    read_bytes(f, bytes, from, to);
+}
+
+/// Reads bytes `from..to` of the file `f` into the same bytes of `bytes` (zeros past what could
+/// be read).
+fn read_bytes(f: &File, bytes: &mut [u8], from: usize, to: usize) {
     let to = to.min(bytes.len());
     let mut done = from;
     while done < to {
@@ -1527,27 +1610,39 @@ fn read_range(f: &File, copy: &mut Header, from: usize, to: usize) {
 }
 
 impl ReadOnly {
+    /// Opens the ledger at `path`, of this version or the previous one.
     pub fn open(path: &Path) -> Result<ReadOnly, LedgerError> {
+        let (file, version) = open_checked(path, false)?;
+        let copy = if version == PREVIOUS {
+            Copy::Previous(v6::zeroed())
+        } else {
+            Copy::Current(zeroed_header())
+        };
         Ok(ReadOnly {
-            file: open_checked(path, false)?,
+            file,
             path: path.to_path_buf(),
-            copy: parking_lot::Mutex::new(zeroed_header()),
+            copy: parking_lot::Mutex::new(copy),
         })
     }
 
-    /// What the ledger holds now, copied out. A device's history of marks is taken from a copy
-    /// in which no writer was at work on it (read again, a few times at most, until so).
+    /// What the ledger holds now, copied out (`Snapshot::version` says in which format it was).
+    /// A device's history of marks is taken from a copy in which no writer was at work on it
+    /// (read again, a few times at most, until so).
     pub fn snapshot(&self) -> Snapshot {
-        let mut copy = self.copy.lock();
+        let mut guard = self.copy.lock();
+        let copy = match &mut *guard {
+            Copy::Previous(copy) => return v6::snapshot(&self.file, copy),
+            Copy::Current(copy) => copy,
+        };
         for _ in 0..10 {
-            read_copy_used(&self.file, &mut copy);
-            if self.marks_settled(&copy) {
+            read_copy_used(&self.file, copy);
+            if self.marks_settled(copy) {
                 break;
             }
             std::thread::sleep(std::time::Duration::from_micros(200));
         }
         let fd = self.file.as_raw_fd();
-        snapshot_of(&copy, |s| {
+        snapshot_of(copy, |s| {
             liveness::held_by_other(fd, LIVENESS_BASE + s as i64)
         })
     }

@@ -14,6 +14,7 @@
 
 pub mod agent;
 pub mod board;
+pub mod formats;
 pub mod fsio;
 #[cfg(feature = "host")]
 pub mod host;

@@ -7,6 +7,9 @@ use cuslice_policy::share::FULL;
 /// One slice's ledger at one moment.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Snapshot {
+    /// The ledger's format (`ledger::VERSION`, or `ledger::PREVIOUS` for a slice the previous
+    /// release started): what the slice's library writes.
+    pub version: u32,
     pub slice_id: u64,
     pub devices: Vec<DeviceSnapshot>,
     /// The slice's processes: live ones, and dead ones whose memory the device still held when

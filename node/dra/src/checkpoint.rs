@@ -160,6 +160,41 @@ mod tests {
     }
 
     #[test]
+    fn the_version_cuslice_version_names_is_the_one_written() {
+        assert_eq!(cuslice_state::formats::DRA_CHECKPOINT, VERSION);
+    }
+
+    /// Across an upgrade and back (docs/upgrades.md): the previous release wrote no
+    /// `memory_wait` or `memory_spill`; its file reads here, and a claim without them is written
+    /// here as it wrote it, so its plugin reads this one's after a rollback.
+    #[test]
+    fn a_claim_without_wait_or_spill_is_written_as_the_previous_release_wrote_it() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("checkpoint.json");
+        save(&p, &sample()).unwrap();
+        let written: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+        let allotted = written["claims"]["u1"]["devices"][0]["allotted"]
+            .as_object()
+            .unwrap();
+        let mut keys: Vec<&str> = allotted.keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        assert_eq!(
+            keys,
+            [
+                "core_limit",
+                "core_request",
+                "device",
+                "memory",
+                "request",
+                "uuid"
+            ],
+            "the previous release's fields, no more"
+        );
+        assert_eq!(load(&p).unwrap(), sample());
+    }
+
+    #[test]
     fn round_trips_and_replaces_atomically() {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("checkpoint.json");

@@ -331,6 +331,7 @@ fn by_device(gpus: &[Gpu], found: &[Found], now: u64) -> Vec<Device> {
                 name: f.name.clone(),
                 kubernetes: f.kubernetes.clone(),
                 ledger: f.ledger.display().to_string(),
+                ledger_version: f.snap.version,
                 memory: Memory {
                     used: d.used,
                     limit: d.limit,

@@ -148,6 +148,22 @@ impl Collector for NodeCollector {
             Gauge,
             info,
         )?;
+        let library: Vec<(Labels, u64)> = per_slice(&node, |s| Some(s.ledger_version))
+            .into_iter()
+            .map(|(mut l, v)| {
+                l.push(("ledger_version", v.to_string()));
+                (l, 1)
+            })
+            .collect();
+        family(
+            e,
+            "slice_info",
+            "A slice on a device; ledger_version is the format its library writes (this \
+             release's, or the previous release's for a slice started before an upgrade)",
+            None,
+            Gauge,
+            library,
+        )?;
         family(
             e,
             "device_memory_total",
@@ -386,6 +402,7 @@ mod tests {
             name: Some(name.into()),
             kubernetes,
             ledger: String::new(),
+            ledger_version: cuslice_state::ledger::VERSION,
             memory: Memory {
                 used: 0,
                 limit: None,

@@ -582,6 +582,7 @@ mod tests {
                 name: name.map(str::to_string),
                 kubernetes: None,
                 created: Vec::new(),
+                ledger_version: None,
             })
             .unwrap();
         }

@@ -117,6 +117,24 @@ pub fn render(node: &Node) -> String {
     if slices.any(|s| s.memory.set_live || s.compute.set_live || s.compute.priority_set_live) {
         let _ = writeln!(out, "* changed while the slice ran (cuslice set)");
     }
+    let mut older: Vec<&str> = node
+        .devices
+        .iter()
+        .flat_map(|d| &d.slices)
+        .filter(|s| s.ledger_version != cuslice_state::ledger::VERSION)
+        .map(|s| s.name.as_deref().unwrap_or(&s.slice))
+        .collect();
+    older.dedup();
+    if !older.is_empty() {
+        let _ = writeln!(
+            out,
+            "note: {} started before the upgrade and run(s) the previous release's library \
+             (ledger version {}): shown and changed as any other; a restart moves them to this \
+             release",
+            older.join(", "),
+            cuslice_state::ledger::PREVIOUS
+        );
+    }
     if let Some(f) = &node.findings {
         for x in &f.findings {
             let _ = writeln!(out, "agent: {} ({})", x.message, x.action);

@@ -52,6 +52,10 @@ pub struct Slice {
     pub kubernetes: Option<cuslice_state::host::Kubernetes>,
     /// The ledger the figures come from.
     pub ledger: String,
+    /// The ledger's format, which says which release's library the slice runs: this release's
+    /// (`cuslice --version` names it), or the previous release's for a slice started before an
+    /// upgrade (docs/upgrades.md).
+    pub ledger_version: u32,
     pub memory: Memory,
     pub compute: Compute,
     pub processes: Vec<Process>,

@@ -117,6 +117,9 @@ impl Verifier {
                     },
                 ));
             }
+            if self.unreadable.contains(id) {
+                continue;
+            }
             let ledger = ledger_used
                 .get(&(id.clone(), uuid.clone()))
                 .copied()
@@ -176,12 +179,21 @@ impl Verifier {
                     PathBuf::from(std::ffi::OsString::from_vec(p))
                         .join(cuslice_state::board::CLAIMS)
                 });
+            // The size of the ledger's own format, as the hook recorded it (a slice of the
+            // previous release has the previous one's). A format this release does not read (a
+            // later release's, after a downgrade) is measured against this one's but never
+            // cut: its size may be its own.
+            let ledger_size = cuslice_state::ledger::file_size_of(s.ledger_format());
             let files = [
-                Some((s.ledger.clone(), cuslice_state::ledger::file_size())),
-                claims.map(|c| (c, cuslice_state::board::SIZE as u64)),
+                Some((
+                    s.ledger.clone(),
+                    ledger_size.unwrap_or(cuslice_state::ledger::file_size()),
+                    ledger_size.is_some(),
+                )),
+                claims.map(|c| (c, cuslice_state::board::SIZE as u64, true)),
             ];
             let mut grown = Vec::new();
-            for (path, want) in files.into_iter().flatten() {
+            for (path, want, known) in files.into_iter().flatten() {
                 let Ok(m) = fs::symlink_metadata(&path) else {
                     continue;
                 };
@@ -189,7 +201,9 @@ impl Verifier {
                     continue;
                 }
                 let mut what = format!("{} is {} bytes, not {want}", path.display(), m.len());
-                if self.cfg.enforce == Enforce::Stop {
+                if self.cfg.enforce == Enforce::Stop && !known {
+                    what.push_str(" (not cut: a ledger format this release does not read)");
+                } else if self.cfg.enforce == Enforce::Stop {
                     let cut = fs::OpenOptions::new()
                         .write(true)
                         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)

@@ -98,6 +98,8 @@ struct Slice {
     /// (`containers/<id>/lowered.json`, host-only).
     lowered: BTreeMap<String, u64>,
     ledger: PathBuf,
+    /// The ledger's format as the hook recorded it (`Record::ledger_version`).
+    ledger_version: Option<u32>,
 }
 
 /// A slice's cap on one device as the agent last saw it, and what it may hold over it since
@@ -111,6 +113,13 @@ struct CapState {
 }
 
 impl Slice {
+    /// The format of the slice's ledger: as its record says (the container can rewrite its
+    /// ledger's header, not its record); a record without one is the previous release's.
+    fn ledger_format(&self) -> u32 {
+        self.ledger_version
+            .unwrap_or(cuslice_state::ledger::PREVIOUS)
+    }
+
     fn label(&self) -> String {
         match &self.name {
             Some(n) => format!("slice {} ({n})", short(&self.id)),
@@ -292,6 +301,11 @@ pub struct Verifier {
     over: BTreeMap<(String, String), OverTime>,
     /// Each slice's ledger, mapped once (with the file's inode: a new file is mapped afresh).
     ledgers: HashMap<PathBuf, (u64, ReadOnly)>,
+    /// Slices whose ledger could not be read this tick (a format this release does not read,
+    /// docs/upgrades.md): their ledger is not compared with the driver, since nothing known is
+    /// not the same as nothing held; the problem is logged once. Their caps still hold by the
+    /// driver's count.
+    unreadable: BTreeSet<String>,
     /// A process in a slice whose ledger was read has no host pid yet (it started before the
     /// agent, or could not reach its socket): the agent's loop tells host pids from /proc.
     untold: bool,
@@ -395,6 +409,7 @@ impl Verifier {
             caps: BTreeMap::new(),
             over: BTreeMap::new(),
             ledgers: HashMap::new(),
+            unreadable: BTreeSet::new(),
             untold: true,
             logged: BTreeSet::new(),
             problems: BTreeSet::new(),

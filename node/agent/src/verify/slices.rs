@@ -74,6 +74,7 @@ impl Verifier {
             out.insert(
                 r.id.clone(),
                 Arc::new(Slice {
+                    ledger_version: r.ledger_version,
                     ledger: root
                         .mnt(&r.id)
                         .join("slice")
