@@ -1,7 +1,9 @@
 //! Compute time-share: every launch route (cuLaunchKernel, cuLaunchKernelEx,
 //! cuLaunchCooperativeKernel, cuGraphLaunch, each with its `_ptsz` twin) passes a gate that
 //! charges the slice's tokens for the device time the launch is expected to take, and puts the
-//! launching thread to sleep while the slice owes time. See docs/compute.md.
+//! launching thread to sleep while the slice owes time. See docs/compute.md. One concern in one
+//! file: the gate's fast path and the meter's tick share each device's state here (the policy
+//! they apply is `cuslice_policy::share` and `priority`, pure).
 //!
 //! - Tokens (ns of device time, shared by the slice's processes in its ledger) are earned at the
 //!   slice's allotment and banked up to 20 ms worth (two launches' worth if more) while idle.

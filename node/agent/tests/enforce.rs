@@ -7,6 +7,9 @@
 //! statuses), never the agent's own files alone.
 //!
 //! Needs root, runc and busybox (`tests/tools/ensure-tools`), and the release build.
+//!
+//! One concern in one file (about 1,600 lines): the agent's enforcement against real containers,
+//! whose scenarios share the container and agent set-up below.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
