@@ -26,7 +26,12 @@ struct Node {
 
 impl Node {
     fn new() -> Node {
-        let sim = Sim::new(&[]);
+        Node::on(&[])
+    }
+
+    /// On a simulator made by `simgpu init ARGS`.
+    fn on(args: &[&str]) -> Node {
+        let sim = Sim::new(args);
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().join("root");
         let state = dir.path().join("state");
@@ -186,7 +191,7 @@ fn doctor_says_what_is_right_and_each_thing_broken() {
     assert!(
         lines
             .iter()
-            .any(|l| l.starts_with("ok      gpu 0 samples: SimGPU (simulated): per-process")),
+            .any(|l| l.starts_with("ok      gpu 0 meter: SimGPU (simulated): driver samples (")),
         "{lines:#?}"
     );
     assert!(
@@ -374,4 +379,57 @@ fn doctor_says_what_is_right_and_each_thing_broken() {
     healthy(&node);
     let _ = agent.kill();
     let _ = agent.wait();
+}
+
+/// One line per GPU on how compute limits will be metered there, as the driver answers
+/// `nvmlDeviceGetProcessUtilization`: by its per-process samples, or, where it answers
+/// NOT_SUPPORTED (MIG instances, some virtual GPUs; `simgpu init --no-process-samples`), by the
+/// library's own timing. Information either way, never a problem.
+#[test]
+fn doctor_says_how_compute_limits_are_metered_on_each_gpu() {
+    let self_timing = "library self-timing (the driver gives no per-process utilisation samples: \
+                       nvmlDeviceGetProcessUtilization answers NOT_SUPPORTED, as on MIG \
+                       instances and some virtual GPUs)";
+    for (init, status, says) in [
+        (&["--devices", "2"][..], "ok", "driver samples ("),
+        (
+            &["--devices", "2", "--no-process-samples"][..],
+            "note",
+            self_timing,
+        ),
+    ] {
+        let node = Node::on(init);
+        let (_, lines) = node.lines();
+        let word = if status == "ok" {
+            "ok      "
+        } else {
+            "note    "
+        };
+        for gpu in 0..2 {
+            let want = format!("{word}gpu {gpu} meter: SimGPU (simulated): {says}");
+            let found: Vec<&String> = lines
+                .iter()
+                .filter(|l| l.contains(&format!("gpu {gpu} meter: ")))
+                .collect();
+            assert_eq!(found.len(), 1, "{init:?}: {lines:#?}");
+            assert!(found[0].starts_with(&want), "{init:?}: {want}\n{lines:#?}");
+        }
+
+        let (_, out) = node.doctor(&["--json"]);
+        let v: Value = serde_json::from_slice(&out.stdout).expect("doctor --json");
+        let items: Vec<&Value> = v["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|i| i["check"].as_str().is_some_and(|c| c.ends_with(" meter")))
+            .collect();
+        assert_eq!(items.len(), 2, "{init:?}: {v:#}");
+        for i in items {
+            assert_eq!(i["status"], status, "{init:?}: {i}");
+            assert!(
+                i["detail"].as_str().unwrap().contains(says),
+                "{init:?}: {i}"
+            );
+        }
+    }
 }

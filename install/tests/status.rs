@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use cuslice_test_harness::{GIB, MIB, Running, Sim, libcuslice, workload};
+use cuslice_test_harness::{GIB, MIB, Running, Sim, libcuslice, poll, workload};
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_cuslice");
@@ -215,6 +215,10 @@ fn status_json_shows_each_slice_as_the_simulator_does() {
         "no 10 s of history yet: {c}"
     );
     assert!(c["throttled_seconds"].as_f64().unwrap() > 0.5, "{c}");
+    // The simulator gives per-process samples, as a whole GPU's driver does: the share above
+    // is the driver's count.
+    assert_eq!(c["metered_by"], "samples", "{c}");
+    assert_eq!(c["estimated"], false, "{c}");
 
     let sb = slice(&view, &b);
     assert_eq!(sb["memory"]["limit"], 2 * GIB);
@@ -226,6 +230,11 @@ fn status_json_shows_each_slice_as_the_simulator_does() {
     assert_eq!(sb["compute"]["device_seconds"], 0.0);
     assert_eq!(sb["compute"]["share_1s_pct"], 0.0);
     assert_eq!(sb["compute"]["throttled_seconds"], 0.0);
+    assert_eq!(
+        sb["compute"]["metered_by"],
+        Value::Null,
+        "no launch, no meter: {sb}"
+    );
 
     // The table for people carries the same figures.
     let out = cuslice(
@@ -249,6 +258,10 @@ fn status_json_shows_each_slice_as_the_simulator_does() {
     assert!(
         row.contains("1 GiB") && row.contains("30.0%") && row.contains("2: "),
         "{row}"
+    );
+    assert!(
+        !row.contains("(timed)") && !row.contains("(est.)"),
+        "the driver's samples need no mark: {row}"
     );
 }
 
@@ -425,7 +438,24 @@ fn exporter_serves_the_slices_in_openmetrics_while_they_run() {
                 && l.get("uuid").map(String::as_str) == Some(uuid)
                 && *v == 8.0 * GIB as f64)
     );
+    let meter = |dir: &Path| -> Vec<String> {
+        samples
+            .iter()
+            .filter(|(n, l, _)| {
+                n == "cuslice_slice_core_meter"
+                    && l.get("slice").map(String::as_str) == dir.to_str()
+            })
+            .map(|(_, l, v)| format!("{}={v}", l["metered_by"]))
+            .collect()
+    };
+    assert_eq!(meter(&a), ["samples=1"], "{body}");
+    assert_eq!(
+        meter(&b),
+        Vec::<String>::new(),
+        "no launch, no meter: {body}"
+    );
     for (family, ty) in [
+        ("cuslice_slice_core_meter", "gauge"),
         ("cuslice_slice_memory_used_bytes", "gauge"),
         ("cuslice_slice_memory_refusals", "counter"),
         ("cuslice_slice_device_seconds", "counter"),
@@ -582,4 +612,71 @@ fn top_redraws_the_table() {
     for l in &lines {
         assert_eq!(slice(l, &a)["memory"]["limit"], GIB);
     }
+}
+
+/// A slice that asks for the library's own timing (`CUSLICE_CORE_METER=self-timing`) on a driver
+/// that does give per-process samples: status shows it metered by self-timing (`self-timing` in
+/// JSON, `(timed)` in the table), and the device time it shows is the simulator's.
+#[test]
+fn status_shows_a_slice_metered_by_self_timing() {
+    let sim = Sim::new(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let s = dir.path().join("s");
+    let mut launch = start(
+        &sim,
+        &s,
+        &dir.path().join("node"),
+        &["CUSLICE_CORE_LIMIT=50", "CUSLICE_CORE_METER=self-timing"],
+        &[
+            "launch",
+            "--ns-per-block",
+            "1000",
+            "--blocks",
+            "1000",
+            "--secs",
+            "30",
+        ],
+    );
+    launch.wait_for("start", Duration::from_secs(30));
+    poll("report of the slice's meter", 10, || {
+        let view = status(&sim, &[&s]);
+        (!slice(&view, &s)["compute"]["metered_by"].is_null()).then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(2));
+
+    let view = status(&sim, &[&s]);
+    let c = &slice(&view, &s)["compute"];
+    assert_eq!(c["metered_by"], "self-timing", "{c}");
+    assert_eq!(c["estimated"], false, "{c}");
+    assert_eq!(c["limit_pct"], 50.0, "{c}");
+    let truth = truth(&sim);
+    let device: f64 = pids(slice(&view, &s)).iter().map(|p| truth[p].1).sum();
+    let seen = c["device_seconds"].as_f64().unwrap();
+    assert!(
+        device > 0.5 && (seen - device).abs() < 0.25,
+        "device time: status {seen} s, simulator {device} s"
+    );
+
+    let out = cuslice(
+        &sim,
+        &[
+            "status",
+            "--state-root",
+            "/nonexistent-cuslice-root",
+            "--state-dir",
+            s.to_str().unwrap(),
+        ],
+    )
+    .output()
+    .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let row = text
+        .lines()
+        .find(|l| l.contains(s.to_str().unwrap()))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(row.contains("% (timed)"), "{text}");
+    assert!(
+        text.lines().any(|l| l.starts_with("(timed) ")),
+        "the mark is explained under the table: {text}"
+    );
 }

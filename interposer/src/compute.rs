@@ -35,17 +35,21 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
 use cuda_abi::*;
+use cuslice_policy::CoreMeter;
 use cuslice_policy::grant::{Grant, Origin};
 use cuslice_policy::priority::{self, Admit, Priority};
 use cuslice_policy::share::{self, FULL};
+use cuslice_policy::timing::{self as timing_policy, LaunchCosts, launch_kind};
 use parking_lot::Mutex;
 
 use crate::log::{debug, error, warning};
 use crate::membership::{self, Dev, Slice};
 use crate::nvml_query::{self, SampleCursor, Used};
 use crate::real;
+use crate::timing::{self, Timer};
 use cuslice_state::board::{self, Board, HighRef, Maker, Post};
 use cuslice_state::ledger::{Ledger, Tokens};
+use cuslice_state::snapshot::MeteredBy;
 
 /// How often the meter thread measures and recomputes the allotment.
 pub const PERIOD_NS: u64 = 50_000_000;
@@ -116,6 +120,9 @@ pub struct Meter {
     /// When the work this process launched on the device is expected to be done (monotonic ns),
     /// counted only while it is high priority or yields.
     own_until: AtomicU64,
+    /// The self-timing meter's sample of timed launches (on where the driver gives no
+    /// per-process samples, or `CUSLICE_CORE_METER=self-timing`).
+    timer: Timer,
 }
 
 struct Period {
@@ -153,6 +160,8 @@ struct Period {
     /// When the driver last gave a utilisation sample of this process's own (not the device's,
     /// taken for this process's while it is alone, nor a shared period's): 0, never.
     sampled_ns: u64,
+    /// What each kind of launch costs by the self-timing meter's timings.
+    costs: LaunchCosts,
     /// The other slices count as idle until then: the device last showed nobody but this slice
     /// at work less than `ACTIVE_NS` before (its readings and this process's own are taken over
     /// different windows, so a slice ramping up into idle time would otherwise see the others
@@ -274,6 +283,7 @@ pub fn join(s: &Slice, devs: &[Dev]) -> Result<(), String> {
                 warned: false,
                 sampled_ns: 0,
                 others_idle_until: 0,
+                costs: LaunchCosts::default(),
             }),
             priority: AtomicU32::new(priority.code()),
             yields: AtomicBool::new(false),
@@ -281,6 +291,7 @@ pub fn join(s: &Slice, devs: &[Dev]) -> Result<(), String> {
             held: AtomicU64::new(0),
             held_seen: AtomicU64::new(0),
             own_until: AtomicU64::new(0),
+            timer: Timer::default(),
         });
     }
     METERS.store(Box::into_raw(Box::new(meters)), Ordering::Release);
@@ -359,8 +370,8 @@ impl Meter {
         let (d_launches, d_throttled) = (launches - p.launches, throttled - p.throttled);
         (p.launches, p.throttled) = (launches, throttled);
         let cost = self.cost.load(Ordering::Relaxed);
-        p.launched = (d_launches as u128 * cost as u128 * FULL as u128
-            / now.saturating_sub(p.at_ns).max(1) as u128)
+        let span_ns = now.saturating_sub(p.at_ns).max(1);
+        p.launched = (d_launches as u128 * cost as u128 * FULL as u128 / span_ns as u128)
             .min(FULL as u128) as u32;
         if d_launches > 0 {
             let from = p.at_ns;
@@ -378,29 +389,38 @@ impl Meter {
             .host_pid(s.slot)
             .map_or(std::process::id(), |h| h as u32);
         let wall = wall_us();
-        let mut overcharged = 0;
         // Other processes are active on the device: other slices (at the last period), or other
         // processes of this slice.
         let crowded = p.others_active || s.ledger.pids().len() > 1;
-        let mut reading = nvml_query::own_utilisation(&self.uuid, pid, &mut p.cursor, crowded);
+        let reading = if s.config.core_meter == CoreMeter::SelfTiming {
+            None
+        } else {
+            nvml_query::own_utilisation(&self.uuid, pid, &mut p.cursor, crowded)
+        };
         // Samples of its own (not a shared period's, which the driver gives for the device).
         if reading.is_some_and(|u| u.span_ns > u.shared_span_ns) {
             p.sampled_ns = now;
         }
-        if reading.is_none() && self.alone(s) {
-            // NVML gives no per-process samples (MIG instances, some vGPU profiles): while this
-            // process is the only one of the only slice using the device, the device's own
-            // utilisation is this process's (and anyone else's work on it is charged to it:
-            // never less than it used).
-            reading = nvml_query::device_utilisation(&self.uuid).map(|util| {
-                let own = nvml_query::Sample {
-                    at_us: wall,
-                    own: true,
-                    util,
-                };
-                p.cursor.take(&[own], false)
-            });
+        // NVML gives no per-process samples (MIG instances, some vGPU profiles), or they are
+        // ignored on purpose: the library times a sample of the launches itself.
+        let self_timed = reading.is_none();
+        if self_timed {
+            self.timer.collect(&mut p.costs);
+            p.costs.decay();
+            if let Some(c) = p.costs.mean() {
+                self.cost.store(c.max(1_000), Ordering::Relaxed);
+            }
+            if !self.timer.is_on() {
+                debug!(
+                    "device {}: no per-process utilisation samples; timing launches with events",
+                    membership::uuid_string(&self.uuid)
+                );
+            }
+            self.timer.set(true, timing_policy::stride(d_launches));
+        } else if self.timer.is_on() {
+            self.timer.set(false, 1);
         }
+        let cost_now = self.cost.load(Ordering::Relaxed);
         // What the settled launches were charged, less what they (and any work queued before
         // them) really used: paid into the tokens, or taken from them.
         let adjust: i64 = match reading {
@@ -416,7 +436,8 @@ impl Meter {
                 // Device time used while the slice had the whole device was not metered (its
                 // launches were not charged) and is not owed: only the part of the samples'
                 // span after the allotment last dropped below the whole device counts.
-                s.ledger.note_device_time(self.index, used_ns, false, now);
+                s.ledger
+                    .note_device_time(self.index, used_ns, MeteredBy::Samples, now);
                 let span_from = stamp.saturating_sub(used.span_ns);
                 let owed = if p.metered_since <= span_from {
                     used_ns
@@ -436,6 +457,13 @@ impl Meter {
                 };
                 let first = p.pending.front().map_or(cutoff, |c| c.from);
                 let (charged, n) = settle(&mut p.pending, cutoff);
+                // Timed by the library: what the launches cost by its latest timings (those
+                // charged before the timings came in were charged the starting figure).
+                let used = if self_timed {
+                    n.saturating_mul(cost_now)
+                } else {
+                    charged
+                };
                 // Samples that arrive later cover none of the time settled here.
                 p.cursor
                     .settled(wall.saturating_sub(now.saturating_sub(cutoff) / 1000));
@@ -445,18 +473,22 @@ impl Meter {
                 // ahead. Estimates beyond that are given back.
                 let begin = first.max(p.frontier_ns);
                 let end = begin
-                    .saturating_add(charged)
+                    .saturating_add(used)
                     .min(cutoff + share::BANK_NS)
                     .max(begin);
-                let estimate = (end - begin).min(charged);
+                let estimate = (end - begin).min(used);
                 p.frontier_ns = p.frontier_ns.max(end);
-                overcharged = charged - estimate;
                 // Launches no sample accounted for (NVML does not see this process, or no
                 // longer does: in a container, once the driver reports host pids): their
                 // estimates are all the node tools can show of its device time.
-                s.ledger.note_device_time(self.index, estimate, true, now);
+                let by = if self_timed {
+                    MeteredBy::SelfTiming
+                } else {
+                    MeteredBy::Estimates
+                };
+                s.ledger.note_device_time(self.index, estimate, by, now);
                 let unseen = other.is_none() || !p.cursor.seen_own();
-                if n > 0 && !p.warned && unseen {
+                if n > 0 && !p.warned && unseen && !self_timed {
                     p.warned = true;
                     warning!(
                         "device {}: NVML reports no utilisation for this process (pid {}); \
@@ -466,16 +498,18 @@ impl Meter {
                         cost / 1000
                     );
                 }
-                // Samples of other processes newer than a period past ours: this process was
-                // idle since. (A launch is only counted while the slice is metered; a slice
-                // with the whole device shows its use through its samples alone.)
-                if p.cursor.idle(wall) {
+                if self_timed {
+                    p.usage = (estimate as u128 * FULL as u128 / span_ns as u128).min(FULL as u128)
+                        as u32;
+                } else if p.cursor.idle(wall) {
+                    // Samples of other processes newer than a period past ours: this process
+                    // was idle since. (A launch is only counted while the slice is metered; a
+                    // slice with the whole device shows its use through its samples alone.)
                     p.usage = 0;
                 }
-                0
+                charged as i64 - estimate as i64
             }
         };
-        let adjust = adjust + overcharged as i64;
         if adjust != 0 && t.share.load(Ordering::Relaxed) < FULL {
             t.tokens.fetch_add(adjust, Ordering::Relaxed);
         }
@@ -617,7 +651,9 @@ impl Meter {
         // counting then read as idle in the next shared periods, left the board, and the
         // neighbour it had taken for idle went on alone with the whole device, taking it in
         // turn (a best-effort slice beside a busy request of 60 got 10-37% instead of 1%).
-        allot < FULL || yields || publishes || p.others_active
+        // A process metered by its own timing counts its launches whatever its allotment: they
+        // are all it knows of its use, and all the other slices see of it.
+        allot < FULL || yields || publishes || p.others_active || self.timer.is_on()
     }
 
     fn priority(&self) -> Priority {
@@ -795,12 +831,6 @@ impl Meter {
         };
         apportioned.min(n_shared.saturating_mul(ceiling as u128)) as u64
     }
-
-    /// Whether this process is the only one of its slice, and its slice was the only one active
-    /// on the device at the meter's last period.
-    fn alone(&self, s: &Slice) -> bool {
-        s.ledger.pids().len() <= 1 && self.board.is_some() && !self.crowded.load(Ordering::Relaxed)
-    }
 }
 
 /// Launches charged over one period, `[from, to)`.
@@ -884,21 +914,32 @@ fn gate_open() -> bool {
 
 /// Every launch the fast path does not let through passes here first (one call: the metered
 /// charge, which every launch under a core limit makes, is inlined here). `stream` (the launch's
-/// stream; `ptsz`: a `_ptsz` entry point) is only evaluated on the metered path, for priority.
+/// stream; `ptsz`: a `_ptsz` entry point) is only evaluated on the metered path, for priority and
+/// timing; `kind` (what kind of launch, `cuslice_policy::timing::launch_kind`) only for a launch
+/// the self-timing meter times. Some: the launch's start event was recorded, its end is to be.
 #[inline(always)]
-fn gate(stream: impl FnOnce() -> CUstream, ptsz: bool) {
+fn gate(
+    stream: impl FnOnce() -> CUstream,
+    ptsz: bool,
+    kind: impl FnOnce() -> u64,
+) -> Option<(&'static Meter, timing::Started)> {
     if !STARTED.load(Ordering::Relaxed) {
         start();
     }
     if METERED.load(Ordering::Relaxed) {
-        gate_metered(stream(), ptsz);
+        return gate_metered(stream(), ptsz, kind);
     }
+    None
 }
 
 #[inline(always)]
-fn gate_metered(stream: CUstream, ptsz: bool) {
+fn gate_metered(
+    stream: CUstream,
+    ptsz: bool,
+    kind: impl FnOnce() -> u64,
+) -> Option<(&'static Meter, timing::Started)> {
     let Ok(Some(s)) = membership::active() else {
-        return;
+        return None;
     };
     let meters = meters();
     // One device (the usual case): no need to ask the driver which context is current.
@@ -907,12 +948,27 @@ fn gate_metered(stream: CUstream, ptsz: bool) {
     } else {
         membership::current(s).and_then(|(_, o)| meters.get(o))
     };
-    if let Some(m) = m
-        && let Some(t) = s.ledger.tokens(m.index)
-    {
-        m.charge(&s.ledger, t);
-        m.prioritise(stream, ptsz);
+    let m = m?;
+    let t = s.ledger.tokens(m.index)?;
+    m.charge(&s.ledger, t);
+    m.prioritise(stream, ptsz);
+    if m.timer.due() {
+        return m.timer.begin(stream, ptsz, kind()).map(|st| (m, st));
     }
+    None
+}
+
+/// The kind of a `cuLaunchKernelEx` launch (its function and grid).
+fn ex_kind(config: *const CUlaunchConfig, f: CUfunction) -> u64 {
+    // SAFETY: the caller passes the launch's config, which the driver reads too; null is checked.
+    let c = unsafe { config.as_ref() };
+    c.map_or(f as u64, |c| {
+        launch_kind(
+            f as usize,
+            [c.gridDimX, c.gridDimY, c.gridDimZ],
+            [c.blockDimX, c.blockDimY, c.blockDimZ],
+        )
+    })
 }
 
 /// The stream of a `cuLaunchKernelEx` launch (null for a null config, which the driver refuses).
@@ -956,23 +1012,22 @@ pub fn at_exit() {
 
 /// Each wrapper's fast path is three loads (the real function, cached in the wrapper, and the two
 /// flags of `gate_open`) and a jump to the driver: no call of its own, so no registers to save.
-/// The rest (resolving the real function, starting the meter, charging a metered launch) is in
-/// the out-of-line `slow` twin, reached by a jump as well.
+/// The rest (resolving the real function, starting the meter, charging a metered launch, timing
+/// a sample of launches for the self-timing meter) is in the out-of-line `slow` twin, reached by
+/// a jump as well, which makes the launch itself.
 macro_rules! launch_wrappers {
-    ($($name:ident($($arg:ident: $ty:ty),*) on $stream:expr, $ptsz:expr;)*) => {
+    ($($name:ident($($arg:ident: $ty:ty),*) on $stream:expr, $ptsz:expr, kind $kind:expr;)*) => {
         $(
         /// # Safety
         /// The CUDA driver API contract of the function of the same name.
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name($($arg: $ty),*) -> CUresult {
-            let mut p = slow::$name::REAL.load(Ordering::Relaxed);
+            let p = slow::$name::REAL.load(Ordering::Relaxed);
             if p.is_null() || !gate_open() {
-                p = slow::$name::prepare($stream);
-                if p.is_null() {
-                    return CUresult::CUDA_ERROR_NOT_INITIALIZED;
-                }
+                // SAFETY: forwarded unchanged.
+                return unsafe { slow::$name::call($($arg),*) };
             }
-            // SAFETY: `p` was stored by `slow::$name::prepare` from `real::$name()`, a pointer
+            // SAFETY: `p` was stored by `slow::$name::call` from `real::$name()`, a pointer
             // of exactly this type.
             let f = unsafe {
                 std::mem::transmute::<*mut (), unsafe extern "C" fn($($ty),*) -> CUresult>(p)
@@ -993,19 +1048,28 @@ macro_rules! launch_wrappers {
                 pub static REAL: std::sync::atomic::AtomicPtr<()> =
                     std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
 
-                /// Resolves the real function and passes the gate with the launch's stream; the
-                /// real function (null if the driver lacks it).
+                /// Resolves the real function, passes the gate with the launch's stream, and
+                /// launches (timing the launch when the self-timing meter picks it).
+                ///
+                /// # Safety
+                /// The CUDA driver API contract of the function of the same name.
                 #[cold]
                 #[inline(never)]
-                pub fn prepare(stream: CUstream) -> *mut () {
+                #[allow(clippy::too_many_arguments)] // the driver function's own arguments
+                pub unsafe fn call($($arg: $ty),*) -> CUresult {
                     let Some(f) = real::$name() else {
-                        return std::ptr::null_mut();
+                        return CUresult::CUDA_ERROR_NOT_INITIALIZED;
                     };
                     if REAL.load(Ordering::Relaxed) != f as *mut () {
                         REAL.store(f as *mut (), Ordering::Relaxed);
                     }
-                    gate(|| stream, $ptsz);
-                    f as *mut ()
+                    let timed = gate(|| $stream, $ptsz, || $kind);
+                    // SAFETY: forwarded unchanged.
+                    let r = unsafe { f($($arg),*) };
+                    if let Some((m, started)) = timed {
+                        m.timer.finish(started, r.is_ok());
+                    }
+                    r
                 }
             }
             )*
@@ -1014,14 +1078,14 @@ macro_rules! launch_wrappers {
 }
 
 launch_wrappers! {
-    cuLaunchKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shmem: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) on stream, false;
-    cuLaunchKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shmem: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) on stream, true;
-    cuLaunchKernelEx(config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) on ex_stream(config), false;
-    cuLaunchKernelEx_ptsz(config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) on ex_stream(config), true;
-    cuLaunchCooperativeKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shmem: c_uint, stream: CUstream, params: *mut *mut c_void) on stream, false;
-    cuLaunchCooperativeKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shmem: c_uint, stream: CUstream, params: *mut *mut c_void) on stream, true;
-    cuGraphLaunch(exec: CUgraphExec, stream: CUstream) on stream, false;
-    cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) on stream, true;
+    cuLaunchKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shmem: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) on stream, false, kind launch_kind(f as usize, [gx, gy, gz], [bx, by, bz]);
+    cuLaunchKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shmem: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) on stream, true, kind launch_kind(f as usize, [gx, gy, gz], [bx, by, bz]);
+    cuLaunchKernelEx(config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) on ex_stream(config), false, kind ex_kind(config, f);
+    cuLaunchKernelEx_ptsz(config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) on ex_stream(config), true, kind ex_kind(config, f);
+    cuLaunchCooperativeKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shmem: c_uint, stream: CUstream, params: *mut *mut c_void) on stream, false, kind launch_kind(f as usize, [gx, gy, gz], [bx, by, bz]);
+    cuLaunchCooperativeKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shmem: c_uint, stream: CUstream, params: *mut *mut c_void) on stream, true, kind launch_kind(f as usize, [gx, gy, gz], [bx, by, bz]);
+    cuGraphLaunch(exec: CUgraphExec, stream: CUstream) on stream, false, kind exec as u64;
+    cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) on stream, true, kind exec as u64;
 }
 
 #[cfg(test)]

@@ -62,6 +62,7 @@ pub mod pool;
 pub mod real;
 pub mod registry;
 pub mod startup;
+pub mod timing;
 pub mod vmm;
 
 /// Runs when the process exits (and if the library were ever unloaded): what a slice's last

@@ -180,6 +180,12 @@ table! {
     Cuda cuGraphLaunch_ptsz(CUgraphExec, CUstream) -> CUresult;
     Cuda cuCtxGetCurrent(*mut CUcontext) -> CUresult;
     Cuda cuCtxGetDevice(*mut CUdev) -> CUresult;
+    // the self-timing meter: events around a sample of launches
+    Cuda cuEventCreate(*mut CUevent, c_uint) -> CUresult;
+    Cuda cuEventRecord(CUevent, CUstream) -> CUresult;
+    Cuda cuEventRecord_ptsz(CUevent, CUstream) -> CUresult;
+    Cuda cuEventElapsedTime(*mut f32, CUevent, CUevent) -> CUresult;
+    Cuda cuThreadExchangeStreamCaptureMode(*mut c_uint) -> CUresult;
     // --- what applications read back
     Cuda cuMemGetInfo(*mut c_uint, *mut c_uint) -> CUresult;
     Cuda cuMemGetInfo_v2(*mut usize, *mut usize) -> CUresult;

@@ -1,6 +1,7 @@
 //! Where a compute meter's readings come from, and what happens when that changes: NVML's
-//! per-process samples, the device's own utilisation, or launch estimates alone. Ground truth is
-//! the simulator's device time per process (`simgpu show`).
+//! per-process samples, launch estimates alone, or the library's own timing of launches with
+//! CUDA events where the driver gives no per-process samples. Ground truth is the simulator's
+//! device time per process (`simgpu show`).
 
 use cuslice_test_harness::*;
 
@@ -114,11 +115,11 @@ fn moving_from_estimates_to_samples_charges_nothing_twice() {
 }
 
 /// A driver that gives no per-process samples (MIG, some vGPU profiles): a slice alone on the
-/// device is metered by the device's own utilisation, so 1 µs kernels under a 50% limit are not
+/// device is metered by the library's own timing, so 1 µs kernels under a 50% limit are not
 /// each charged the 1 ms starting estimate (which allowed 500 launches a second), and the limit
 /// still holds by the simulator's count.
 #[test]
-fn without_per_process_samples_a_lone_slice_is_metered_by_the_device() {
+fn without_per_process_samples_a_lone_slice_is_metered_by_its_own_timing() {
     let _turn = serial();
     let sim = Sim::new(&["--no-process-samples"]);
     let node = tempfile::tempdir().unwrap();
@@ -138,5 +139,75 @@ fn without_per_process_samples_a_lone_slice_is_metered_by_the_device() {
         launches >= 10 * 500 * secs as u64,
         "{launches} launches of 1 µs kernels in {secs} s under a 50% limit: still charged the \
          1 ms starting estimate"
+    );
+}
+
+/// Shares of the slices `env` (each launching 1 µs × `blocks` kernels for 8 s) from 3 s to 7 s,
+/// by the simulator's count.
+fn shares(sim: &Sim, env: &[&[(&str, &str)]], blocks: u32) -> Vec<f64> {
+    let node = tempfile::tempdir().unwrap();
+    let slices: Vec<_> = env
+        .iter()
+        .map(|e| launcher(sim, node.path(), e, blocks, 8))
+        .collect();
+    std::thread::sleep(Duration::from_secs(3));
+    let used =
+        |sim: &Sim| -> Vec<u64> { slices.iter().map(|(_, p)| device_time(sim, *p)).collect() };
+    let (t0, u0) = (Instant::now(), used(sim));
+    std::thread::sleep(Duration::from_secs(4));
+    let (t1, u1) = (Instant::now(), used(sim));
+    for (c, _) in slices {
+        let out = c.wait_with_output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+    }
+    let span = (t1 - t0).as_nanos() as f64;
+    u0.iter()
+        .zip(&u1)
+        .map(|(a, b)| 100.0 * (b - a) as f64 / span)
+        .collect()
+}
+
+/// Without per-process samples, limits of 30 and 70 hold by the library's own timing of its
+/// launches, for 100 µs kernels and for 1 ms ones (before it, the 30 took 84% of the device with
+/// 20 µs kernels and starved the 70). The status tools say so.
+#[test]
+fn without_per_process_samples_limits_hold_by_the_librarys_own_timing() {
+    let _turn = serial();
+    for blocks in [100, 1000] {
+        let sim = Sim::new(&["--no-process-samples"]);
+        let got = shares(
+            &sim,
+            &[
+                &[("CUSLICE_CORE_LIMIT", "30")],
+                &[("CUSLICE_CORE_LIMIT", "70")],
+            ],
+            blocks,
+        );
+        assert!(
+            (27.0..=33.0).contains(&got[0]) && (67.0..=73.0).contains(&got[1]),
+            "limits 30/70, {blocks} µs kernels, no per-process samples: {got:.1?}"
+        );
+    }
+}
+
+/// A slice may ignore the driver's samples on purpose (`CUSLICE_CORE_METER=self-timing`, to see
+/// on a GPU that gives them how limits hold where it would not): a 30% limit beside a
+/// best-effort slice holds, and the best-effort slice gets the rest.
+#[test]
+fn samples_ignored_on_purpose_leave_limits_held_by_timing() {
+    let _turn = serial();
+    let sim = Sim::new(&[]);
+    let timed = ("CUSLICE_CORE_METER", "self-timing");
+    let got = shares(
+        &sim,
+        &[
+            &[("CUSLICE_CORE_LIMIT", "30"), timed],
+            &[("CUSLICE_MEMORY_LIMIT", "2GiB"), timed],
+        ],
+        500,
+    );
+    assert!(
+        (27.0..=33.0).contains(&got[0]) && got[1] >= 62.0,
+        "limit 30 beside best-effort, samples ignored: {got:.1?}"
     );
 }

@@ -5,7 +5,10 @@ Each scenario starts its slices at once (each slice one process launching back t
 the library), reads every process's device time from `simgpu show` (the simulator's ground
 truth) every 250 ms, and reports each slice's share over the settled window (from SETTLE s to the
 end), the worst 1 s window in it, and when the slice's 1 s share first came within 2 points of
-its final figure and stayed there. Used by tests/bench; `tests/tools/share.py [NAME...]` runs some.
+its final figure and stayed there. Used by tests/bench and tests/run (`--check POINTS`: fail when
+a scenario other than the known limits is further than that from its configured share);
+`tests/tools/share.py [NAME...]` runs some. SHARE_SAMPLES picks how the simulator's NVML gives
+per-process samples: one-per-period (default), per-process, or none.
 """
 import json, os, subprocess, sys, tempfile, time
 
@@ -13,6 +16,9 @@ BIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "targ
 SIMGPU, WORKLOAD, LIB = (os.path.join(BIN, n) for n in ("simgpu", "cuda-workload", "libcuslice.so"))
 SECS = float(os.environ.get("SHARE_SECS", "8"))
 SETTLE = float(os.environ.get("SHARE_SETTLE", "3"))
+# "one-per-period" (the simulator's default, as real drivers give them), "per-process", or "none"
+# (no per-process samples, as on MIG: the library times launches itself)
+SAMPLES = os.environ.get("SHARE_SAMPLES", "one-per-period")
 
 # name -> (slices, expected share per slice); a slice: (env, kernel ns, via, streams, delay s, secs)
 def slice_(limit=None, request=None, kernel_us=1000, via="kernel", streams=1, delay=0.0, secs=None):
@@ -34,7 +40,11 @@ SCENARIOS = {
     "req 30/lim 100, other idle": ([slice_(100, 30), slice_(70, 70, secs=0.5)], [100, 0]),
     "best-effort + 30": ([slice_(30), slice_()], [30, 70]),
     "best-effort + req 60": ([slice_(None, 60), slice_()], [99, 1]),
+    # A process launching 10 us kernels back to back keeps the simulator's device about 40% busy
+    # on the 2-core machine (the launch costs the CPU more than the kernel runs): limits it can reach.
+    "10us 10/20": ([slice_(10, kernel_us=10), slice_(20, kernel_us=10)], [10, 20]),
     "50us 30/70": ([slice_(30, kernel_us=50), slice_(70, kernel_us=50)], [30, 70]),
+    "100us 30/70": ([slice_(30, kernel_us=100), slice_(70, kernel_us=100)], [30, 70]),
     "10ms 30/70": ([slice_(30, kernel_us=10000), slice_(70, kernel_us=10000)], [30, 70]),
     "graph 30/70": ([slice_(30, via="graph"), slice_(70, via="graph")], [30, 70]),
     "4 streams 30/70": ([slice_(30, streams=4), slice_(70, streams=4)], [30, 70]),
@@ -54,7 +64,8 @@ def show(state):
 def run(name, slices, expected):
     work = tempfile.mkdtemp(prefix="cuslice-share-")
     state = os.path.join(work, "state")
-    subprocess.run([SIMGPU, "init", "--state", state], check=True, capture_output=True)
+    how = ["--no-process-samples"] if SAMPLES == "none" else ["--process-samples", SAMPLES]
+    subprocess.run([SIMGPU, "init", "--state", state, *how], check=True, capture_output=True)
     procs = []
     for i, s in enumerate(slices):
         env = dict(os.environ, LD_PRELOAD=LIB, CUSLICE_NODE_DIR=os.path.join(work, "node"), **s["env"])
@@ -100,24 +111,54 @@ def run(name, slices, expected):
     return rows
 
 
-def main(names):
-    print(f"simulated device; NVML samples every 100 ms, one a period naming one process (simgpu default); {SECS:g} s "
+# Scenarios the meter does not hold within 2 points yet, by how NVML gives samples (docs/compute.md,
+# known limits): reported, and left out of --check.
+KNOWN_LIMITS = {
+    "one-per-period": {"50us 30/70", "10ms 30/70"},
+    "per-process": set(),
+    "none": {"10ms 30/70"},
+}
+SAMPLES_SAID = {
+    "one-per-period": "NVML samples every 100 ms, one a period naming one process (simgpu default)",
+    "per-process": "NVML samples every 100 ms, one per process",
+    "none": "no per-process NVML samples (as on MIG): the library times launches itself",
+}
+
+
+def main(names, check=None):
+    print(f"simulated device; {SAMPLES_SAID[SAMPLES]}; {SECS:g} s "
           f"per scenario, share over {SETTLE:g} s to the end; 1 ms kernels unless named")
     print(f"{'scenario':34} {'slice':>5} {'configured':>10} {'achieved':>9} {'worst 1 s':>9} {'settled':>8}")
-    worst_err, slowest = 0.0, 0.0
+    worst_err, slowest, failed = 0.0, 0.0, []
     for name in names or SCENARIOS:
         slices, expected = SCENARIOS[name]
+        known = name in KNOWN_LIMITS[SAMPLES]
         for k, r in enumerate(run(name, slices, expected)):
             settled = f"{r['settled_s']:.1f} s" if r["settled_s"] is not None else "never"
+            err = abs(r["achieved"] - r["expected"])
+            note = "  (known limit)" if known and k == 0 else ""
             print(f"{name if k == 0 else '':34} {k:>5} {r['expected']:>9}% {r['achieved']:>8.1f}% "
-                  f"{r['worst_1s']:>8.1f}% {settled:>8}", flush=True)
-            worst_err = max(worst_err, abs(r["achieved"] - r["expected"]))
+                  f"{r['worst_1s']:>8.1f}% {settled:>8}{note}", flush=True)
+            worst_err = max(worst_err, err)
             slowest = max(slowest, r["settled_s"] if r["settled_s"] is not None else float("inf"))
+            if check is not None and not known and err > check:
+                failed.append(f"{name} slice {k}: {r['achieved']:.1f}% for {r['expected']}%")
     ok = worst_err <= 2.0 and slowest <= 3.0
     print(f"largest |achieved - configured|: {worst_err:.1f} points (target <= 2); slowest to settle: "
           f"{slowest:.1f} s (target <= 3): {'meets' if ok else 'MISSES'}")
+    if check is not None:
+        if failed:
+            print(f"FAILED: more than {check:g} points off: " + "; ".join(failed))
+            return False
+        print(f"every scenario but the known limits within {check:g} points")
+        return True
     return ok
 
 
 if __name__ == "__main__":
-    sys.exit(0 if main(sys.argv[1:]) else 1)
+    args = sys.argv[1:]
+    check = None
+    if args[:1] == ["--check"]:
+        # tests/run: every scenario but the known limits within this many points
+        check, args = float(args[1]), args[2:]
+    sys.exit(0 if main(args, check) else 1)

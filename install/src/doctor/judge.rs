@@ -1,6 +1,7 @@
 //! `cuslice doctor`'s judging, pure: the facts gathered from the node in, one item per check out
 //! (ok, a note, or a problem with the command that fixes it). No I/O here; `gather` reads.
 
+use cuslice_node::nvml::ProcessSamples;
 use serde::Serialize;
 
 /// How an item stands.
@@ -69,8 +70,8 @@ impl Item {
 pub struct GpuFacts {
     pub index: u32,
     pub name: String,
-    /// `nvmlDeviceGetProcessUtilization`: Ok (samples, possibly none) or the error.
-    pub samples: Result<(), String>,
+    /// `nvmlDeviceGetProcessUtilization`: whether it gives per-process samples, or the error.
+    pub samples: Result<ProcessSamples, String>,
     /// `nvmlDeviceGetComputeRunningProcesses`: Ok or the error.
     pub processes: Result<(), String>,
 }
@@ -243,27 +244,7 @@ fn nvml(f: &Facts, out: &mut Vec<Item>) {
     }
     for g in gpus {
         let check = format!("gpu {}", g.index);
-        out.push(match &g.samples {
-            Ok(()) => Item::new(
-                format!("{check} samples"),
-                Status::Ok,
-                format!(
-                    "{}: per-process utilisation samples (nvmlDeviceGetProcessUtilization): \
-                     compute meters read the driver's own samples",
-                    g.name
-                ),
-            ),
-            Err(e) => Item::new(
-                format!("{check} samples"),
-                Status::Note,
-                format!(
-                    "{}: no per-process utilisation samples ({e}; MIG and some virtual GPUs \
-                     have none): a slice alone on it is metered by the device's utilisation, \
-                     slices sharing it by launch estimates; memory caps are unaffected",
-                    g.name
-                ),
-            ),
-        });
+        out.push(meter(&check, g));
         out.push(match &g.processes {
             Ok(()) => Item::new(
                 format!("{check} processes"),
@@ -281,6 +262,45 @@ fn nvml(f: &Facts, out: &mut Vec<Item>) {
             )
             .fix("update the NVIDIA driver"),
         });
+    }
+}
+
+/// How compute limits will be metered on a GPU: by the driver's per-process samples, or, where
+/// the driver has none, by the library's own timing of launches (docs/compute.md). Never a
+/// problem: both hold the limits, and memory caps do not depend on either.
+fn meter(check: &str, g: &GpuFacts) -> Item {
+    let check = format!("{check} meter");
+    match &g.samples {
+        Ok(ProcessSamples::Given) => Item::new(
+            check,
+            Status::Ok,
+            format!(
+                "{}: driver samples (nvmlDeviceGetProcessUtilization gives per-process \
+                 utilisation): compute limits are metered by the driver's own count",
+                g.name
+            ),
+        ),
+        Ok(ProcessSamples::NotSupported) => Item::new(
+            check,
+            Status::Note,
+            format!(
+                "{}: library self-timing (the driver gives no per-process utilisation samples: \
+                 nvmlDeviceGetProcessUtilization answers NOT_SUPPORTED, as on MIG instances and \
+                 some virtual GPUs): each slice's library times a sample of its launches with \
+                 CUDA events; memory caps are unaffected",
+                g.name
+            ),
+        ),
+        Err(e) => Item::new(
+            check,
+            Status::Note,
+            format!(
+                "{}: library self-timing (per-process utilisation cannot be read: {e}; \
+                 the library meters where the driver does not answer as it does where it gives \
+                 no samples); `nvidia-smi` may say why",
+                g.name
+            ),
+        ),
     }
 }
 
@@ -510,7 +530,7 @@ mod tests {
                 gpus: Ok(vec![GpuFacts {
                     index: 0,
                     name: "NVIDIA H100".into(),
-                    samples: Ok(()),
+                    samples: Ok(ProcessSamples::Given),
                     processes: Ok(()),
                 }]),
             }),
@@ -674,7 +694,7 @@ mod tests {
         let mut f = healthy_facts();
         if let Ok(n) = &mut f.nvml {
             let g = &mut n.gpus.as_mut().unwrap()[0];
-            g.samples = Err("returned 3".into());
+            g.samples = Ok(ProcessSamples::NotSupported);
             g.name = SIMULATED.into();
         }
         let items = judge(&f);
@@ -683,7 +703,44 @@ mod tests {
         assert!(
             items
                 .iter()
-                .any(|i| i.check == "gpu 0 samples" && i.status == Status::Note)
+                .any(|i| i.check == "gpu 0 meter" && i.status == Status::Note)
         );
+    }
+
+    #[test]
+    fn each_gpu_says_how_compute_limits_are_metered_on_it() {
+        let table = [
+            (
+                Ok(ProcessSamples::Given),
+                "ok      gpu 0 meter: NVIDIA H100: driver samples (",
+            ),
+            (
+                Ok(ProcessSamples::NotSupported),
+                "note    gpu 0 meter: NVIDIA H100: library self-timing (the driver gives no \
+                 per-process utilisation samples: nvmlDeviceGetProcessUtilization answers \
+                 NOT_SUPPORTED",
+            ),
+            (
+                Err("libnvidia-ml.so.1: nvmlDeviceGetProcessUtilization returned 4".into()),
+                "note    gpu 0 meter: NVIDIA H100: library self-timing (per-process \
+                 utilisation cannot be read: libnvidia-ml.so.1: nvmlDeviceGetProcessUtilization \
+                 returned 4;",
+            ),
+        ];
+        for (samples, says) in table {
+            let mut f = healthy_facts();
+            if let Ok(n) = &mut f.nvml {
+                n.gpus.as_mut().unwrap()[0].samples = samples;
+            }
+            let items = judge(&f);
+            assert!(healthy(&items), "{items:#?}");
+            let lines: Vec<String> = items
+                .iter()
+                .filter(|i| i.check == "gpu 0 meter")
+                .map(Item::line)
+                .collect();
+            assert_eq!(lines.len(), 1, "{items:#?}");
+            assert!(lines[0].starts_with(says), "{says}: {lines:#?}");
+        }
     }
 }

@@ -74,7 +74,7 @@ fn nvml() -> Result<NvmlFacts, String> {
                     .describe(d)
                     .map(|x| x.name)
                     .unwrap_or_else(|e| format!("(no name: {e})")),
-                samples: n.samples(d, 0).map(|_| ()),
+                samples: n.process_samples(d),
                 processes: n.processes(d).map(|_| ()),
             })
             .collect()

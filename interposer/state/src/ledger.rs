@@ -38,7 +38,7 @@ use std::sync::atomic::{AtomicI32, AtomicI64, AtomicU32, AtomicU64, Ordering};
 
 use cuslice_shm::{ByteLock, Locked, OwnerLock, OwnerTokens, liveness};
 
-use crate::snapshot::{DeviceSnapshot, ProcSnapshot, Snapshot};
+use crate::snapshot::{DeviceSnapshot, MeteredBy, ProcSnapshot, Snapshot};
 
 pub const MAGIC: [u8; 8] = *b"CUSLICE\x00";
 /// 4: the device lock is cuslice's own (`cuslice_shm::OwnerLock`), next to the figures it
@@ -129,7 +129,8 @@ pub struct DeviceRec {
     tokens: AtomicI64,
     last_refill: AtomicU64,
     share: AtomicU32,
-    /// 1: the last device time reported was launch estimates (NVML did not report the process).
+    /// What the last device time reported was measured by (`MeteredBy::code`: 0 the driver's
+    /// samples, 1 launch estimates, 2 the library's own timing; earlier releases wrote 0 or 1).
     estimated: AtomicU32,
     /// The core request and limit (ppm; 0 and FULL when not set) the slice's processes run with.
     core_request: AtomicU32,

@@ -49,13 +49,54 @@ pub struct DeviceSnapshot {
     pub device_ns: u64,
     /// Time launching threads were held back (ns, summed over threads).
     pub throttled_ns: u64,
-    /// The latest device time reported was launch estimates: NVML did not report the process
-    /// (in a container on a real GPU, NVML names host pids, which the process cannot know).
-    pub estimated: bool,
+    /// What the latest device time reported was measured by (see [`MeteredBy`]).
+    pub metered_by: MeteredBy,
     /// When a meter last reported (CLOCK_MONOTONIC ns; 0: no process has launched work).
     pub metered_ns: u64,
     /// Marks of (`device_ns`, `throttled_ns`) about a second apart, oldest first.
     pub marks: Vec<Mark>,
+}
+
+/// What a slice's meter measured its device time by (the ledger keeps it as a code, 0 to 2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MeteredBy {
+    /// The driver's per-process utilisation samples (NVML).
+    #[default]
+    Samples,
+    /// Launch estimates alone: NVML did not report the process (in a container on a real GPU,
+    /// NVML names host pids, which the process cannot know until the node tells it).
+    Estimates,
+    /// The library's own timing of sampled launches with CUDA events: the driver gives no
+    /// per-process samples (MIG instances, some virtual GPUs), or `CUSLICE_CORE_METER=self-timing`.
+    SelfTiming,
+}
+
+impl MeteredBy {
+    pub fn code(self) -> u32 {
+        match self {
+            MeteredBy::Samples => 0,
+            MeteredBy::Estimates => 1,
+            MeteredBy::SelfTiming => 2,
+        }
+    }
+
+    /// Unknown codes (a later release's) read as estimates: not the driver's count.
+    pub fn from_code(code: u32) -> MeteredBy {
+        match code {
+            0 => MeteredBy::Samples,
+            2 => MeteredBy::SelfTiming,
+            _ => MeteredBy::Estimates,
+        }
+    }
+
+    /// How status, the exporter and doctor name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            MeteredBy::Samples => "samples",
+            MeteredBy::Estimates => "estimates",
+            MeteredBy::SelfTiming => "self-timing",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -146,7 +187,7 @@ mod tests {
             allotted: FULL,
             device_ns,
             throttled_ns: 0,
-            estimated: false,
+            metered_by: MeteredBy::Samples,
             metered_ns,
             marks: marks
                 .iter()

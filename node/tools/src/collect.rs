@@ -13,7 +13,7 @@ use cuslice_policy::priority::Priority;
 use cuslice_state::agent;
 use cuslice_state::host::{Kubernetes, Record, Root, start_time};
 use cuslice_state::ledger::{self, Ledger};
-use cuslice_state::snapshot::Snapshot;
+use cuslice_state::snapshot::{MeteredBy, Snapshot};
 use cuslice_state::uuid_string;
 
 use crate::nvml::{self, Gpu};
@@ -351,7 +351,8 @@ fn by_device(gpus: &[Gpu], found: &[Found], now: u64) -> Vec<Device> {
                     share_10s_pct: d.share_over(10_000_000_000, now).map(pct),
                     device_seconds: d.device_ns as f64 / 1e9,
                     throttled_seconds: d.throttled_ns as f64 / 1e9,
-                    estimated: d.estimated,
+                    estimated: d.metered_by == MeteredBy::Estimates,
+                    metered_by: (d.metered_ns != 0).then(|| d.metered_by.name().to_string()),
                     set_live: d.live & ledger::LIVE_CORE != 0,
                     priority: Priority::from_code(d.priority).to_string(),
                     priority_set_live: d.live & ledger::LIVE_PRIORITY != 0,

@@ -1,8 +1,9 @@
 //! The GPUs as NVML describes them: name, total and used memory (for `cuslice status` and the
 //! exporter), and, for the agent's checks, each device's compute processes with the memory the
-//! driver says each holds, and the driver's per-process utilisation samples. NVML is opened at
-//! run time: a node tool must work, and say so, where no driver is installed. Only calls every
-//! NVML since 2013 has are required; the `_v2`/`_v3` process lists are used where present.
+//! driver says each holds, and the driver's per-process utilisation samples (for doctor: whether
+//! it gives them at all). NVML is opened at run time: a node tool must work, and say so, where no
+//! driver is installed. Only calls every NVML since 2013 has are required; the `_v2`/`_v3`
+//! process lists are used where present.
 
 use std::ffi::{CStr, c_char, c_int, c_uint};
 
@@ -312,10 +313,24 @@ impl Nvml {
     /// The driver's per-process utilisation samples newer than `since_us` (wall clock µs; 0:
     /// what the driver still has). Empty when nothing ran since.
     pub fn samples(&self, d: Device, since_us: u64) -> Result<Vec<Sample>, String> {
-        let f = self.utilisation.ok_or_else(|| {
-            format!("{LIBRARY} has no nvmlDeviceGetProcessUtilization: too old a driver")
-        })?;
-        let h = self.handle(d)?;
+        self.utilisation(d, since_us).map_err(|e| e.to_string())
+    }
+
+    /// Whether the driver gives per-process utilisation samples on the device, which decides
+    /// how compute limits are metered there (docs/compute.md); Err: it could not be asked.
+    pub fn process_samples(&self, d: Device) -> Result<ProcessSamples, String> {
+        match self.utilisation(d, 0) {
+            Ok(_) => Ok(ProcessSamples::Given),
+            Err(UtilError::Returned(nvmlReturn_t::NVML_ERROR_NOT_SUPPORTED)) => {
+                Ok(ProcessSamples::NotSupported)
+            }
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    fn utilisation(&self, d: Device, since_us: u64) -> Result<Vec<Sample>, UtilError> {
+        let f = self.utilisation.ok_or(UtilError::Missing)?;
+        let h = self.handle(d).map_err(UtilError::Device)?;
         let mut out: Vec<nvmlProcessUtilizationSample_t> = Vec::new();
         loop {
             out.reserve(32);
@@ -333,7 +348,7 @@ impl Nvml {
                 }
                 // No sample newer than `since_us`.
                 nvmlReturn_t::NVML_ERROR_NOT_FOUND => break,
-                r => check("nvmlDeviceGetProcessUtilization", r)?,
+                r => return Err(UtilError::Returned(r)),
             }
         }
         Ok(out
@@ -345,6 +360,43 @@ impl Nvml {
                 sm: s.smUtil,
             })
             .collect())
+    }
+}
+
+/// Whether `nvmlDeviceGetProcessUtilization` gives per-process samples on a device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProcessSamples {
+    /// It answers (SUCCESS, or NOT_FOUND: no sample since the time asked): compute meters read
+    /// the driver's samples.
+    Given,
+    /// It answers NOT_SUPPORTED (MIG instances, some virtual GPUs): compute meters time
+    /// launches themselves.
+    NotSupported,
+}
+
+/// Why `nvmlDeviceGetProcessUtilization` gave no samples.
+enum UtilError {
+    /// This NVML has no such entry point.
+    Missing,
+    /// The device's handle could not be had.
+    Device(String),
+    Returned(nvmlReturn_t),
+}
+
+impl std::fmt::Display for UtilError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            UtilError::Missing => write!(
+                f,
+                "{LIBRARY} has no nvmlDeviceGetProcessUtilization: too old a driver"
+            ),
+            UtilError::Device(e) => f.write_str(e),
+            UtilError::Returned(r) => write!(
+                f,
+                "{LIBRARY}: nvmlDeviceGetProcessUtilization returned {}",
+                r.0
+            ),
+        }
     }
 }
 

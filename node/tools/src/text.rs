@@ -4,7 +4,7 @@ use std::fmt::Write;
 
 use cuslice_policy::format_size;
 
-use crate::view::{Node, Slice};
+use crate::view::{Compute, Node, Slice};
 
 fn pct(p: Option<f64>) -> String {
     p.map_or_else(|| "-".into(), |p| format!("{p:.1}%"))
@@ -62,7 +62,6 @@ pub fn render(node: &Node) -> String {
             .map(|s| {
                 let c = &s.compute;
                 let live = s.processes.iter().filter(|p| p.alive).count();
-                let est = if c.estimated { " (est.)" } else { "" };
                 let mut row = vec![
                     short(s),
                     s.name.clone().unwrap_or_else(|| "-".into()),
@@ -74,7 +73,7 @@ pub fn render(node: &Node) -> String {
                     ),
                     format_size(s.memory.peak),
                     s.memory.refusals.to_string(),
-                    format!("{}{est}", pct(c.share_1s_pct)),
+                    format!("{}{}", pct(c.share_1s_pct), meter_mark(c)),
                     pct(c.share_10s_pct),
                     format!("{}{}", pct(c.request_pct), star(c.set_live)),
                     format!("{}{}", pct(c.limit_pct), star(c.set_live)),
@@ -117,6 +116,12 @@ pub fn render(node: &Node) -> String {
     if slices.any(|s| s.memory.set_live || s.compute.set_live || s.compute.priority_set_live) {
         let _ = writeln!(out, "* changed while the slice ran (cuslice set)");
     }
+    for (mark, means) in MARKS {
+        let mut slices = node.devices.iter().flat_map(|d| &d.slices);
+        if slices.any(|s| meter_mark(&s.compute).trim_start() == mark) {
+            let _ = writeln!(out, "{mark} {means}");
+        }
+    }
     let mut older: Vec<&str> = node
         .devices
         .iter()
@@ -151,6 +156,30 @@ pub fn render(node: &Node) -> String {
     out
 }
 
+/// The marks after SHARE 1s of a slice whose device time is not the driver's per-process
+/// samples, each explained in a line under the tables where it is shown.
+const MARKS: [(&str, &str); 2] = [
+    (
+        "(timed)",
+        "device time measured by the library timing launches itself (CUDA events), not by the \
+         driver's samples",
+    ),
+    (
+        "(est.)",
+        "device time from launch estimates alone: NVML does not report the process",
+    ),
+];
+
+/// " (timed)" for self-timing, " (est.)" for launch estimates, nothing for the driver's samples
+/// (or before the slice launched any work).
+fn meter_mark(c: &Compute) -> &'static str {
+    match c.metered_by.as_deref() {
+        Some("self-timing") => " (timed)",
+        Some("estimates") => " (est.)",
+        _ => "",
+    }
+}
+
 /// The mark of a limit changed while the slice ran, explained under the tables.
 fn star(live: bool) -> &'static str {
     if live { "*" } else { "" }
@@ -175,4 +204,86 @@ fn pids(s: &Slice, live: usize) -> String {
         })
         .collect();
     format!("{live}: {}", list.join(" "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::view::{Agent, Device, idle_slice};
+
+    fn node(slices: Vec<Slice>) -> Node {
+        Node {
+            time: 0.0,
+            devices: vec![Device {
+                uuid: "GPU-1".into(),
+                name: Some("SimGPU (simulated)".into()),
+                memory_total: Some(8 << 30),
+                memory_used: Some(0),
+                slices,
+            }],
+            problems: Vec::new(),
+            findings: None,
+            agent: Agent {
+                socket: "/run/cuslice/agent/agent.sock".into(),
+                running: false,
+                note: None,
+            },
+        }
+    }
+
+    fn metered(dir: &str, by: Option<&str>) -> Slice {
+        let mut s = idle_slice(dir);
+        s.compute.share_1s_pct = Some(30.0);
+        s.compute.metered_by = by.map(str::to_owned);
+        s.compute.estimated = by == Some("estimates");
+        s
+    }
+
+    /// The row of slice `dir` and its SHARE 1s cell (the header's column).
+    fn share_1s(text: &str, dir: &str) -> String {
+        let header = text.lines().find(|l| l.contains("SHARE 1s")).unwrap();
+        let at = header.find("SHARE 1s").unwrap();
+        let end = header.find("SHARE 10s").unwrap();
+        let row = text.lines().find(|l| l.contains(dir)).unwrap();
+        row[at..end].trim().to_owned()
+    }
+
+    #[test]
+    fn the_share_says_which_meter_measured_it() {
+        let text = render(&node(vec![
+            metered("/s/samples", Some("samples")),
+            metered("/s/timed", Some("self-timing")),
+            metered("/s/estimated", Some("estimates")),
+            metered("/s/idle", None),
+        ]));
+        assert_eq!(share_1s(&text, "/s/samples"), "30.0%", "{text}");
+        assert_eq!(share_1s(&text, "/s/timed"), "30.0% (timed)", "{text}");
+        assert_eq!(share_1s(&text, "/s/estimated"), "30.0% (est.)", "{text}");
+        assert_eq!(share_1s(&text, "/s/idle"), "30.0%", "{text}");
+        assert!(
+            text.contains("\n(timed) device time measured by the library timing launches itself"),
+            "{text}"
+        );
+        assert!(
+            text.contains("\n(est.) device time from launch estimates alone"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn driver_samples_need_no_mark_and_no_explanation() {
+        let text = render(&node(vec![
+            metered("/s/a", Some("samples")),
+            metered("/s/b", None),
+        ]));
+        assert!(
+            !text.contains("(timed)") && !text.contains("(est.)"),
+            "{text}"
+        );
+        let text = render(&node(vec![metered("/s/a", Some("self-timing"))]));
+        assert!(
+            text.contains("(timed)") && !text.contains("(est.)"),
+            "{text}"
+        );
+    }
 }

@@ -95,8 +95,13 @@ pub struct Compute {
     pub device_seconds: f64,
     pub throttled_seconds: f64,
     /// The latest device time was launch estimates: NVML did not report the process (see
-    /// docs/status.md).
+    /// docs/status.md). The same as `metered_by` being `estimates`, for readers written before it.
     pub estimated: bool,
+    /// What the slice's device time is measured by: `samples` (the driver's per-process
+    /// utilisation), `self-timing` (the library's own timing with CUDA events, where the driver
+    /// gives no per-process samples) or `estimates` (launch estimates alone); None before the
+    /// slice launched any work under a meter.
+    pub metered_by: Option<String>,
     /// The core request and limit were changed while the slice ran (`cuslice set`).
     pub set_live: bool,
     /// `high`, `normal` or `low` (`CUSLICE_PRIORITY`, docs/compute.md).
@@ -116,4 +121,43 @@ pub struct Process {
     pub alive: bool,
     /// Bytes charged to it on this device.
     pub memory: u64,
+}
+
+/// A slice on a device with nothing held, no limits and no launches yet, for tests to change.
+#[cfg(test)]
+pub(crate) fn idle_slice(slice: &str) -> Slice {
+    Slice {
+        slice: slice.into(),
+        kind: "standalone",
+        name: None,
+        kubernetes: None,
+        ledger: String::new(),
+        ledger_version: cuslice_state::ledger::VERSION,
+        memory: Memory {
+            used: 0,
+            limit: None,
+            peak: 0,
+            refusals: 0,
+            set_live: false,
+            spilled: 0,
+            spill_limit: None,
+            spill_peak: 0,
+            waiting: 0,
+        },
+        compute: Compute {
+            request_pct: None,
+            limit_pct: None,
+            allotted_pct: 100.0,
+            share_1s_pct: None,
+            share_10s_pct: None,
+            device_seconds: 0.0,
+            throttled_seconds: 0.0,
+            estimated: false,
+            metered_by: None,
+            set_live: false,
+            priority: "normal".into(),
+            priority_set_live: false,
+        },
+        processes: Vec::new(),
+    }
 }

@@ -811,3 +811,28 @@ fn bad_memory_waits_and_spills_are_refused_in_one_line() {
     let e = error(&[("CUSLICE_MEMORY_WAT", "5s")]);
     assert!(e.to_string().contains("CUSLICE_MEMORY_WAIT=5s"), "{e}");
 }
+
+#[test]
+fn the_core_meter_is_auto_unless_self_timing_is_asked_for() {
+    use super::CoreMeter;
+    assert_eq!(config(&[]).core_meter, CoreMeter::Auto);
+    assert_eq!(
+        config(&[("CUSLICE_CORE_METER", "auto")]).core_meter,
+        CoreMeter::Auto
+    );
+    assert_eq!(
+        config(&[("CUSLICE_CORE_METER", " Self-Timing ")]).core_meter,
+        CoreMeter::SelfTiming
+    );
+    for bad in ["", "events", "samples", "-1"] {
+        let e = error(&[("CUSLICE_CORE_METER", bad)]);
+        assert_eq!(e.variable, "CUSLICE_CORE_METER");
+        assert!(e.to_string().contains("auto or self-timing"), "{e}");
+        assert_eq!(e.example, "CUSLICE_CORE_METER=self-timing");
+    }
+    let e = error(&[("CUSLICE_CORE_METR", "self-timing")]);
+    assert!(
+        e.to_string().contains("CUSLICE_CORE_METER=self-timing"),
+        "{e}"
+    );
+}

@@ -128,14 +128,14 @@ impl Ledger {
     }
 
     /// A meter's report for one period: `ns` more device time used by this process on device
-    /// `d` (`estimated`: from launch estimates, NVML did not report the process), at `now_ns`
+    /// `d` (`by`: what measured it), at `now_ns`
     /// (CLOCK_MONOTONIC). The first report of each second takes that second's mark, under the
     /// device's lock and a sequence count that readers check (a seqlock), so a reader never
     /// mixes two marks and a writer killed mid-mark leaves nothing a reader would trust.
-    pub fn note_device_time(&self, d: u32, ns: u64, estimated: bool, now_ns: u64) {
+    pub fn note_device_time(&self, d: u32, ns: u64, by: MeteredBy, now_ns: u64) {
         let Some(r) = self.dev(d) else { return };
         if ns > 0 {
-            r.estimated.store(u32::from(estimated), Ordering::Relaxed);
+            r.estimated.store(by.code(), Ordering::Relaxed);
         }
         r.device_ns.fetch_add(ns, Ordering::Relaxed);
         r.metered_ns.store(now_ns, Ordering::Relaxed);

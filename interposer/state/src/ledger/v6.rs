@@ -21,7 +21,7 @@ use super::{
     LiveChange, MARKS, MAX_DEVICES, MAX_PROCS, Mark, read_bytes, read_u32, read_u64, uuid_words,
     write_at,
 };
-use crate::snapshot::{DeviceSnapshot, ProcSnapshot, Snapshot};
+use crate::snapshot::{DeviceSnapshot, MeteredBy, ProcSnapshot, Snapshot};
 
 pub(super) const VERSION: u32 = 6;
 
@@ -227,7 +227,7 @@ fn device_snapshot(r: &DeviceRec) -> DeviceSnapshot {
         allotted: r.share.load(Ordering::Relaxed),
         device_ns: r.device_ns.load(Ordering::Relaxed),
         throttled_ns: r.throttled_ns.load(Ordering::Relaxed),
-        estimated: r.estimated.load(Ordering::Relaxed) != 0,
+        metered_by: MeteredBy::from_code(r.estimated.load(Ordering::Relaxed)),
         metered_ns: r.metered_ns.load(Ordering::Relaxed),
         marks,
     }

@@ -92,7 +92,7 @@ fn device_snapshot(uuid: [u8; 16], r: &DeviceRec) -> DeviceSnapshot {
         allotted: r.share.load(Ordering::Relaxed),
         device_ns: r.device_ns.load(Ordering::Relaxed),
         throttled_ns: r.throttled_ns.load(Ordering::Relaxed),
-        estimated: r.estimated.load(Ordering::Relaxed) != 0,
+        metered_by: MeteredBy::from_code(r.estimated.load(Ordering::Relaxed)),
         metered_ns: r.metered_ns.load(Ordering::Relaxed),
         marks,
     }
