@@ -53,6 +53,23 @@ fn status(sim: &Sim, dirs: &[&Path]) -> Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// `cuslice status` (the table for people) of the slice in `dir` alone.
+fn status_table(sim: &Sim, dir: &Path) -> String {
+    let out = cuslice(
+        sim,
+        &[
+            "status",
+            "--state-root",
+            "/nonexistent-cuslice-root",
+            "--state-dir",
+            dir.to_str().unwrap(),
+        ],
+    )
+    .output()
+    .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// simgpu's ground truth per host pid: (held bytes, device seconds).
 fn truth(sim: &Sim) -> HashMap<i64, (u64, f64)> {
     sim.device(0)["processes"]
@@ -237,19 +254,7 @@ fn status_json_shows_each_slice_as_the_simulator_does() {
     );
 
     // The table for people carries the same figures.
-    let out = cuslice(
-        &t.sim,
-        &[
-            "status",
-            "--state-root",
-            "/nonexistent-cuslice-root",
-            "--state-dir",
-            a.to_str().unwrap(),
-        ],
-    )
-    .output()
-    .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = status_table(&t.sim, &a);
     assert!(text.contains(dev["uuid"].as_str().unwrap()), "{text}");
     let row = text
         .lines()
@@ -657,19 +662,7 @@ fn status_shows_a_slice_metered_by_self_timing() {
         "device time: status {seen} s, simulator {device} s"
     );
 
-    let out = cuslice(
-        &sim,
-        &[
-            "status",
-            "--state-root",
-            "/nonexistent-cuslice-root",
-            "--state-dir",
-            s.to_str().unwrap(),
-        ],
-    )
-    .output()
-    .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = status_table(&sim, &s);
     let row = text
         .lines()
         .find(|l| l.contains(s.to_str().unwrap()))

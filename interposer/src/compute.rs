@@ -57,7 +57,7 @@ pub const PERIOD_NS: u64 = 50_000_000;
 const INITIAL_COST_NS: u64 = 1_000_000;
 /// Slices that launched nothing for this long are left out of the allotment.
 const ACTIVE_NS: u64 = 1_000_000_000;
-/// A slice held back by its tokens, or using all but `share::SLACK` of its allotment, counts as
+/// A slice held back by its tokens, or using all of its allotment (`share::uses_all`), counts as
 /// wanting more for this long: NVML's readings lag by up to a sample period, and without the
 /// hold a slice given more would at once look as if it did not use it and be cut back.
 const HUNGRY_HOLD_NS: u64 = 500_000_000;
@@ -160,8 +160,10 @@ struct Period {
     /// When the driver last gave a utilisation sample of this process's own (not the device's,
     /// taken for this process's while it is alone, nor a shared period's): 0, never.
     sampled_ns: u64,
-    /// What each kind of launch costs by the self-timing meter's timings.
+    /// What each kind of launch costs by the library's own timings.
     costs: LaunchCosts,
+    /// Metered by its own timing: the driver gave no per-process samples at the last period.
+    self_timed: bool,
     /// The other slices count as idle until then: the device last showed nobody but this slice
     /// at work less than `ACTIVE_NS` before (its readings and this process's own are taken over
     /// different windows, so a slice ramping up into idle time would otherwise see the others
@@ -284,6 +286,7 @@ pub fn join(s: &Slice, devs: &[Dev]) -> Result<(), String> {
                 sampled_ns: 0,
                 others_idle_until: 0,
                 costs: LaunchCosts::default(),
+                self_timed: false,
             }),
             priority: AtomicU32::new(priority.code()),
             yields: AtomicBool::new(false),
@@ -340,15 +343,24 @@ impl Meter {
     #[cold]
     #[inline(never)]
     fn hold(&self, ledger: &Ledger, t: Tokens<'_>, cost: u64) {
-        self.throttled.fetch_add(1, Ordering::Relaxed);
         let held_from = now_ns();
         let mut now = held_from;
+        let mut held = false;
         loop {
             refill(&t, now, cost);
             let cur = t.tokens.load(Ordering::Relaxed);
             let share = t.share.load(Ordering::Relaxed);
             if cur >= 0 || share >= FULL {
                 break;
+            }
+            // Held back only when what the slice earned since the last refill does not pay for
+            // the launch: tokens are refilled every period and here, and a bank smaller than a
+            // period's use goes below zero between refills (a light slice counted as throttled
+            // so looked hungry every other half second, taking a heavy neighbour from 75% to 50%
+            // of the device in turn, with a quarter of it idle).
+            if !held {
+                held = true;
+                self.throttled.fetch_add(1, Ordering::Relaxed);
             }
             std::thread::sleep(std::time::Duration::from_nanos(share::pause_ns(
                 -cur, share,
@@ -404,22 +416,24 @@ impl Meter {
         // NVML gives no per-process samples (MIG instances, some vGPU profiles), or they are
         // ignored on purpose: the library times a sample of the launches itself.
         let self_timed = reading.is_none();
+        // Launches are timed whatever the source (only metered launches are, a sample of them):
+        // without samples the timings are the meter's readings; with the driver's one sample
+        // a period they are what a launch costs, by which a shared period is apportioned.
+        self.timer.collect(&mut p.costs);
+        p.costs.decay();
         if self_timed {
-            self.timer.collect(&mut p.costs);
-            p.costs.decay();
             if let Some(c) = p.costs.mean() {
                 self.cost.store(c.max(1_000), Ordering::Relaxed);
             }
-            if !self.timer.is_on() {
+            if !p.self_timed {
                 debug!(
-                    "device {}: no per-process utilisation samples; timing launches with events",
+                    "device {}: no per-process utilisation samples; metered by its own timing",
                     membership::uuid_string(&self.uuid)
                 );
             }
-            self.timer.set(true, timing_policy::stride(d_launches));
-        } else if self.timer.is_on() {
-            self.timer.set(false, 1);
         }
+        p.self_timed = self_timed;
+        self.timer.set(true, timing_policy::stride(d_launches));
         let cost_now = self.cost.load(Ordering::Relaxed);
         // What the settled launches were charged, less what they (and any work queued before
         // them) really used: paid into the tokens, or taken from them.
@@ -523,7 +537,7 @@ impl Meter {
         // high slice sees it).
         let held = self.held.load(Ordering::Relaxed);
         let d_held = held - self.held_seen.swap(held, Ordering::Relaxed);
-        if d_throttled > 0 || d_held > 0 || usage.saturating_add(share::SLACK) >= p.allot {
+        if d_throttled > 0 || d_held > 0 || share::uses_all(usage, p.allot) {
             p.hungry_until = now + HUNGRY_HOLD_NS;
         }
         let hungry = now < p.hungry_until;
@@ -653,7 +667,7 @@ impl Meter {
         // turn (a best-effort slice beside a busy request of 60 got 10-37% instead of 1%).
         // A process metered by its own timing counts its launches whatever its allotment: they
         // are all it knows of its use, and all the other slices see of it.
-        allot < FULL || yields || publishes || p.others_active || self.timer.is_on()
+        allot < FULL || yields || publishes || p.others_active || p.self_timed
     }
 
     fn priority(&self) -> Priority {
@@ -729,21 +743,16 @@ impl Meter {
 /// counts as idle: what is launched into it is recorded, not run (and querying it would
 /// invalidate the capture).
 fn stream_idle(stream: CUstream, ptsz: bool) -> bool {
-    let (capturing, query) = if ptsz {
-        (real::cuStreamIsCapturing_ptsz(), real::cuStreamQuery_ptsz())
+    let query = if ptsz {
+        real::cuStreamQuery_ptsz()
     } else {
-        (real::cuStreamIsCapturing(), real::cuStreamQuery())
+        real::cuStreamQuery()
     };
-    let (Some(capturing), Some(query)) = (capturing, query) else {
-        return true;
-    };
-    let mut status = CU_STREAM_CAPTURE_STATUS_NONE;
-    // SAFETY: valid out-pointer; `stream` is the handle the application is launching on.
-    let r = unsafe { capturing(stream, &mut status) };
-    if !r.is_ok() || status != CU_STREAM_CAPTURE_STATUS_NONE {
+    let Some(query) = query else { return true };
+    if crate::stream::capturing(stream, ptsz) != Some(false) {
         return true;
     }
-    // SAFETY: as above; a non-blocking query.
+    // SAFETY: `stream` is the handle the application is launching on; a non-blocking query.
     let r = unsafe { query(stream) };
     r != CUresult::CUDA_ERROR_NOT_READY
 }
@@ -752,8 +761,10 @@ impl Meter {
     /// This process's device time in the readings `used`, whose charges (`charged` ns over `n`
     /// launches) they settle.
     ///
-    /// Its own samples count as they are. A shared period (the driver named one process and gave
-    /// the device's utilisation, while others were active) is apportioned: the device's busy
+    /// Its own samples count as they are. In a shared period (the driver named one process and
+    /// gave the device's utilisation, while others were active) its launches cost what the
+    /// library's own timings of them say, within the period's busy time. Before it has timed any,
+    /// a shared period is apportioned: the device's busy
     /// time there, in proportion to what this process's launches were charged, against what the
     /// others said they used (`others_usage`). What the others say is theirs to write, so it
     /// decides nothing beyond a bound of this process's own:
@@ -782,13 +793,16 @@ impl Meter {
             self.cost.store(INITIAL_COST_NS, Ordering::Relaxed);
         }
         if shared == 0 {
-            self.cost.store(
-                p.estimate.cost(self.cost.load(Ordering::Relaxed)),
-                Ordering::Relaxed,
-            );
+            self.cost.store(self.estimated_cost(p), Ordering::Relaxed);
             return used.ns;
         }
-        let x = self.apportion(p, used, charged, n_shared, span, anchored);
+        // Launches the library timed cost what the timings say, in a shared period too: what
+        // the other slices' launches were charged (theirs to write, and stretched where their
+        // kernels were preempted by this process's) then decides nothing.
+        let x = match p.costs.mean() {
+            Some(c) => (n_shared * c.max(1_000) as u128).min(used.shared_busy_ns as u128) as u64,
+            None => self.apportion(p, used, charged, n_shared, span, anchored),
+        };
         // Until it has had enough samples of its own, shared periods teach it too (launches
         // counted, the figure apportioned). Not after: taught by
         // apportioned figures alone, two slices' estimates could drift apart together, the
@@ -797,11 +811,18 @@ impl Meter {
         if !anchored && n_shared > 0 {
             p.estimate.add(x, n_shared as u64);
         }
-        self.cost.store(
-            p.estimate.cost(self.cost.load(Ordering::Relaxed)),
-            Ordering::Relaxed,
-        );
+        self.cost.store(self.estimated_cost(p), Ordering::Relaxed);
         used.ns + x
+    }
+
+    /// What a launch costs by this process's own measurements: its timings where it has them
+    /// (the library times a sample of launches whenever it is metered), else what the driver's
+    /// samples taught the estimate.
+    fn estimated_cost(&self, p: &Period) -> u64 {
+        p.costs.mean().map_or_else(
+            || p.estimate.cost(self.cost.load(Ordering::Relaxed)),
+            |c| c.max(1_000),
+        )
     }
 
     /// The apportioned part of `attribute`: this process's device time in the shared periods
@@ -824,7 +845,7 @@ impl Meter {
         // At most its launches at what one cost by its own samples (or by the starting figure,
         // while it has too few of them).
         let cost = self.cost.load(Ordering::Relaxed);
-        let ceiling = if anchored {
+        let ceiling = if anchored || p.costs.mean().is_some() {
             cost
         } else {
             cost.max(INITIAL_COST_NS)
@@ -1055,21 +1076,27 @@ macro_rules! launch_wrappers {
                 /// The CUDA driver API contract of the function of the same name.
                 #[cold]
                 #[inline(never)]
+                // The C ABI, as the driver's: the wrapper's jump here, and the jump from here to
+                // the driver for a launch that is not timed, pass the arguments as they are
+                // (an 11-argument launch has 5 on the stack).
                 #[allow(clippy::too_many_arguments)] // the driver function's own arguments
-                pub unsafe fn call($($arg: $ty),*) -> CUresult {
+                pub unsafe extern "C" fn call($($arg: $ty),*) -> CUresult {
                     let Some(f) = real::$name() else {
                         return CUresult::CUDA_ERROR_NOT_INITIALIZED;
                     };
                     if REAL.load(Ordering::Relaxed) != f as *mut () {
                         REAL.store(f as *mut (), Ordering::Relaxed);
                     }
-                    let timed = gate(|| $stream, $ptsz, || $kind);
-                    // SAFETY: forwarded unchanged.
-                    let r = unsafe { f($($arg),*) };
-                    if let Some((m, started)) = timed {
-                        m.timer.finish(started, r.is_ok());
+                    match gate(|| $stream, $ptsz, || $kind) {
+                        // SAFETY: forwarded unchanged.
+                        None => unsafe { f($($arg),*) },
+                        Some((m, started)) => {
+                            // SAFETY: forwarded unchanged.
+                            let r = unsafe { f($($arg),*) };
+                            m.timer.finish(started, r.is_ok());
+                            r
+                        }
                     }
-                    r
                 }
             }
             )*

@@ -19,9 +19,11 @@
 //!    - `log` (stderr lines, no allocation), [`count`] (the launch counter), [`alloc_table`] (one
 //!      shard of the allocation table, pure).
 //! 1. Over [`real`]: [`nvml_query`] (cuslice's own NVML queries: process memory, utilisation
-//!    samples) and [`dlmopen`] (the core of the `dlmopen` override).
+//!    samples), [`dlmopen`] (the core of the `dlmopen` override) and [`stream`] (whether an
+//!    application's stream is being captured).
 //! 2. [`membership`]: whether and which slice this process joined, its devices, the one
-//!    reservation step, the process-local tables, the pools' charges.
+//!    reservation step, the process-local tables, the pools' charges; [`timing`] (the events
+//!    the compute meter times a sample of launches with, where the driver gives no samples).
 //! 3. Over [`membership`], never each other, the registry or start-up: the API areas, each with
 //!    its wrappers ([`memory`], [`array`](mod@array), [`vmm`], [`pool`], [`context`], [`info`],
 //!    [`compute`]), and [`agent`] (asks the node agent for this process's host pid).
@@ -62,6 +64,7 @@ pub mod pool;
 pub mod real;
 pub mod registry;
 pub mod startup;
+pub mod stream;
 pub mod timing;
 pub mod vmm;
 
@@ -85,6 +88,8 @@ mod tests {
         ("count", 0),
         ("alloc_table", 0),
         ("nvml_query", 1),
+        ("stream", 1),
+        ("timing", 2),
         ("dlmopen", 1),
         ("membership", 2),
         ("agent", 3),

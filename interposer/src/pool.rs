@@ -76,19 +76,6 @@ fn pool_dev(pool: CUmemoryPool, fallback: usize) -> usize {
     membership::local(|l| l.pools.get(&(pool as usize)).map(|p| p.dev)).unwrap_or(fallback)
 }
 
-fn capturing(stream: CUstream, ptsz: bool) -> bool {
-    let f = if ptsz {
-        real::cuStreamIsCapturing_ptsz()
-    } else {
-        real::cuStreamIsCapturing()
-    };
-    let Some(f) = f else { return false };
-    let mut status = CU_STREAM_CAPTURE_STATUS_NONE;
-    // SAFETY: valid out-pointer; `stream` is the caller's stream.
-    let r = unsafe { f(stream, &mut status) };
-    r.is_ok() && status != CU_STREAM_CAPTURE_STATUS_NONE
-}
-
 fn alloc_async(
     pool: Option<CUmemoryPool>,
     size: usize,
@@ -102,7 +89,7 @@ fn alloc_async(
         Ok(None) => return alloc(),
         Ok(Some(s)) => s,
     };
-    if capturing(stream, ptsz) {
+    if crate::stream::capturing(stream, ptsz) == Some(true) {
         return alloc();
     }
     let Some((_, cur)) = membership::current(s) else {

@@ -4,7 +4,7 @@
 //!
 //! - A timed launch records one event on its stream just before the launch and one just after,
 //!   with the launching thread's own context current. Nothing else on the path changes: an untimed
-//!   launch costs one thread-local countdown while the meter times launches, nothing otherwise.
+//!   launch costs one countdown (a load and a store) on the metered path.
 //! - Launches into a stream being captured are never timed: an event recorded there would become
 //!   a node of the application's graph.
 //! - At most `IN_FLIGHT` timings wait to be read; events are reused (one pair per timing, created
@@ -16,7 +16,7 @@
 
 use std::cell::Cell;
 use std::ffi::c_uint;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use cuda_abi::*;
 use cuslice_policy::timing::LaunchCosts;
@@ -49,6 +49,9 @@ pub struct Timer {
     on: AtomicBool,
     /// One launch in about this many is timed (set by the meter each period).
     stride: AtomicU32,
+    /// Launches until the next timed one, and the state of the random strides.
+    left: AtomicU32,
+    rng: AtomicU64,
     pending: Mutex<Pending>,
 }
 
@@ -58,11 +61,6 @@ pub struct Started {
     kind: u64,
     stream: CUstream,
     ptsz: bool,
-}
-
-thread_local! {
-    /// Launches until this thread times one, and the state of its random strides.
-    static COUNTDOWN: Cell<(u32, u64)> = const { Cell::new((1, 0)) };
 }
 
 impl Timer {
@@ -76,42 +74,51 @@ impl Timer {
         self.on.load(Ordering::Relaxed)
     }
 
-    /// Whether this launch is to be timed: a random one in about `stride` of this thread's.
+    /// Whether this launch is to be timed: a random one in about `stride`. The countdown is a
+    /// plain load and store (no locked instruction, no thread-local: in a preloaded library
+    /// that is a call): threads launching at once may lose a step of it, which only moves which
+    /// launch is timed.
     #[inline(always)]
     pub fn due(&self) -> bool {
         if !self.on.load(Ordering::Relaxed) {
             return false;
         }
-        COUNTDOWN.with(|c| {
-            let (left, rng) = c.get();
-            if left > 1 {
-                c.set((left - 1, rng));
-                return false;
-            }
-            // xorshift64*, seeded from the thread's stack address on first use.
-            let mut x = if rng == 0 {
-                (c as *const _ as u64) | 1
-            } else {
-                rng
-            };
-            x ^= x >> 12;
-            x ^= x << 25;
-            x ^= x >> 27;
-            let r = x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 32;
-            let stride = self.stride.load(Ordering::Relaxed).max(1) as u64;
-            // Uniform in 1..=2*stride-1: one in `stride` on average, never in step with a
-            // pattern of the application's.
-            let next = 1 + r % (2 * stride - 1);
-            c.set((next as u32, x));
-            true
-        })
+        let left = self.left.load(Ordering::Relaxed);
+        if left > 1 {
+            self.left.store(left - 1, Ordering::Relaxed);
+            return false;
+        }
+        self.restart();
+        true
+    }
+
+    /// The next countdown: uniform in 1..=2*stride-1, one in `stride` on average, never in
+    /// step with a pattern of the application's (xorshift64*).
+    #[cold]
+    #[inline(never)]
+    fn restart(&self) {
+        let mut x = self.rng.load(Ordering::Relaxed);
+        if x == 0 {
+            x = (self as *const Timer as u64) ^ u64::from(std::process::id()) << 32 | 1;
+        }
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.rng.store(x, Ordering::Relaxed);
+        let r = x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 32;
+        let stride = self.stride.load(Ordering::Relaxed).max(1) as u64;
+        self.left
+            .store((1 + r % (2 * stride - 1)) as u32, Ordering::Relaxed);
     }
 
     /// Records the start event of a launch of kind `kind` on `stream` (`ptsz`: through a
     /// `_ptsz` entry point). None: not timed (the stream is being captured, too many timings
     /// wait, or the driver refused).
+    #[cold]
+    #[inline(never)]
     pub fn begin(&self, stream: CUstream, ptsz: bool, kind: u64) -> Option<Started> {
-        if capturing(stream, ptsz) {
+        // A stream being captured, or one the driver cannot say of, is left alone.
+        if crate::stream::capturing(stream, ptsz) != Some(false) {
             return None;
         }
         let mut ctx: CUcontext = std::ptr::null_mut();
@@ -212,20 +219,6 @@ fn record(event: usize, stream: CUstream, ptsz: bool) -> bool {
     // SAFETY: an event this library created in the current context, on the stream the
     // application launches on.
     f.is_some_and(|f| unsafe { f(event as CUevent, stream) }.is_ok())
-}
-
-/// Whether `stream` is being captured (or cannot be asked: then it is left alone too).
-fn capturing(stream: CUstream, ptsz: bool) -> bool {
-    let f = if ptsz {
-        real::cuStreamIsCapturing_ptsz()
-    } else {
-        real::cuStreamIsCapturing()
-    };
-    let Some(f) = f else { return true };
-    let mut status = CU_STREAM_CAPTURE_STATUS_NONE;
-    // SAFETY: valid out-pointer; `stream` is the handle the application is launching on.
-    let r = unsafe { f(stream, &mut status) };
-    !r.is_ok() || status != CU_STREAM_CAPTURE_STATUS_NONE
 }
 
 /// Sets the calling thread's stream-capture mode to relaxed, once: the meter thread's event

@@ -237,16 +237,15 @@ fn short_and_long_kernels_graphs_and_streams_are_held_to_their_limits() {
 }
 
 /// Launches far from the 1 ms starting estimate, in slices that are never alone on a driver
-/// that gives one sample a period. A slice learns what a launch costs from shared periods only
-/// while it has too few samples of its own, and a shared period is charged at most at 1 ms a
-/// launch then (`Meter::attribute`): 10 ms kernels are undercharged (46.5/53.5%); 50 µs ones
-/// came to 3.6/93.9% in one run, 30.6/69.0% in another.
+/// that gives one sample a period. Such periods are shared: what a launch costs comes from the
+/// library's own timings (before it, from the apportioned busy time, charged at most at 1 ms a
+/// launch while a slice had few samples of its own: 50 µs kernels came to 3.6/93.9% in one
+/// run, 100 µs ones to 3.9/95.6%).
 #[test]
-#[ignore = "known limit: kernels far from 1 ms, never alone, one sample a period (docs/compute.md)"]
-fn long_and_short_kernels_with_one_sample_a_period() {
+fn short_kernels_with_one_sample_a_period_hold_by_the_librarys_timing() {
     let _turn = serial();
     let one = ["--process-samples", "one-per-period"];
-    for kernel_us in [10_000, 50] {
+    for kernel_us in [50, 100] {
         let got = shares_sampled(&one, &limits(&["30", "70"]), kernel_us, "kernel", 1);
         assert_near(
             &got,
@@ -254,6 +253,22 @@ fn long_and_short_kernels_with_one_sample_a_period() {
             &format!("30/70, {kernel_us} us kernels, one sample a period"),
         );
     }
+}
+
+/// Kernels longer than the driver's time slice, in slices that are never alone: preempted by
+/// the neighbour's slices, each reads as its own time plus theirs, and the slice is charged too
+/// much (20.0/70.1% on the simulator; docs/compute.md, known limits).
+#[test]
+#[ignore = "known limit: kernels longer than a time slice beside a busy neighbour (docs/compute.md)"]
+fn long_kernels_with_one_sample_a_period() {
+    let _turn = serial();
+    let one = ["--process-samples", "one-per-period"];
+    let got = shares_sampled(&one, &limits(&["30", "70"]), 10_000, "kernel", 1);
+    assert_near(
+        &got,
+        &[30.0, 70.0],
+        "30/70, 10 ms kernels, one sample a period",
+    );
 }
 
 #[test]

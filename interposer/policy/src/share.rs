@@ -11,6 +11,16 @@ pub const FULL: u32 = 1_000_000;
 /// before it is throttled, and being throttled is what tells the others it wants more.
 pub const SLACK: u32 = 50_000;
 
+/// Whether a slice using `usage` of its allotment `allot` is using all of it, as far as readings
+/// tell: within half of `SLACK`. Not within the whole of it: a slice that is not hungry wants
+/// what it used plus `SLACK`, and if being allotted exactly that counted as using all of it, a
+/// light slice would flip between hungry and not every half second, taking the device from a
+/// heavy neighbour in turn (a 20% probe beside a busy best-effort slice held it at 50-75% with a
+/// quarter of the device idle).
+pub fn uses_all(usage: u32, allot: u32) -> bool {
+    usage.saturating_add(SLACK / 2) >= allot
+}
+
 /// What a slice without a request is kept from starving with: before time nobody is guaranteed
 /// is shared out, each such slice that wants time gets up to this much of what requests leave.
 pub const FLOOR: u32 = 10_000;
@@ -197,6 +207,15 @@ impl CostEstimate {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_slice_given_what_it_wants_is_not_using_all_of_it() {
+        let used = 200_000;
+        assert!(!uses_all(used, used + SLACK));
+        assert!(uses_all(used, used + SLACK / 2));
+        assert!(uses_all(used, used));
+        assert!(uses_all(FULL, FULL));
+    }
 
     const P: u32 = FULL / 100;
 

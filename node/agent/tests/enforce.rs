@@ -1560,18 +1560,25 @@ fn stop_leaves_honest_slices_sharing_the_device_alone() {
 /// through it, is found and held by freezing on the bound the driver establishes (the
 /// device's busy time less what the honest slice may use by its limit), though the samples
 /// name it with the device's figure, not its own; the honest slice gets no finding. With a
-/// sample per process (`--process-samples per-process`), the same by the driver's count.
+/// sample per process (`--process-samples per-process`), the same by the driver's count. With
+/// no per-process samples at all (`--no-process-samples`, as on MIG instances), the same bound
+/// from the device's utilisation.
 #[test]
 fn stop_holds_a_bypass_beside_an_honest_slice_by_the_bound() {
     root_required();
     let _serial = cuslice_test_harness::serial();
-    for model in ["one-per-period", "per-process"] {
+    for model in ["one-per-period", "per-process", "none"] {
         bypass_beside_honest(model);
     }
 }
 
 fn bypass_beside_honest(model: &str) {
-    let sim = Sim::new(&["--memory", "8GiB", "--process-samples", model]);
+    let samples: &[&str] = if model == "none" {
+        &["--no-process-samples"]
+    } else {
+        &["--process-samples", model]
+    };
+    let sim = Sim::new(&[&["--memory", "8GiB"][..], samples].concat());
     let root = state_root();
     let agent = Agent::start(&sim, root.path(), &["--enforce", "stop"]);
     let start = |n: &str, env: &str, route: &str| {

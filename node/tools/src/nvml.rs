@@ -9,7 +9,7 @@ use std::ffi::{CStr, c_char, c_int, c_uint};
 
 use cuda_abi::{
     NVML_VALUE_NOT_AVAILABLE, nvmlDevice_t, nvmlMemory_t, nvmlProcessInfo_v1_t,
-    nvmlProcessInfo_v2_t, nvmlProcessUtilizationSample_t, nvmlReturn_t,
+    nvmlProcessInfo_v2_t, nvmlProcessUtilizationSample_t, nvmlReturn_t, nvmlUtilization_t,
 };
 use libloading::Library;
 
@@ -72,6 +72,7 @@ type ProcsV1 =
     unsafe extern "C" fn(nvmlDevice_t, *mut c_uint, *mut nvmlProcessInfo_v1_t) -> nvmlReturn_t;
 type ProcsV2 =
     unsafe extern "C" fn(nvmlDevice_t, *mut c_uint, *mut nvmlProcessInfo_v2_t) -> nvmlReturn_t;
+type DeviceUtil = unsafe extern "C" fn(nvmlDevice_t, *mut nvmlUtilization_t) -> nvmlReturn_t;
 type Util = unsafe extern "C" fn(
     nvmlDevice_t,
     *mut nvmlProcessUtilizationSample_t,
@@ -98,6 +99,7 @@ pub struct Nvml {
     procs_v1: Option<ProcsV1>,
     procs_v2: Option<ProcsV2>,
     utilisation: Option<Util>,
+    device_utilisation: Option<DeviceUtil>,
     minor: Option<Minor>,
     capability: Option<Capability>,
     driver_version: SystemText,
@@ -140,6 +142,7 @@ impl Nvml {
                 .or_else(|_| get(&lib, b"nvmlDeviceGetComputeRunningProcesses_v2\0"))
                 .ok(),
             utilisation: get(&lib, b"nvmlDeviceGetProcessUtilization\0").ok(),
+            device_utilisation: get(&lib, b"nvmlDeviceGetUtilizationRates\0").ok(),
             minor: get(&lib, b"nvmlDeviceGetMinorNumber\0").ok(),
             capability: get(&lib, b"nvmlDeviceGetCudaComputeCapability\0").ok(),
             driver_version: get(&lib, b"nvmlSystemGetDriverVersion\0")?,
@@ -314,6 +317,19 @@ impl Nvml {
     /// what the driver still has). Empty when nothing ran since.
     pub fn samples(&self, d: Device, since_us: u64) -> Result<Vec<Sample>, String> {
         self.utilisation(d, since_us).map_err(|e| e.to_string())
+    }
+
+    /// The device's utilisation: percent of the driver's last sample period with a kernel
+    /// running, any process's (`nvmlDeviceGetUtilizationRates`).
+    pub fn device_utilisation(&self, d: Device) -> Result<u32, String> {
+        let f = self
+            .device_utilisation
+            .ok_or_else(|| format!("{LIBRARY} has no nvmlDeviceGetUtilizationRates"))?;
+        let h = self.handle(d)?;
+        let mut u = nvmlUtilization_t { gpu: 0, memory: 0 };
+        // SAFETY: a handle from NVML and a struct to write.
+        check("nvmlDeviceGetUtilizationRates", unsafe { f(h, &mut u) })?;
+        Ok(u.gpu.min(100))
     }
 
     /// Whether the driver gives per-process utilisation samples on the device, which decides

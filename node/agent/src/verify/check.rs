@@ -301,7 +301,7 @@ impl Verifier {
                         (id.clone(), uuid.clone()),
                         format!(
                             "{}'s compute on {uuid} cannot be bounded while it lasts: the driver \
-                             names one process per sample, with the device's figure, and a \
+                             gives the device's busy time, not each process's, and a \
                              process in no slice, in a slice without a core limit, or unknown \
                              to its slice's ledger runs beside it; not judged",
                             s.label()
@@ -377,7 +377,7 @@ impl Verifier {
                              over its core limit of {limit:.0}% ({:.1}% of the time it was not \
                              frozen; pids {}): a lower bound, the device's busy time ({:.1}%) \
                              less what the other slices on it may use by their limits (the \
-                             driver names one process per sample, with the device's figure)",
+                             driver gives the device's busy time, not each process's)",
                             s.label(),
                             u.share * 100.0,
                             u.demand * 100.0,

@@ -12,6 +12,7 @@ use super::slices::classify;
 use super::{ComputeKill, Frozen, POLL, Shared, State, join, log, unix_now, wall_us};
 use crate::Enforce;
 use crate::judge::{self, Bucket, Hold, SampleClock};
+use cuslice_node::nvml::ProcessSamples;
 
 /// Starts one of the verifier's threads; None (and a line saying what is lost) if it cannot.
 pub(super) fn spawn(
@@ -80,13 +81,25 @@ pub(super) fn poll(shared: &Shared) {
         (nvml, st.devices.clone(), since)
     };
     let now_wall = wall_us();
-    // The driver's calls are made without the lock: `tick` may take it meanwhile.
+    // The driver's calls are made without the lock: `tick` may take it meanwhile. A device
+    // without per-process samples (MIG instances, some virtual GPUs) gives its utilisation.
+    let mut device_only: Vec<(String, u32)> = Vec::new();
     let samples: Vec<(String, Vec<cuslice_node::nvml::Sample>)> = devices
         .iter()
         .zip(since)
         .filter_map(|((d, uuid), since)| {
             let since = if since == 0 { now_wall } else { since };
-            Some((uuid.clone(), nvml.samples(*d, since).ok()?))
+            match nvml.samples(*d, since) {
+                Ok(list) => Some((uuid.clone(), list)),
+                Err(_) => {
+                    if nvml.process_samples(*d) == Ok(ProcessSamples::NotSupported)
+                        && let Ok(util) = nvml.device_utilisation(*d)
+                    {
+                        device_only.push((uuid.clone(), util));
+                    }
+                    None
+                }
+            }
         })
         .collect();
     let now = Instant::now();
@@ -145,6 +158,12 @@ pub(super) fn poll(shared: &Shared) {
         if model == judge::SampleModel::OnePerPeriod {
             one_per_period.insert(uuid, (cover, busy, named));
         }
+    }
+    // Without per-process samples the device's utilisation over the step is all the driver
+    // says, as a stamp under one sample a period that names nobody: the same lower bounds.
+    for (uuid, util) in device_only {
+        let busy = dt * u64::from(util.min(100)) / 100;
+        one_per_period.insert(uuid, (dt, busy, BTreeSet::new()));
     }
     // Under one sample a period, each slice's bound (`judge::bounds`) over who may have run:
     // the parties NVML's process list showed at the last tick, and any the samples named since.
