@@ -23,6 +23,10 @@ TOLERANCE = 2.0  # points, by NVML over the settled window
 SPIN_SCENARIOS = ["30/70", "alone 30", "graph alone 30", "req 30/lim 100 + req 70/lim 70",
                   "req 30/lim 100, other idle", "best-effort + 30", "best-effort + req 60"]
 TORCH = "PyTorch bf16 matmul loops at 30/70"
+# The same with the driver's samples ignored on purpose (CUSLICE_CORE_METER=self-timing): how
+# limits hold where the driver gives none (MIG instances, some virtual GPUs; docs/compute.md).
+SELF_TIMING = " (self-timing)"
+TIMED_SCENARIOS = ["30/70", "best-effort + 30"]
 
 
 def _share_py():
@@ -42,8 +46,16 @@ def run(tier):
             continue
         slices, expected = scenarios[name]
         checks.extend(spin(tier, name, slices, expected, secs, settle))
+    for name in TIMED_SCENARIOS:
+        if not tier.wanted(name + SELF_TIMING):
+            continue
+        slices, expected = scenarios[name]
+        timed = [dict(s, env=dict(s["env"], CUSLICE_CORE_METER="self-timing")) for s in slices]
+        checks.extend(spin(tier, name + SELF_TIMING, timed, expected, secs, settle))
     if tier.wanted(TORCH):
         checks.extend(torch_pair(tier, secs, settle))
+    if tier.wanted(TORCH + SELF_TIMING):
+        checks.extend(torch_pair(tier, secs, settle, timed=True))
     return checks
 
 
@@ -177,32 +189,38 @@ def spin(tier, name, slices, expected, secs, settle):
                         truth)
 
 
-def torch_pair(tier, secs, settle):
-    """bf16 matmul loops: alone without limits for the reference rate, then two at 30 and 70."""
+def torch_pair(tier, secs, settle, timed=False):
+    """bf16 matmul loops: alone without limits for the reference rate, then two at 30 and 70
+    (`timed`: the library's own timing, the driver's samples ignored)."""
+    name = TORCH + (SELF_TIMING if timed else "")
     if tier.sim:
-        return [Check(GROUP, TORCH, "needs a real GPU (PyTorch)", "", NOT_RUN)]
+        return [Check(GROUP, name, "needs a real GPU (PyTorch)", "", NOT_RUN)]
     if importlib.util.find_spec("torch") is None:
-        return [Check(GROUP, TORCH, "PyTorch is not installed", "", NOT_RUN)]
+        return [Check(GROUP, name, "PyTorch is not installed", "", NOT_RUN)]
     alone_argv = [tier.python, tier.probe, "torch-matmul", str(secs / 2)]
-    (alone,) = tier.run(GROUP, f"{TORCH}: alone, without the library", [Spec(alone_argv, {})], timeout=300)
+    (alone,) = tier.run(GROUP, f"{name}: alone, without the library", [Spec(alone_argv, {})], timeout=300)
     base = alone.event("result")
     if base is None:
-        return [Check(GROUP, TORCH, failed([alone]) or "no result alone", "", FAIL)]
+        return [Check(GROUP, name, failed([alone]) or "no result alone", "", FAIL)]
     specs = [Spec([tier.python, tier.probe, "torch-matmul", str(secs)],
-                  tier.cuslice(tier.scratch(f"torch-{lim}"), core_limit=str(lim)), f"limit {lim}")
+                  tier.cuslice(tier.scratch(f"torch-{lim}{'-timed' if timed else ''}"), core_limit=str(lim)),
+                  f"limit {lim}")
              for lim in (30, 70)]
-    procs = tier.run(GROUP, TORCH, specs, timeout=300)
+    if timed:
+        for sp in specs:
+            sp.env["CUSLICE_CORE_METER"] = "self-timing"
+    procs = tier.run(GROUP, name, specs, timeout=300)
     results = [p.event("result") for p in procs]
     started = [p.event("started") for p in procs]
     if failed(procs) or not all(results) or not all(started):
-        return [Check(GROUP, TORCH, failed(procs) or "no result", "", FAIL)]
+        return [Check(GROUP, name, failed(procs) or "no result", "", FAIL)]
     # Both running their timed loops: from the later start (plus settling) to the earlier end.
     t0 = max(s["t"] for s in started) + settle
     t1 = min(s["t"] + r["secs"] for s, r in zip(started, results))
     through = [100.0 * r["per_sec"] / base["per_sec"] for r in results]
     util = tier.nvml.utilisation(t0 - 1, t1 + 1)
-    checks = judge_shares(TORCH, ["limit 30", "limit 70"], [p.pid for p in procs], [30, 70], util, t0, t1, through,
+    checks = judge_shares(name, ["limit 30", "limit 70"], [p.pid for p in procs], [30, 70], util, t0, t1, through,
                           together=True)
-    checks.append(Check(GROUP, f"{TORCH}: alone", f"{base['tflops']:.0f} TFLOP/s ({base['per_sec']:.1f} matmuls/s, "
+    checks.append(Check(GROUP, f"{name}: alone", f"{base['tflops']:.0f} TFLOP/s ({base['per_sec']:.1f} matmuls/s, "
                         f"n={base['n']})", "reference for the throughput shares", INFO, base))
     return checks
