@@ -297,7 +297,14 @@ pub fn join(s: &Slice, devs: &[Dev]) -> Result<(), String> {
             timer: Timer::default(),
         });
     }
-    METERS.store(Box::into_raw(Box::new(meters)), Ordering::Release);
+    let meters: &'static Vec<Meter> = Box::leak(Box::new(meters));
+    for m in meters {
+        timing::register(&m.timer);
+    }
+    METERS.store(
+        meters as *const Vec<Meter> as *mut Vec<Meter>,
+        Ordering::Release,
+    );
     Ok(())
 }
 
@@ -1004,6 +1011,7 @@ pub fn child_after_fork() {
     METERED.store(false, Ordering::Relaxed);
     // The parent's meters are leaked with its slice (`membership::child_after_fork`).
     METERS.store(std::ptr::null_mut(), Ordering::Relaxed);
+    timing::child_after_fork();
 }
 
 /// At process exit: the last process of a standalone slice takes the slice's place off the

@@ -34,6 +34,7 @@ use cuslice_policy::overhead::{self, Found};
 use crate::membership::{self, Charge, Slice};
 use crate::nvml_query;
 use crate::real;
+use crate::timing;
 
 /// Creates a context on device `cudev` with `make`, charging its hidden memory.
 fn create(cudev: CUdevice, out: *mut CUcontext, make: impl FnOnce() -> CUresult) -> CUresult {
@@ -270,6 +271,7 @@ pub unsafe extern "C" fn cuCtxDestroy(ctx: CUcontext) -> CUresult {
     let Some(f) = real::cuCtxDestroy() else {
         return CUresult::CUDA_ERROR_NOT_INITIALIZED;
     };
+    timing::forget(ctx as usize);
     // SAFETY: forwarded unchanged.
     destroyed(ctx, unsafe { f(ctx) })
 }
@@ -281,6 +283,7 @@ pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult {
     let Some(f) = real::cuCtxDestroy_v2() else {
         return CUresult::CUDA_ERROR_NOT_INITIALIZED;
     };
+    timing::forget(ctx as usize);
     // SAFETY: forwarded unchanged.
     destroyed(ctx, unsafe { f(ctx) })
 }
@@ -314,6 +317,12 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(ctx: *mut CUcontext, dev: CUde
     r
 }
 
+/// The primary context of `dev` that a release (`reset`: a reset) is about to destroy, if any.
+fn primary_going(s: &Slice, dev: CUdevice, reset: bool) -> Option<usize> {
+    let o = s.dev_by_cudev(dev)?;
+    membership::local(|l| l.primary.get(&o).filter(|p| reset || p.1 <= 1).map(|p| p.0))
+}
+
 fn primary_released(s: &Slice, dev: CUdevice, reset: bool) {
     let Some(o) = s.dev_by_cudev(dev) else { return };
     let gone = membership::local(|l| match l.primary.get_mut(&o) {
@@ -338,10 +347,16 @@ macro_rules! primary_wrappers {
             let Some(f) = real::$name() else {
                 return CUresult::CUDA_ERROR_NOT_INITIALIZED;
             };
+            let s = membership::active().ok().flatten();
+            // A release that destroys the primary context (its last, or a reset): the meter's
+            // events in it go first (`timing::forget`).
+            if let Some(ctx) = s.and_then(|s| primary_going(s, dev, $reset)) {
+                timing::forget(ctx);
+            }
             // SAFETY: forwarded unchanged.
             let r = unsafe { f(dev) };
             if r.is_ok()
-                && let Ok(Some(s)) = membership::active()
+                && let Some(s) = s
             {
                 primary_released(s, dev, $reset);
             }

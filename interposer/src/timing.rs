@@ -9,7 +9,8 @@
 //!   a node of the application's graph.
 //! - At most `IN_FLIGHT` timings wait to be read; events are reused (one pair per timing, created
 //!   in the launching context the first time) and never destroyed: an application that destroys
-//!   its context takes them with it, and a timing whose events fail to read is dropped.
+//!   its context takes them with it. The context wrappers call `forget` first, so no event of a
+//!   destroyed context is read; a timing whose events fail to read is dropped too.
 //! - The meter thread reads them with `cuEventElapsedTime` (never a synchronising call), after
 //!   setting its own stream-capture mode to relaxed so that another thread's capture never
 //!   forbids the read, nor is invalidated by it.
@@ -26,6 +27,54 @@ use crate::real;
 
 /// Timings waiting to be read, at most.
 const IN_FLIGHT: usize = 64;
+
+/// Every timer of the process (one per metered device), for `forget`.
+static TIMERS: Mutex<Vec<&'static Timer>> = Mutex::new(Vec::new());
+/// Held while the meter thread reads events, and by `forget`: a context is never destroyed
+/// while its events are being read.
+static READING: Mutex<()> = Mutex::new(());
+
+/// Makes `t` known to `forget` (once, when the meters are set up).
+pub fn register(t: &'static Timer) {
+    TIMERS.lock().push(t);
+}
+
+/// In a forked child: the parent's timers are not the child's (it sets up its own at its
+/// cuInit), and a lock another thread of the parent held at the fork is never given back.
+pub fn child_after_fork() {
+    for lock in [&TIMERS as &dyn ForceUnlock, &READING] {
+        lock.force_unlock_if_held();
+    }
+    TIMERS.lock().clear();
+}
+
+trait ForceUnlock {
+    fn force_unlock_if_held(&self);
+}
+
+impl<T> ForceUnlock for Mutex<T> {
+    fn force_unlock_if_held(&self) {
+        if self.is_locked() {
+            // SAFETY: in a forked child only the forking thread runs, and it holds none of these
+            // locks (it was not in `forget` or a meter read, which do not fork): a holder was
+            // another thread of the parent, which does not exist here.
+            unsafe { self.force_unlock() };
+        }
+    }
+}
+
+/// Before context `ctx` is destroyed (`cuCtxDestroy`, the last release or a reset of a primary
+/// context): its events go with it, so no timing may read them afterwards. They are dropped
+/// here, after any read in progress, and never touched again; the driver frees them with the
+/// context. (Reading an event of a destroyed context is undefined on a real driver.)
+pub fn forget(ctx: usize) {
+    let _reading = READING.lock();
+    for t in TIMERS.lock().iter() {
+        let mut p = t.pending.lock();
+        p.free.retain(|q| q.ctx != ctx);
+        p.flight.retain(|(q, _)| q.ctx != ctx);
+    }
+}
 
 #[derive(Clone, Copy)]
 struct Pair {
@@ -171,6 +220,7 @@ impl Timer {
 
     /// Reads the timings done so far into `costs` (from the meter thread); the others wait.
     pub fn collect(&self, costs: &mut LaunchCosts) {
+        let _reading = READING.lock();
         let flight = std::mem::take(&mut self.pending.lock().flight);
         if flight.is_empty() {
             return;
