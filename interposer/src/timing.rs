@@ -1,6 +1,7 @@
-//! The self-timing meter's side of the launch path: where the driver gives no per-process
-//! utilisation samples, a sample of launches is timed with CUDA events on the launching stream,
-//! and the meter thread reads the timings back (the arithmetic is `cuslice_policy::timing`).
+//! The library's own timing of launches: every metered process times a sample of its launches
+//! with CUDA events on the launching stream, and the meter thread reads the timings back (the
+//! arithmetic is `cuslice_policy::timing`). Where the driver gives no per-process utilisation
+//! samples they are the meter's readings; under one sample a period, what a launch costs.
 //!
 //! - A timed launch records one event on its stream just before the launch and one just after,
 //!   with the launching thread's own context current. Nothing else on the path changes: an untimed
