@@ -275,16 +275,16 @@ impl Nvml {
     pub fn processes(&self, d: Device) -> Result<Vec<ProcessMemory>, String> {
         let h = self.handle(d)?;
         let used = |u: u64| (u != NVML_VALUE_NOT_AVAILABLE).then_some(u);
+        let failed = |r: nvmlReturn_t| {
+            format!(
+                "{LIBRARY}: nvmlDeviceGetComputeRunningProcesses returned {}",
+                r.0
+            )
+        };
         if let Some(f) = self.procs_v2 {
             // SAFETY: a handle from NVML; `fetch_all` passes buffers of the room it names.
-            let all = fetch_all(|c, i: *mut nvmlProcessInfo_v2_t| unsafe { f(h, c, i) }).map_err(
-                |r| {
-                    format!(
-                        "{LIBRARY}: nvmlDeviceGetComputeRunningProcesses returned {}",
-                        r.0
-                    )
-                },
-            )?;
+            let list = |c: *mut c_uint, i: *mut nvmlProcessInfo_v2_t| unsafe { f(h, c, i) };
+            let all = fetch_all(list).map_err(failed)?;
             return Ok(all
                 .iter()
                 .map(|p| ProcessMemory {
@@ -297,13 +297,8 @@ impl Nvml {
             format!("{LIBRARY} has no nvmlDeviceGetComputeRunningProcesses: too old a driver")
         })?;
         // SAFETY: as above, with the v1 entry layout.
-        let all =
-            fetch_all(|c, i: *mut nvmlProcessInfo_v1_t| unsafe { f(h, c, i) }).map_err(|r| {
-                format!(
-                    "{LIBRARY}: nvmlDeviceGetComputeRunningProcesses returned {}",
-                    r.0
-                )
-            })?;
+        let list = |c: *mut c_uint, i: *mut nvmlProcessInfo_v1_t| unsafe { f(h, c, i) };
+        let all = fetch_all(list).map_err(failed)?;
         Ok(all
             .iter()
             .map(|p| ProcessMemory {

@@ -73,9 +73,9 @@ fn read_copy_used(f: &File, copy: &mut Header) {
 /// Reads bytes `from..to` of the ledger in `f` into the same bytes of `copy` (zeros past what
 /// could be read).
 fn read_range(f: &File, copy: &mut Header, from: usize, to: usize) {
+    let start = (copy as *mut Header).cast::<u8>();
     // SAFETY: `copy` is `size()` bytes we hold exclusively; any bytes are a valid `Header`.
-    let bytes =
-        unsafe { std::slice::from_raw_parts_mut((copy as *mut Header).cast::<u8>(), size()) };
+    let bytes = unsafe { std::slice::from_raw_parts_mut(start, size()) };
     read_bytes(f, bytes, from, to);
 }
 
