@@ -1,8 +1,9 @@
 //! An upgrade under running containers, for real (docs/upgrades.md): the previous release
 //! (built from its own commit, `CUSLICE_PREVIOUS` naming its target/release, as
 //! `tests/upgrade/run` does) is installed with its own `cuslice install`, its hook starts runc
-//! containers on simgpu and its agent watches them; then this build is installed over it with
-//! `cuslice install`, this agent replaces that one, and new containers start beside the old.
+//! and Podman containers on simgpu and its agent watches them; then this build is installed over
+//! it with `cuslice install`, this agent replaces that one, and new containers start beside the
+//! old.
 //! Judged by the simulator's count (memory held, device time), the agent's findings and
 //! `cuslice status`; then `cuslice uninstall`.
 //!
@@ -14,6 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use cuslice_test_engines::podman::{self, Podman};
 use cuslice_test_engines::runc::{RuncContainer, bundle};
 use cuslice_test_engines::shares::device_times;
 use cuslice_test_engines::*;
@@ -33,9 +35,23 @@ fn previous() -> PathBuf {
     dir
 }
 
+/// The ledger version the release in `dir` writes, from the formats line of its `cuslice
+/// --version` ("state formats: ledger 7 (reads 6, 7); ..."). Releases before that line wrote 6.
+fn ledger_written(dir: &Path) -> u64 {
+    let out = output_of(Command::new(dir.join("cuslice")).arg("--version"));
+    out.split_once("ledger ")
+        .and_then(|(_, rest)| rest.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(6)
+}
+
 struct Node {
     prefix: PathBuf,
+    /// The hooks.d directory `cuslice install --engine podman` writes.
     hooks_dir: PathBuf,
+    /// Podman's hooks directory: the installed descriptors, each given this node's state root
+    /// and board (the runc containers get them in their bundles).
+    pod_hooks: PathBuf,
     root: PathBuf,
     node_dir: PathBuf,
 }
@@ -45,9 +61,10 @@ impl Node {
         p.to_str().unwrap()
     }
 
-    /// `cuslice install` of the release in `from`, as an operator runs it.
+    /// `cuslice install` of the release in `from`, as an operator runs it; then Podman's copy
+    /// of the descriptors it wrote.
     fn install(&self, from: &Path) -> String {
-        output_of(
+        let out = output_of(
             Command::new(from.join("cuslice"))
                 .args(["install", "--no-agent", "--engine", "podman", "--prefix"])
                 .arg(&self.prefix)
@@ -55,7 +72,37 @@ impl Node {
                 .arg(&self.hooks_dir)
                 .arg("--from")
                 .arg(from),
-        )
+        );
+        let _ = std::fs::remove_dir_all(&self.pod_hooks);
+        std::fs::create_dir_all(&self.pod_hooks).unwrap();
+        let mut written = 0;
+        for entry in std::fs::read_dir(&self.hooks_dir).unwrap() {
+            let path = entry.unwrap().path();
+            let mut d: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap())
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            let args = d["hook"]["args"].as_array_mut().unwrap();
+            for a in [
+                "--state-root",
+                Node::arg(&self.root),
+                "--node-dir",
+                Node::arg(&self.node_dir),
+            ] {
+                args.push(Value::from(a));
+            }
+            std::fs::write(
+                self.pod_hooks.join(path.file_name().unwrap()),
+                d.to_string(),
+            )
+            .unwrap();
+            written += 1;
+        }
+        assert_eq!(
+            written,
+            2,
+            "{} holds no createRuntime and poststop descriptors: {out}",
+            self.hooks_dir.display()
+        );
+        out
     }
 
     /// A runc container started by the hook installed in the prefix now.
@@ -143,10 +190,15 @@ fn pids_of(id: &str) -> Vec<i32> {
     serde_json::from_str::<Vec<i32>>(&out).unwrap_or_default()
 }
 
-/// What the simulator says a container's processes hold on device 0 now, and the most each
-/// held, summed.
+/// What the simulator says a runc container's processes hold on device 0 now, and the most
+/// each held, summed.
 fn held_by_container(sim: &Sim, id: &str) -> (u64, u64) {
-    let pids = pids_of(id);
+    held_by(sim, &pids_of(id))
+}
+
+/// What the simulator says these host pids hold on device 0 now, and the most each held,
+/// summed.
+fn held_by(sim: &Sim, pids: &[i32]) -> (u64, u64) {
     let dev = sim.device(0);
     dev["processes"]
         .as_array()
@@ -164,7 +216,7 @@ fn held_by_container(sim: &Sim, id: &str) -> (u64, u64) {
 /// A process started in a running container with `runc exec`.
 struct Exec {
     child: std::process::Child,
-    /// Its host pid (`runc exec --pid-file`): killing `runc exec` would leave it running.
+    /// Its host pid: killing `runc exec` or `podman exec` would leave it running.
     pid: i32,
 }
 
@@ -176,23 +228,21 @@ impl Drop for Exec {
     }
 }
 
-/// `runc exec ID cuda-workload fill` until its refusal: a new process in a running container.
-fn fill_in(id: &str, chunk: &str) -> Exec {
-    let dir = tempfile::tempdir().unwrap();
-    let pid_file = dir.path().join("pid");
-    let mut child = Command::new("runc")
-        .args(["exec", "--pid-file"])
-        .arg(&pid_file)
-        .args([
-            id,
-            "cuda-workload",
-            "fill",
-            "--family",
-            "mem",
-            "--chunk",
-            chunk,
-        ])
-        .args(["--hold", "600"])
+const FILL: [&str; 8] = [
+    "cuda-workload",
+    "fill",
+    "--family",
+    "mem",
+    "--chunk",
+    "32MiB",
+    "--hold",
+    "600",
+];
+
+/// Runs `cmd` (a `cuda-workload fill` in a running container) until its refusal; `pid` then
+/// finds its host pid.
+fn fill(mut cmd: Command, what: &str, pid: impl FnOnce() -> i32) -> Exec {
+    let mut child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -210,7 +260,7 @@ fn fill_in(id: &str, chunk: &str) -> Exec {
                 .map(|o| o.stderr)
                 .unwrap_or_default();
             panic!(
-                "runc exec {id}: fill ended without a refusal: {seen:?} {}",
+                "{what}: fill ended without a refusal: {seen:?} {}",
                 String::from_utf8_lossy(&err)
             );
         };
@@ -218,12 +268,45 @@ fn fill_in(id: &str, chunk: &str) -> Exec {
             break;
         }
         seen.push(line);
-        assert!(t0.elapsed() < Duration::from_secs(60), "no refusal in 60 s");
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "{what}: no refusal in 60 s"
+        );
     }
-    let pid = poll("runc exec's pid file", || {
-        std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok()
-    });
-    Exec { child, pid }
+    Exec { child, pid: pid() }
+}
+
+/// `runc exec ID cuda-workload fill` until its refusal: a new process in a running container.
+fn fill_in(id: &str) -> Exec {
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("pid");
+    let mut cmd = Command::new("runc");
+    cmd.args(["exec", "--pid-file"])
+        .arg(&pid_file)
+        .arg(id)
+        .args(FILL);
+    fill(cmd, &format!("runc exec {id}"), || {
+        poll("runc exec's pid file", || {
+            std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok()
+        })
+    })
+}
+
+/// `podman exec NAME cuda-workload fill` until its refusal; its host pid is the one the
+/// container did not have before.
+fn fill_in_pod(pod: &Podman, name: &str) -> Exec {
+    let before = pod.host_pids(name);
+    fill(
+        pod.exec(name, &FILL),
+        &format!("podman exec {name}"),
+        || {
+            poll("the podman exec's host pid", || {
+                pod.host_pids(name)
+                    .into_iter()
+                    .find(|p| !before.contains(p))
+            })
+        },
+    )
 }
 
 fn slice<'a>(view: &'a Value, id: &str) -> &'a Value {
@@ -249,6 +332,29 @@ fn shares(sim: &Sim, pids: &[i32], secs: u64) -> Vec<f64> {
         .collect()
 }
 
+const HOLD: [&str; 6] = [
+    "cuda-workload",
+    "hold",
+    "--bytes",
+    "256MiB",
+    "--secs",
+    "600",
+];
+
+/// A Podman container holding 256 MiB under a 1 GiB cap, started by the hook installed in the
+/// node's prefix now.
+fn start_pod<'a>(pod: &'a Podman, sim: &Sim, node: &Node, name: &str) -> Box<dyn Container + 'a> {
+    let spec = Spec {
+        name,
+        env: &["CUSLICE_MEMORY_LIMIT=1GiB"],
+        cmd: &HOLD,
+        read_only: false,
+    };
+    let mut c = pod.spawn_with_hooks(sim, &spec, &node.pod_hooks);
+    wait_for(&mut *c, "holding");
+    c
+}
+
 const KERNELS: &str = "exec cuda-workload launch --ns-per-block 1000 --blocks 1000 --secs 600";
 
 #[test]
@@ -261,6 +367,7 @@ fn an_upgrade_keeps_the_previous_releases_containers_capped_beside_new_ones() {
     let node = Node {
         prefix: tmp.path().join("prefix"),
         hooks_dir: tmp.path().join("hooks.d"),
+        pod_hooks: tmp.path().join("podman-hooks.d"),
         root: tmp.path().join("state"),
         node_dir: tmp.path().join("board"),
     };
@@ -270,19 +377,7 @@ fn an_upgrade_keeps_the_previous_releases_containers_capped_beside_new_ones() {
     node.install(&prev);
     let (mut old_agent, old_log) = node.agent(&sim, &prev, "stop");
     let (old_mem, old_busy) = (name("old-mem"), name("old-busy"));
-    let mut a = node.start(
-        &sim,
-        &old_mem,
-        &["CUSLICE_MEMORY_LIMIT=1GiB"],
-        &[
-            "cuda-workload",
-            "hold",
-            "--bytes",
-            "256MiB",
-            "--secs",
-            "600",
-        ],
-    );
+    let mut a = node.start(&sim, &old_mem, &["CUSLICE_MEMORY_LIMIT=1GiB"], &HOLD);
     wait_for(&mut a, "holding");
     let mut b = node.start(
         &sim,
@@ -291,6 +386,9 @@ fn an_upgrade_keeps_the_previous_releases_containers_capped_beside_new_ones() {
         &["sh", "-c", KERNELS],
     );
     wait_for(&mut b, "start");
+    let pod = podman::engine();
+    let old_pod = name("old-pod");
+    let e = start_pod(pod, &sim, &node, &old_pod);
 
     // The upgrade: this build's files over the previous ones, this agent for that one.
     let library = node.prefix.join("lib/cuslice/libcuslice.so");
@@ -308,19 +406,7 @@ fn an_upgrade_keeps_the_previous_releases_containers_capped_beside_new_ones() {
 
     // New containers beside the old ones.
     let (new_mem, new_busy) = (name("new-mem"), name("new-busy"));
-    let mut c = node.start(
-        &sim,
-        &new_mem,
-        &["CUSLICE_MEMORY_LIMIT=1GiB"],
-        &[
-            "cuda-workload",
-            "hold",
-            "--bytes",
-            "256MiB",
-            "--secs",
-            "600",
-        ],
-    );
+    let mut c = node.start(&sim, &new_mem, &["CUSLICE_MEMORY_LIMIT=1GiB"], &HOLD);
     wait_for(&mut c, "holding");
     let mut d = node.start(
         &sim,
@@ -329,16 +415,29 @@ fn an_upgrade_keeps_the_previous_releases_containers_capped_beside_new_ones() {
         &["sh", "-c", KERNELS],
     );
     wait_for(&mut d, "start");
+    let new_pod = name("new-pod");
+    let f = start_pod(pod, &sim, &node, &new_pod);
 
     // Caps: a new process in each memory container fills it to its cap, by the simulator's
     // count: in the old one it loads the old library (its mount is the file it had) and joins
     // the old slice.
     let mut fills = Vec::new();
-    for id in [&old_mem, &new_mem] {
-        fills.push(fill_in(id, "32MiB"));
-        let (held, peak) = held_by_container(&sim, id);
+    let mut pod_fills = Vec::new();
+    for (id, engine) in [
+        (&old_mem, "runc"),
+        (&new_mem, "runc"),
+        (&old_pod, "podman"),
+        (&new_pod, "podman"),
+    ] {
+        let (held, peak) = if engine == "runc" {
+            fills.push(fill_in(id));
+            held_by_container(&sim, id)
+        } else {
+            pod_fills.push(fill_in_pod(pod, id));
+            held_by(&sim, &pod.host_pids(id))
+        };
         report.push(format!(
-            "{id}: {} MiB held, {} MiB at most, cap 1024 MiB",
+            "{id} ({engine}): {} MiB held, {} MiB at most, cap 1024 MiB",
             held / MIB,
             peak / MIB
         ));
@@ -362,15 +461,22 @@ fn an_upgrade_keeps_the_previous_releases_containers_capped_beside_new_ones() {
 
     // What this build's status says of both, and that the old one says which release it runs.
     let view = node.status(&sim);
-    for (id, version) in [(&old_mem, 6), (&new_mem, 7)] {
-        let s = slice(&view, id);
-        assert_eq!(s["ledger_version"], version, "{s}");
-        assert_eq!(s["memory"]["limit"], GIB, "{s}");
-        let (held, _) = held_by_container(&sim, id);
+    let (was, now) = (ledger_written(&prev), ledger_written(&bin_dir()));
+    let slices = [
+        (&old_mem, old_mem.clone(), pids_of(&old_mem), was),
+        (&new_mem, new_mem.clone(), pids_of(&new_mem), now),
+        (&old_pod, e.id(), pod.host_pids(&old_pod), was),
+        (&new_pod, f.id(), pod.host_pids(&new_pod), now),
+    ];
+    for (name, id, pids, version) in slices {
+        let s = slice(&view, &id);
+        assert_eq!(s["ledger_version"], version, "{name}: {s}");
+        assert_eq!(s["memory"]["limit"], GIB, "{name}: {s}");
+        let (held, _) = held_by(&sim, &pids);
         let used = s["memory"]["used"].as_u64().unwrap();
         assert!(
             used.abs_diff(held) <= 64 * MIB,
-            "{id}: status {used}, simulator {held}"
+            "{name}: status {used}, simulator {held}"
         );
     }
     let text = output_of(Command::new(bin_dir().join("cuslice")).args([
@@ -378,12 +484,16 @@ fn an_upgrade_keeps_the_previous_releases_containers_capped_beside_new_ones() {
         "--state-root",
         Node::arg(&node.root),
     ]));
-    assert!(text.contains("previous release's library"), "{text}");
+    assert_eq!(
+        text.contains("previous release's library"),
+        was != now,
+        "ledgers {was} and {now}: {text}"
+    );
 
     // `cuslice set` on the old slice: its cap raised to 1.5 GiB, and a new fill there stops at
     // it by the simulator's count.
     node.set(&old_mem, &["--memory-limit", "1536MiB"]);
-    fills.push(fill_in(&old_mem, "32MiB"));
+    fills.push(fill_in(&old_mem));
     let (held, peak) = held_by_container(&sim, &old_mem);
     report.push(format!(
         "{old_mem} after cuslice set 1536MiB: {} MiB held, {} MiB at most",
@@ -409,15 +519,21 @@ fn an_upgrade_keeps_the_previous_releases_containers_capped_beside_new_ones() {
     assert_eq!(problems.as_array().map_or(0, Vec::len), 0, "{problems}");
     report.push(format!("agent findings: {findings}, problems: {problems}"));
 
-    // A container of the previous release stopped under this one: this hook's poststop removes
-    // its state as that release's did.
+    // Containers of the previous release stopped under this one: this hook's poststop removes
+    // their state as that release's did (Podman runs the poststop descriptor it read when the
+    // container was made, which names the hook's path: now this release's file).
     let state = node.root.join("containers").join(&old_mem);
-    assert!(state.is_dir(), "{} is missing", state.display());
+    let pod_state = node.root.join("containers").join(e.id());
+    for s in [&state, &pod_state] {
+        assert!(s.is_dir(), "{} is missing", s.display());
+    }
     drop(fills.remove(2));
     drop(fills.remove(0));
+    drop(pod_fills.remove(0));
     Box::new(a).remove();
-    poll("the stopped container's state removed", || {
-        (!state.exists()).then_some(())
+    e.remove();
+    poll("the stopped containers' state removed", || {
+        (!state.exists() && !pod_state.exists()).then_some(())
     });
 
     // Back one release, as a rollback does: the previous files over these, the previous agent
@@ -431,14 +547,21 @@ fn an_upgrade_keeps_the_previous_releases_containers_capped_beside_new_ones() {
     let _ = agent.wait();
     let (mut old_agent, old_log) = node.agent(&sim, &prev, "stop");
     drop(fills.remove(0));
-    fills.push(fill_in(&new_mem, "32MiB"));
-    let (held, peak) = held_by_container(&sim, &new_mem);
-    report.push(format!(
-        "after the downgrade, {new_mem}: {} MiB held, {} MiB at most, cap 1024 MiB",
-        held / MIB,
-        peak / MIB
-    ));
-    assert!(held <= GIB && held > GIB - 64 * MIB, "{report:?}");
+    drop(pod_fills.remove(0));
+    fills.push(fill_in(&new_mem));
+    pod_fills.push(fill_in_pod(pod, &new_pod));
+    for (id, pids) in [
+        (&new_mem, pids_of(&new_mem)),
+        (&new_pod, pod.host_pids(&new_pod)),
+    ] {
+        let (held, peak) = held_by(&sim, &pids);
+        report.push(format!(
+            "after the downgrade, {id}: {} MiB held, {} MiB at most, cap 1024 MiB",
+            held / MIB,
+            peak / MIB
+        ));
+        assert!(held <= GIB && held > GIB - 64 * MIB, "{report:?}");
+    }
     std::thread::sleep(Duration::from_secs(4));
     for (id, k) in [(&old_busy, &mut b), (&new_mem, &mut c), (&new_busy, &mut d)] {
         assert!(
@@ -475,9 +598,11 @@ fn an_upgrade_keeps_the_previous_releases_containers_capped_beside_new_ones() {
     report.push(format!("the previous agent's log:\n{}", old_log.text()));
 
     drop(fills);
+    drop(pod_fills);
     for k in [b, c, d] {
         Box::new(k).remove();
     }
+    f.remove();
     let out = output_of(
         Command::new(bin_dir().join("cuslice"))
             .args(["uninstall", "--engine", "podman", "--prefix"])

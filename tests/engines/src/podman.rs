@@ -131,7 +131,8 @@ impl Podman {
 
     /// `podman run ... --rootfs ROOTFS CMD...`; `cidfile`: where podman writes the id; `cdi`:
     /// CDI device ids for `--device` (then no hooks.d and no GPU mounts but the simulator's
-    /// state: the specs bring the rest).
+    /// state: the specs bring the rest); `hooks`: a hooks directory other than this engine's own
+    /// install (not with `cdi`).
     fn run_command(
         &self,
         sim: &Sim,
@@ -139,6 +140,7 @@ impl Podman {
         rootfs: &Path,
         cidfile: Option<&Path>,
         cdi: Option<&[String]>,
+        hooks: Option<&Path>,
     ) -> Command {
         let mut a: Vec<OsString> = vec!["run".into(), "--name".into(), spec.name.into()];
         match cidfile {
@@ -178,9 +180,10 @@ impl Podman {
         a.push("--rootfs".into());
         a.push(rootfs.into());
         a.extend(spec.cmd.iter().map(OsString::from));
-        let mut c = match cdi {
-            None => self.podman(),
-            Some(_) => {
+        let mut c = match (cdi, hooks) {
+            (None, Some(hooks)) => self.podman_with_hooks(hooks),
+            (None, None) => self.podman(),
+            (Some(_), _) => {
                 let none = self.dir.join("no-hooks.d");
                 std::fs::create_dir_all(&none).unwrap();
                 self.podman_with_hooks(&none)
@@ -281,7 +284,7 @@ impl Podman {
         make_rootfs(&dir.path().join("rootfs"));
         prepare(&dir.path().join("rootfs"));
         let out = self
-            .run_command(sim, spec, &dir.path().join("rootfs"), None, cdi)
+            .run_command(sim, spec, &dir.path().join("rootfs"), None, cdi, None)
             .output()
             .unwrap();
         // `--rm` removes it; make sure, whatever happened.
@@ -298,15 +301,47 @@ impl Podman {
         spec: &Spec<'_>,
         cdi: Option<&[String]>,
     ) -> Box<dyn Container + '_> {
-        self.spawn_in(sim, spec, cdi, &|_| {})
+        self.spawn_in(sim, spec, cdi, None, &|_| {})
     }
 
-    /// `spawn_cdi` in a rootfs that `prepare` has changed first.
+    /// A container started with the hook descriptors in `hooks` (another install than this
+    /// engine's own, as an upgrade test makes), with the GPU mounts.
+    pub fn spawn_with_hooks(
+        &self,
+        sim: &Sim,
+        spec: &Spec<'_>,
+        hooks: &Path,
+    ) -> Box<dyn Container + '_> {
+        self.spawn_in(sim, spec, None, Some(hooks), &|_| {})
+    }
+
+    /// `podman exec NAME ARGS...`: a new process in a running container.
+    pub fn exec(&self, name: &str, args: &[&str]) -> Command {
+        let mut c = self.podman();
+        c.args(["exec", name]).args(args);
+        c
+    }
+
+    /// The host pids of a running container's processes (`podman top NAME hpid`).
+    pub fn host_pids(&self, name: &str) -> Vec<i32> {
+        let out = self.podman().args(["top", name, "hpid"]).output();
+        out.map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .filter_map(|l| l.trim().parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+    }
+
+    /// `spawn_cdi` (or, with `hooks`, `spawn_with_hooks`) in a rootfs that `prepare` has
+    /// changed first.
     fn spawn_in(
         &self,
         sim: &Sim,
         spec: &Spec<'_>,
         cdi: Option<&[String]>,
+        hooks: Option<&Path>,
         prepare: &dyn Fn(&Path),
     ) -> Box<dyn Container + '_> {
         let dir = tempfile::tempdir().unwrap();
@@ -318,6 +353,7 @@ impl Podman {
             &dir.path().join("rootfs"),
             Some(&dir.path().join("cid")),
             cdi,
+            hooks,
         ));
         Box::new(PodmanContainer {
             engine: self,
@@ -350,7 +386,7 @@ impl super::preload::Prepared for Podman {
         spec: &Spec<'_>,
         prepare: &dyn Fn(&Path),
     ) -> Box<dyn Container + '_> {
-        self.spawn_in(sim, spec, None, prepare)
+        self.spawn_in(sim, spec, None, None, prepare)
     }
 }
 
