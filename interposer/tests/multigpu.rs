@@ -1,11 +1,13 @@
 //! Multi-GPU, multi-process jobs as tensor-parallel frameworks run them: one process (rank) per
 //! device, all in one slice, each exporting memory that the next rank opens (CUDA IPC, or a VMM
-//! handle exported as a POSIX file descriptor, as NCCL's transports do), and the peer queries
-//! they make. Ground truth is the simulator's count of what each process holds on each device.
+//! handle exported as a POSIX file descriptor, as NCCL's transports do), the peer queries they
+//! make, and copies between devices (cuMemcpyPeer[Async]). Ground truth is the simulator's count
+//! of what each process holds on each device, and the bytes read back.
 
 mod common;
 use common::*;
 
+use std::io::Write;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -176,8 +178,9 @@ fn the_same_ranks_without_cuslice() {
 }
 
 /// What the driver says of peers (can access, the P2P attributes, enabling access) and of
-/// multicast objects is what a process under cuslice is told: cuslice hides no peer, no link and
-/// no multicast support, and adds none. On PCIe cards without peer access and on an NVLink board
+/// multicast objects is what a process under cuslice is told, and peer copies from each device to
+/// each other arrive whole under it as without: cuslice hides no peer, no link and no multicast
+/// support, adds none, and passes cuMemcpyPeer[Async] through. On PCIe cards without peer access and on an NVLink board
 /// (`simgpu init --nvlink`), where every pair reaches the other and access is enabled; neither
 /// has NVSwitch multicast (attribute 0, `cuMulticastCreate` not supported), which NCCL then
 /// does without.
@@ -215,9 +218,84 @@ fn peer_queries_pass_through_untouched() {
                 serde_json::json!(vec![0; n]),
                 "{a}"
             );
-            for k in ["pairs", "multicast_supported", "multicast_create"] {
+            let copies = a["copies"].as_array().unwrap();
+            assert_eq!(copies.len(), n * (n - 1), "{a}");
+            for c in copies {
+                for k in ["sync_ok", "async_ok"] {
+                    assert_eq!(c[k], true, "the driver, nvlink {nvlink}: {c}");
+                }
+            }
+            for k in ["pairs", "copies", "multicast_supported", "multicast_create"] {
                 assert_eq!(a[k], b[k], "{k}, {n} devices, nvlink {nvlink}");
             }
+        }
+    }
+}
+
+/// A copy from each device to each other (cuMemcpyPeer, then cuMemcpyPeerAsync on a stream and
+/// its synchronisation) moves bytes and nothing else: with and without cuslice, reached by dlsym
+/// and by cuGetProcAddress, on PCIe cards
+/// (no peer access; the driver stages the copy) and on an NVLink board, every pattern arrives
+/// whole, and what the process holds on each device by the simulator's count (each device's n - 1
+/// sources and n - 1 destinations, and its context) is the same after the copies as before.
+#[test]
+fn peer_copies_arrive_whole_and_charge_neither_device() {
+    const N: usize = 3;
+    const BYTES: u64 = 8 * MIB;
+    for nvlink in [false, true] {
+        let mut args = vec!["--devices", "3", "--memory", "8GiB"];
+        if nvlink {
+            args.push("--nvlink");
+        }
+        let sim = Sim::new(&args);
+        let slice = Slice::new(&[("CUSLICE_MEMORY_LIMIT", "1GiB")]);
+        // By dlsym of the versioned names, and by cuGetProcAddress_v2 asking for the per-thread
+        // default-stream variants (cuMemcpyPeer_ptds, cuMemcpyPeerAsync_ptsz).
+        let routes: [&[&str]; 2] = [&[], &["--route", "proc-v2", "--ptds"]];
+        for (under, route) in [None, Some(&slice)]
+            .into_iter()
+            .flat_map(|under| routes.map(|route| (under, route)))
+        {
+            let what = format!(
+                "nvlink {nvlink}, cuslice {}, route {route:?}",
+                under.is_some()
+            );
+            let mut cmd = route.to_vec();
+            cmd.extend(["peers", "--hold", "--copy-bytes", "8MiB"]);
+            let mut r = match under {
+                Some(s) => s.spawn(&sim, &cmd),
+                None => sim.spawn(&cmd),
+            };
+            let ready = r.wait_for("peer_buffers", WAIT);
+            assert_eq!(u(&ready["copies"]), (N * (N - 1)) as u64, "{what}: {ready}");
+            let pid = ready["pid"].clone();
+            let held = || -> Vec<Value> { (0..N).map(|d| held_by_kind(&sim, d, &pid)).collect() };
+            let before = held();
+            for (dev, by_kind) in before.iter().enumerate() {
+                assert_eq!(
+                    u(&by_kind["mem"]),
+                    2 * (N as u64 - 1) * BYTES,
+                    "{what}, device {dev}: {by_kind}"
+                );
+            }
+            writeln!(r.child.stdin.as_mut().unwrap()).unwrap();
+            let line = r.wait_for("peers", WAIT);
+            assert_eq!(
+                held(),
+                before,
+                "{what}: the copies changed what the process holds"
+            );
+            let copies = line["copies"].as_array().unwrap();
+            assert_eq!(copies.len(), N * (N - 1), "{what}: {line}");
+            for c in copies {
+                assert_eq!(u(&c["bytes"]), BYTES, "{what}: {c}");
+                for (call, ok) in [("sync", "sync_ok"), ("async", "async_ok")] {
+                    assert_eq!(c[call], "CUDA_SUCCESS", "{what}: {c}");
+                    assert_eq!(c[ok], true, "{what}: {c}");
+                }
+            }
+            let err = r.err.text();
+            assert_eq!(r.release(), 0, "{what}: {err}");
         }
     }
 }

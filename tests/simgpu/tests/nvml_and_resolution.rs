@@ -118,6 +118,8 @@ fn both_cudart_request_lists_resolve_every_implemented_symbol() {
             "cuGraphLaunch",
             "cuCtxCreate",
             "cuGetProcAddress",
+            "cuMemcpyPeer",
+            "cuMemcpyPeerAsync",
         ] {
             assert!(
                 !not_found.contains(&implemented),

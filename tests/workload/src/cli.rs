@@ -142,9 +142,10 @@ pub enum Scenario {
     /// Open memory another process exported, map it on --device and read its pattern back: one
     /// `imported` line (pattern_ok); held until stdin reaches EOF
     Import(crate::share::ImportArgs),
-    /// Peer access between every pair of devices and multicast objects across them: one
-    /// `peers` line (no --device)
-    Peers,
+    /// Peer access between every pair of devices, a peer copy from each device to each other
+    /// (cuMemcpyPeer, then cuMemcpyPeerAsync), and multicast objects across them: one `peers`
+    /// line (no --device)
+    Peers(crate::share::PeersArgs),
     /// Only resolve the entry points and report how (no cuInit)
     Resolve,
 }
@@ -165,7 +166,7 @@ impl Scenario {
             Scenario::Tamper(_) => "tamper",
             Scenario::Export(_) => "export",
             Scenario::Import(_) => "import",
-            Scenario::Peers => "peers",
+            Scenario::Peers(_) => "peers",
             Scenario::Resolve => "resolve",
         }
     }
@@ -238,8 +239,8 @@ fn run(cli: &Cli, route: Route, direct: Option<fn() -> Driver>) -> u8 {
     {
         return crate::tamper::init_only(&driver, a.secs);
     }
-    if let Scenario::Peers = cli.scenario {
-        return match crate::share::peers(&driver) {
+    if let Scenario::Peers(a) = &cli.scenario {
+        return match crate::share::peers(&driver, a) {
             Ok(()) => 0,
             Err(Failure::Cu(e)) => {
                 cu_error(&e);
@@ -287,7 +288,7 @@ fn scenario(cli: &Cli, route: Route, driver: &Driver) -> Result<(), Failure> {
         Scenario::Tamper(a) => crate::tamper::tamper(&session, a),
         Scenario::Export(a) => crate::share::export(&session, a)?,
         Scenario::Import(a) => crate::share::import(&session, a)?,
-        Scenario::Peers | Scenario::Resolve => {}
+        Scenario::Peers(_) | Scenario::Resolve => {}
     }
     session.close()?;
     Ok(())

@@ -103,6 +103,11 @@ macro_rules! cuda_functions {
             { cuMemcpyDtoD_v2, "cuMemcpyDtoD", 3020, ["cuMemcpyDtoD_v2_ptds"],
                 (dst: CUdeviceptr, src: CUdeviceptr, bytes: usize) }
             { cuMemsetD8_v2, "cuMemsetD8", 3020, ["cuMemsetD8_v2_ptds"], (dst: CUdeviceptr, value: u8, bytes: usize) }
+            { cuMemcpyPeer, "cuMemcpyPeer", 4000, ["cuMemcpyPeer_ptds"],
+                (dst: CUdeviceptr, dst_ctx: CUcontext, src: CUdeviceptr, src_ctx: CUcontext, bytes: usize) }
+            { cuMemcpyPeerAsync, "cuMemcpyPeerAsync", 4000, ["cuMemcpyPeerAsync_ptsz"],
+                (dst: CUdeviceptr, dst_ctx: CUcontext, src: CUdeviceptr, src_ctx: CUcontext, bytes: usize,
+                 stream: CUstream) }
             { cuMemExportToShareableHandle, "cuMemExportToShareableHandle", 10020, [],
                 (shareable: *mut c_void, handle: CUmemGenericAllocationHandle, kind: u32, flags: u64) }
             { cuMemImportFromShareableHandle, "cuMemImportFromShareableHandle", 10020, [],

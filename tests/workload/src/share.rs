@@ -8,7 +8,9 @@
 //!   descriptor taken with pidfd_getfd as NCCL's cuMem transport does, then
 //!   cuMemImportFromShareableHandle and a mapping of its own), and reads the pattern back;
 //! - `peers`: every pair of devices: cuDeviceCanAccessPeer, the P2P attributes and
-//!   cuCtxEnablePeerAccess between their primary contexts.
+//!   cuCtxEnablePeerAccess between their primary contexts, then a pattern copied from each device
+//!   to each other (cuMemcpyPeer, then cuMemcpyPeerAsync and a stream synchronisation) and read
+//!   back, as frameworks move tensors between ranks' devices.
 //!
 //! Export and import hold until stdin reaches EOF, then undo what they did.
 
@@ -46,6 +48,18 @@ pub struct ExportArgs {
     /// Bytes to export (rounded up to the allocation granularity with --via fd)
     #[arg(long, value_parser = crate::scenarios::parse_size, default_value = "64MiB")]
     pub bytes: u64,
+}
+
+#[derive(Clone, Debug, Args)]
+pub struct PeersArgs {
+    /// Bytes of each peer copy, one from every device to every other (0: no copies)
+    #[arg(long, value_parser = crate::scenarios::parse_size, default_value = "8MiB")]
+    pub copy_bytes: u64,
+    /// Stop twice on stdin, so that what each device holds can be read before and after the
+    /// copies: once their buffers are made and the patterns written (a `peer_buffers` line; a
+    /// line on stdin goes on), and after the `peers` line (EOF frees and ends)
+    #[arg(long)]
+    pub hold: bool,
 }
 
 #[derive(Clone, Debug, Args)]
@@ -287,9 +301,6 @@ pub fn import(s: &Session, a: &ImportArgs) -> Result<(), Failure> {
     if ok { Ok(()) } else { Err(Failure::Check) }
 }
 
-/// What the driver says of every ordered pair of devices (the P2P attributes 1 to 4: performance
-/// rank, access supported, native atomics, CUDA arrays), and what enabling peer access between
-/// their primary contexts returns.
 /// `CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED`.
 const ATTRIBUTE_MULTICAST_SUPPORTED: i32 = 132;
 
@@ -302,7 +313,119 @@ struct MulticastProp {
     flags: u64,
 }
 
-pub fn peers(d: &Driver) -> Result<(), Failure> {
+/// What a call answered, by its code's name in `cuda.h`.
+fn answer(r: Result<(), CuError>) -> &'static str {
+    match r {
+        Ok(()) => "CUDA_SUCCESS",
+        Err(e) if e.missing => "no entry point",
+        Err(e) => e.name().unwrap_or("?"),
+    }
+}
+
+/// One peer copy's buffers: `src` on device `from`, holding the pair's pattern, and `dst` on
+/// device `to`, each allocated in its device's primary context.
+struct PeerCopy {
+    from: usize,
+    to: usize,
+    src: CUdeviceptr,
+    dst: CUdeviceptr,
+}
+
+/// The pattern copied from device `from` to device `to`: each 32-bit word its own index, the pair
+/// in the top byte, so that a byte from another place, another pair or another granule shows.
+fn peer_pattern(from: usize, to: usize, bytes: usize) -> Vec<u8> {
+    let tag = (((from * 16 + to) & 0xff) as u32) << 24;
+    (0..bytes.div_ceil(4))
+        .flat_map(|w| (w as u32 ^ tag).to_le_bytes())
+        .take(bytes)
+        .collect()
+}
+
+/// Whether `dst` (device memory of the current context) holds `want`.
+fn holds(d: &Driver, dst: CUdeviceptr, want: &[u8]) -> Result<bool, CuError> {
+    let mut back = vec![0u8; want.len()];
+    // SAFETY: `back` holds `want.len()` bytes; `dst` is an allocation of at least as many.
+    unsafe { d.cuMemcpyDtoH_v2(back.as_mut_ptr().cast(), dst, back.len()) }?;
+    Ok(back == want)
+}
+
+/// Makes the buffers of a copy from every device to every other, `bytes` each: the source
+/// filled with its pair's pattern, the destination set to zero.
+fn peer_buffers(d: &Driver, ctxs: &[CUcontext], bytes: usize) -> Result<Vec<PeerCopy>, CuError> {
+    let mut copies = Vec::new();
+    for from in 0..ctxs.len() {
+        for to in (0..ctxs.len()).filter(|&to| to != from) {
+            let (mut src, mut dst): (CUdeviceptr, CUdeviceptr) = (0, 0);
+            let pattern = peer_pattern(from, to, bytes);
+            // SAFETY: a retained primary context; then an out-pointer to a local, and a copy of
+            // `bytes` bytes from `pattern` into the allocation of as many.
+            unsafe {
+                d.cuCtxSetCurrent(ctxs[from])?;
+                d.cuMemAlloc_v2(&mut src, bytes)?;
+                d.cuMemcpyHtoD_v2(src, pattern.as_ptr().cast(), bytes)?;
+            }
+            // SAFETY: as above, on the destination's device.
+            unsafe {
+                d.cuCtxSetCurrent(ctxs[to])?;
+                d.cuMemAlloc_v2(&mut dst, bytes)?;
+                d.cuMemsetD8_v2(dst, 0, bytes)?;
+            }
+            copies.push(PeerCopy { from, to, src, dst });
+        }
+    }
+    Ok(copies)
+}
+
+/// Copies each pattern to the other device, with cuMemcpyPeer and then (the destination set to
+/// zero again) with cuMemcpyPeerAsync on a stream of the destination's context and
+/// cuStreamSynchronize, reading the destination back after each. No peer access is needed: the
+/// driver stages a copy between devices that cannot reach each other.
+fn peer_copies(
+    d: &Driver,
+    ctxs: &[CUcontext],
+    streams: &[CUstream],
+    copies: &[PeerCopy],
+    bytes: usize,
+) -> Result<Vec<Value>, CuError> {
+    let mut out = Vec::new();
+    for c in copies {
+        let (to_ctx, from_ctx) = (ctxs[c.to], ctxs[c.from]);
+        let want = peer_pattern(c.from, c.to, bytes);
+        // SAFETY: the source device's retained primary context made current, as a framework
+        // copying from its own device has it; both buffers hold `bytes` bytes.
+        let sync = unsafe {
+            d.cuCtxSetCurrent(from_ctx)?;
+            d.cuMemcpyPeer(c.dst, to_ctx, c.src, from_ctx, bytes)
+        };
+        // SAFETY: a retained primary context.
+        unsafe { d.cuCtxSetCurrent(to_ctx) }?;
+        let sync_ok = sync.is_ok() && holds(d, c.dst, &want)?;
+        // SAFETY: `dst` holds `bytes` bytes.
+        unsafe { d.cuMemsetD8_v2(c.dst, 0, bytes) }?;
+        // SAFETY: as for the synchronous copy; `streams[to]` is a stream of the destination's
+        // context, synchronised before the destination is read.
+        let queued = unsafe {
+            d.cuCtxSetCurrent(from_ctx)?;
+            d.cuMemcpyPeerAsync(c.dst, to_ctx, c.src, from_ctx, bytes, streams[c.to])
+                .and_then(|()| d.cuStreamSynchronize(streams[c.to]))
+        };
+        // SAFETY: a retained primary context.
+        unsafe { d.cuCtxSetCurrent(to_ctx) }?;
+        let async_ok = queued.is_ok() && holds(d, c.dst, &want)?;
+        out.push(
+            json!({"from": c.from, "to": c.to, "bytes": bytes, "sync": answer(sync),
+                        "sync_ok": sync_ok, "async": answer(queued), "async_ok": async_ok}),
+        );
+    }
+    Ok(out)
+}
+
+/// What the driver says of every ordered pair of devices (the P2P attributes 1 to 4: performance
+/// rank, access supported, native atomics, CUDA arrays), what enabling peer access between their
+/// primary contexts returns, whether a pattern copied from each device to each other arrives
+/// whole (`copies`: the calls' answers, `sync_ok` and `async_ok`), and what the driver says of
+/// multicast objects. A copy that arrives wrong fails the run after the line.
+pub fn peers(d: &Driver, args: &PeersArgs) -> Result<(), Failure> {
     let mut n = 0i32;
     // SAFETY: plain flags argument.
     unsafe { d.cuInit(0) }?;
@@ -342,10 +465,7 @@ pub fn peers(d: &Driver) -> Result<(), Failure> {
             // SAFETY: the primary context of device i made current, then peer access to j's.
             unsafe { d.cuCtxSetCurrent(ctxs[i]) }?;
             // SAFETY: `ctxs[j]` is a retained primary context.
-            let enable = match unsafe { d.cuCtxEnablePeerAccess(ctxs[j], 0) } {
-                Ok(()) => "CUDA_SUCCESS",
-                Err(e) => e.name().unwrap_or("?"),
-            };
+            let enable = answer(unsafe { d.cuCtxEnablePeerAccess(ctxs[j], 0) });
             pairs.push(
                 json!({"from": i, "to": j, "can_access": can, "attributes": attrs,
                               "enable": enable}),
@@ -369,18 +489,63 @@ pub fn peers(d: &Driver) -> Result<(), Failure> {
     };
     let mut handle = 0u64;
     // SAFETY: out-pointer to a local and a property struct laid out as cuda.h's.
-    let create = match unsafe { d.cuMulticastCreate(&mut handle, (&raw const prop).cast()) } {
-        Ok(()) => "CUDA_SUCCESS",
-        Err(e) => e.name().unwrap_or("?"),
-    };
+    let create = answer(unsafe { d.cuMulticastCreate(&mut handle, (&raw const prop).cast()) });
+    // A copy from each device to each other, its buffers made (and with --hold, what each
+    // device holds read from outside) before the copies.
+    let bytes = args.copy_bytes as usize;
+    let mut streams = Vec::new();
+    let mut buffers = Vec::new();
+    if bytes > 0 && n > 1 {
+        for &ctx in &ctxs {
+            let mut stream: CUstream = null_mut();
+            // SAFETY: a retained primary context, then an out-pointer to a local.
+            unsafe {
+                d.cuCtxSetCurrent(ctx)?;
+                d.cuStreamCreate(&mut stream, CU_STREAM_DEFAULT)?;
+            }
+            streams.push(stream);
+        }
+        buffers = peer_buffers(d, &ctxs, bytes)?;
+    }
+    if args.hold {
+        emit(
+            "peer_buffers",
+            json!({"devices": n, "copies": buffers.len(), "bytes": bytes}),
+        );
+        let _ = std::io::stdin().read_line(&mut String::new());
+    }
+    let copies = peer_copies(d, &ctxs, &streams, &buffers, bytes)?;
+    let copied = copies
+        .iter()
+        .all(|c| c["sync_ok"] == true && c["async_ok"] == true);
     emit(
         "peers",
-        json!({"devices": n, "pairs": pairs, "multicast_supported": multicast,
+        json!({"devices": n, "pairs": pairs, "copies": copies, "multicast_supported": multicast,
                "multicast_create": create}),
     );
+    if args.hold {
+        hold_until_eof();
+    }
+    for c in &buffers {
+        // SAFETY: each buffer allocated once in `peer_buffers`, freed once here in its own
+        // device's context.
+        unsafe {
+            d.cuCtxSetCurrent(ctxs[c.from])?;
+            d.cuMemFree_v2(c.src)?;
+            d.cuCtxSetCurrent(ctxs[c.to])?;
+            d.cuMemFree_v2(c.dst)?;
+        }
+    }
+    for (&ctx, &stream) in ctxs.iter().zip(&streams) {
+        // SAFETY: each stream created once above in this context, destroyed once.
+        unsafe {
+            d.cuCtxSetCurrent(ctx)?;
+            d.cuStreamDestroy_v2(stream)?;
+        }
+    }
     for dev in devs {
         // SAFETY: retained once above.
         unsafe { d.cuDevicePrimaryCtxRelease_v2(dev) }?;
     }
-    Ok(())
+    if copied { Ok(()) } else { Err(Failure::Check) }
 }

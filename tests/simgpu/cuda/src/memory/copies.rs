@@ -1,12 +1,14 @@
 //! Copies and memsets: where device memory lives in the contents file, which side a pointer
-//! is on, and the synchronous and stream-ordered copy, memset and write-value entry points.
+//! is on, and the synchronous and stream-ordered copy (peer copies between devices included),
+//! memset and write-value entry points.
 
 use std::ffi::{c_uint, c_void};
 
-use cuda_abi::{CUdeviceptr, CUresult, CUstream};
+use cuda_abi::{CUcontext, CUdeviceptr, CUresult, CUstream};
 use simgpu::layout::GRANULE;
 
 use crate::driver::*;
+use crate::handles::from_ptr;
 
 use super::*;
 
@@ -217,6 +219,10 @@ copies! {
     cuMemsetD8Async_ptsz(dst: CUdeviceptr, v: u8, n: usize, s: CUstream) => async_ok(s, true).and_then(|_| fill(dst, v as u32, 1, n as u64));
     cuMemsetD32Async(dst: CUdeviceptr, v: c_uint, n: usize, s: CUstream) => async_ok(s, false).and_then(|_| fill(dst, v, 4, n as u64));
     cuMemsetD32Async_ptsz(dst: CUdeviceptr, v: c_uint, n: usize, s: CUstream) => async_ok(s, true).and_then(|_| fill(dst, v, 4, n as u64));
+    cuMemcpyPeer(dst: CUdeviceptr, dst_ctx: CUcontext, src: CUdeviceptr, src_ctx: CUcontext, n: usize) => copy_peer(dst, dst_ctx, src, src_ctx, n as u64);
+    cuMemcpyPeer_ptds(dst: CUdeviceptr, dst_ctx: CUcontext, src: CUdeviceptr, src_ctx: CUcontext, n: usize) => copy_peer(dst, dst_ctx, src, src_ctx, n as u64);
+    cuMemcpyPeerAsync(dst: CUdeviceptr, dst_ctx: CUcontext, src: CUdeviceptr, src_ctx: CUcontext, n: usize, s: CUstream) => peer_async_ok(dst_ctx, src_ctx, s, false).and_then(|_| copy_peer(dst, dst_ctx, src, src_ctx, n as u64));
+    cuMemcpyPeerAsync_ptsz(dst: CUdeviceptr, dst_ctx: CUcontext, src: CUdeviceptr, src_ctx: CUcontext, n: usize, s: CUstream) => peer_async_ok(dst_ctx, src_ctx, s, true).and_then(|_| copy_peer(dst, dst_ctx, src, src_ctx, n as u64));
     cuStreamWriteValue32(s: CUstream, dst: CUdeviceptr, v: c_uint, flags: c_uint) => write_value(s, false, dst, v, flags);
     cuStreamWriteValue32_ptsz(s: CUstream, dst: CUdeviceptr, v: c_uint, flags: c_uint) => write_value(s, true, dst, v, flags);
     cuStreamWriteValue32_v2(s: CUstream, dst: CUdeviceptr, v: c_uint, flags: c_uint) => write_value(s, false, dst, v, flags);
@@ -230,4 +236,51 @@ fn write_value(s: CUstream, ptsz: bool, dst: CUdeviceptr, v: c_uint, flags: c_ui
         return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
     async_ok(s, ptsz).and_then(|_| fill(dst, v, 4, 1))
+}
+
+/// Whether `len` bytes at `p` lie in one range of this process's device memory on device `dev`
+/// (physical index): memory allocated, mapped, opened or carved from a pool in any of the
+/// process's contexts on that device. Host memory, another device's memory and a range that runs
+/// past its allocation are `CUDA_ERROR_INVALID_VALUE`.
+fn on_device(inner: &Inner, p: u64, len: u64, dev: u32) -> Res {
+    let (start, m) = inner.find(p).ok_or(E_INVALID_VALUE)?;
+    let end = p.checked_add(len).ok_or(E_INVALID_VALUE)?;
+    if m.dev != dev || end > start + m.len {
+        return Err(E_INVALID_VALUE);
+    }
+    Ok(())
+}
+
+/// The devices (physical indices) of a peer copy's two contexts, each a live context of this
+/// process (`CUDA_ERROR_INVALID_CONTEXT` for NULL, a destroyed context or a foreign handle).
+fn peer_devices(inner: &Inner, dst_ctx: CUcontext, src_ctx: CUcontext) -> Res<(u32, u32)> {
+    let dst = inner.ctx(from_ptr(dst_ctx))?.dev;
+    let src = inner.ctx(from_ptr(src_ctx))?.dev;
+    Ok((dst, src))
+}
+
+/// `cuMemcpyPeerAsync`'s checks before the copy's: both contexts, then the stream (a stream of
+/// any context of the process, or a default stream of the current one).
+fn peer_async_ok(dst_ctx: CUcontext, src_ctx: CUcontext, stream: CUstream, ptsz: bool) -> Res {
+    peer_devices(&drv()?.inner.lock(), dst_ctx, src_ctx)?;
+    async_ok(stream, ptsz)
+}
+
+/// `cuMemcpyPeer[Async]`: `len` bytes from `src`, device memory of `src_ctx`'s device, to `dst`,
+/// device memory of `dst_ctx`'s device, done when called like every copy here. Between devices
+/// that cannot reach each other the real driver stages the copy through host memory, so no peer
+/// access (`cuCtxEnablePeerAccess`) and no link (`simgpu init --nvlink`) is needed; the two
+/// contexts may also be on one device. Nothing is taken or given back on either device.
+fn copy_peer(dst: u64, dst_ctx: CUcontext, src: u64, src_ctx: CUcontext, len: u64) -> Res {
+    let d = drv()?;
+    {
+        let inner = d.inner.lock();
+        let (dst_dev, src_dev) = peer_devices(&inner, dst_ctx, src_ctx)?;
+        if len == 0 {
+            return Ok(());
+        }
+        on_device(&inner, dst, len, dst_dev)?;
+        on_device(&inner, src, len, src_dev)?;
+    }
+    copy(dst, src, len)
 }
