@@ -596,3 +596,113 @@ fn strict<T: serde::de::DeserializeOwned + serde::Serialize>(value: &Value) -> T
     );
     t
 }
+
+/// The plugin across releases (docs/upgrades.md), with the previous release's plugin
+/// (`CUSLICE_PREVIOUS` names its target/release, as `tests/upgrade/run` sets it): what it
+/// prepared, this release knows from its checkpoint (a repeated prepare gives the same devices
+/// without asking the API server; unprepare removes the spec); back one release, the previous
+/// plugin takes this one's checkpoint, a claim that set what it does not know (`memoryWait`)
+/// included: the spec it writes again still carries the setting.
+#[test]
+#[ignore = "needs the previous release built: tests/upgrade/run"]
+fn claims_survive_an_upgrade_and_a_downgrade_of_the_plugin() {
+    let prev = std::path::PathBuf::from(std::env::var_os("CUSLICE_PREVIOUS").expect(
+        "CUSLICE_PREVIOUS names the previous release's target/release: tests/upgrade/run sets it",
+    ))
+    .join("cuslice-dra-plugin");
+    assert!(prev.is_file(), "{}: no plugin there", prev.display());
+    let node = Node::new(2, "16GiB");
+    let uids = [
+        "a0a0a0a0-0000-4000-8000-00000000000a",
+        "b0b0b0b0-0000-4000-8000-00000000000b",
+        "c0c0c0c0-0000-4000-8000-00000000000c",
+        "d0d0d0d0-0000-4000-8000-00000000000d",
+    ];
+    let a = claim("a", uids[0], "gpu-0", "2Gi", "30", Some(slice_config(60)));
+    let b = claim("b", uids[1], "gpu-1", "4Gi", "50", None);
+    let mut waits = slice_config(40);
+    waits["memoryWait"] = json!("5s");
+    let c = claim("c", uids[2], "gpu-0", "1Gi", "20", Some(waits.clone()));
+    let d = claim("d", uids[3], "gpu-1", "1Gi", "20", Some(waits));
+    for x in [&a, &b, &c, &d] {
+        node.api.put_claim(x);
+    }
+    let gets = || node.api.requests("GET", "/resourceclaims/").len();
+
+    // The previous release prepares a.
+    let old = node.start_plugin_of(&prev, &[]);
+    let first = prepare(&node.dra_socket(), vec![claim_of(&a)]);
+    assert_eq!(first.claims[uids[0]].error, "", "{first:?}");
+    let spec_a = std::fs::read_to_string(spec_file(&node, uids[0])).unwrap();
+    assert!(old.stop().0.success());
+
+    // This release over its checkpoint: a is known, b is new.
+    let new = node.start_plugin(&[]);
+    let asked = gets();
+    let again = prepare(&node.dra_socket(), vec![claim_of(&a)]);
+    assert_eq!(again.claims[uids[0]], first.claims[uids[0]]);
+    assert_eq!(
+        gets(),
+        asked,
+        "this release asked the API server again for a"
+    );
+    assert_eq!(
+        std::fs::read_to_string(spec_file(&node, uids[0])).unwrap(),
+        spec_a
+    );
+    let b_first = prepare(&node.dra_socket(), vec![claim_of(&b)]);
+    assert_eq!(b_first.claims[uids[1]].error, "", "{b_first:?}");
+    assert!(new.stop().0.success());
+    let cp: Value =
+        serde_json::from_str(&std::fs::read_to_string(node.checkpoint()).unwrap()).unwrap();
+    assert_eq!(cp["version"], 1, "{cp}");
+
+    // Back one release: the previous plugin takes this checkpoint, unprepares a and knows b.
+    let old = node.start_plugin_of(&prev, &[]);
+    let u = unprepare(&node.dra_socket(), vec![claim_of(&a)]);
+    assert_eq!(u.claims[uids[0]].error, "", "{u:?}");
+    assert!(!spec_file(&node, uids[0]).exists());
+    let asked = gets();
+    let b_again = prepare(&node.dra_socket(), vec![claim_of(&b)]);
+    assert_eq!(b_again.claims[uids[1]], b_first.claims[uids[1]]);
+    assert_eq!(gets(), asked, "the previous release asked again for b");
+    assert!(old.stop().0.success());
+
+    // This release prepares c, which waits at its cap. The previous release's records have no
+    // such field and it ignores fields it does not know: it takes the checkpoint, knows c, and
+    // the spec it keeps (and would write again) still gives c's containers the wait.
+    let new = node.start_plugin(&[]);
+    let c_first = prepare(&node.dra_socket(), vec![claim_of(&c)]);
+    assert_eq!(c_first.claims[uids[2]].error, "", "{c_first:?}");
+    let wait = "CUSLICE_MEMORY_WAIT=5s".to_owned();
+    assert!(env_of(&read_spec(&node, uids[2])).contains(&wait));
+    assert!(new.stop().0.success());
+    let old = node.start_plugin_of(&prev, &[]);
+    std::fs::remove_file(spec_file(&node, uids[2])).unwrap();
+    let asked = gets();
+    let c_again = prepare(&node.dra_socket(), vec![claim_of(&c)]);
+    assert_eq!(c_again.claims[uids[2]], c_first.claims[uids[2]]);
+    assert_eq!(gets(), asked, "the previous release asked again for c");
+    assert!(
+        env_of(&read_spec(&node, uids[2])).contains(&wait),
+        "{}",
+        read_spec(&node, uids[2])
+    );
+    // A claim that asks for the wait only now: the previous release refuses it in one line.
+    let refused = prepare(&node.dra_socket(), vec![claim_of(&d)]);
+    let line = &refused.claims[uids[3]].error;
+    assert!(
+        line.contains("memoryWait") && !line.contains('\n'),
+        "{line}"
+    );
+    assert!(!spec_file(&node, uids[3]).exists());
+    assert!(old.stop().0.success());
+
+    // And this release again, on what the previous one last wrote: it serves all of it.
+    let _new = node.start_plugin(&[]);
+    for (x, uid) in [(&b, uids[1]), (&c, uids[2])] {
+        let u = unprepare(&node.dra_socket(), vec![claim_of(x)]);
+        assert_eq!(u.claims[uid].error, "", "{u:?}");
+    }
+    assert_eq!(std::fs::read_dir(node.cdi_dir()).unwrap().count(), 0);
+}

@@ -362,8 +362,15 @@ impl Node {
     }
 
     /// The same, claiming to be on node `name`.
+    // kubelet.rs's tests; engines.rs's start this build's plugin on this node only.
+    #[allow(dead_code)]
     pub fn plugin_command_on(&self, name: &str, extra: &[&str]) -> Command {
-        let mut c = Command::new(PLUGIN);
+        self.plugin_command_of(Path::new(PLUGIN), name, extra)
+    }
+
+    /// The same, of the plugin binary `bin` (another release's).
+    pub fn plugin_command_of(&self, bin: &Path, name: &str, extra: &[&str]) -> Command {
+        let mut c = Command::new(bin);
         c.arg("--node-name")
             .arg(name)
             .arg("--plugin-dir")
@@ -393,7 +400,12 @@ impl Node {
 
     /// Starts the plugin and waits until the kubelet could register it.
     pub fn start_plugin(&self, extra: &[&str]) -> PluginProcess {
-        let mut child = self.plugin_command(extra).spawn().unwrap();
+        self.start_plugin_of(Path::new(PLUGIN), extra)
+    }
+
+    /// The same, of the plugin binary `bin` (another release's).
+    pub fn start_plugin_of(&self, bin: &Path, extra: &[&str]) -> PluginProcess {
+        let mut child = self.plugin_command_of(bin, NODE, extra).spawn().unwrap();
         let stderr = Some(Stderr::capture(&mut child));
         let mut p = PluginProcess { child, stderr };
         let t = Instant::now();
