@@ -357,12 +357,13 @@ impl Node {
     }
 
     /// The plugin's command line, as the DaemonSet gives it (paths of this node).
+    // These two: kubelet.rs's tests; engines.rs's only start the plugin (`start_plugin`).
+    #[allow(dead_code)]
     pub fn plugin_command(&self, extra: &[&str]) -> Command {
         self.plugin_command_on(NODE, extra)
     }
 
     /// The same, claiming to be on node `name`.
-    // kubelet.rs's tests; engines.rs's start this build's plugin on this node only.
     #[allow(dead_code)]
     pub fn plugin_command_on(&self, name: &str, extra: &[&str]) -> Command {
         self.plugin_command_of(Path::new(PLUGIN), name, extra)
