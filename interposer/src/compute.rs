@@ -169,6 +169,8 @@ struct Period {
     /// different windows, so a slice ramping up into idle time would otherwise see the others
     /// busy again at every other period).
     others_idle_until: u64,
+    /// Whether that was proven by this process's own per-process samples (else by its timings).
+    idle_proven_by_samples: bool,
 }
 
 pub fn now_ns() -> u64 {
@@ -285,6 +287,7 @@ pub fn join(s: &Slice, devs: &[Dev]) -> Result<(), String> {
                 warned: false,
                 sampled_ns: 0,
                 others_idle_until: 0,
+                idle_proven_by_samples: false,
                 costs: LaunchCosts::default(),
                 self_timed: false,
             }),
@@ -594,21 +597,27 @@ impl Meter {
                 p.others_active = views.len() > 1;
                 // What the other slices say they want is theirs to write, what the driver counts
                 // is not: when the device shows nobody but this slice at work, their claims do
-                // not count (priority aside: a high-priority slice's work is often light). Only
-                // where this process's own use is the driver's per-process count too (in the
-                // last second): by launch estimates, or by the device's figure taken for its
-                // own, it could take a neighbour its own throttling starves for an idle one.
+                // not count (priority aside: a high-priority slice's work is often light). All
+                // of them where this process's own use is the driver's per-process count too
+                // (in the last second); else (its timings, or the device's figure taken for its
+                // own) only those without a request: misjudged idle, it could take a neighbour
+                // its own throttling starves for an idle one (`share::claim_counts`).
                 let mine = slice_usage;
+                let own_samples = p.sampled_ns.saturating_add(ACTIVE_NS) > now;
                 if views.len() > 1
-                    && p.sampled_ns.saturating_add(ACTIVE_NS) > now
                     && nvml_query::device_utilisation(&self.uuid)
                         .is_some_and(|util| share::others_idle(util.min(100) * (FULL / 100), mine))
                 {
                     p.others_idle_until = now + ACTIVE_NS;
+                    p.idle_proven_by_samples = own_samples;
                 }
-                if now < p.others_idle_until {
-                    views.truncate(1);
-                }
+                let idle = now < p.others_idle_until;
+                let proven = p.idle_proven_by_samples;
+                let mut k = 0;
+                views.retain(|v| {
+                    k += 1;
+                    k == 1 || share::claim_counts(idle, proven, v.demand.request)
+                });
                 others = views.len() > 1;
                 // What the others' launches were charged, each within its limit (its grant
                 // bounds both), and what this slice's other processes used: how shared periods

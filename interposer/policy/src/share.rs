@@ -98,6 +98,21 @@ pub fn others_idle(busy: u32, mine: u32) -> bool {
     busy.min(FULL).saturating_sub(mine) < SLACK
 }
 
+/// Whether another slice's claim counts in this period's allotment, once the device showed
+/// nobody but this slice at work (`others_idle`) in the last second. Where this slice's own use
+/// was the driver's per-process count (`own_samples`), the device's figure is proof: no claim
+/// counts. Where it was not (one sample a period naming one process, or no per-process samples:
+/// this slice's use is its launches' timings, which a neighbour's work preempting its long
+/// kernels stretches), it is proof only against claims nothing guarantees: a slice without a
+/// request (all a container with only a memory cap can claim) gets no more from the allotment
+/// than the driver's time-slicing gives it anyway, so passing over its claim while the device
+/// looks idle takes nothing it is owed, and a claim it does not use keeps nobody from the device.
+/// A request still counts: misjudged idle (a long kernel stretched by the very work it
+/// overlaps), it would be lost.
+pub fn claim_counts(idle: bool, own_samples: bool, request: u32) -> bool {
+    !idle || (!own_samples && request > 0)
+}
+
 /// Water-fills what is left of the device among slices with a positive weight that want more,
 /// in proportion to their weights, each up to what it wants.
 fn fill(got: &mut [u64], wants: &[u64], weights: &[u64]) {
@@ -393,5 +408,41 @@ mod tests {
         assert!(!others_idle(600_000, 500_000));
         // This slice's figure above the device's (different windows): idle.
         assert!(others_idle(500_000, 700_000));
+    }
+
+    #[test]
+    fn an_idle_device_passes_over_claims_by_what_proves_it() {
+        // Others at work: every claim counts.
+        assert!(claim_counts(false, true, 0));
+        assert!(claim_counts(false, false, 0));
+        assert!(claim_counts(false, false, 300_000));
+        // Idle by the driver's own count of this slice: none does.
+        assert!(!claim_counts(true, true, 0));
+        assert!(!claim_counts(true, true, 300_000));
+        // Idle by this slice's timings: a request still counts, a claim without one does not.
+        assert!(claim_counts(true, false, 300_000));
+        assert!(!claim_counts(true, false, 0));
+        // A memory-only tenant's forged claim (bounded by its grant: no request) beside a
+        // best-effort slice alone in fact: the allotment is as if it were not there.
+        let forged = Demand {
+            request: 0,
+            limit: FULL,
+            hungry: true,
+            usage: FULL,
+        };
+        let me = Demand {
+            request: 0,
+            limit: FULL,
+            hungry: true,
+            usage: 500_000,
+        };
+        assert_eq!(allot(&[me, forged])[0], FULL / 2);
+        let counted: Vec<Demand> = [me, forged]
+            .into_iter()
+            .enumerate()
+            .filter(|(i, d)| *i == 0 || claim_counts(true, false, d.request))
+            .map(|(_, d)| d)
+            .collect();
+        assert_eq!(allot(&counted)[0], FULL);
     }
 }
