@@ -4,11 +4,15 @@
 //! (`tests/frameworks/nccl_check.py`). Judged by the simulator's count: what each rank holds, on
 //! which device, and the device time its kernels took, with and without cuslice.
 //!
-//! NCCL's shared-memory transport runs with `NCCL_CUMEM_ENABLE=0` (its buffers in /dev/shm,
-//! registered with the driver): with cuMem on, NCCL exchanges host-located cuMemCreate buffers,
-//! which the CPU and the device both reach, as file descriptors, and simgpu does not model host
-//! memory a simulated device maps (docs/simgpu.md). The communicator itself initialises either
-//! way. Kernels are timed, never run, so no test reads a reduced value.
+//! NCCL runs with cuMem on, its default: its device buffers are device-located cuMemCreate
+//! handles, and its shared-memory transport makes host-located cuMemCreate buffers, maps them for
+//! the device and the CPU, and passes them to the other ranks as file descriptors
+//! (cuMemExportToShareableHandle / cuMemImportFromShareableHandle), which simgpu backs with host
+//! memory the processes share (docs/simgpu.md, VMM). The first test also runs every job with
+//! `NCCL_CUMEM_ENABLE=0` (device buffers from cudaMalloc, shared memory in /dev/shm registered
+//! with cuMemHostRegister). Which way NCCL went is judged by the simulator's count too: with cuMem
+//! on, each rank holds VMM memory on its own device, with it off none. Kernels are timed, never
+//! run, so no test reads a reduced value.
 //!
 //! Without the environment the tests print one skip line and pass, except under `CI`, where they
 //! fail naming `tests/frameworks/install`.
@@ -55,18 +59,56 @@ fn bounded(cmd: &Command) -> Command {
     c
 }
 
+/// NCCL_CUMEM_ENABLE for a job: unset (NCCL's default, on) or 0.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum CuMem {
+    Default,
+    Off,
+}
+
+impl CuMem {
+    fn apply(self, c: &mut Command) {
+        match self {
+            CuMem::Default => c.env_remove("NCCL_CUMEM_ENABLE"),
+            CuMem::Off => c.env("NCCL_CUMEM_ENABLE", "0"),
+        };
+    }
+}
+
+/// Lets every rank go at once (closes each one's stdin), then waits for each to end, as a job's
+/// ranks end together: with cuMem on, a rank's ncclCommDestroy (in `destroy_process_group`)
+/// returns only once the other ranks have closed their connections to its proxy thread, which
+/// served them its shared buffers (NCCL's `ncclProxyService` runs while peers are connected), so
+/// a rank let go alone waits for the others.
+fn release_together(mut ranks: Vec<Running>) {
+    for r in &mut ranks {
+        drop(r.child.stdin.take());
+    }
+    for r in ranks {
+        let err = r.err.text();
+        assert_eq!(
+            r.release(),
+            0,
+            "a rank failed (or was stopped after {BOUND_SECS} s): {err}"
+        );
+    }
+}
+
 /// What one rank did: the bytes it held on each device once it had all-reduced (by the
-/// simulator's count) and the device time its work took on its own device.
-#[derive(Debug, PartialEq)]
+/// simulator's count), the device time its work took on its own device, and how long
+/// ncclCommInitRank took (by the rank's clock).
+#[derive(Debug)]
 struct Rank {
     held: Vec<u64>,
     device_time_ns: u64,
+    init_secs: f64,
 }
 
-/// `n` ranks on `n` simulated devices, in `slice` or outside any. Checks that no rank holds
-/// anything but a context on another rank's device (what NCCL allocates lands on the rank's
-/// own device), and returns what each held where.
-fn job(python: &Path, n: usize, slice: Option<&Slice>) -> Vec<Rank> {
+/// `n` ranks on `n` simulated devices, in `slice` or outside any, with `cumem`. Checks that no
+/// rank holds anything but a context on another rank's device (what NCCL allocates lands on the
+/// rank's own device), and that a rank holds VMM memory on its own device exactly when cuMem
+/// is on; returns what each held where.
+fn job(python: &Path, n: usize, slice: Option<&Slice>, cumem: CuMem) -> Vec<Rank> {
     let sim = Sim::new(&["--devices", &n.to_string(), "--memory", "8GiB"]);
     let port = free_port().to_string();
     let mut ranks: Vec<Running> = (0..n)
@@ -74,24 +116,25 @@ fn job(python: &Path, n: usize, slice: Option<&Slice>) -> Vec<Rank> {
             let script = script().display().to_string();
             let (rank, world) = (r.to_string(), n.to_string());
             let mut c = command(&sim, python, slice, &[&script, &rank, &world, &port]);
-            c.env("NCCL_CUMEM_ENABLE", "0");
+            cumem.apply(&mut c);
             Running::start(bounded(&c))
         })
         .collect();
     let timeout = Duration::from_secs(BOUND_SECS);
-    let reduced: Vec<Value> = ranks
+    let (initialised, reduced): (Vec<Value>, Vec<Value>) = ranks
         .iter_mut()
         .map(|r| {
-            r.wait_for("initialised", timeout);
-            r.wait_for("reduced", timeout)
+            let init = r.wait_for("initialised", timeout);
+            (init, r.wait_for("reduced", timeout))
         })
-        .collect();
+        .unzip();
     let show = sim.show();
     let mut out = Vec::new();
     for (r, line) in reduced.iter().enumerate() {
         let mut rank = Rank {
             held: vec![0; n],
             device_time_ns: 0,
+            init_secs: initialised[r]["secs"].as_f64().unwrap_or(f64::NAN),
         };
         for d in 0..n {
             let procs = show["devices"][d]["processes"].as_array().unwrap();
@@ -101,6 +144,11 @@ fn job(python: &Path, n: usize, slice: Option<&Slice>) -> Vec<Rank> {
             rank.held[d] = u(&p["held"]);
             if d == r {
                 rank.device_time_ns = u(&p["device_time_ns"]);
+                assert_eq!(
+                    p["by_kind"].get("vmm").is_some(),
+                    cumem == CuMem::Default,
+                    "rank {r} with cuMem {cumem:?}: {p}"
+                );
             } else {
                 let kinds: Vec<&String> = p["by_kind"].as_object().unwrap().keys().collect();
                 assert!(
@@ -111,42 +159,48 @@ fn job(python: &Path, n: usize, slice: Option<&Slice>) -> Vec<Rank> {
         }
         out.push(rank);
     }
-    for r in ranks {
-        let err = r.err.text();
-        assert_eq!(
-            r.release(),
-            0,
-            "a rank failed (or was stopped after {BOUND_SECS} s): {err}"
-        );
-    }
+    release_together(ranks);
     out
 }
 
-/// ncclCommInitRank and all-reduces across 2 and then 4 processes on as many devices: with
-/// libcuslice and a cap on every device, each rank holds on every device exactly what it holds
-/// without cuslice (on its own device its memory, within the cap; elsewhere at most a context),
-/// and its kernels take device time.
+/// ncclCommInitRank and all-reduces across 2 and then 4 processes on as many devices, with
+/// cuMem on (NCCL's default) and off: with libcuslice and a cap on every device, each rank holds
+/// on every device exactly what it holds without cuslice (on its own device its memory, within
+/// the cap; elsewhere at most a context; the host memory NCCL shares with cuMem on nowhere), and
+/// its kernels take device time.
 #[test]
 fn nccl_initialises_and_all_reduces_under_caps_as_without_cuslice() {
     let Some(python) = framework_python_or_skip("cu13", "torch") else {
         return;
     };
-    for n in [2, 4] {
-        let plain = job(&python, n, None);
-        let slice = Slice::new(&[("CUSLICE_MEMORY_LIMIT", "4GiB")]);
-        let capped = job(&python, n, Some(&slice));
-        for (r, (a, b)) in plain.iter().zip(&capped).enumerate() {
-            assert_eq!(
-                a.held, b.held,
-                "{n} ranks, rank {r}: {a:?} without cuslice, {b:?} with"
+    for cumem in [CuMem::Default, CuMem::Off] {
+        for n in [2, 4] {
+            let plain = job(&python, n, None, cumem);
+            let slice = Slice::new(&[("CUSLICE_MEMORY_LIMIT", "4GiB")]);
+            let capped = job(&python, n, Some(&slice), cumem);
+            for (r, (a, b)) in plain.iter().zip(&capped).enumerate() {
+                assert_eq!(
+                    a.held, b.held,
+                    "{n} ranks, cuMem {cumem:?}, rank {r}: {a:?} without cuslice, {b:?} with"
+                );
+                assert!(
+                    b.held[r] > 0 && b.held[r] <= CAP,
+                    "{n} ranks, cuMem {cumem:?}, rank {r}: {b:?}"
+                );
+                assert!(
+                    b.device_time_ns > 0,
+                    "{n} ranks, cuMem {cumem:?}, rank {r}: {b:?}"
+                );
+            }
+            let init: Vec<f64> = plain.iter().chain(&capped).map(|r| r.init_secs).collect();
+            let (fastest, slowest) = init
+                .iter()
+                .fold((f64::MAX, 0f64), |(a, b), s| (a.min(*s), b.max(*s)));
+            eprintln!(
+                "{n} ranks, cuMem {cumem:?}: ncclCommInitRank {fastest:.2} to {slowest:.2} s; \
+                 without cuslice {plain:?}; with {capped:?}"
             );
-            assert!(
-                b.held[r] > 0 && b.held[r] <= CAP,
-                "{n} ranks, rank {r}: {b:?}"
-            );
-            assert!(b.device_time_ns > 0, "{n} ranks, rank {r}: {b:?}");
         }
-        eprintln!("{n} ranks: without cuslice {plain:?}; with {capped:?}");
     }
 }
 
@@ -164,7 +218,7 @@ fn spin_shares(python: &Path, n: usize, slice: Option<&Slice>) -> Vec<f64> {
             let script = script().display().to_string();
             let (rank, world) = (r.to_string(), n.to_string());
             let mut c = command(&sim, python, slice, &[&script, &rank, &world, &port, &secs]);
-            c.env("NCCL_CUMEM_ENABLE", "0");
+            CuMem::Default.apply(&mut c);
             Running::start(bounded(&c))
         })
         .collect();
@@ -195,10 +249,7 @@ fn spin_shares(python: &Path, n: usize, slice: Option<&Slice>) -> Vec<f64> {
         let spun = r.wait_for("spun", timeout);
         assert!(u(&spun["all_reduces"]) > 0, "{spun}");
     }
-    for r in ranks {
-        let err = r.err.text();
-        assert_eq!(r.release(), 0, "a rank failed: {err}");
-    }
+    release_together(ranks);
     before
         .iter()
         .zip(&after)
@@ -207,9 +258,10 @@ fn spin_shares(python: &Path, n: usize, slice: Option<&Slice>) -> Vec<f64> {
 }
 
 /// All-reduces are metered by core limits like any kernel. Two ranks all-reducing back to back
-/// keep their devices about 11% busy on simgpu (the host side, NCCL's proxy and the ranks'
-/// synchronisation, bounds them), so the slice is limited below that: to 5%, each rank's kernels
-/// take at most 5% of its device (within 1.5 points) by the simulator's count.
+/// (cuMem on) keep their devices only partly busy on simgpu: 9 to 39% on a two-core machine,
+/// as busy as the host lets them be (the host side, NCCL's proxy and the ranks' synchronisation,
+/// bounds them), so the slice is limited below that: to 5%, each rank's kernels take at most 5%
+/// of its device (within 1.5 points) by the simulator's count.
 #[test]
 fn all_reduces_in_a_slice_limited_to_5_take_at_most_5_percent_of_each_device() {
     let Some(python) = framework_python_or_skip("cu13", "torch") else {

@@ -205,3 +205,62 @@ fn managed_memory_is_backed_in_128mib_steps_and_a_step_held_covers_the_next_allo
     assert_eq!(u(&sim.device(0)["used"]), 128 * MIB);
     drop(one);
 }
+
+/// A VMM handle shared between two processes on two devices as NCCL's transports share them:
+/// made and filled on device 0, exported as a file descriptor, imported and mapped on device 1.
+/// The importer reads the exporter's pattern and writes another over the first bytes, which the
+/// exporter then reads. Device-located memory is held once, by the exporter; host-located memory
+/// (filled and read by the CPU through the mapped pointers) by neither, on no device.
+#[test]
+fn vmm_handles_shared_by_file_descriptor_are_the_same_bytes_in_both_processes() {
+    let wait = std::time::Duration::from_secs(30);
+    let sim = Sim::new(&["--devices", "2", "--memory", "1GiB"]);
+    for location in ["host", "device"] {
+        let mut exporter = sim.spawn(&[
+            "--device",
+            "0",
+            "export",
+            "--via",
+            "fd",
+            "--location",
+            location,
+            "--bytes",
+            "64MiB",
+        ]);
+        let exported = exporter.wait_for("exported", wait);
+        assert_eq!(exported["location"], location);
+        let mut importer = sim.spawn(&["--device", "1", "import", "--from", &exported.to_string()]);
+        let imported = importer.wait_for("imported", wait);
+        assert_eq!(
+            (&imported["pattern_ok"], &imported["location"]),
+            (&serde_json::json!(true), &serde_json::json!(location)),
+            "{imported}"
+        );
+        let show = sim.show();
+        for (dev, who) in [(0, &exported), (1, &imported)] {
+            let procs = show["devices"][dev]["processes"].as_array().unwrap();
+            let p = procs.iter().find(|p| p["pid"] == who["pid"]).unwrap();
+            let mut kinds: Vec<(&String, u64)> = p["by_kind"]
+                .as_object()
+                .unwrap()
+                .iter()
+                .map(|(k, v)| (k, u(v)))
+                .collect();
+            kinds.sort();
+            let want: Vec<(&str, u64)> = match (location, dev) {
+                ("device", 0) => vec![("context", 300 * MIB), ("vmm", 64 * MIB)],
+                _ => vec![("context", 300 * MIB)],
+            };
+            let kinds: Vec<(&str, u64)> = kinds.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+            assert_eq!(kinds, want, "{location}, device {dev}: {p}");
+        }
+        let err = importer.err.text();
+        assert_eq!(importer.release(), 0, "{err}");
+        drop(exporter.child.stdin.take());
+        let released = exporter.wait_for("released", wait);
+        assert_eq!(released["written_back"], true, "{location}: {released}");
+        let err = exporter.err.text();
+        assert_eq!(exporter.release(), 0, "{err}");
+        assert_eq!(u(&sim.device(0)["used"]), 0);
+    }
+}

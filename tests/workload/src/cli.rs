@@ -136,11 +136,13 @@ pub enum Scenario {
     Probe(ProbeArgs),
     /// A hostile tenant: attack the cuslice state the container can reach (see `tamper.rs`)
     Tamper(crate::tamper::TamperArgs),
-    /// Fill memory on --device and share it with other processes (CUDA IPC or an exported VMM
-    /// handle): one `exported` line to pass to `import --from`; held until stdin reaches EOF
+    /// Fill memory on --device (or, with --location host, host memory mapped for it) and share
+    /// it with other processes (CUDA IPC or an exported VMM handle): one `exported` line to pass
+    /// to `import --from`; held until stdin reaches EOF, then a `released` line (written_back)
     Export(crate::share::ExportArgs),
-    /// Open memory another process exported, map it on --device and read its pattern back: one
-    /// `imported` line (pattern_ok); held until stdin reaches EOF
+    /// Open memory another process exported, map it on --device, read its pattern back and write
+    /// another over its first bytes: one `imported` line (pattern_ok); held until stdin reaches
+    /// EOF
     Import(crate::share::ImportArgs),
     /// Peer access between every pair of devices, a peer copy from each device to each other
     /// (cuMemcpyPeer, then cuMemcpyPeerAsync), and multicast objects across them: one `peers`

@@ -2,11 +2,16 @@
 //! vLLM, torchrun) make them:
 //! - `export --via ipc`: cuMemAlloc, filled with a pattern, and its cuIpcGetMemHandle (the 64
 //!   bytes printed in hex);
-//! - `export --via fd`: cuMemCreate (device-located, exportable as a POSIX file descriptor),
-//!   mapped here, filled, and cuMemExportToShareableHandle; the pid and descriptor are printed;
+//! - `export --via fd`: cuMemCreate (exportable as a POSIX file descriptor), mapped here,
+//!   filled, and cuMemExportToShareableHandle; the pid and descriptor are printed. Located on
+//!   the device, or with `--location host` in host memory as NCCL's shared-memory buffers are
+//!   (mapped for the device and the CPU, and filled by the CPU through the mapped pointer);
 //! - `import`: opens what an `exported` line names (cuIpcOpenMemHandle, or the exporter's
 //!   descriptor taken with pidfd_getfd as NCCL's cuMem transport does, then
-//!   cuMemImportFromShareableHandle and a mapping of its own), and reads the pattern back;
+//!   cuMemImportFromShareableHandle and a mapping of its own), reads the pattern back (host
+//!   memory also through its own mapped pointer) and writes another over the first bytes
+//!   (host memory with the CPU), which the exporter reads once stdin closes (`written_back` in
+//!   its `released` line);
 //! - `peers`: every pair of devices: cuDeviceCanAccessPeer, the P2P attributes and
 //!   cuCtxEnablePeerAccess between their primary contexts, then a pattern copied from each device
 //!   to each other (cuMemcpyPeer, then cuMemcpyPeerAsync and a stream synchronisation) and read
@@ -26,6 +31,8 @@ use crate::scenarios::{Failure, Session};
 
 /// What every exported byte is set to.
 const PATTERN: u8 = 0x5a;
+/// What an importer writes over the first `PROBE` bytes, for the exporter to read.
+const WRITE_BACK: u8 = 0xa5;
 /// What an importer reads back: the first and last this many bytes.
 const PROBE: usize = 4096;
 /// `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`, what frameworks open IPC handles with.
@@ -40,11 +47,24 @@ pub enum ShareVia {
     Fd,
 }
 
+/// Where `export --via fd` makes its memory (`CUmemAllocationProp::location`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ShareLocation {
+    /// On --device (counted there)
+    Device,
+    /// In host memory (a host NUMA node), mapped for --device and for the CPU, as NCCL's
+    /// shared-memory transport makes its buffers
+    Host,
+}
+
 #[derive(Clone, Debug, Args)]
 pub struct ExportArgs {
     /// How the memory is shared
     #[arg(long, value_enum)]
     pub via: ShareVia,
+    /// Where the memory is (--via fd only)
+    #[arg(long, value_enum, default_value = "device")]
+    pub location: ShareLocation,
     /// Bytes to export (rounded up to the allocation granularity with --via fd)
     #[arg(long, value_parser = crate::scenarios::parse_size, default_value = "64MiB")]
     pub bytes: u64,
@@ -69,7 +89,7 @@ pub struct ImportArgs {
     pub from: String,
 }
 
-/// A device-located VMM mapping of this process.
+/// A VMM mapping of this process.
 struct Mapping {
     ptr: CUdeviceptr,
     size: usize,
@@ -83,25 +103,70 @@ fn location(dev: CUdevice) -> CUmemLocation {
     }
 }
 
-/// Reserves an address range for `handle` and maps it read-write for `dev`.
+/// Host NUMA node 0, where NCCL makes its host buffers on a one-node machine.
+const HOST_NODE: CUmemLocation = CUmemLocation {
+    type_: CU_MEM_LOCATION_TYPE_HOST_NUMA,
+    id: 0,
+};
+
+/// Reserves an address range for `handle` and maps it read-write for `dev`, and with `cpu` for
+/// the CPU too (host memory, as NCCL maps it: the CPU may not touch it at the mapped address
+/// otherwise).
 fn map(
     d: &Driver,
     handle: CUmemGenericAllocationHandle,
     size: usize,
     dev: CUdevice,
+    cpu: bool,
 ) -> Result<Mapping, CuError> {
     let mut ptr: CUdeviceptr = 0;
     // SAFETY: out-pointer to a local; no fixed address, default alignment.
     unsafe { d.cuMemAddressReserve(&mut ptr, size, 0, 0, 0) }?;
     // SAFETY: maps the whole handle at offset 0 onto the whole reserved range.
     unsafe { d.cuMemMap(ptr, size, 0, handle, 0) }?;
-    let access = CUmemAccessDesc {
+    let mut access = vec![CUmemAccessDesc {
         location: location(dev),
         flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-    };
-    // SAFETY: one access descriptor for the mapped range.
-    unsafe { d.cuMemSetAccess(ptr, size, &access, 1) }?;
+    }];
+    if cpu {
+        access.push(CUmemAccessDesc {
+            location: HOST_NODE,
+            flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        });
+    }
+    // SAFETY: `access.len()` access descriptors for the mapped range.
+    unsafe { d.cuMemSetAccess(ptr, size, access.as_ptr(), access.len()) }?;
     Ok(Mapping { ptr, size, handle })
+}
+
+/// Whether `len` bytes at `ptr` all hold `want`, read with cuMemcpyDtoH and, for host memory
+/// the CPU may touch (`cpu`), also through the pointer.
+fn reads(d: &Driver, ptr: CUdeviceptr, len: usize, want: u8, cpu: bool) -> Result<bool, CuError> {
+    let mut buf = vec![0u8; len];
+    // SAFETY: `buf` holds `len` bytes; the range lies in one mapping or allocation.
+    unsafe { d.cuMemcpyDtoH_v2(buf.as_mut_ptr().cast(), ptr, len) }?;
+    let mut ok = buf.iter().all(|&b| b == want);
+    if cpu {
+        // SAFETY: host memory mapped read-write for the CPU at `ptr` (`map` with `cpu`), `len`
+        // bytes of it.
+        let mapped = unsafe { std::slice::from_raw_parts(ptr as *const u8, len) };
+        ok &= mapped.iter().all(|&b| b == want);
+    }
+    Ok(ok)
+}
+
+/// Writes `len` bytes of `value` at `ptr`: by the CPU through the pointer for host memory it may
+/// touch (`cpu`), else with cuMemcpyHtoD.
+fn write(d: &Driver, ptr: CUdeviceptr, len: usize, value: u8, cpu: bool) -> Result<(), CuError> {
+    if cpu {
+        // SAFETY: host memory mapped read-write for the CPU at `ptr` (`map` with `cpu`), `len`
+        // bytes of it.
+        unsafe { std::ptr::write_bytes(ptr as *mut u8, value, len) };
+        return Ok(());
+    }
+    let buf = vec![value; len];
+    // SAFETY: `buf` holds `len` bytes; the range lies in one mapping or allocation.
+    unsafe { d.cuMemcpyHtoD_v2(ptr, buf.as_ptr().cast(), len) }
 }
 
 fn unmap(d: &Driver, m: Mapping) -> Result<(), CuError> {
@@ -147,6 +212,14 @@ pub fn export(s: &Session, a: &ExportArgs) -> Result<(), Failure> {
     line.insert("pid".into(), json!(std::process::id()));
     line.insert("device".into(), json!(s.ordinal));
     line.insert("uuid".into(), json!(uuid_of(d, s.dev)?));
+    if a.via == ShareVia::Ipc && a.location != ShareLocation::Device {
+        emit(
+            "error",
+            json!({"call": "export", "message": "--location host needs --via fd"}),
+        );
+        return Err(Failure::Check);
+    }
+    let written_back;
     match a.via {
         ShareVia::Ipc => {
             let mut ptr: CUdeviceptr = 0;
@@ -161,14 +234,16 @@ pub fn export(s: &Session, a: &ExportArgs) -> Result<(), Failure> {
             line.insert("handle".into(), json!(hex(&h.reserved)));
             emit("exported", Value::Object(line));
             hold_until_eof();
+            written_back = reads(d, ptr, PROBE.min(a.bytes as usize), WRITE_BACK, false)?;
             // SAFETY: allocated above and freed once.
             unsafe { d.cuMemFree_v2(ptr) }?;
         }
         ShareVia::Fd => {
+            let host = a.location == ShareLocation::Host;
             let prop = CUmemAllocationProp {
                 type_: CU_MEM_ALLOCATION_TYPE_PINNED,
                 requestedHandleTypes: CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-                location: location(s.dev),
+                location: if host { HOST_NODE } else { location(s.dev) },
                 win32HandleMetaData: null_mut(),
                 compressionType: 0,
                 gpuDirectRDMACapable: 0,
@@ -184,9 +259,14 @@ pub fn export(s: &Session, a: &ExportArgs) -> Result<(), Failure> {
             let mut handle: CUmemGenericAllocationHandle = 0;
             // SAFETY: out-pointer to a local; `prop` fully initialised.
             unsafe { d.cuMemCreate(&mut handle, size, &prop, 0) }?;
-            let m = map(d, handle, size, s.dev)?;
-            // SAFETY: the mapping holds `size` bytes.
-            unsafe { d.cuMemsetD8_v2(m.ptr, PATTERN, size) }?;
+            let m = map(d, handle, size, s.dev, host)?;
+            if host {
+                // SAFETY: host memory mapped read-write for the CPU, `size` bytes.
+                unsafe { std::ptr::write_bytes(m.ptr as *mut u8, PATTERN, size) };
+            } else {
+                // SAFETY: the mapping holds `size` bytes.
+                unsafe { d.cuMemsetD8_v2(m.ptr, PATTERN, size) }?;
+            }
             let mut fd: i32 = -1;
             // SAFETY: for POSIX descriptors the shareable handle is an int.
             unsafe {
@@ -199,14 +279,19 @@ pub fn export(s: &Session, a: &ExportArgs) -> Result<(), Failure> {
             }?;
             line.insert("bytes".into(), json!(size));
             line.insert("fd".into(), json!(fd));
+            line.insert(
+                "location".into(),
+                json!(if host { "host" } else { "device" }),
+            );
             emit("exported", Value::Object(line));
             hold_until_eof();
+            written_back = reads(d, m.ptr, PROBE.min(size), WRITE_BACK, host)?;
             unmap(d, m)?;
             // SAFETY: the descriptor the driver gave us, closed once.
             unsafe { libc::close(fd) };
         }
     }
-    emit("released", json!({}));
+    emit("released", json!({"written_back": written_back}));
     Ok(())
 }
 
@@ -241,6 +326,15 @@ pub fn import(s: &Session, a: &ImportArgs) -> Result<(), Failure> {
             .ok_or_else(|| bad_from(format!("--from has no {k:?}")))
     };
     let bytes = field("bytes")? as usize;
+    let host = match from["location"].as_str() {
+        None | Some("device") => false,
+        Some("host") => true,
+        Some(other) => {
+            return Err(bad_from(format!(
+                "--from names no known \"location\": {other:?}"
+            )));
+        }
+    };
     let (ptr, undo): (CUdeviceptr, Box<dyn FnOnce() -> Result<(), CuError> + '_>) =
         match from["via"].as_str() {
             Some("ipc") => {
@@ -273,7 +367,7 @@ pub fn import(s: &Session, a: &ImportArgs) -> Result<(), Failure> {
                 }?;
                 // SAFETY: our duplicate; the imported handle does not need it any more.
                 unsafe { libc::close(mine) };
-                let m = map(d, handle, bytes, s.dev)?;
+                let m = map(d, handle, bytes, s.dev, host)?;
                 (m.ptr, Box::new(move || unmap(d, m)))
             }
             other => {
@@ -285,15 +379,14 @@ pub fn import(s: &Session, a: &ImportArgs) -> Result<(), Failure> {
     let probe = PROBE.min(bytes);
     let mut ok = true;
     for at in [0, bytes - probe] {
-        let mut buf = vec![0u8; probe];
-        // SAFETY: `buf` holds `probe` bytes; the range lies in the imported block.
-        unsafe { d.cuMemcpyDtoH_v2(buf.as_mut_ptr().cast(), ptr + at as u64, probe) }?;
-        ok &= buf.iter().all(|&b| b == PATTERN);
+        ok &= reads(d, ptr + at as u64, probe, PATTERN, host)?;
     }
+    write(d, ptr, probe, WRITE_BACK, host)?;
     emit(
         "imported",
         json!({"pid": std::process::id(), "device": s.ordinal, "uuid": uuid_of(d, s.dev)?,
-               "bytes": bytes, "pattern_ok": ok}),
+               "bytes": bytes, "location": if host { "host" } else { "device" },
+               "pattern_ok": ok}),
     );
     hold_until_eof();
     undo()?;

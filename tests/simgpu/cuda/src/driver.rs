@@ -92,6 +92,23 @@ pub struct Mapping {
     pub handle: u64,
 }
 
+/// The `dev` of a mapping of memory that no device holds: a host-located VMM handle.
+pub const NO_DEVICE: u32 = u32::MAX;
+
+impl Mapping {
+    /// Whether the range's bytes are host memory rather than device memory: managed memory
+    /// attached to the host (this process's own memory at the range's address), or a
+    /// host-located VMM handle mapped with cuMemMap (a memory file, `vmm::HostMem`).
+    pub fn on_host(&self) -> bool {
+        self.id.is_none()
+            && match self.kind {
+                MapKind::Owned => self.host_mapped,
+                MapKind::Vmm => true,
+                _ => false,
+            }
+    }
+}
+
 pub struct Inner {
     pub ctxs: Registry<CtxLocal>,
     pub primary: Vec<(u64, u32, u32)>, // per ordinal: (ctx handle or 0, refcount, flags)

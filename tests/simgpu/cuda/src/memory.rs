@@ -190,8 +190,12 @@ fn map_host(d: &Driver, m: &Mapping, va: u64) -> Res {
     Ok(())
 }
 
-fn unmap_host(va: u64, len: u64) {
-    // SAFETY: restores our PROT_NONE reservation over a range we mapped in `map_host`.
+/// Puts the PROT_NONE reservation back over `[va, va + len)`, a range of the device address
+/// space where host memory was mapped (managed memory, or a host-located VMM handle), so that
+/// the addresses stay reserved.
+pub fn unmap_host(va: u64, len: u64) {
+    // SAFETY: restores our PROT_NONE reservation over a range of the device address space we
+    // mapped host memory at (`map_host`, `alloc_host_resident`, `vmm::cuMemMap`).
     unsafe {
         libc::mmap(
             va as *mut c_void,
@@ -403,15 +407,20 @@ fn alloc_host_resident(size: u64) -> Res<u64> {
     Ok(va)
 }
 
-/// Whether `len` bytes at `va` lie in managed memory resident on the host (where the host
-/// pointer is the address itself).
+/// Whether `len` bytes at `va` lie in host memory mapped in the device address space, and
+/// where the driver reaches them: managed memory resident on the host (the address itself) or
+/// a host-located VMM handle (the driver's own view of it, which works whatever access the CPU
+/// was given at the address).
 fn host_resident(inner: &Inner, va: u64, len: u64) -> Option<Res<*mut u8>> {
     let (start, m) = inner.find(va)?;
-    if !(m.host_mapped && m.id.is_none()) {
+    if !m.on_host() {
         return None;
     }
-    if va + len > start + m.len {
+    if va.checked_add(len).is_none_or(|end| end > start + m.len) {
         return Some(Err(E_INVALID_VALUE));
+    }
+    if m.kind == MapKind::Vmm {
+        return Some(crate::vmm::host_bytes(inner, start, &m, va).ok_or(E_INVALID_VALUE));
     }
     Some(Ok(va as *mut u8))
 }

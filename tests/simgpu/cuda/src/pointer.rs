@@ -7,7 +7,8 @@
 //! `CUDA_ERROR_INVALID_VALUE`; `cuPointerGetAttributes` answers it with `CU_MEMORYTYPE` 0 and
 //! every other attribute zeroed (ordinal -2) and succeeds. Device memory has one address for
 //! host and device (unified addressing), so a managed allocation's host pointer is its device
-//! pointer and plain device memory has none.
+//! pointer and plain device memory has none. Host-located VMM memory (`cuMemCreate` for a host
+//! location, mapped with `cuMemMap`) is host memory, its host pointer its address.
 
 use std::ffi::{c_uint, c_void};
 
@@ -91,6 +92,14 @@ fn lookup(p: u64) -> Res<Option<Pointer>> {
             legacy_ipc: m.kind == MapKind::Owned && !m.host_mapped,
             pool: 0,
         };
+        if m.kind == MapKind::Vmm && m.on_host() {
+            // Host-located VMM memory is host memory to the pointer query, as on the driver
+            // (Ref: open-mpi/ompi#12751), reached by the CPU at the same address once
+            // cuMemSetAccess allows it; its device is the current context's, as for
+            // page-locked memory.
+            ptr.memory_type = MEMORYTYPE_HOST;
+            ptr.ordinal = inner.cur().map(|(_, c)| c.ordinal).unwrap_or(-1);
+        }
         if m.kind == MapKind::PoolChunk {
             // A pool's block: only while it is allocated.
             let found = inner

@@ -1,6 +1,12 @@
 //! Virtual memory management: physical handles (cuMemCreate, counted on the device only when
 //! located on a device), address reservations and mappings, and POSIX-fd export/import.
 //! A handle's memory is freed when it has been released and is no longer mapped.
+//!
+//! A host-located handle (NCCL's shared-memory buffers) is real host memory that other processes
+//! can share: a memory file (`HostMem`) that cuMemMap maps into the device address space (a
+//! PROT_NONE reservation of this process, `driver::VaSpace`), that the CPU reaches where
+//! cuMemSetAccess grants a host location access, and that an exported descriptor hands to the
+//! importer, whose mapping shows the same bytes.
 
 use std::ffi::{c_int, c_void};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -10,15 +16,23 @@ use simgpu::layout::GRANULE;
 use simgpu::{AllocId, AllocKind};
 
 use crate::driver::*;
-use crate::memory::{give, take};
+use crate::memory::{give, take, unmap_host};
+
+/// What a handle's bytes are.
+pub enum Backing {
+    /// Device memory: the physical device and the allocation, counted on that device.
+    Device(u32, AllocId),
+    /// Host memory, counted on no device.
+    Host(HostMem),
+}
 
 pub struct VmmHandle {
-    /// Physical device and allocation; None for host-located memory.
-    pub backing: Option<(u32, AllocId)>,
+    pub backing: Backing,
     pub size: u64,
     pub released: bool,
     pub maps: u32,
-    /// Imported from another process: its memory is the exporter's.
+    /// Imported from another process: its device memory is the exporter's (host memory is
+    /// shared by the memory file, which each importer holds open).
     pub imported: bool,
     /// References taken by cuMemRetainAllocationHandle, each given back by a cuMemRelease.
     pub retains: u32,
@@ -33,9 +47,188 @@ fn finish_if_unused(d: &Driver, inner: &mut Inner, h: u64) {
         .is_some_and(|v| v.released && v.retains == 0 && v.maps == 0);
     if done
         && let Some(v) = inner.vmm.remove(h)
-        && let (Some((dev, id)), false) = (v.backing, v.imported)
+        && let (Backing::Device(dev, id), false) = (&v.backing, v.imported)
     {
-        give(d, dev, id);
+        give(d, *dev, *id);
+    }
+    // A host handle's memory file is closed and its view unmapped as the handle drops here; the
+    // memory goes with the last process that holds the file open or mapped.
+}
+
+/// Where a host handle's bytes start in its memory file: after a header (`Exported`, kind
+/// host) padded to 64 KiB, the largest page size of x86-64 and arm64 Linux, so that the bytes
+/// can be mapped at any offset the handle can be mapped at.
+const HOST_DATA_OFFSET: u64 = 64 << 10;
+
+/// The host memory behind a host-located handle: a sealed memory file (its size fixed) holding
+/// a header and then the handle's bytes, and the driver's own view of those bytes.
+pub struct HostMem {
+    fd: OwnedFd,
+    /// The bytes mapped read-write outside the device address space: copies and memsets use it,
+    /// whatever access cuMemSetAccess gave the CPU at the mapped addresses (the device's own
+    /// access to host memory, in the model).
+    view: usize,
+    size: u64,
+    /// The location the memory was made for (a host NUMA node, or the host).
+    pub location: CUmemLocation,
+}
+
+impl Drop for HostMem {
+    fn drop(&mut self) {
+        // SAFETY: `view` is the mapping of `size` bytes made in `HostMem::view`, unmapped once
+        // here; no mapping of the device address space refers to it.
+        unsafe { libc::munmap(self.view as *mut c_void, self.size as usize) };
+    }
+}
+
+impl HostMem {
+    /// New zeroed host memory of `size` bytes for `location`, in a memory file of its own.
+    fn create(size: u64, location: CUmemLocation, machine: u64) -> Res<HostMem> {
+        // SAFETY: creating an anonymous memory file; the name is a valid C string.
+        let raw = unsafe {
+            libc::memfd_create(
+                c"simgpu-host-memory".as_ptr(),
+                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+            )
+        };
+        if raw < 0 {
+            return Err(E_OOM);
+        }
+        // SAFETY: `raw` is a fresh descriptor we own from here on.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let header = Exported {
+            magic: EXPORT_MAGIC,
+            machine,
+            dev: location.type_,
+            head: location.id as u32,
+            generation: 0,
+            kind: KIND_HOST,
+            size,
+        };
+        let len = (HOST_DATA_OFFSET + size) as libc::off_t;
+        // SAFETY: sizing the file we just made; it reads as zeros and takes no memory until
+        // touched.
+        if unsafe { libc::ftruncate(fd.as_raw_fd(), len) } != 0 {
+            return Err(E_OOM);
+        }
+        // SAFETY: writing our plain record at the start of the file we made.
+        let n = unsafe {
+            libc::pwrite(
+                fd.as_raw_fd(),
+                &header as *const Exported as *const c_void,
+                std::mem::size_of::<Exported>(),
+                0,
+            )
+        };
+        // SAFETY: sealing the file's size, so that no process that shares it can shrink it
+        // under another's mapping.
+        let sealed = unsafe {
+            libc::fcntl(
+                fd.as_raw_fd(),
+                libc::F_ADD_SEALS,
+                libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
+            )
+        };
+        if n != std::mem::size_of::<Exported>() as isize || sealed != 0 {
+            return Err(CUresult::CUDA_ERROR_UNKNOWN);
+        }
+        HostMem::view(fd, size, location)
+    }
+
+    /// The host memory an exported descriptor names, `header` having been read from it: the
+    /// file must be sealed against shrinking and hold the header's bytes.
+    fn import(fd: OwnedFd, header: &Exported) -> Res<HostMem> {
+        // SAFETY: asking the seals of a descriptor we own.
+        let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+        let mut st = std::mem::MaybeUninit::<libc::stat>::zeroed();
+        // SAFETY: fstat of a descriptor we own into a zeroed stat.
+        let statted = unsafe { libc::fstat(fd.as_raw_fd(), st.as_mut_ptr()) } == 0;
+        // SAFETY: zero-initialised plain data, filled in by fstat when it succeeded.
+        let st = unsafe { st.assume_init() };
+        if seals < 0
+            || seals & libc::F_SEAL_SHRINK == 0
+            || !statted
+            || header.size == 0
+            || !header.size.is_multiple_of(GRANULE)
+            || (st.st_size as u64) < HOST_DATA_OFFSET.saturating_add(header.size)
+        {
+            return Err(E_INVALID_VALUE);
+        }
+        let location = CUmemLocation {
+            type_: header.dev,
+            id: header.head as i32,
+        };
+        HostMem::view(fd, header.size, location)
+    }
+
+    /// Maps the driver's view of the bytes of `fd`.
+    fn view(fd: OwnedFd, size: u64, location: CUmemLocation) -> Res<HostMem> {
+        // SAFETY: a new shared mapping of the file's bytes at an address the kernel picks; it
+        // overwrites nothing.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                size as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                HOST_DATA_OFFSET as libc::off_t,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(E_OOM);
+        }
+        Ok(HostMem {
+            fd,
+            view: p as usize,
+            size,
+            location,
+        })
+    }
+
+    /// The driver's view of byte `offset` of the memory.
+    pub fn at(&self, offset: u64) -> *mut u8 {
+        (self.view as *mut u8).wrapping_add(offset as usize)
+    }
+
+    /// Maps `len` bytes from `offset` at `va`, inaccessible to the CPU until cuMemSetAccess
+    /// grants a host location access. `va` must lie in the device address space.
+    fn map_at(&self, va: u64, len: u64, offset: u64) -> Res {
+        // SAFETY: MAP_FIXED over a range of our own PROT_NONE reservation that cuMemMap checked
+        // is reserved by cuMemAddressReserve and mapped by nothing else.
+        let p = unsafe {
+            libc::mmap(
+                va as *mut c_void,
+                len as usize,
+                libc::PROT_NONE,
+                libc::MAP_SHARED | libc::MAP_FIXED,
+                self.fd.as_raw_fd(),
+                (HOST_DATA_OFFSET + offset) as libc::off_t,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(E_OOM);
+        }
+        Ok(())
+    }
+
+    /// A new descriptor of the memory file, for another process to import.
+    fn export(&self) -> Res<c_int> {
+        // SAFETY: duplicating a descriptor we own; the caller owns the copy.
+        let fd = unsafe { libc::dup(self.fd.as_raw_fd()) };
+        if fd < 0 {
+            return Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+        }
+        Ok(fd)
+    }
+}
+
+/// The driver's view of host memory at `va` in `m`, a mapping of a host-located handle that
+/// starts at `start`, or None if the handle is gone.
+pub fn host_bytes(inner: &Inner, start: u64, m: &Mapping, va: u64) -> Option<*mut u8> {
+    match &inner.vmm.get(m.handle)?.backing {
+        Backing::Host(host) => Some(host.at(m.offset + (va - start))),
+        Backing::Device(..) => None,
     }
 }
 
@@ -85,11 +278,15 @@ pub unsafe extern "C" fn cuMemCreate(
             CU_MEM_LOCATION_TYPE_DEVICE => {
                 let dev = d.physical(p.location.id)?;
                 d.inner.lock().refuse_if_capturing()?;
-                Some((dev, take(d, dev, AllocKind::Vmm, size as u64)?))
+                Backing::Device(dev, take(d, dev, AllocKind::Vmm, size as u64)?)
             }
             CU_MEM_LOCATION_TYPE_HOST
             | CU_MEM_LOCATION_TYPE_HOST_NUMA
-            | CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT => None,
+            | CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT => Backing::Host(HostMem::create(
+                size as u64,
+                p.location,
+                d.state.header().machine_id,
+            )?),
             _ => return Err(E_INVALID_VALUE),
         };
         let h = d.inner.lock().vmm.insert(VmmHandle {
@@ -156,7 +353,8 @@ pub unsafe extern "C" fn cuMemRetainAllocationHandle(
 }
 
 /// The properties a handle was made with: pinned memory on the device (its ordinal in this
-/// process) or on the host, and the handle types it may be exported as.
+/// process) or on the host (the location it was made for), and the handle types it may be
+/// exported as.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemGetAllocationPropertiesFromHandle(
     prop: *mut CUmemAllocationProp,
@@ -172,19 +370,16 @@ pub unsafe extern "C" fn cuMemGetAllocationPropertiesFromHandle(
             .get(handle)
             .filter(|v| !v.released || v.retains > 0)
             .ok_or(E_INVALID_VALUE)?;
-        let location = match v.backing {
-            Some((dev, _)) => CUmemLocation {
+        let location = match &v.backing {
+            Backing::Device(dev, _) => CUmemLocation {
                 type_: CU_MEM_LOCATION_TYPE_DEVICE,
                 id: d
                     .visible
                     .iter()
-                    .position(|&p| p == dev)
+                    .position(|p| p == dev)
                     .map_or(-1, |o| o as i32),
             },
-            None => CUmemLocation {
-                type_: CU_MEM_LOCATION_TYPE_HOST,
-                id: 0,
-            },
+            Backing::Host(host) => host.location,
         };
         let out = CUmemAllocationProp {
             type_: CU_MEM_ALLOCATION_TYPE_PINNED,
@@ -274,19 +469,28 @@ pub unsafe extern "C" fn cuMemMap(
         {
             return Err(E_INVALID_VALUE);
         }
+        // Reservations come from the device address space; host memory is mapped with
+        // MAP_FIXED only there, so this is checked again rather than assumed.
+        let in_device_space = inner.va.contains(ptr) && inner.va.contains(ptr + size - 1);
         let v = inner
             .vmm
             .get_mut(handle)
             .filter(|v| !v.released)
             .ok_or(E_INVALID_HANDLE)?;
-        if offset + size > v.size {
+        if offset.checked_add(size).is_none_or(|end| end > v.size) {
             return Err(E_INVALID_VALUE);
         }
-        v.maps += 1;
-        let (dev, id) = match v.backing {
-            Some((dev, id)) => (dev, Some(id)),
-            None => (u32::MAX, None),
+        let (dev, id) = match &v.backing {
+            Backing::Device(dev, id) => (*dev, Some(*id)),
+            Backing::Host(host) => {
+                if !in_device_space {
+                    return Err(E_INVALID_VALUE);
+                }
+                host.map_at(ptr, size, offset)?;
+                (NO_DEVICE, None)
+            }
         };
+        v.maps += 1;
         inner.maps.insert(
             ptr,
             Mapping {
@@ -305,13 +509,16 @@ pub unsafe extern "C" fn cuMemMap(
     }))
 }
 
+/// Unmaps every mapping that starts in `[ptr, ptr + size)`. Where host memory was mapped, the
+/// addresses go back to the PROT_NONE reservation, so they stay reserved and a later cuMemMap
+/// can map there again.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
     status(drv().and_then(|d| {
         let mut inner = d.inner.lock();
         let inside: Vec<u64> = inner
             .maps
-            .range(ptr..ptr + size as u64)
+            .range(ptr..ptr.saturating_add(size as u64))
             .filter(|(_, m)| m.kind == MapKind::Vmm)
             .map(|(s, _)| *s)
             .collect();
@@ -320,6 +527,9 @@ pub unsafe extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
         }
         for s in inside {
             if let Some(m) = inner.maps.remove(&s) {
+                if m.on_host() {
+                    unmap_host(s, m.len);
+                }
                 if let Some(v) = inner.vmm.get_mut(m.handle) {
                     v.maps -= 1;
                 }
@@ -330,6 +540,22 @@ pub unsafe extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
     }))
 }
 
+/// The CPU protection an access descriptor's flags give host memory.
+fn cpu_protection(flags: u32) -> Res<c_int> {
+    match flags {
+        CU_MEM_ACCESS_FLAGS_PROT_NONE => Ok(libc::PROT_NONE),
+        CU_MEM_ACCESS_FLAGS_PROT_READ => Ok(libc::PROT_READ),
+        CU_MEM_ACCESS_FLAGS_PROT_READWRITE => Ok(libc::PROT_READ | libc::PROT_WRITE),
+        _ => Err(E_INVALID_VALUE),
+    }
+}
+
+/// Access to a mapped range. The range must be mapped whole. A descriptor for the host (a host
+/// location: the CPU) sets what the CPU may do at the addresses of host memory mapped there; by
+/// default, as on the driver, the CPU may not touch host-located memory at its mapped address
+/// (Ref: open-mpi/ompi#12751, CPU loads and stores fault without cuMemSetAccess for the host).
+/// Device access is not modelled (every device reaches every mapping; copies and memsets work
+/// whatever access was set).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemSetAccess(
     ptr: CUdeviceptr,
@@ -341,34 +567,97 @@ pub unsafe extern "C" fn cuMemSetAccess(
         if desc.is_null() || count == 0 {
             return Err(E_INVALID_VALUE);
         }
+        let end = ptr.checked_add(size as u64).ok_or(E_INVALID_VALUE)?;
+        let mut cpu = None;
+        for i in 0..count {
+            // SAFETY: the caller passes `count` descriptors.
+            let a = unsafe { desc.add(i).read() };
+            let prot = cpu_protection(a.flags)?;
+            match a.location.type_ {
+                CU_MEM_LOCATION_TYPE_DEVICE => {
+                    d.physical(a.location.id)?;
+                }
+                CU_MEM_LOCATION_TYPE_HOST
+                | CU_MEM_LOCATION_TYPE_HOST_NUMA
+                | CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT => cpu = Some(prot),
+                _ => return Err(E_INVALID_VALUE),
+            }
+        }
         let inner = d.inner.lock();
-        let mapped: u64 = inner
-            .maps
-            .range(ptr..ptr + size as u64)
-            .map(|(_, m)| m.len)
-            .sum();
+        let mapped: u64 = inner.maps.range(ptr..end).map(|(_, m)| m.len).sum();
         if mapped != size as u64 {
             return Err(E_INVALID_VALUE);
+        }
+        let Some(prot) = cpu else {
+            return Ok(());
+        };
+        for (&s, m) in inner.maps.range(ptr..end) {
+            if !(m.kind == MapKind::Vmm && m.on_host()) {
+                continue;
+            }
+            let len = (s + m.len).min(end) - s;
+            // SAFETY: changes the protection of host memory this process mapped there with
+            // cuMemMap (a shared mapping of its memory file, inside the device address space).
+            if unsafe { libc::mprotect(s as *mut c_void, len as usize, prot) } != 0 {
+                return Err(CUresult::CUDA_ERROR_UNKNOWN);
+            }
         }
         Ok(())
     }))
 }
 
-/// What an exported fd carries: enough to find the allocation on the same simulated machine.
+/// What an exported fd starts with: enough to find the memory on the same simulated machine.
+/// Device memory is exported as a memory file holding only this record; host memory as its own
+/// memory file, which starts with this record (`HOST_DATA_OFFSET`).
 #[repr(C)]
 #[derive(Clone, Copy)]
 struct Exported {
     magic: u64,
     machine: u64,
+    /// Device memory: the physical device. Host memory: the `CUmemLocationType` it was made for.
     dev: u32,
+    /// Device memory: the allocation's head. Host memory: the location's id (a NUMA node).
     head: u32,
+    /// Device memory: the allocation's generation. Host memory: 0.
     generation: u32,
-    _pad: u32,
+    /// `KIND_DEVICE` or `KIND_HOST`.
+    kind: u32,
     size: u64,
 }
 
 const EXPORT_MAGIC: u64 = 0x5349_4d47_5055_4644; // "SIMGPUFD"
+/// Device memory, counted on a device (the record's only kind before host memory could be
+/// exported, when this field was padding and always 0).
+const KIND_DEVICE: u32 = 0;
+/// Host memory: the descriptor is the memory file itself.
+const KIND_HOST: u32 = 1;
 
+/// A memory file holding only `rec`, for device memory.
+fn export_record(rec: &Exported) -> Res<c_int> {
+    // SAFETY: creating an anonymous memory file; the name is a valid C string.
+    let fd = unsafe { libc::memfd_create(c"simgpu-export".as_ptr(), 0) };
+    if fd < 0 {
+        return Err(CUresult::CUDA_ERROR_UNKNOWN);
+    }
+    // SAFETY: writing our plain record into the fd we just made.
+    let n = unsafe {
+        libc::write(
+            fd,
+            rec as *const Exported as *const c_void,
+            std::mem::size_of::<Exported>(),
+        )
+    };
+    if n != std::mem::size_of::<Exported>() as isize {
+        // SAFETY: closing the fd we made.
+        unsafe { libc::close(fd) };
+        return Err(CUresult::CUDA_ERROR_UNKNOWN);
+    }
+    Ok(fd)
+}
+
+/// A POSIX file descriptor another process of the same simulated machine imports: for device
+/// memory, a record naming the allocation; for host memory, the memory file itself, so that
+/// the importer maps the same bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemExportToShareableHandle(
     out: *mut c_void,
@@ -385,34 +674,18 @@ pub unsafe extern "C" fn cuMemExportToShareableHandle(
         }
         let inner = d.inner.lock();
         let v = inner.vmm.get(handle).ok_or(E_INVALID_HANDLE)?;
-        let (dev, id) = v.backing.ok_or(CUresult::CUDA_ERROR_NOT_SUPPORTED)?;
-        let rec = Exported {
-            magic: EXPORT_MAGIC,
-            machine: d.state.header().machine_id,
-            dev,
-            head: id.head,
-            generation: id.generation,
-            _pad: 0,
-            size: v.size,
+        let fd = match &v.backing {
+            Backing::Device(dev, id) => export_record(&Exported {
+                magic: EXPORT_MAGIC,
+                machine: d.state.header().machine_id,
+                dev: *dev,
+                head: id.head,
+                generation: id.generation,
+                kind: KIND_DEVICE,
+                size: v.size,
+            })?,
+            Backing::Host(host) => host.export()?,
         };
-        // SAFETY: creating an anonymous memory file; the name is a valid C string.
-        let fd = unsafe { libc::memfd_create(c"simgpu-export".as_ptr(), 0) };
-        if fd < 0 {
-            return Err(CUresult::CUDA_ERROR_UNKNOWN);
-        }
-        // SAFETY: writing our plain record into the fd we just made.
-        let n = unsafe {
-            libc::write(
-                fd,
-                &rec as *const Exported as *const c_void,
-                std::mem::size_of::<Exported>(),
-            )
-        };
-        if n != std::mem::size_of::<Exported>() as isize {
-            // SAFETY: closing the fd we made.
-            unsafe { libc::close(fd) };
-            return Err(CUresult::CUDA_ERROR_UNKNOWN);
-        }
         // SAFETY: for POSIX fds the shareable handle is an int (cuda.h).
         unsafe { (out as *mut c_int).write(fd) };
         Ok(())
@@ -455,19 +728,25 @@ pub unsafe extern "C" fn cuMemImportFromShareableHandle(
         if n != std::mem::size_of::<Exported>() as isize
             || rec.magic != EXPORT_MAGIC
             || rec.machine != d.state.header().machine_id
-            || rec.dev >= d.state.ndev()
         {
             return Err(E_INVALID_VALUE);
         }
-        let id = AllocId {
-            head: rec.head,
-            generation: rec.generation,
+        let backing = match rec.kind {
+            KIND_DEVICE if rec.dev < d.state.ndev() => {
+                let id = AllocId {
+                    head: rec.head,
+                    generation: rec.generation,
+                };
+                if d.state.lock_device(rec.dev).dev().record(id).is_none() {
+                    return Err(E_INVALID_VALUE);
+                }
+                Backing::Device(rec.dev, id)
+            }
+            KIND_HOST => Backing::Host(HostMem::import(owned, &rec)?),
+            _ => return Err(E_INVALID_VALUE),
         };
-        if d.state.lock_device(rec.dev).dev().record(id).is_none() {
-            return Err(E_INVALID_VALUE);
-        }
         let h = d.inner.lock().vmm.insert(VmmHandle {
-            backing: Some((rec.dev, id)),
+            backing,
             size: rec.size,
             released: false,
             maps: 0,

@@ -86,7 +86,8 @@ pub fn copy(dst: u64, src: u64, len: u64) -> Res {
     let (mut dcur, mut scur) = (dv.next(), sv.next());
     while let (Some((dp, dn)), Some((sp, sn))) = (dcur, scur) {
         let n = dn.min(sn);
-        // SAFETY: host ranges are the caller's buffers of `len` bytes (the API contract);
+        // SAFETY: host ranges are the caller's buffers of `len` bytes (the API contract) or
+        // host memory mapped in the device address space, bounds-checked against its mapping;
         // device ranges were bounds-checked against their allocation. `copy` tolerates overlap.
         unsafe { std::ptr::copy(sp, dp, n as usize) };
         dcur = if dn > n {
