@@ -26,8 +26,9 @@ fn held_by_kind(sim: &Sim, dev: usize, pid: &Value) -> Value {
         .unwrap_or_else(|| panic!("pid {pid} holds nothing on device {dev}"))
 }
 
-/// `n` ranks, rank i on device i, export `SHARED` bytes `via`; rank i then opens what rank
-/// i + 1 exported, on that rank's device. With `slice`, every process runs in it (libcuslice
+/// `n` ranks, rank i on device i, export `SHARED` bytes `via` (`ipc`, `fd`, or `fd-host`: a
+/// host-located VMM handle, as NCCL's shared-memory buffers with cuMem on); rank i then opens
+/// what rank i + 1 exported, on that rank's device. With `slice`, every process runs in it (libcuslice
 /// preloaded); without, directly on the simulator. Returns the running ranks (exporters, then
 /// importers) and their `exported` / `imported` lines.
 fn ranks(
@@ -45,7 +46,12 @@ fn ranks(
     let mut exported = Vec::new();
     for i in 0..n {
         let dev = i.to_string();
-        let mut r = spawn(&["--device", &dev, "export", "--via", via, "--bytes", &bytes]);
+        let how: &[&str] = match via {
+            "fd-host" => &["--via", "fd", "--location", "host"],
+            _ => &["--via", via],
+        };
+        let args = [&["--device", &dev, "export"][..], how, &["--bytes", &bytes]].concat();
+        let mut r = spawn(&args);
         exported.push(r.wait_for("exported", WAIT));
         running.push(r);
     }
@@ -73,13 +79,21 @@ fn release_all(running: Vec<Running>) {
     }
 }
 
-/// Each rank's shared memory is held once, by its exporter, on its device; the importer holds
-/// its context only.
+/// Each rank's shared memory is held once, by its exporter, on its device (host-located memory
+/// on none); the importer holds its context only.
 fn charged_once(sim: &Sim, n: usize, via: &str, exported: &[Value], imported: &[Value]) {
-    let kind = if via == "ipc" { "mem" } else { "vmm" };
+    let (kind, held) = match via {
+        "ipc" => ("mem", SHARED),
+        "fd" => ("vmm", SHARED),
+        _ => ("vmm", 0),
+    };
     for j in 0..n {
         let by_exporter = held_by_kind(sim, j, &exported[j]["pid"]);
-        assert_eq!(u(&by_exporter[kind]), SHARED, "device {j}: {by_exporter}");
+        assert_eq!(
+            by_exporter[kind].as_u64().unwrap_or(0),
+            held,
+            "device {j}: {by_exporter}"
+        );
         let importer = &imported[(j + n - 1) % n];
         let by_importer = held_by_kind(sim, j, &importer["pid"]);
         let extra: Vec<_> = by_importer
@@ -166,10 +180,18 @@ fn four_ranks_share_memory_by_ipc_and_by_exported_fds() {
     );
 }
 
+/// Host-located VMM memory (NCCL's shared-memory buffers with cuMem on) shared by file
+/// descriptors: every rank reads and writes what the next one made, it is charged on no device,
+/// and a further process still fills each device to its cap.
+#[test]
+fn host_located_memory_shared_by_fds_is_charged_nowhere() {
+    job(2, "fd-host", &[("CUSLICE_MEMORY_LIMIT", "1GiB")], &[GIB; 2]);
+}
+
 /// The same job without cuslice: the scenario itself runs on the simulator, and charges alike.
 #[test]
 fn the_same_ranks_without_cuslice() {
-    for (n, via) in [(2, "ipc"), (4, "fd")] {
+    for (n, via) in [(2, "ipc"), (4, "fd"), (2, "fd-host")] {
         let sim = Sim::new(&["--devices", &n.to_string(), "--memory", "8GiB"]);
         let (running, exported, imported) = ranks(&sim, None, n, via);
         charged_once(&sim, n, via, &exported, &imported);
