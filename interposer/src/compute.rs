@@ -426,9 +426,11 @@ impl Meter {
         // NVML gives no per-process samples (MIG instances, some vGPU profiles), or they are
         // ignored on purpose: the library times a sample of the launches itself.
         let self_timed = reading.is_none();
-        // Launches are timed whatever the source (only metered launches are, a sample of them):
-        // without samples the timings are the meter's readings; with the driver's one sample
-        // a period they are what a launch costs, by which a shared period is apportioned.
+        // Launches are timed (only metered launches are, a sample of them) where the timings
+        // are used: without samples they are the meter's readings; with the driver's one sample
+        // a period, beside other processes, they are what a launch costs, by which a shared
+        // period is apportioned. A process alone with samples of its own times none: a timed
+        // launch's two event records cost the launch path (`tests/bench`, section 4).
         self.timer.collect(&mut p.costs);
         p.costs.decay();
         if self_timed {
@@ -443,7 +445,8 @@ impl Meter {
             }
         }
         p.self_timed = self_timed;
-        self.timer.set(true, timing_policy::stride(d_launches));
+        self.timer
+            .set(self_timed || crowded, timing_policy::stride(d_launches));
         let cost_now = self.cost.load(Ordering::Relaxed);
         // What the settled launches were charged, less what they (and any work queued before
         // them) really used: paid into the tokens, or taken from them.
@@ -951,30 +954,22 @@ fn gate_open() -> bool {
 
 /// Every launch the fast path does not let through passes here first (one call: the metered
 /// charge, which every launch under a core limit makes, is inlined here). `stream` (the launch's
-/// stream; `ptsz`: a `_ptsz` entry point) is only evaluated on the metered path, for priority and
-/// timing; `kind` (what kind of launch, `cuslice_policy::timing::launch_kind`) only for a launch
-/// the self-timing meter times. Some: the launch's start event was recorded, its end is to be.
+/// stream; `ptsz`: a `_ptsz` entry point) is only evaluated on the metered path, for priority.
+/// True: the self-timing meter picked this launch to time (`timed_launch`).
 #[inline(always)]
-fn gate(
-    stream: impl FnOnce() -> CUstream,
-    ptsz: bool,
-    kind: impl FnOnce() -> u64,
-) -> Option<(&'static Meter, timing::Started)> {
+fn gate(stream: impl FnOnce() -> CUstream, ptsz: bool) -> bool {
     if !STARTED.load(Ordering::Relaxed) {
         start();
     }
     if METERED.load(Ordering::Relaxed) {
-        return gate_metered(stream(), ptsz, kind);
+        return gate_metered(stream(), ptsz);
     }
-    None
+    false
 }
 
+/// The slice this process is in and the meter of the device the launch goes to.
 #[inline(always)]
-fn gate_metered(
-    stream: CUstream,
-    ptsz: bool,
-    kind: impl FnOnce() -> u64,
-) -> Option<(&'static Meter, timing::Started)> {
+fn metered_device() -> Option<(&'static membership::Slice, &'static Meter)> {
     let Ok(Some(s)) = membership::active() else {
         return None;
     };
@@ -985,14 +980,39 @@ fn gate_metered(
     } else {
         membership::current(s).and_then(|(_, o)| meters.get(o))
     };
-    let m = m?;
-    let t = s.ledger.tokens(m.index)?;
+    Some((s, m?))
+}
+
+#[inline(always)]
+fn gate_metered(stream: CUstream, ptsz: bool) -> bool {
+    let Some((s, m)) = metered_device() else {
+        return false;
+    };
+    let Some(t) = s.ledger.tokens(m.index) else {
+        return false;
+    };
     m.charge(&s.ledger, t);
     m.prioritise(stream, ptsz);
-    if m.timer.due() {
-        return m.timer.begin(stream, ptsz, kind()).map(|st| (m, st));
+    m.timer.due()
+}
+
+/// A launch the gate picked to time (already charged): its start event recorded on its stream,
+/// the launch made with `launch`, then its end event. `kind`: what kind of launch
+/// (`cuslice_policy::timing::launch_kind`).
+#[cold]
+#[inline(never)]
+fn timed_launch(
+    stream: CUstream,
+    ptsz: bool,
+    kind: u64,
+    launch: impl FnOnce() -> CUresult,
+) -> CUresult {
+    let started = metered_device().and_then(|(_, m)| Some((m, m.timer.begin(stream, ptsz, kind)?)));
+    let r = launch();
+    if let Some((m, st)) = started {
+        m.timer.finish(st, r.is_ok());
     }
-    None
+    r
 }
 
 /// The kind of a `cuLaunchKernelEx` launch (its function and grid).
@@ -1050,9 +1070,10 @@ pub fn at_exit() {
 
 /// Each wrapper's fast path is three loads (the real function, cached in the wrapper, and the two
 /// flags of `gate_open`) and a jump to the driver: no call of its own, so no registers to save.
-/// The rest (resolving the real function, starting the meter, charging a metered launch, timing
-/// a sample of launches for the self-timing meter) is in the out-of-line `slow` twin, reached by
-/// a jump as well, which makes the launch itself.
+/// The rest (resolving the real function, starting the meter, charging a metered launch) is in
+/// the out-of-line `slow` twin, which answers with the real function, so that a metered launch
+/// too is a jump to the driver from the wrapper. A launch the self-timing meter picks to time
+/// (about ten a period) goes through `timed` instead, which records its events around it.
 macro_rules! launch_wrappers {
     ($($name:ident($($arg:ident: $ty:ty),*) on $stream:expr, $ptsz:expr, kind $kind:expr;)*) => {
         $(
@@ -1060,13 +1081,19 @@ macro_rules! launch_wrappers {
         /// The CUDA driver API contract of the function of the same name.
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name($($arg: $ty),*) -> CUresult {
-            let p = slow::$name::REAL.load(Ordering::Relaxed);
+            let mut p = slow::$name::REAL.load(Ordering::Relaxed);
             if p.is_null() || !gate_open() {
-                // SAFETY: forwarded unchanged.
-                return unsafe { slow::$name::call($($arg),*) };
+                p = slow::$name::prepare($stream);
+                if p.is_null() {
+                    return CUresult::CUDA_ERROR_NOT_INITIALIZED;
+                }
+                if p == slow::TIMED {
+                    // SAFETY: forwarded unchanged.
+                    return unsafe { slow::$name::timed($($arg),*) };
+                }
             }
-            // SAFETY: `p` was stored by `slow::$name::call` from `real::$name()`, a pointer
-            // of exactly this type.
+            // SAFETY: `p` was stored by `slow::$name::prepare` from `real::$name()`, a pointer
+            // of exactly this type (never `slow::TIMED`, which is not stored).
             let f = unsafe {
                 std::mem::transmute::<*mut (), unsafe extern "C" fn($($ty),*) -> CUresult>(p)
             };
@@ -1078,6 +1105,10 @@ macro_rules! launch_wrappers {
         mod slow {
             #![allow(non_snake_case)]
             use super::*;
+
+            /// What `prepare` answers for a launch to time: an address no function has.
+            pub const TIMED: *mut () = std::ptr::dangling_mut::<()>();
+
             $(
             pub mod $name {
                 use super::*;
@@ -1086,34 +1117,36 @@ macro_rules! launch_wrappers {
                 pub static REAL: std::sync::atomic::AtomicPtr<()> =
                     std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
 
-                /// Resolves the real function, passes the gate with the launch's stream, and
-                /// launches (timing the launch when the self-timing meter picks it).
+                /// Resolves the real function and passes the gate with the launch's stream: the
+                /// real function (null if the driver lacks it), or `TIMED`.
+                #[cold]
+                #[inline(never)]
+                pub fn prepare(stream: CUstream) -> *mut () {
+                    let Some(f) = real::$name() else {
+                        return std::ptr::null_mut();
+                    };
+                    if REAL.load(Ordering::Relaxed) != f as *mut () {
+                        REAL.store(f as *mut (), Ordering::Relaxed);
+                    }
+                    if gate(|| stream, $ptsz) {
+                        return TIMED;
+                    }
+                    f as *mut ()
+                }
+
+                /// The launch, timed (`timed_launch`).
                 ///
                 /// # Safety
                 /// The CUDA driver API contract of the function of the same name.
                 #[cold]
                 #[inline(never)]
-                // The C ABI, as the driver's: the wrapper's jump here, and the jump from here to
-                // the driver for a launch that is not timed, pass the arguments as they are
-                // (an 11-argument launch has 5 on the stack).
                 #[allow(clippy::too_many_arguments)] // the driver function's own arguments
-                pub unsafe extern "C" fn call($($arg: $ty),*) -> CUresult {
+                pub unsafe extern "C" fn timed($($arg: $ty),*) -> CUresult {
                     let Some(f) = real::$name() else {
                         return CUresult::CUDA_ERROR_NOT_INITIALIZED;
                     };
-                    if REAL.load(Ordering::Relaxed) != f as *mut () {
-                        REAL.store(f as *mut (), Ordering::Relaxed);
-                    }
-                    match gate(|| $stream, $ptsz, || $kind) {
-                        // SAFETY: forwarded unchanged.
-                        None => unsafe { f($($arg),*) },
-                        Some((m, started)) => {
-                            // SAFETY: forwarded unchanged.
-                            let r = unsafe { f($($arg),*) };
-                            m.timer.finish(started, r.is_ok());
-                            r
-                        }
-                    }
+                    // SAFETY: forwarded unchanged.
+                    timed_launch($stream, $ptsz, $kind, || unsafe { f($($arg),*) })
                 }
             }
             )*
