@@ -675,7 +675,7 @@ fn first_contexts_beside_churn_with_the_agent() {
 /// OpenMetrics parser) carry its namespace, pod, container and claim, cleaned and escaped.
 #[test]
 fn kubernetes_names_reach_status_and_the_metrics() {
-    use std::io::{BufRead, Read, Write};
+    use std::io::Write;
     root_required();
     let sim = Sim::new(&["--memory", "8GiB"]);
     let root = tempfile::tempdir().unwrap();
@@ -755,37 +755,7 @@ fn kubernetes_names_reach_status_and_the_metrics() {
     assert!(!text.contains('\u{7}'), "{text}");
     println!("{text}\n{}", slice["kubernetes"]);
 
-    let mut exporter = sim
-        .command(
-            &cuslice,
-            &[
-                "exporter",
-                "--listen",
-                "127.0.0.1:0",
-                "--state-root",
-                root.path().to_str().unwrap(),
-            ],
-        )
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut first = String::new();
-    std::io::BufReader::new(exporter.stdout.take().unwrap())
-        .read_line(&mut first)
-        .unwrap();
-    let addr = first
-        .trim()
-        .strip_prefix("cuslice exporter: serving http://")
-        .and_then(|s| s.strip_suffix("/metrics"))
-        .unwrap_or_else(|| panic!("first line: {first:?}"))
-        .to_string();
-    let mut s = std::net::TcpStream::connect(&addr).unwrap();
-    write!(s, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
-    let mut response = String::new();
-    s.read_to_string(&mut response).unwrap();
-    let _ = exporter.kill();
-    let _ = exporter.wait();
-    let body = response.split_once("\r\n\r\n").unwrap().1;
+    let body = scrape(&sim, root.path());
     let script = r#"
 import json, sys
 from prometheus_client.openmetrics.parser import text_string_to_metric_families

@@ -4,8 +4,8 @@
 //! and Podman containers on simgpu and its agent watches them; then this build is installed over
 //! it with `cuslice install`, this agent replaces that one, and new containers start beside the
 //! old.
-//! Judged by the simulator's count (memory held, device time), the agent's findings and
-//! `cuslice status`; then `cuslice uninstall`.
+//! Judged by the simulator's count (memory held, device time), the agent's findings,
+//! `cuslice status` and the exporter; then `cuslice uninstall`.
 //!
 //! Ignored in the per-commit run (building the previous release takes minutes); `tests/run`
 //! runs it through `tests/upgrade/run` whenever a state format differs from the ones recorded
@@ -468,6 +468,17 @@ fn an_upgrade_keeps_the_previous_releases_containers_capped_beside_new_ones() {
         (&old_pod, e.id(), pod.host_pids(&old_pod), was),
         (&new_pod, f.id(), pod.host_pids(&new_pod), now),
     ];
+    // The exporter, over the same state root: each slice's ledger version and cap.
+    let metrics = scrape(&sim, &node.root);
+    let series = |metric: &str, id: &str| -> Vec<String> {
+        metrics
+            .lines()
+            .filter(|l| {
+                l.starts_with(&format!("{metric}{{")) && l.contains(&format!("slice=\"{id}\""))
+            })
+            .map(str::to_owned)
+            .collect()
+    };
     for (name, id, pids, version) in slices {
         let s = slice(&view, &id);
         assert_eq!(s["ledger_version"], version, "{name}: {s}");
@@ -477,6 +488,16 @@ fn an_upgrade_keeps_the_previous_releases_containers_capped_beside_new_ones() {
         assert!(
             used.abs_diff(held) <= 64 * MIB,
             "{name}: status {used}, simulator {held}"
+        );
+        let info = series("cuslice_slice_info", &id);
+        assert!(
+            info.len() == 1 && info[0].contains(&format!("ledger_version=\"{version}\"")),
+            "{name}: {info:?}\n{metrics}"
+        );
+        let cap = series("cuslice_slice_memory_limit_bytes", &id);
+        assert!(
+            cap.len() == 1 && cap[0].ends_with(&format!(" {GIB}")),
+            "{name}: {cap:?}"
         );
     }
     let text = output_of(Command::new(bin_dir().join("cuslice")).args([
