@@ -113,7 +113,7 @@ fn create(cudev: CUdevice, out: *mut CUcontext, make: impl FnOnce() -> CUresult)
 /// and how far apart: a neighbour that allocates or frees shows in one of them, this process
 /// holds still (it has no other context on the device, and its own later contexts wait for the
 /// measurement).
-const NARROW_FOR: std::time::Duration = std::time::Duration::from_millis(100);
+const NARROW_FOR: std::time::Duration = std::time::Duration::from_millis(500);
 const NARROW_EVERY: std::time::Duration = std::time::Duration::from_millis(2);
 
 /// What the slice's first context on device `dev` (just made) takes: this process's own figure
@@ -142,20 +142,34 @@ fn measure(
         ),
         Found::Among(mut among) => {
             let until = std::time::Instant::now() + NARROW_FOR;
+            let mut own = None;
             while overhead::settled(&among).is_none() && std::time::Instant::now() < until {
                 std::thread::sleep(NARROW_EVERY);
                 let Some(later) = nvml_query::process_memory(uuid) else {
                     break;
                 };
-                among = overhead::narrow(among, &later);
                 lists += 1;
+                // The node agent may have told this process its host pid meanwhile (it does so
+                // when the process joins its slice): then its own entry says.
+                if let (Some(was), Some(pid)) = (was, nvml_pid(s))
+                    && let Found::Own(b) =
+                        overhead::identify(was, &later, Some(pid), std::process::id())
+                {
+                    own = Some(b);
+                    break;
+                }
+                among = overhead::narrow(among, &later);
             }
-            match overhead::settled(&among) {
-                Some(b) => (
+            match (own, overhead::settled(&among)) {
+                (Some(b), _) => (
+                    b,
+                    "this process's entry in NVML's process list, once its host pid was known",
+                ),
+                (None, Some(b)) => (
                     b,
                     "the one figure in NVML's process list that could be this process",
                 ),
-                None => {
+                (None, None) => {
                     crate::log::info!(
                         "context on device {dev}: {} entries of NVML's process list could be this \
                          process's after {lists} more lists; charged the largest",
