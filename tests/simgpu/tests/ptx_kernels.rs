@@ -77,7 +77,9 @@ fn ptx_kernels_take_the_time_their_annotation_gives_and_check_their_arguments() 
                 assert_eq!(elapsed(&mut ms, start, end), 0);
                 Ok(f64::from(ms) * 1000.0)
             };
-        let near = |us: f64, want: f64| (us - want).abs() < 2.0;
+        // The start event is stamped when it is recorded, the kernel queued a moment later: a
+        // launch call slowed by a loaded CPU adds that moment (3.4 us once in CI), never less.
+        let near = |us: f64, want: f64| us > want - 2.0 && us < want + 20.0;
 
         // kernelParams: 265 blocks on 132 SMs run in 3 waves of 100 us.
         let mut flags: u32 = 7;
