@@ -12,7 +12,7 @@
 //! whose scenarios share the container and agent set-up below.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::sync::{Arc, Mutex};
@@ -525,7 +525,7 @@ fn report_shows_the_overuse_and_kills_nothing() {
         "{text}"
     );
     // The exporter.
-    let metrics = scrape(&sim, root.path());
+    let metrics = engines::scrape(&sim, root.path());
     let violation = format!("slice=\"{n}\"");
     let has = |check: &str| {
         metrics.lines().any(|l| {
@@ -664,41 +664,6 @@ fn files_grown_past_their_size_are_found_and_cut_back() {
             .then_some(())
     });
     Box::new(c).remove();
-}
-
-/// GET /metrics from `cuslice exporter` over the same state root.
-fn scrape(sim: &Sim, root: &Path) -> String {
-    let mut child = sim
-        .command(
-            &bin_dir().join("cuslice"),
-            &[
-                "exporter",
-                "--listen",
-                "127.0.0.1:0",
-                "--state-root",
-                root.to_str().unwrap(),
-            ],
-        )
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut first = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut first)
-        .unwrap();
-    let addr = first
-        .trim()
-        .strip_prefix("cuslice exporter: serving http://")
-        .and_then(|s| s.strip_suffix("/metrics"))
-        .unwrap_or_else(|| panic!("first line: {first:?}"))
-        .to_string();
-    let mut s = std::net::TcpStream::connect(&addr).unwrap();
-    write!(s, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
-    let mut body = String::new();
-    s.read_to_string(&mut body).unwrap();
-    let _ = child.kill();
-    let _ = child.wait();
-    body
 }
 
 /// `--enforce stop` leaves alone a slice the library already holds to its core limit: the
