@@ -244,6 +244,19 @@ pub fn forged_claims_take_nothing(engine: &dyn Engine) {
         c.remove();
     }
     let attack = format!("the tenant managed {done:?}; flood processes initialised: {flooded:?}");
+    // The attack took place: the forged claims were posted, and more processes than the node
+    // once had places for initialised CUDA.
+    assert!(
+        done.iter().any(|d| d.contains("forge-claims")),
+        "the tenant could not post its forged claims ({attack})"
+    );
+    assert!(
+        flooded
+            .as_ref()
+            .and_then(Value::as_u64)
+            .is_some_and(|n| n > 256),
+        "the tenant's flood did not initialise more than 256 processes ({attack})"
+    );
     eprintln!(
         "a container without core settings: {before:.1}% of the device before the tenant, \
          {beside:.1}% beside it; beside it and a container with a request of 50: {both:.1?}%"
@@ -293,6 +306,15 @@ pub fn replaced_state_hangs_nobody(engine: &dyn Engine) {
     let (tried, _) = within(tenant.as_mut(), "ready", 60)
         .unwrap_or_else(|| panic!("the tenant did not get ready: {}", tenant.stderr()));
     let done = managed(&tried);
+    // The attack took place: each kind of it was tried on the node state the tenant sees.
+    for what in ["flock", "fifo-over", "dangling-symlink"] {
+        assert!(
+            tried
+                .iter()
+                .any(|v| v["event"] == "tampered" && v["what"] == what),
+            "the tenant did not try {what}: {tried:?}"
+        );
+    }
     let mut victim = spawn(
         engine,
         &sim,
@@ -340,18 +362,39 @@ pub fn replaced_state_hangs_nobody(engine: &dyn Engine) {
 /// `--enforce stop` kills it once over its cap for the grace: by the simulator's count, 2 GiB
 /// under a 1 GiB cap is gone within the grace (2 s) and two periods (1 s each) of its holding.
 pub fn preload_dropped_is_stopped_by_the_agent(engine: &dyn Engine) {
-    let _turn = super::agent_turn();
-    let sim = Sim::new(&["--memory", "8GiB"]);
-    let agent = super::NodeAgent::start_with(&sim, &["--enforce", "stop"]);
-    let mut c = spawn(
+    library_dropped_is_stopped(
         engine,
-        &sim,
         "audit",
         &["CUSLICE_MEMORY_LIMIT=1GiB", "LD_AUDIT=/lib/drop-preload.so"],
         "exec cuda-workload hold --bytes 2GiB --secs 60",
     );
-    let (_, held) = within(c.as_mut(), "holding", 60)
+}
+
+/// The same with the other way an unprivileged process has around the preload file: a user
+/// namespace of its own, in which it bind-mounts an empty file over /etc/ld.so.preload, then
+/// runs the workload there. The hook's read-only mount cannot stop that either; the agent does.
+pub fn preload_hidden_by_a_user_namespace_is_stopped_by_the_agent(engine: &dyn Engine) {
+    library_dropped_is_stopped(
+        engine,
+        "userns",
+        &["CUSLICE_MEMORY_LIMIT=1GiB"],
+        "exec cuda-workload drop-preload -- cuda-workload hold --bytes 2GiB --secs 60",
+    );
+}
+
+fn library_dropped_is_stopped(engine: &dyn Engine, what: &str, env: &[&str], cmd: &str) {
+    let _turn = super::agent_turn();
+    let sim = Sim::new(&["--memory", "8GiB"]);
+    let agent = super::NodeAgent::start_with(&sim, &["--enforce", "stop"]);
+    let mut c = spawn(engine, &sim, what, env, cmd);
+    let (before, held) = within(c.as_mut(), "holding", 60)
         .unwrap_or_else(|| panic!("the workload did not hold its memory: {}", c.stderr()));
+    assert!(
+        before
+            .iter()
+            .all(|v| v["event"] != "dropped" || v["ok"] == true),
+        "the tenant could not hide the preload file: {before:?}"
+    );
     let t0 = Instant::now();
     // The library did not load: the process sees the whole device and holds past its cap.
     assert_eq!(held["total"], 8u64 << 30, "{held}");
@@ -496,6 +539,11 @@ macro_rules! hostile_scenarios {
         fn hostile_preload_dropped_by_ld_audit_is_stopped_by_the_agent() {
             $crate::root_required();
             $crate::hostile::preload_dropped_is_stopped_by_the_agent($engine);
+        }
+        #[test]
+        fn hostile_preload_hidden_by_a_user_namespace_is_stopped_by_the_agent() {
+            $crate::root_required();
+            $crate::hostile::preload_hidden_by_a_user_namespace_is_stopped_by_the_agent($engine);
         }
         #[test]
         fn hostile_replaced_or_locked_state_hangs_nobody() {

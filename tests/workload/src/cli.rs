@@ -136,6 +136,9 @@ pub enum Scenario {
     Probe(ProbeArgs),
     /// A hostile tenant: attack the cuslice state the container can reach (see `tamper.rs`)
     Tamper(crate::tamper::TamperArgs),
+    /// A hostile tenant: run a command with the preload file hidden, in a user namespace of its
+    /// own with a bind mount over it (see `tamper.rs`)
+    DropPreload(crate::tamper::DropPreloadArgs),
     /// Fill memory on --device (or, with --location host, host memory mapped for it) and share
     /// it with other processes (CUDA IPC or an exported VMM handle): one `exported` line to pass
     /// to `import --from`; held until stdin reaches EOF, then a `released` line (written_back)
@@ -166,6 +169,7 @@ impl Scenario {
             Scenario::BenchLaunch(_) => "bench-launch",
             Scenario::Probe(_) => "probe",
             Scenario::Tamper(_) => "tamper",
+            Scenario::DropPreload(_) => "drop-preload",
             Scenario::Export(_) => "export",
             Scenario::Import(_) => "import",
             Scenario::Peers(_) => "peers",
@@ -197,6 +201,9 @@ pub fn main_with(bin: Binary) -> ExitCode {
         .bin_name(bin.name)
         .get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    if let Scenario::DropPreload(a) = &cli.scenario {
+        return ExitCode::from(crate::tamper::drop_preload(a));
+    }
     let route_arg = cli.route.unwrap_or(bin.default_route);
     match (route_arg == RouteArg::Direct, bin.direct.is_some()) {
         (true, false) => usage(&bin, "--route direct needs the cuda-workload-linked binary"),
@@ -290,7 +297,7 @@ fn scenario(cli: &Cli, route: Route, driver: &Driver) -> Result<(), Failure> {
         Scenario::Tamper(a) => crate::tamper::tamper(&session, a),
         Scenario::Export(a) => crate::share::export(&session, a)?,
         Scenario::Import(a) => crate::share::import(&session, a)?,
-        Scenario::Peers(_) | Scenario::Resolve => {}
+        Scenario::Peers(_) | Scenario::Resolve | Scenario::DropPreload(_) => {}
     }
     session.close()?;
     Ok(())

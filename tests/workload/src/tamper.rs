@@ -374,3 +374,92 @@ pub fn tamper(s: &Session<'_>, a: &TamperArgs) {
     }
     drop(held);
 }
+
+#[derive(Clone, Debug, Args)]
+pub struct DropPreloadArgs {
+    /// The preload file to hide
+    #[arg(long, default_value = "/etc/ld.so.preload")]
+    pub file: PathBuf,
+    /// The command to run without it
+    #[arg(trailing_var_arg = true, required = true)]
+    pub command: Vec<String>,
+}
+
+/// Runs a command with the preload file hidden, as any unprivileged process can: a user
+/// namespace of its own (with a mount namespace it owns), `/dev/null` bind-mounted over the
+/// file, then exec. A `dropped` line says whether the file is hidden; returns only on failure.
+pub fn drop_preload(a: &DropPreloadArgs) -> u8 {
+    use std::ffi::CString;
+    let step = |what: &str, r: std::io::Result<()>| -> bool {
+        if let Err(e) = &r {
+            emit(
+                "dropped",
+                json!({"ok": false, "step": what, "error": e.to_string()}),
+            );
+            eprintln!("cuda-workload drop-preload: {what}: {e}");
+        }
+        r.is_ok()
+    };
+    let os = |r: libc::c_int| {
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    };
+    // SAFETY: flags only.
+    let unshared = unsafe { libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS) };
+    if !step("unshare", os(unshared)) {
+        return 1;
+    }
+    // No id maps: the bind mount below needs only the namespace's own CAP_SYS_ADMIN, which
+    // unshare gives; mapping ids takes capabilities a container's root lacks (CAP_SETFCAP for
+    // root inside). Unmapped, the process keeps its ids outside, so it reads what it read before.
+    let (Ok(null), Ok(target), Ok(root)) = (
+        CString::new("/dev/null"),
+        CString::new(a.file.as_os_str().as_encoded_bytes()),
+        CString::new("/"),
+    ) else {
+        step(
+            "paths",
+            Err(std::io::Error::other("a path holds a NUL byte")),
+        );
+        return 1;
+    };
+    // SAFETY: NUL-terminated paths that outlive the calls; no data argument.
+    let private = os(unsafe {
+        libc::mount(
+            std::ptr::null(),
+            root.as_ptr(),
+            std::ptr::null(),
+            libc::MS_REC | libc::MS_PRIVATE,
+            std::ptr::null(),
+        )
+    });
+    let bound = private.and_then(|()| {
+        // SAFETY: as above.
+        os(unsafe {
+            libc::mount(
+                null.as_ptr(),
+                target.as_ptr(),
+                std::ptr::null(),
+                libc::MS_BIND,
+                std::ptr::null(),
+            )
+        })
+    });
+    if !step("bind mount", bound) {
+        return 1;
+    }
+    let left = std::fs::read(&a.file).map_or(0, |b| b.len());
+    emit(
+        "dropped",
+        json!({"ok": left == 0, "file": a.file, "bytes_left": left}),
+    );
+    use std::os::unix::process::CommandExt;
+    let e = std::process::Command::new(&a.command[0])
+        .args(&a.command[1..])
+        .exec();
+    step("exec", Err(e));
+    1
+}
