@@ -193,9 +193,39 @@ fn the_package_installs_runs_and_removes_without_a_trace() {
         );
         for l in text.lines().filter(|l| l.starts_with("PROBLEM")) {
             assert!(
-                !(l.contains(" files:") || register && l.contains(" engine cdi:")),
+                !(l.contains(" files:")
+                    || l.contains(" file /")
+                    || register && l.contains(" engine cdi:")),
                 "{l}"
             );
+        }
+        // Every file the package put under /usr is found, and the two that answer --version
+        // are of this build.
+        let said = ok(&sh("/usr/bin/cuslice", &["--version"]));
+        let version = said
+            .lines()
+            .next()
+            .and_then(|l| l.split_whitespace().last())
+            .expect("cuslice --version names a version");
+        let ours: Vec<&String> = paths
+            .iter()
+            .filter(|p| p.starts_with("/usr/bin/") || p.starts_with("/usr/lib/cuslice/"))
+            .filter(|p| Path::new(p).is_file())
+            .collect();
+        assert_eq!(
+            ours.len(),
+            5,
+            "the package's programs and libraries: {ours:?}"
+        );
+        for p in ours {
+            let line = text
+                .lines()
+                .find(|l| l.split_whitespace().nth(2) == Some(&format!("{p}:")))
+                .unwrap_or_else(|| panic!("cuslice doctor says nothing of {p}:\n{text}"));
+            assert!(line.starts_with("ok "), "{line}");
+            if p.ends_with("/cuslice") || p.ends_with("/cuslice-hook") {
+                assert!(line.ends_with(&format!(": {version}")), "{line}");
+            }
         }
     } else {
         println!("NOT RUN: cuslice doctor (this cuslice has no such command)");
