@@ -24,8 +24,9 @@ use cuslice_state::ledger::Ledger;
 
 /// Where the OCI hook mounts a container's slice (its `config` and `ledger`). When the config
 /// file exists it is the only source of limits: the container's environment cannot lift them.
-pub const HOOK_SLICE_DIR: &str = "/run/cuslice/slice";
-pub const HOOK_CONFIG: &str = "/run/cuslice/slice/config";
+use cuslice_state::paths::{
+    CONTAINER_CONFIG as HOOK_CONFIG, CONTAINER_SLICE_DIR as HOOK_SLICE_DIR,
+};
 
 /// Serialises joining and attaching the devices.
 static INIT: Mutex<()> = Mutex::new(());

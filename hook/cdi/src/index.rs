@@ -12,6 +12,8 @@ use serde_json::Value;
 use crate::claim::vendor;
 use crate::id::parse_qualified;
 
+/// The DRA plugin's own directory by default (its socket and checkpoint).
+pub const DEFAULT_PLUGIN_DIR: &str = concat!("/var/lib/kubelet/plugins/", vendor!());
 /// Where the DRA plugin keeps its container index by default.
 pub const DEFAULT_CONTAINER_INDEX: &str =
     concat!("/var/lib/kubelet/plugins/", vendor!(), "/containers");

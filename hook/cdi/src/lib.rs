@@ -48,7 +48,8 @@ pub use id::{
 };
 pub use index::{
     CRI_CONTAINER, CRI_CONTAINER_TYPE, CRI_NAMESPACE, CRI_POD, CRI_POD_UID,
-    DEFAULT_CONTAINER_INDEX, IndexEntry, index_file, indexed_claims, indexed_devices,
+    DEFAULT_CONTAINER_INDEX, DEFAULT_PLUGIN_DIR, IndexEntry, index_file, indexed_claims,
+    indexed_devices,
 };
 pub use registry::{DEFAULT_SPEC_DIRS, Registry, Unresolved};
 pub use spec::{CDI_VERSION, ContainerEdits, Device, DeviceNode, Hook, Mount, Spec, parse_spec};

@@ -13,6 +13,7 @@ use std::process::{Command, ExitCode};
 use cuslice_hook::wrapper::{
     bundle_of, log_line, prepare_config, runtime, runtime_log, split_args,
 };
+use cuslice_state::fsio::Durability;
 
 fn hook_beside_me() -> PathBuf {
     std::env::current_exe()
@@ -37,15 +38,12 @@ fn prepare(
     let Some(new) = prepare_config(&text, hook, extra, cdi_dirs, index)? else {
         return Ok(());
     };
-    let tmp = bundle.join(format!(".config.json.cuslice{}", std::process::id()));
     let mode = std::fs::metadata(&path)
-        .map(|m| m.permissions().mode())
+        .map(|m| m.permissions().mode() & 0o7777)
         .unwrap_or(0o644);
-    let written = std::fs::write(&tmp, new)
-        .and_then(|()| std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode)))
-        .and_then(|()| std::fs::rename(&tmp, &path));
+    // The bundle lives only while the container does: no fsync.
+    let written = cuslice_state::fsio::write_atomic(&path, new.as_bytes(), mode, Durability::None);
     written.map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
         format!(
             "cannot add cuslice-hook to {} ({e}); the container asks for cuslice limits, so it is not started without them",
             path.display()

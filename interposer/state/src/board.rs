@@ -304,27 +304,15 @@ pub fn create_claims(path: &Path, slice: u64, mode: u32) -> io::Result<()> {
     made
 }
 
-/// Writes `text` to `path` through a temporary file renamed over it (readers see the old or the
-/// new, never a part), with `mode`.
+/// Writes `grant` to `path` atomically (readers see the old or the new, never a part), with
+/// `mode`. Per-boot state under /run: no fsync.
 pub fn write_grant(path: &Path, grant: &Grant, mode: u32) -> io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::PermissionsExt;
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    let _ = std::fs::remove_file(&tmp);
-    let made = (|| {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(mode)
-            .open(&tmp)?;
-        f.write_all(grant.format().as_bytes())?;
-        f.set_permissions(std::fs::Permissions::from_mode(mode))?;
-        std::fs::rename(&tmp, path)
-    })();
-    if made.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    made
+    crate::fsio::write_atomic(
+        path,
+        grant.format().as_bytes(),
+        mode,
+        crate::fsio::Durability::None,
+    )
 }
 
 /// Opens a file another slice wrote, for reading only, if it is a regular file: never a FIFO

@@ -11,6 +11,7 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
+use cuslice_state::fsio::Durability;
 use serde::{Deserialize, Serialize};
 
 /// Where a process sits: its cgroup v2 path (the `0::` line) and its v1 freezer path, relative
@@ -261,12 +262,9 @@ impl Record {
     }
 
     fn save(&self) -> io::Result<()> {
-        let tmp = self
-            .path
-            .with_extension(format!("tmp{}", std::process::id()));
         let text = serde_json::to_vec(&self.freezers).map_err(io::Error::other)?;
-        fs::write(&tmp, text)?;
-        fs::rename(&tmp, &self.path)
+        // Frozen cgroups do not outlive a reboot: no fsync.
+        cuslice_state::fsio::write_atomic(&self.path, &text, 0o644, Durability::None)
     }
 
     pub fn add(&mut self, f: &Freezer) -> io::Result<()> {

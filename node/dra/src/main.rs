@@ -16,7 +16,7 @@ struct Cli {
     #[arg(long, env = "NODE_NAME")]
     node_name: String,
     /// The plugin's own directory: dra.sock and checkpoint.json
-    #[arg(long, default_value = "/var/lib/kubelet/plugins/gpu.cuslice.io")]
+    #[arg(long, default_value = cuslice_cdi::DEFAULT_PLUGIN_DIR)]
     plugin_dir: PathBuf,
     /// The kubelet's plugin registration directory
     #[arg(long, default_value = "/var/lib/kubelet/plugins_registry")]

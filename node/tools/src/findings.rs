@@ -7,6 +7,7 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
+use cuslice_state::fsio::Durability;
 use serde::{Deserialize, Serialize};
 
 pub const FILE_NAME: &str = "findings.json";
@@ -117,20 +118,9 @@ pub fn read(state_root: &Path) -> Result<Option<Findings>, String> {
 
 /// Writes `f` to `path` atomically (a temporary file beside it, then rename), readable by all.
 pub fn write(path: &Path, f: &Findings) -> io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::PermissionsExt;
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
     let text = serde_json::to_vec_pretty(f).map_err(io::Error::other)?;
-    let result = (|| {
-        let mut file = std::fs::File::create(&tmp)?;
-        file.set_permissions(std::fs::Permissions::from_mode(0o644))?;
-        file.write_all(&text)?;
-        std::fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
+    // Rewritten every period: no fsync.
+    cuslice_state::fsio::write_atomic(path, &text, 0o644, Durability::None)
 }
 
 #[cfg(test)]
