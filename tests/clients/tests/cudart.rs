@@ -261,6 +261,43 @@ fn the_integrity_answer_covers_every_visible_device() {
     }
 }
 
+/// With SIMGPU_TRACE_EXPORTS the simulator names, on stderr, every table the runtime asks for and
+/// every implemented slot it calls, each table with its UUID; without it, nothing of the sort.
+#[test]
+fn the_export_tables_asked_for_and_the_slots_called_are_traced_on_request() {
+    for v in VERSIONS {
+        let Some(exe) = program(v) else { return };
+        let sim = Sim::new(&[]);
+        let mut c = command(&sim, &exe, None, &["init"]);
+        let quiet = c.output().unwrap();
+        assert!(quiet.status.success(), "cudart {v}: {quiet:?}");
+        let quiet = String::from_utf8_lossy(&quiet.stderr);
+        assert!(!quiet.contains("export table"), "cudart {v}: {quiet}");
+        c.env("SIMGPU_TRACE_EXPORTS", "1");
+        let traced = c.output().unwrap();
+        assert!(traced.status.success(), "cudart {v}: {traced:?}");
+        let traced = String::from_utf8_lossy(&traced.stderr);
+        for line in [
+            "simgpu: export table CUDART_INTERFACE asked for",
+            "simgpu: export table INTEGRITY_CHECK asked for",
+            // The integrity check, slot 1, as named with its table's UUID.
+            "simgpu: export table INTEGRITY_CHECK (",
+        ] {
+            assert!(
+                traced.contains(line),
+                "cudart {v}: no {line:?} in:\n{traced}"
+            );
+        }
+        assert!(
+            traced
+                .lines()
+                .any(|l| l.starts_with("simgpu: export table INTEGRITY_CHECK (")
+                    && l.ends_with(")[1] called")),
+            "cudart {v}: the integrity check's call is not traced:\n{traced}"
+        );
+    }
+}
+
 /// A one-bit error in the driver's integrity answer must make the runtime refuse to work.
 #[test]
 fn a_corrupted_integrity_answer_fails_every_runtime_call_with_103() {

@@ -102,8 +102,9 @@ fn log(line: std::fmt::Arguments) {
 fn trace(table: usize, slot: usize) {
     if tracing() {
         log(format_args!(
-            "export table {}[{slot}] called",
-            TABLES[table].0
+            "export table {} ({})[{slot}] called",
+            TABLES[table].0,
+            uuid_text(&TABLES[table].1)
         ));
     }
 }
@@ -111,8 +112,9 @@ fn trace(table: usize, slot: usize) {
 /// What every slot without an implementation holds: one function per table and slot.
 extern "C" fn unimplemented<const T: usize, const S: usize>() -> CUresult {
     log(format_args!(
-        "export table {}[{S}] called: not implemented by simgpu",
-        TABLES[T].0
+        "export table {} ({})[{S}] called: not implemented by simgpu",
+        TABLES[T].0,
+        uuid_text(&TABLES[T].1)
     ));
     CUresult::CUDA_ERROR_NOT_SUPPORTED
 }
