@@ -153,3 +153,44 @@ fn the_parser_reads_paths_from_the_first_column_and_slashed_words_elsewhere() {
     assert_eq!(row_paths(&rows[0]), ["a/", "c/d.rs"]);
     assert_eq!(row_paths(&rows[1]), ["g"]);
 }
+
+/// The README is the front door: what cuslice is, the two commands, install, configuration,
+/// Kubernetes in brief and links. The rest lives in docs/; a README past 15,000 bytes has
+/// taken in what belongs there.
+#[test]
+fn the_readme_stays_under_15000_bytes() {
+    let n = readme().len();
+    assert!(
+        n < 15_000,
+        "README.md is {n} bytes; move the detail into docs/ and link it (limit 15,000)"
+    );
+}
+
+/// Every file the README links to (relative links) exists.
+#[test]
+fn every_file_the_readme_links_to_exists() {
+    let text = readme();
+    let mut missing = Vec::new();
+    let mut seen = 0;
+    for part in text.split("](").skip(1) {
+        let Some(target) = part.split(')').next() else {
+            continue;
+        };
+        let file = target.split('#').next().unwrap_or_default();
+        if file.is_empty() || file.contains("://") {
+            continue;
+        }
+        seen += 1;
+        if !root().join(file).exists() {
+            missing.push(file.to_string());
+        }
+    }
+    assert!(
+        seen >= 10,
+        "README.md links to only {seen} files; is it parsed right?"
+    );
+    assert!(
+        missing.is_empty(),
+        "README.md links to missing files: {missing:?}"
+    );
+}
