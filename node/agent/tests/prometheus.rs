@@ -254,6 +254,59 @@ impl Drop for Agent {
     }
 }
 
+/// A slice alert names the pod where the slice belongs to one (its `namespace` and `pod`
+/// labels), and only the slice where it does not: `promtool test rules` renders the summary.
+#[test]
+fn slice_alerts_name_the_pod() {
+    let Some((_, promtool)) = prometheus_tools() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let rules = monitoring().join("cuslice-rules.yaml");
+    let test = dir.path().join("pod.test.yaml");
+    let over = |slice: &str, pod: &str| {
+        format!(
+            "      - series: 'cuslice_slice_violation{{check=\"memory\",slice=\"{slice}\",\
+             name=\"n\",uuid=\"GPU-0\",instance=\"node-a\"{pod}}}'\n        values: '1x5'\n"
+        )
+    };
+    let expect = |slice: &str, pod: &str, summary: &str| {
+        format!(
+            "          - exp_labels: {{severity: critical, check: memory, slice: {slice}, name: n, \
+             uuid: GPU-0, instance: node-a{pod}}}\n            exp_annotations:\n              \
+             summary: '{summary}'\n              description: 'The node agent on node-a finds \
+             slice {slice} (n) holding more than its memory cap on GPU GPU-0 by the driver''s \
+             count: a process went around the library.'\n"
+        )
+    };
+    let text = format!(
+        "rule_files: ['{}']\nevaluation_interval: 1m\ntests:\n  - interval: 1m\n    \
+         input_series:\n{}{}    alert_rule_test:\n      - eval_time: 2m\n        \
+         alertname: CusliceSliceOverMemoryCap\n        exp_alerts:\n{}{}",
+        rules.display(),
+        over("abc", ",namespace=\"ml\",pod=\"train-0\""),
+        over("def", ""),
+        expect(
+            "abc",
+            ", namespace: ml, pod: train-0",
+            "cuslice slice abc (pod ml/train-0) is over its memory cap"
+        ),
+        expect("def", "", "cuslice slice def is over its memory cap"),
+    );
+    std::fs::write(&test, &text).unwrap();
+    let out = Command::new(promtool)
+        .args(["test", "rules"])
+        .arg(&test)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "promtool test rules:\n{}{}\n{text}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 // ---- the scenario ----------------------------------------------------------------------------
 
 /// The rules file is valid to Prometheus's own checker.
@@ -299,20 +352,31 @@ fn dashboard_exprs() -> Vec<String> {
         }
     }
     assert!(exprs.len() >= 10, "{exprs:?}");
-    // The variable the panels filter by must take its values from a metric that exists.
+    // The variables the panels filter by (the node, the Kubernetes namespace) must take their
+    // values from metrics that exist.
     let vars = d["templating"]["list"].as_array().unwrap();
-    let instance = vars.iter().find(|v| v["name"] == "instance").unwrap();
-    let def = instance["definition"].as_str().unwrap();
-    let metric = def
-        .strip_prefix("label_values(")
-        .and_then(|s| s.split(',').next())
-        .unwrap_or_else(|| panic!("{def}"));
-    exprs.push(metric.to_string());
+    let queried: Vec<&Value> = vars.iter().filter(|v| v["type"] == "query").collect();
+    for name in ["instance", "namespace"] {
+        assert!(
+            queried.iter().any(|v| v["name"] == name),
+            "the dashboard has no {name} variable"
+        );
+    }
+    for v in queried {
+        let def = v["definition"].as_str().unwrap();
+        let metric = def
+            .strip_prefix("label_values(")
+            .and_then(|s| s.rsplit_once(','))
+            .map(|(m, _)| m)
+            .unwrap_or_else(|| panic!("{def}"));
+        exprs.push(metric.to_string());
+    }
     exprs
         .into_iter()
         .map(|e| {
             e.replace("$__rate_interval", "10s")
                 .replace("$instance", ".*")
+                .replace("$namespace", ".*")
         })
         .collect()
 }
