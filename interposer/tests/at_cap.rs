@@ -127,6 +127,53 @@ fn a_waiter_out_of_time_is_refused_as_at_the_cap() {
     assert_eq!(a.release(), 0);
 }
 
+/// The stream-ordered allocator never waits, whatever CUSLICE_MEMORY_WAIT says: at the cap,
+/// `cuMemAllocAsync` and `cuMemAllocFromPoolAsync` are refused at once (a thread waiting there
+/// could be waiting for its own stream's free), while a plain allocation of the same size in the
+/// same slice waits out its time.
+#[test]
+fn the_stream_ordered_allocator_is_refused_at_once_with_a_wait_set() {
+    let _g = serial();
+    let sim = sim();
+    let slice = Slice::new(&[
+        ("CUSLICE_MEMORY_LIMIT", "1GiB"),
+        ("CUSLICE_MEMORY_WAIT", "3s"),
+    ]);
+    let mut a = slice.spawn(&sim, &["hold", "--bytes", "600MiB"]);
+    let a_pid = pid(&a.wait_for("holding", WAIT));
+    for (family, call) in [
+        ("async", "cuMemAllocAsync"),
+        ("pool", "cuMemAllocFromPoolAsync"),
+        ("mem", "cuMemAlloc_v2"),
+    ] {
+        let t = Instant::now();
+        let (lines, code, stderr) = slice.run(
+            &sim,
+            &[
+                "hold", "--family", family, "--bytes", "400MiB", "--secs", "0",
+            ],
+        );
+        let took = t.elapsed();
+        let error = event(&lines, "error");
+        assert_eq!(error["code"], 2, "{family}: {error} {stderr}");
+        assert_eq!(error["call"], call, "{family}: {error}");
+        assert_ne!(code, 0);
+        if family == "mem" {
+            assert!(
+                took >= Duration::from_secs(3),
+                "{family}: refused after {took:?}, before its wait was out"
+            );
+        } else {
+            assert!(
+                took < Duration::from_secs(2),
+                "{family}: refused only after {took:?}: it waited"
+            );
+        }
+    }
+    assert_eq!(held(&sim, a_pid), CONTEXT + 600 * MIB);
+    assert_eq!(a.release(), 0);
+}
+
 #[test]
 fn a_waiter_killed_while_it_waits_leaves_the_slice_nothing_less() {
     let _g = serial();
@@ -270,6 +317,44 @@ fn a_slice_spills_past_its_cap_into_host_memory_and_no_further() {
     let refused = event(&lines, "refused");
     assert_eq!(u(&refused["count"]), 6, "{refused}");
     assert_eq!(u(&status_memory(&slice)["spilled"]), 0);
+}
+
+/// The families that cannot spill (arrays, VMM, pools, managed memory) are refused at the cap
+/// with a spill set, as without it: nothing of theirs goes to host memory, and the device holds
+/// no more than the cap by the simulator's count.
+#[test]
+fn families_that_cannot_spill_are_refused_at_the_cap() {
+    let _g = serial();
+    let sim = Sim::new(&["--memory", "8GiB"]);
+    let slice = Slice::new(&[
+        ("CUSLICE_MEMORY_LIMIT", "1GiB"),
+        ("CUSLICE_MEMORY_SPILL", "1GiB"),
+    ]);
+    for family in ["array", "vmm", "pool", "managed"] {
+        let (lines, code, stderr) = slice.run(
+            &sim,
+            &[
+                "fill",
+                "--family",
+                family,
+                "--chunk",
+                "256MiB",
+                "--max-count",
+                "7",
+            ],
+        );
+        assert_eq!(code, 0, "{family}: {stderr}");
+        let refused = event(&lines, "refused");
+        assert_eq!(refused["code"], 2, "{family}: {refused}");
+        // 300 MiB of context: two chunks fit under the cap, no third spills.
+        assert_eq!(u(&refused["count"]), 2, "{family}: {refused}");
+        assert!(
+            u(&refused["allocated"]) < GIB,
+            "{family} went past the cap: {refused}"
+        );
+        let dev = sim.device(0);
+        assert!(u(&dev["peak_used"]) <= GIB, "{family}: {dev}");
+    }
 }
 
 #[test]
