@@ -65,6 +65,11 @@ macro_rules! engine_scenarios {
             $crate::agent_tells_host_pids($engine);
         }
         #[test]
+        fn reordered_gpus_are_capped_and_shown_by_uuid() {
+            $crate::root_required();
+            $crate::scenarios::reordered_gpus_capped_by_uuid($engine);
+        }
+        #[test]
         fn without_the_agent_the_container_runs_with_one_warning() {
             $crate::root_required();
             $crate::without_agent($engine);
@@ -104,6 +109,100 @@ pub fn held_to_cap(engine: &dyn Engine) {
         "refused while 128 MiB more fitted: held {used}"
     );
     assert!(slice_dir(&c.id()).join("mnt/slice/ledger").exists());
+    c.remove();
+}
+
+/// A container given physical GPUs 3 and 1, in that order (`CUDA_VISIBLE_DEVICES=3,1`: it sees
+/// them as 0 and 1), with a cap per ordinal (`CUSLICE_MEMORY_LIMIT_0=1GiB`, `_1=2GiB`), fills
+/// each from a process of its own, beside the node agent. By the simulator's count GPU 3 holds at
+/// most 1 GiB of it and GPU 1 at most 2 GiB (each nearly all), GPUs 0 and 2 nothing; `cuslice
+/// status` and the exporter give each cap to the right GPU's UUID, and the agent, which reads
+/// the same settings against the driver, finds nothing wrong.
+pub fn reordered_gpus_capped_by_uuid(engine: &dyn Engine) {
+    let _turn = super::agent_turn();
+    let sim = Sim::new(&["--devices", "4", "--memory", "8GiB"]);
+    let _agent = super::NodeAgent::start(&sim);
+    let n = name("reordered");
+    let fill =
+        |d: u32| format!("cuda-workload --device {d} fill --family mem --chunk 64MiB --hold 60");
+    let script = format!("{} & exec {}", fill(0), fill(1));
+    let mut c = engine.spawn(
+        &sim,
+        &Spec {
+            name: &n,
+            env: &[
+                "CUDA_VISIBLE_DEVICES=3,1",
+                "CUSLICE_MEMORY_LIMIT_0=1GiB",
+                "CUSLICE_MEMORY_LIMIT_1=2GiB",
+            ],
+            cmd: &["sh", "-c", &script],
+            read_only: false,
+        },
+    );
+    wait_for(&mut *c, "holding");
+    wait_for(&mut *c, "holding");
+    let id = c.id();
+    // What each physical GPU holds of the container's processes, by the simulator's count.
+    let holds = |d: usize| -> Vec<(u64, u64)> {
+        sim.device(d)["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["held"].as_u64().unwrap_or(0) > 0)
+            .map(|p| (p["held"].as_u64().unwrap(), p["peak"].as_u64().unwrap()))
+            .collect()
+    };
+    for (d, cap) in [(3, GIB), (1, 2 * GIB)] {
+        let h = holds(d);
+        assert_eq!(h.len(), 1, "GPU {d}: {h:?}");
+        let (held, peak) = h[0];
+        assert!(
+            peak <= cap && held >= cap - 128 * MIB,
+            "GPU {d} (cap {cap}): held {held}, peak {peak}"
+        );
+    }
+    for d in [0, 2] {
+        assert!(holds(d).is_empty(), "GPU {d} holds the container's memory");
+    }
+    // The node's view, by UUID.
+    let uuid = |d: usize| sim.device(d)["uuid"].as_str().unwrap().to_string();
+    let view = status_json(&sim);
+    let on = |u: &str| -> Option<Value> {
+        view["devices"]
+            .as_array()?
+            .iter()
+            .find(|dev| dev["uuid"] == u)?["slices"]
+            .as_array()?
+            .iter()
+            .find(|s| s["slice"] == id.as_str())
+            .cloned()
+    };
+    for (d, cap) in [(3, GIB), (1, 2 * GIB)] {
+        let s = on(&uuid(d)).unwrap_or_else(|| panic!("GPU {d} does not show the slice: {view}"));
+        assert_eq!(s["memory"]["limit"], cap, "GPU {d}: {s}");
+    }
+    for d in [0, 2] {
+        assert!(on(&uuid(d)).is_none(), "GPU {d} shows the slice: {view}");
+    }
+    let metrics = scrape(&sim, std::path::Path::new(STATE_ROOT));
+    for (d, cap) in [(3, GIB), (1, 2 * GIB)] {
+        let key = format!(
+            "cuslice_slice_memory_limit_bytes{{uuid=\"{}\",slice=\"{id}\"",
+            uuid(d)
+        );
+        assert!(
+            metrics
+                .lines()
+                .any(|l| l.starts_with(&key) && l.ends_with(&format!(" {cap}"))),
+            "no {key}... {cap} in:\n{metrics}"
+        );
+    }
+    let findings = &view["findings"]["findings"];
+    assert_eq!(
+        findings.as_array().map_or(0, Vec::len),
+        0,
+        "the agent's findings: {findings}"
+    );
     c.remove();
 }
 
