@@ -108,8 +108,13 @@ struct Rank {
 /// rank holds anything but a context on another rank's device (what NCCL allocates lands on the
 /// rank's own device), and that a rank holds VMM memory on its own device exactly when cuMem
 /// is on; returns what each held where.
-fn job(python: &Path, n: usize, slice: Option<&Slice>, cumem: CuMem) -> Vec<Rank> {
-    let sim = Sim::new(&["--devices", &n.to_string(), "--memory", "8GiB"]);
+fn job(python: &Path, n: usize, slice: Option<&Slice>, cumem: CuMem, board: Board) -> Vec<Rank> {
+    let n_arg = n.to_string();
+    let mut args = vec!["--devices", &n_arg, "--memory", "8GiB"];
+    if board == Board::NvLink {
+        args.push("--nvlink");
+    }
+    let sim = Sim::new(&args);
     let port = free_port().to_string();
     let mut ranks: Vec<Running> = (0..n)
         .map(|r| {
@@ -159,12 +164,64 @@ fn job(python: &Path, n: usize, slice: Option<&Slice>, cumem: CuMem) -> Vec<Rank
         }
         out.push(rank);
     }
+    if let Some(slice) = slice {
+        charged_once(&sim, slice, &show, n);
+    }
     release_together(ranks);
     out
 }
 
-/// ncclCommInitRank and all-reduces across 2 and then 4 processes on as many devices, with
-/// cuMem on (NCCL's default) and off: with libcuslice and a cap on every device, each rank holds
+/// What the slice's ledger charges on each device (`cuslice status`) is what its ranks hold
+/// there by the simulator's count: NCCL's memory charged once, on the device it is on (a peer's
+/// buffer a rank maps is its owner's), and the host memory the ranks share charged nowhere.
+fn charged_once(sim: &Sim, slice: &Slice, show: &Value, n: usize) {
+    let out = sim
+        .command(
+            &bin_dir().join("cuslice"),
+            &["status", "--json", "--state-dir"],
+        )
+        .arg(slice.dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let view: Value = serde_json::from_slice(&out.stdout).unwrap();
+    for d in 0..n {
+        let dev = &show["devices"][d];
+        let held: u64 = dev["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| u(&p["held"]))
+            .sum();
+        let charged = view["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["uuid"] == dev["uuid"])
+            .map_or(0, |v| u(&v["slices"][0]["memory"]["used"]));
+        assert_eq!(
+            charged, held,
+            "{n} ranks: device {d}: the slice is charged {charged}, its ranks hold {held} by the \
+             simulator's count: {view}"
+        );
+    }
+}
+
+/// How the simulated devices reach each other: PCIe cards without peer access (NCCL's
+/// shared-memory transport between ranks), or an NVLink board with peer access (its P2P
+/// transport: each rank maps its peers' buffers).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Board {
+    Pcie,
+    NvLink,
+}
+
+/// ncclCommInitRank and all-reduces across 2 and then 4 processes on as many devices, on PCIe
+/// cards and on an NVLink board, with cuMem on (NCCL's default) and off: with libcuslice and a cap on every device, each rank holds
 /// on every device exactly what it holds without cuslice (on its own device its memory, within
 /// the cap; elsewhere at most a context; the host memory NCCL shares with cuMem on nowhere), and
 /// its kernels take device time.
@@ -173,23 +230,28 @@ fn nccl_initialises_and_all_reduces_under_caps_as_without_cuslice() {
     let Some(python) = framework_python_or_skip("cu13", "torch") else {
         return;
     };
-    for cumem in [CuMem::Default, CuMem::Off] {
+    for (board, cumem) in [
+        (Board::Pcie, CuMem::Default),
+        (Board::Pcie, CuMem::Off),
+        (Board::NvLink, CuMem::Default),
+        (Board::NvLink, CuMem::Off),
+    ] {
         for n in [2, 4] {
-            let plain = job(&python, n, None, cumem);
+            let plain = job(&python, n, None, cumem, board);
             let slice = Slice::new(&[("CUSLICE_MEMORY_LIMIT", "4GiB")]);
-            let capped = job(&python, n, Some(&slice), cumem);
+            let capped = job(&python, n, Some(&slice), cumem, board);
             for (r, (a, b)) in plain.iter().zip(&capped).enumerate() {
                 assert_eq!(
                     a.held, b.held,
-                    "{n} ranks, cuMem {cumem:?}, rank {r}: {a:?} without cuslice, {b:?} with"
+                    "{board:?}, {n} ranks, cuMem {cumem:?}, rank {r}: {a:?} without cuslice, {b:?} with"
                 );
                 assert!(
                     b.held[r] > 0 && b.held[r] <= CAP,
-                    "{n} ranks, cuMem {cumem:?}, rank {r}: {b:?}"
+                    "{board:?}, {n} ranks, cuMem {cumem:?}, rank {r}: {b:?}"
                 );
                 assert!(
                     b.device_time_ns > 0,
-                    "{n} ranks, cuMem {cumem:?}, rank {r}: {b:?}"
+                    "{board:?}, {n} ranks, cuMem {cumem:?}, rank {r}: {b:?}"
                 );
             }
             let init: Vec<f64> = plain.iter().chain(&capped).map(|r| r.init_secs).collect();
@@ -197,7 +259,7 @@ fn nccl_initialises_and_all_reduces_under_caps_as_without_cuslice() {
                 .iter()
                 .fold((f64::MAX, 0f64), |(a, b), s| (a.min(*s), b.max(*s)));
             eprintln!(
-                "{n} ranks, cuMem {cumem:?}: ncclCommInitRank {fastest:.2} to {slowest:.2} s; \
+                "{board:?}, {n} ranks, cuMem {cumem:?}: ncclCommInitRank {fastest:.2} to {slowest:.2} s; \
                  without cuslice {plain:?}; with {capped:?}"
             );
         }
