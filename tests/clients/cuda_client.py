@@ -236,6 +236,42 @@ def nvml():
     N.nvmlShutdown()
 
 
+def topology():
+    """What NVML says of peers and links, as NCCL and vLLM ask it: for each pair of devices each
+    peer status (read, write, NVLink, atomics, prop) and for each device each NVLink's state and
+    the PCI bus id it reaches; every answer or its NVML error."""
+    import pynvml as N
+    N.nvmlInit()
+    n = N.nvmlDeviceGetCount()
+    hs = [N.nvmlDeviceGetHandleByIndex(i) for i in range(n)]
+
+    def ask(f):
+        try:
+            v = f()
+        except N.NVMLError as e:
+            return {"error": int(e.value)}
+        return v.decode() if isinstance(v, bytes) else v
+    # nvml.h's nvmlGpuP2PCapsIndex_t (pynvml's NVML_P2P_CAPS_INDEX_READ is a tuple, not 0).
+    indexes = {"read": 0, "write": 1, "nvlink": 2, "atomics": 3, "prop": 4}
+    pairs = []
+    for a in range(n):
+        for b in range(n):
+            if a != b:
+                pairs.append({"from": a, "to": b, **{
+                    k: ask(lambda i=i: N.nvmlDeviceGetP2PStatus(hs[a], hs[b], i))
+                    for k, i in indexes.items()}})
+    links = []
+    for d in range(n):
+        for link in range(max(n, 2)):
+            links.append({"device": d, "link": link,
+                          "state": ask(lambda: N.nvmlDeviceGetNvLinkState(hs[d], link)),
+                          "remote": ask(lambda: N.nvmlDeviceGetNvLinkRemotePciInfo(
+                              hs[d], link).busId)})
+    out(event="topology", devices=n, pairs=pairs, links=links,
+        bus_ids=[ask(lambda h=h: N.nvmlDeviceGetPciInfo(h).busId) for h in hs])
+    N.nvmlShutdown()
+
+
 def launch(ptx_path, ns, secs):
     cu, _, _ = setup()
     with open(ptx_path, "rb") as f:
@@ -275,7 +311,7 @@ def main(argv):
         raise SystemExit(__doc__)
     cmd, args = argv[1], argv[2:]
     table = {"fill": fill, "async-free": async_free, "hold": hold, "nvml": nvml,
-             "launch": launch, "null-outs": null_outs}
+             "topology": topology, "launch": launch, "null-outs": null_outs}
     if cmd not in table:
         raise SystemExit(f"unknown command {cmd!r}; use one of {', '.join(table)}")
     table[cmd](*args)

@@ -465,3 +465,55 @@ fn nvml_answers_what_monitoring_tools_ask() {
         assert_eq!(t["driver_model"]["error"], 3, "{t}");
     }
 }
+
+/// What NVML says of peers and NVLinks (nvidia-ml-py, as NCCL and vLLM ask it) is what a process
+/// under cuslice is told: on PCIe cards every peer status "not supported" and no NVLink, on an
+/// NVLink board (`simgpu init --nvlink`) every status OK and each device's links active, each
+/// to another device's PCI bus id; with 2 and 4 devices, with and without libcuslice.so.
+#[test]
+fn nvml_peer_and_link_answers_pass_through_untouched() {
+    if !have_python() {
+        return;
+    }
+    for nvlink in [false, true] {
+        for n in [2usize, 4] {
+            let count = n.to_string();
+            let mut args = vec!["--devices", &count, "--memory", "8GiB"];
+            if nvlink {
+                args.push("--nvlink");
+            }
+            let sim = Sim::new(&args);
+            let plain = event(&run(&sim, None, &["topology"]), "topology").clone();
+            let slice = Slice::capped();
+            let capped = event(&run(&sim, Some(&slice), &["topology"]), "topology").clone();
+            assert_eq!(plain, capped, "{n} devices, nvlink {nvlink}");
+            assert_eq!(u(&plain["devices"]), n as u64, "{plain}");
+            let pairs = plain["pairs"].as_array().unwrap();
+            assert_eq!(pairs.len(), n * (n - 1), "{plain}");
+            for p in pairs {
+                for k in ["read", "write", "nvlink", "atomics", "prop"] {
+                    // nvmlGpuP2PStatus_t: 0 OK, 5 NOT_SUPPORTED.
+                    let want = if nvlink { 0 } else { 5 };
+                    assert_eq!(p[k], want, "nvlink {nvlink}: {p}");
+                }
+            }
+            let bus_ids = plain["bus_ids"].as_array().unwrap();
+            for l in plain["links"].as_array().unwrap() {
+                let (d, link) = (u(&l["device"]) as usize, u(&l["link"]) as usize);
+                if !nvlink {
+                    // NVML_ERROR_NOT_SUPPORTED: a PCIe card has no NVLink.
+                    assert_eq!(l["state"]["error"], 3, "{l}");
+                } else if link < n - 1 {
+                    assert_eq!(l["state"], 1, "active: {l}");
+                    assert!(
+                        bus_ids.contains(&l["remote"]) && l["remote"] != bus_ids[d],
+                        "device {d}'s link {link} reaches another device: {l} {bus_ids:?}"
+                    );
+                } else {
+                    // NVML_ERROR_INVALID_ARGUMENT: no such link.
+                    assert_eq!(l["state"]["error"], 2, "{l}");
+                }
+            }
+        }
+    }
+}
