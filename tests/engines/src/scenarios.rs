@@ -116,8 +116,8 @@ pub fn held_to_cap(engine: &dyn Engine) {
 /// them as 0 and 1), with a cap per ordinal (`CUSLICE_MEMORY_LIMIT_0=1GiB`, `_1=2GiB`), fills
 /// each from a process of its own, beside the node agent. By the simulator's count GPU 3 holds at
 /// most 1 GiB of it and GPU 1 at most 2 GiB (each nearly all), GPUs 0 and 2 nothing; `cuslice
-/// status` and the exporter give each cap to the right GPU's UUID, and the agent, which reads
-/// the same settings against the driver, finds nothing wrong.
+/// status`, `cuslice top` and the exporter give each cap to the right GPU's UUID, and the agent,
+/// which reads the same settings against the driver, finds nothing wrong.
 pub fn reordered_gpus_capped_by_uuid(engine: &dyn Engine) {
     let _turn = super::agent_turn();
     let sim = Sim::new(&["--devices", "4", "--memory", "8GiB"]);
@@ -167,7 +167,26 @@ pub fn reordered_gpus_capped_by_uuid(engine: &dyn Engine) {
     // The node's view, by UUID.
     let uuid = |d: usize| sim.device(d)["uuid"].as_str().unwrap().to_string();
     let view = status_json(&sim);
-    let on = |u: &str| -> Option<Value> {
+    // `cuslice top --json`'s first view, too.
+    let mut top = sim
+        .command(
+            &bin_dir().join("cuslice"),
+            &["top", "--json", "--interval", "0.2"],
+        )
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(top.stdout.take().unwrap()),
+        &mut first,
+    )
+    .unwrap();
+    let _ = top.kill();
+    let _ = top.wait();
+    let top_view: Value =
+        serde_json::from_str(&first).unwrap_or_else(|e| panic!("cuslice top: {e}: {first:?}"));
+    let in_view = |view: &Value, u: &str| -> Option<Value> {
         view["devices"]
             .as_array()?
             .iter()
@@ -177,12 +196,18 @@ pub fn reordered_gpus_capped_by_uuid(engine: &dyn Engine) {
             .find(|s| s["slice"] == id.as_str())
             .cloned()
     };
-    for (d, cap) in [(3, GIB), (1, 2 * GIB)] {
-        let s = on(&uuid(d)).unwrap_or_else(|| panic!("GPU {d} does not show the slice: {view}"));
-        assert_eq!(s["memory"]["limit"], cap, "GPU {d}: {s}");
-    }
-    for d in [0, 2] {
-        assert!(on(&uuid(d)).is_none(), "GPU {d} shows the slice: {view}");
+    for (tool, view) in [("status", &view), ("top", &top_view)] {
+        for (d, cap) in [(3, GIB), (1, 2 * GIB)] {
+            let s = in_view(view, &uuid(d))
+                .unwrap_or_else(|| panic!("{tool}: GPU {d} does not show the slice: {view}"));
+            assert_eq!(s["memory"]["limit"], cap, "{tool}: GPU {d}: {s}");
+        }
+        for d in [0, 2] {
+            assert!(
+                in_view(view, &uuid(d)).is_none(),
+                "{tool}: GPU {d} shows the slice: {view}"
+            );
+        }
     }
     let metrics = scrape(&sim, std::path::Path::new(STATE_ROOT));
     for (d, cap) in [(3, GIB), (1, 2 * GIB)] {
