@@ -144,11 +144,16 @@ impl Dev<'_> {
         add_busy(&mut e.util, t_end - run, t_end);
     }
 
+    /// Whether no context has work queued or running.
+    pub fn engine_idle(&self) -> bool {
+        self.b.engine.current == NONE && self.b.engine.active.iter().all(|w| *w == 0)
+    }
+
     /// Replays the engine up to `now` (monotonic ns).
     pub fn advance(&mut self, now: u64, timeslice_ns: u64) {
         let timeslice = timeslice_ns.max(1);
         let mut t = self.b.engine.sim_time;
-        if self.b.engine.current == NONE && self.b.engine.active.iter().all(|w| *w == 0) {
+        if self.engine_idle() {
             // Idle: nothing to replay.
             self.b.engine.sim_time = t.max(now);
             return;

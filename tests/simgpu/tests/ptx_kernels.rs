@@ -63,22 +63,26 @@ fn ptx_kernels_take_the_time_their_annotation_gives_and_check_their_arguments() 
         let (mut start, mut end) = (null_mut(), null_mut());
         assert_eq!(event_create(&mut start, 0), 0);
         assert_eq!(event_create(&mut end, 0), 0);
-        // Device microseconds one launch takes.
+        // Device microseconds one launch takes: the shortest of five. The start event is stamped
+        // when it is recorded, the kernel queued a moment later: a launch call slowed by a
+        // loaded CPU adds that moment (3.4 us once in CI, 57 us beside a build), never less.
         let timed =
             |f, grid, params: *mut *mut c_void, extra: *mut *mut c_void| -> Result<f64, i32> {
-                assert_eq!(record(start, null_mut()), 0);
-                let r = launch(f, grid, 1, 1, 128, 1, 1, 0, null_mut(), params, extra);
-                if r != 0 {
-                    return Err(r);
+                let mut shortest = f64::MAX;
+                for _ in 0..5 {
+                    assert_eq!(record(start, null_mut()), 0);
+                    let r = launch(f, grid, 1, 1, 128, 1, 1, 0, null_mut(), params, extra);
+                    if r != 0 {
+                        return Err(r);
+                    }
+                    assert_eq!(record(end, null_mut()), 0);
+                    assert_eq!(event_sync(end), 0);
+                    let mut ms = 0f32;
+                    assert_eq!(elapsed(&mut ms, start, end), 0);
+                    shortest = shortest.min(f64::from(ms) * 1000.0);
                 }
-                assert_eq!(record(end, null_mut()), 0);
-                assert_eq!(event_sync(end), 0);
-                let mut ms = 0f32;
-                assert_eq!(elapsed(&mut ms, start, end), 0);
-                Ok(f64::from(ms) * 1000.0)
+                Ok(shortest)
             };
-        // The start event is stamped when it is recorded, the kernel queued a moment later: a
-        // launch call slowed by a loaded CPU adds that moment (3.4 us once in CI), never less.
         let near = |us: f64, want: f64| us > want - 2.0 && us < want + 20.0;
 
         // kernelParams: 265 blocks on 132 SMs run in 3 waves of 100 us.

@@ -78,13 +78,15 @@ impl DevGuard<'_> {
         }
     }
 
-    /// Brings the engine up to now (and, every 100 ms, reclaims dead processes on this device so
-    /// their queued work stops competing). Returns now.
+    /// Brings the engine up to now (and, every 100 ms while work is queued, reclaims dead
+    /// processes on this device so their queued work stops competing; an idle engine has none
+    /// to stop, and what the dead held is reclaimed before any refusal and any memory answer).
+    /// Returns now.
     pub fn advance_now(&mut self) -> u64 {
         let now = clock::now_ns();
         let timeslice = self.state.config().timeslice_ns;
         let last_scan = self.dev().b.engine.last_scan_ns;
-        if now.saturating_sub(last_scan) >= SCAN_INTERVAL_NS {
+        if now.saturating_sub(last_scan) >= SCAN_INTERVAL_NS && !self.dev().engine_idle() {
             self.dev().b.engine.last_scan_ns = now;
             self.reclaim_dead();
         }

@@ -167,10 +167,26 @@ impl State {
     }
 }
 
+/// This process's pid namespace (its inode). Asked on every NVML call that lists processes, so
+/// it is kept, with the pid it was read for: a process's own pid namespace never changes, but a
+/// child forked after its parent's `unshare(CLONE_NEWPID)` is in another one, and reads again.
 fn own_pidns() -> u64 {
-    std::fs::metadata("/proc/self/ns/pid")
+    use std::sync::atomic::AtomicU64;
+    static KEPT: AtomicU64 = AtomicU64::new(0);
+    let pid = std::process::id() as u64;
+    let kept = KEPT.load(Ordering::Relaxed);
+    // One word holds both: the pid in the high half, the namespace's inode in the low (proc's
+    // inode numbers are 32-bit; a larger one is read every time).
+    if kept >> 32 == pid && kept != 0 {
+        return kept & 0xffff_ffff;
+    }
+    let ino = std::fs::metadata("/proc/self/ns/pid")
         .map(|m| m.ino())
-        .unwrap_or(0)
+        .unwrap_or(0);
+    if ino <= 0xffff_ffff {
+        KEPT.store((pid << 32) | ino, Ordering::Relaxed);
+    }
+    ino
 }
 
 fn own_comm() -> String {
