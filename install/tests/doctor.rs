@@ -169,6 +169,34 @@ fn doctor_says_what_is_right_and_each_thing_broken() {
     ] {
         assert!(lines.contains(&want), "{want}: {lines:#?}");
     }
+    // The cgroup layout and the state root's file system, as the kernel has them.
+    let v2_only = Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
+    let cgroup = lines
+        .iter()
+        .find(|l| l.starts_with("ok      cgroup: "))
+        .unwrap_or_else(|| panic!("no cgroup line: {lines:#?}"));
+    assert!(
+        cgroup.contains(if v2_only { "v2" } else { "v1" }),
+        "{cgroup} (/sys/fs/cgroup/cgroup.controllers exists: {v2_only})"
+    );
+    let fs_type = Command::new("stat")
+        .args(["-f", "-c", "%T"])
+        .arg(&node.state)
+        .output()
+        .unwrap();
+    let tmpfs = String::from_utf8_lossy(&fs_type.stdout).trim() == "tmpfs";
+    let root_line = lines
+        .iter()
+        .find(|l| l.contains(&format!(" state root {}: ", node.state.display())))
+        .unwrap_or_else(|| panic!("no state root line: {lines:#?}"));
+    assert!(
+        if tmpfs {
+            root_line.starts_with("ok      ") && root_line.contains(": tmpfs, ")
+        } else {
+            root_line.starts_with("note    ") && root_line.contains(": not tmpfs (")
+        },
+        "{root_line} (tmpfs: {tmpfs})"
+    );
     // The agent runs under `simgpu run`, as its child: its pid is not the one spawned here.
     let line = lines
         .iter()
@@ -432,4 +460,36 @@ fn doctor_says_how_compute_limits_are_metered_on_each_gpu() {
             );
         }
     }
+}
+
+/// On a machine with no GPU driver at all (this one, outside the simulator: no
+/// libnvidia-ml.so.1 to load), the doctor says so in one line and reads nothing else of a GPU.
+#[test]
+fn without_a_gpu_driver_the_doctor_says_so_in_one_line() {
+    let nvml_here = ["/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib"]
+        .iter()
+        .any(|d| Path::new(d).join("libnvidia-ml.so.1").exists());
+    if nvml_here {
+        eprintln!("skipped: this machine has an NVIDIA driver (libnvidia-ml.so.1)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(bin_dir().join("cuslice"))
+        .args(["doctor", "--root"])
+        .arg(dir.path())
+        .env_remove("LD_LIBRARY_PATH")
+        .env_remove("SIMGPU_STATE")
+        .output()
+        .unwrap();
+    let text = text(&out);
+    let gpu: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains(" nvml: ") || l.contains(" gpu"))
+        .collect();
+    assert_eq!(gpu.len(), 1, "{text}");
+    assert!(
+        gpu[0].starts_with("note    nvml: no NVML (")
+            && gpu[0].contains("no GPU driver on this node, so nothing to slice here"),
+        "{text}"
+    );
 }
