@@ -346,6 +346,88 @@ fn a_core_limit_raised_from_30_to_60_while_running_is_followed() {
     drop(w);
 }
 
+/// A core limit set on one device (`--device 1`) changes that device's only: a slice limited to
+/// 30% on each of two devices, busy on both (a process each), goes to 60% on device 1 by the
+/// simulator's count while device 0 stays at 30%, and `cuslice status` says so per device.
+#[test]
+fn a_core_limit_set_on_one_device_changes_that_device_only() {
+    let _turn = cuslice_test_harness::serial();
+    let sim = Sim::new(&["--devices", "2", "--memory", "8GiB"]);
+    let (dir, node) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let on = |d: &'static str| -> Vec<&str> {
+        let mut a = vec!["--device", d];
+        a.extend_from_slice(BUSY);
+        a
+    };
+    let env = ["CUSLICE_CORE_LIMIT=30"];
+    let mut w0 = start(&sim, dir.path(), node.path(), &env, &on("0"));
+    let mut w1 = start(&sim, dir.path(), node.path(), &env, &on("1"));
+    let pids = [&mut w0, &mut w1].map(|w| {
+        w.wait_for("start", Duration::from_secs(30))["pid"]
+            .as_u64()
+            .unwrap()
+    });
+    let time = |d: usize| -> u64 {
+        sim.device(d)["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["pid"] == pids[d])
+            .map_or(0, |p| p["device_time_ns"].as_u64().unwrap())
+    };
+    // Each process's share of its own device over `secs` from now.
+    let share = |secs: f64| -> [f64; 2] {
+        let t0 = Instant::now();
+        let before = [time(0), time(1)];
+        std::thread::sleep(Duration::from_secs_f64(secs));
+        let span = t0.elapsed().as_nanos() as f64;
+        [0, 1].map(|d| 100.0 * (time(d) - before[d]) as f64 / span)
+    };
+    std::thread::sleep(Duration::from_secs(2));
+    let before = share(3.0);
+    let said = set_ok(
+        dir.path(),
+        node.path(),
+        &["--device", "1", "--core-limit", "60"],
+    );
+    assert!(said.contains("core limit 60% (was 30%)"), "{said}");
+    std::thread::sleep(Duration::from_secs(2));
+    let after = share(3.0);
+    eprintln!("shares on devices 0 and 1: before {before:.1?}%, after {after:.1?}%");
+    for (what, got, want) in [
+        ("device 0 before", before[0], 30.0),
+        ("device 1 before", before[1], 30.0),
+        ("device 0 after", after[0], 30.0),
+        ("device 1 after", after[1], 60.0),
+    ] {
+        assert!(
+            (got - want).abs() <= 2.0,
+            "{what}: {got:.1}% (want {want}%)"
+        );
+    }
+    let out = sim
+        .command(
+            Path::new(BIN),
+            &[
+                "status",
+                "--json",
+                "--state-root",
+                "/nonexistent-cuslice-root",
+                "--state-dir",
+                dir.path().to_str().unwrap(),
+            ],
+        )
+        .output()
+        .unwrap();
+    let view: Value = serde_json::from_slice(&out.stdout).unwrap();
+    for (d, want) in [(0, 30.0), (1, 60.0)] {
+        let s = &view["devices"][d]["slices"][0];
+        assert_eq!(s["compute"]["limit_pct"], want, "device {d}: {s}");
+    }
+    drop(w0);
+    drop(w1);
+}
+
 #[test]
 fn a_core_limit_set_on_a_slice_without_one_holds_it_to_the_limit() {
     // Shares are measured one test at a time: beside another test's busy processes on a small
