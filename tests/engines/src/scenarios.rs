@@ -458,10 +458,20 @@ pub fn state_gone(engine: &dyn Engine) {
     wait_for(&mut *c, "holding");
     let id = c.id();
     assert!(slice_dir(&id).exists());
+    assert_eq!(
+        node_places(&id).len(),
+        1,
+        "the container's place on the node's compute board"
+    );
     c.remove();
     assert!(
         !slice_dir(&id).exists(),
         "state left after the container was removed"
+    );
+    let left = node_places(&id);
+    assert!(
+        left.is_empty(),
+        "its place on the compute board is left: {left:?}"
     );
 
     let n = name("killed");
@@ -493,7 +503,30 @@ pub fn state_gone(engine: &dyn Engine) {
         assert!(out.status.success());
     }
     assert!(!slice_dir(&id).exists(), "state left after SIGKILL");
+    let left = node_places(&id);
+    assert!(
+        left.is_empty(),
+        "its place on the compute board is left after SIGKILL: {left:?}"
+    );
     c.remove();
+}
+
+/// The places on the node's compute board (the hook's default node directory) whose grant names
+/// container `id`.
+fn node_places(id: &str) -> Vec<std::path::PathBuf> {
+    let node = std::path::Path::new(cuslice_state::paths::DEFAULT_NODE_DIR);
+    let origin = format!("origin hook {id} ");
+    std::fs::read_dir(node)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.path())
+                .filter(|p| {
+                    std::fs::read_to_string(p.join(cuslice_state::board::GRANT))
+                        .is_ok_and(|g| g.lines().any(|l| l.starts_with(&origin)))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// `cuslice status --json` on the host lists the container's slice by its id, with its cap and
