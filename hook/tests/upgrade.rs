@@ -172,6 +172,34 @@ impl Node {
         serde_json::from_slice(&out.stdout).unwrap()
     }
 
+    /// `cuslice top --json`'s first view of this node.
+    fn top(&self, sim: &Sim) -> Value {
+        let mut top = sim
+            .command(
+                &bin_dir().join("cuslice"),
+                &[
+                    "top",
+                    "--json",
+                    "--interval",
+                    "0.2",
+                    "--state-root",
+                    Node::arg(&self.root),
+                ],
+            )
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut first = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(top.stdout.take().unwrap()),
+            &mut first,
+        )
+        .unwrap();
+        let _ = top.kill();
+        let _ = top.wait();
+        serde_json::from_str(&first).unwrap_or_else(|e| panic!("cuslice top: {e}: {first:?}"))
+    }
+
     fn set(&self, target: &str, args: &[&str]) -> String {
         output_of(
             Command::new(bin_dir().join("cuslice"))
@@ -389,6 +417,22 @@ fn an_upgrade_keeps_the_previous_releases_containers_capped_beside_new_ones() {
     let pod = podman::engine();
     let old_pod = name("old-pod");
     let e = start_pod(pod, &sim, &node, &old_pod);
+    // The previous agent finds nothing wrong with its own release's slices.
+    std::thread::sleep(Duration::from_secs(3));
+    let before_upgrade = output_of(Command::new(prev.join("cuslice")).args([
+        "status",
+        "--json",
+        "--state-root",
+        Node::arg(&node.root),
+    ]));
+    let before_upgrade: Value = serde_json::from_str(&before_upgrade).unwrap();
+    let old_findings = &before_upgrade["findings"]["findings"];
+    assert_eq!(
+        old_findings.as_array().map_or(0, Vec::len),
+        0,
+        "the previous agent's findings: {old_findings}\n{}",
+        old_log.text()
+    );
 
     // The upgrade: this build's files over the previous ones, this agent for that one.
     let library = node.prefix.join("lib/cuslice/libcuslice.so");
@@ -479,10 +523,14 @@ fn an_upgrade_keeps_the_previous_releases_containers_capped_beside_new_ones() {
             .map(str::to_owned)
             .collect()
     };
+    let top = node.top(&sim);
     for (name, id, pids, version) in slices {
         let s = slice(&view, &id);
         assert_eq!(s["ledger_version"], version, "{name}: {s}");
         assert_eq!(s["memory"]["limit"], GIB, "{name}: {s}");
+        let t = slice(&top, &id);
+        assert_eq!(t["ledger_version"], version, "cuslice top, {name}: {t}");
+        assert_eq!(t["memory"]["limit"], GIB, "cuslice top, {name}: {t}");
         let (held, _) = held_by(&sim, &pids);
         let used = s["memory"]["used"].as_u64().unwrap();
         assert!(
