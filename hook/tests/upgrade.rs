@@ -174,30 +174,7 @@ impl Node {
 
     /// `cuslice top --json`'s first view of this node.
     fn top(&self, sim: &Sim) -> Value {
-        let mut top = sim
-            .command(
-                &bin_dir().join("cuslice"),
-                &[
-                    "top",
-                    "--json",
-                    "--interval",
-                    "0.2",
-                    "--state-root",
-                    Node::arg(&self.root),
-                ],
-            )
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut first = String::new();
-        std::io::BufRead::read_line(
-            &mut std::io::BufReader::new(top.stdout.take().unwrap()),
-            &mut first,
-        )
-        .unwrap();
-        let _ = top.kill();
-        let _ = top.wait();
-        serde_json::from_str(&first).unwrap_or_else(|e| panic!("cuslice top: {e}: {first:?}"))
+        top_json(sim, &["--state-root", Node::arg(&self.root)])
     }
 
     fn set(&self, target: &str, args: &[&str]) -> String {

@@ -304,6 +304,24 @@ pub fn status_json(sim: &Sim) -> Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// The first view `cuslice top --json ARGS` prints under the simulator (then it is stopped).
+pub fn top_json(sim: &Sim, args: &[&str]) -> Value {
+    let mut all = vec!["top", "--json", "--interval", "0.2"];
+    all.extend_from_slice(args);
+    let mut top = sim
+        .command(&bin_dir().join("cuslice"), &all)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(top.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let _ = top.kill();
+    let _ = top.wait();
+    serde_json::from_str(&first).unwrap_or_else(|e| panic!("cuslice top: {e}: {first:?}"))
+}
+
 /// Container `id`'s slice on device 0 in a `cuslice status --json` view.
 pub fn slice_in(view: &Value, id: &str) -> Value {
     view["devices"][0]["slices"]

@@ -168,24 +168,7 @@ pub fn reordered_gpus_capped_by_uuid(engine: &dyn Engine) {
     let uuid = |d: usize| sim.device(d)["uuid"].as_str().unwrap().to_string();
     let view = status_json(&sim);
     // `cuslice top --json`'s first view, too.
-    let mut top = sim
-        .command(
-            &bin_dir().join("cuslice"),
-            &["top", "--json", "--interval", "0.2"],
-        )
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut first = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(top.stdout.take().unwrap()),
-        &mut first,
-    )
-    .unwrap();
-    let _ = top.kill();
-    let _ = top.wait();
-    let top_view: Value =
-        serde_json::from_str(&first).unwrap_or_else(|e| panic!("cuslice top: {e}: {first:?}"));
+    let top_view = top_json(&sim, &[]);
     let in_view = |view: &Value, u: &str| -> Option<Value> {
         view["devices"]
             .as_array()?
