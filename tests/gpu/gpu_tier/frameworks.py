@@ -2,7 +2,8 @@
 8 GiB cap, and a PyTorch CUDA graph. On the simulated GPU the frameworks run too (NVIDIA's own
 runtime inside, on simgpu's driver), with the environment tests/frameworks/install makes when this
 python lacks them; what needs a real GPU is left out there: numbers a kernel computed (the graph's
-replays against eager results), nvidia-smi, and JAX, which simgpu has not been shown to run."""
+replays against eager results) and nvidia-smi; JAX, which tests/frameworks/install does not install,
+is not tried there."""
 import importlib.util
 import os
 import shutil
@@ -25,7 +26,8 @@ CHECKS = (["PyTorch mem_get_info", *[n for n, _ in TORCH_FILLS], "JAX default pr
 NEEDS = {"PyTorch": "torch", "JAX": "jax", "CuPy": "cupy"}
 # What the simulated GPU cannot honour, and why.
 SIM_NOT_RUN = {
-    "JAX default preallocation": "needs a real GPU (JAX is not shown to run on the simulator)",
+    "JAX default preallocation": "not tried on the simulator (tests/frameworks/install does not "
+                                 "install JAX; it runs on a real GPU, docs/gpu.md)",
     "PyTorch CUDA graph capture and replay": "needs a real GPU (compares the numbers kernels "
                                              "computed; the simulator times kernels, never runs them)",
     "nvidia-smi under the library": "needs a real GPU (NVIDIA's nvidia-smi)",
