@@ -10,6 +10,9 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 
+# The checkout this tier runs from (tests/gpu/gpu_tier/ is three levels down).
+CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
 GIB = 1 << 30
 MIB = 1 << 20
 
@@ -162,7 +165,9 @@ class Tier:
             shown = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(p.spec.env.items()))
             lines.append(f"--- pid {p.pid}{' (' + p.spec.label + ')' if p.spec.label else ''}: "
                          f"exit {p.rc} after {p.t1 - p.t0:.2f} s")
-            lines.append(f"$ {shown} {' '.join(shlex.quote(a) for a in p.spec.argv)}")
+            command = f"$ {shown} {' '.join(shlex.quote(a) for a in p.spec.argv)}"
+            # Paths inside the checkout relative to it: a log says nothing of one machine's paths.
+            lines.append(command.replace(CHECKOUT + os.sep, ""))
             if p.stdout.strip():
                 lines.append("stdout:\n" + p.stdout.rstrip())
             if p.stderr.strip():
