@@ -282,6 +282,66 @@ pub fn forged_claims_take_nothing(engine: &dyn Engine) {
     );
 }
 
+/// A tenant with only a memory cap claims the whole of every device, always wanting more, and says
+/// its launches took the whole device too (the figure by which a period the driver names one
+/// process for is shared out). Two slices at core limits 30 and 70 beside it, both busy, with the
+/// node agent running: by the simulator's count each should stay within 3 points of what it got
+/// before the tenant came. A known limit today (docs/hook.md): the device shows the neighbours
+/// busy, so the tenant's best-effort claim counts, and the slice limited to 70% is allotted an
+/// equal split with it (35.0% in place of 69.9%) while the tenant leaves its part idle.
+pub fn forged_claims_beside_busy_neighbours(engine: &dyn Engine) {
+    let _turn = super::agent_turn();
+    let sim = Sim::new(&["--memory", "8GiB"]);
+    let _agent = super::NodeAgent::start(&sim);
+    let mut honest = Vec::new();
+    for (what, limit) in [("thirty", 30), ("seventy", 70)] {
+        let env = format!("CUSLICE_CORE_LIMIT={limit}");
+        let mut c = spawn(
+            engine,
+            &sim,
+            what,
+            &["CUSLICE_MEMORY_LIMIT=1GiB", &env],
+            &format!("exec {KERNELS} --secs 90"),
+        );
+        within(c.as_mut(), "start", 30)
+            .unwrap_or_else(|| panic!("the {what} container did not start: {}", c.stderr()));
+        honest.push(c);
+    }
+    let pids: Vec<i32> = honest.iter().map(|c| c.host_pid()).collect();
+    std::thread::sleep(Duration::from_secs(3));
+    let before = shares(&sim, &pids, 4.0);
+    let mut tenant = spawn(
+        engine,
+        &sim,
+        "launches",
+        &["CUSLICE_MEMORY_LIMIT=1GiB"],
+        "exec cuda-workload tamper --forge --forge-launched --secs 60",
+    );
+    let (tried, _) = within(tenant.as_mut(), "ready", 60)
+        .unwrap_or_else(|| panic!("the tenant did not get ready: {}", tenant.stderr()));
+    let done = managed(&tried);
+    std::thread::sleep(Duration::from_secs(3));
+    let beside = shares(&sim, &pids, 6.0);
+    tenant.remove();
+    for c in honest {
+        c.remove();
+    }
+    eprintln!("limits 30 and 70: {before:.1?}% before the tenant, {beside:.1?}% beside it");
+    assert!(
+        done.iter().any(|d| d.contains("forge-claims")),
+        "the tenant could not post its forged launches: {done:?}"
+    );
+    for (k, limit) in [30.0, 70.0].into_iter().enumerate() {
+        assert!(
+            beside[k] <= limit + 3.0 && (beside[k] - before[k]).abs() <= 3.0,
+            "the slice limited to {limit}% got {:.1}% before the tenant and {:.1}% beside it \
+             (the tenant managed {done:?})",
+            before[k],
+            beside[k]
+        );
+    }
+}
+
 /// A tenant replaces, links over and locks whatever node state it can: a new CUDA process in
 /// another container still starts at once, and so does `cuslice set` on the host after the
 /// tenant is gone.
@@ -544,6 +604,12 @@ macro_rules! hostile_scenarios {
         fn hostile_preload_hidden_by_a_user_namespace_is_stopped_by_the_agent() {
             $crate::root_required();
             $crate::hostile::preload_hidden_by_a_user_namespace_is_stopped_by_the_agent($engine);
+        }
+        #[test]
+        #[ignore = "known limit: a best-effort claim beside busy neighbours counts (docs/hook.md)"]
+        fn hostile_forged_claims_beside_busy_neighbours_take_nothing() {
+            $crate::root_required();
+            $crate::hostile::forged_claims_beside_busy_neighbours($engine);
         }
         #[test]
         fn hostile_replaced_or_locked_state_hangs_nobody() {

@@ -24,6 +24,10 @@ pub struct TamperArgs {
     /// priority work always in flight, and keep the claims fresh
     #[arg(long)]
     pub forge: bool,
+    /// With --forge: also say its launches took the whole device (what a shared period is
+    /// apportioned by, where the driver names one process a sample), instead of none
+    #[arg(long)]
+    pub forge_launched: bool,
     /// Start this many more processes that initialise CUDA and stay (each takes whatever place
     /// a process takes in the node's compute arbitration)
     #[arg(long, default_value_t = 0)]
@@ -220,7 +224,12 @@ fn replace(root: &Path, held: &mut Vec<std::fs::File>) {
 /// The forged claims, kept fresh until `until`: the slice's own place on the node's compute
 /// board (the one place it can write) claims the whole of every device the container sees, with
 /// high priority, high-priority work always in flight and always wanting more.
-fn forge(s: &Session<'_>, root: &Path, until: Instant) -> Vec<std::thread::JoinHandle<()>> {
+fn forge(
+    s: &Session<'_>,
+    root: &Path,
+    until: Instant,
+    launched: bool,
+) -> Vec<std::thread::JoinHandle<()>> {
     use cuslice_policy::priority::Priority;
     use cuslice_policy::share::FULL;
     use cuslice_state::board::{Board, Maker, Post};
@@ -261,7 +270,7 @@ fn forge(s: &Session<'_>, root: &Path, until: Instant) -> Vec<std::thread::JoinH
                     limit: FULL,
                     priority: Priority::High,
                     usage: FULL,
-                    launched: 0,
+                    launched: if launched { FULL } else { 0 },
                     hungry_until: u64::MAX,
                     active_ns: now,
                 };
@@ -348,7 +357,7 @@ pub fn tamper(s: &Session<'_>, a: &TamperArgs) {
     }
     let mut held = Vec::new();
     let forgers = if a.forge {
-        forge(s, &a.root, until)
+        forge(s, &a.root, until, a.forge_launched)
     } else {
         Vec::new()
     };
