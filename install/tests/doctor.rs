@@ -162,9 +162,9 @@ fn doctor_says_what_is_right_and_each_thing_broken() {
         "note    engine crio: not registered; command: cuslice install --engine crio".to_owned(),
         format!("ok      file /usr/local/bin/cuslice-hook: {version}"),
         format!("ok      file /usr/local/bin/cuslice: {version}"),
-        "ok      file /usr/local/bin/cuslice-runtime: present".to_owned(),
-        "ok      file /usr/local/lib/cuslice/libcuslice.so: present".to_owned(),
-        "ok      file /usr/local/lib/cuslice/libcuslice_core.so: present".to_owned(),
+        format!("ok      file /usr/local/bin/cuslice-runtime: {version}"),
+        format!("ok      file /usr/local/lib/cuslice/libcuslice.so: {version}"),
+        format!("ok      file /usr/local/lib/cuslice/libcuslice_core.so: {version}"),
         "ok      stale state: none".to_owned(),
     ] {
         assert!(lines.contains(&want), "{want}: {lines:#?}");

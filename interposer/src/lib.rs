@@ -47,6 +47,8 @@
 
 mod log;
 
+cuslice_state::release_mark!();
+
 pub mod agent;
 pub mod alloc_table;
 pub mod array;

@@ -15,6 +15,8 @@ use cuslice_hook::wrapper::{
 };
 use cuslice_state::fsio::Durability;
 
+cuslice_state::release_mark!();
+
 fn hook_beside_me() -> PathBuf {
     std::env::current_exe()
         .ok()

@@ -98,7 +98,8 @@ pub struct EngineFacts {
 pub struct FileFacts {
     pub path: String,
     pub present: bool,
-    /// None: not asked (a library); Some(Err): it did not answer.
+    /// Its release (`--version` for the hook and the CLI, the release mark for the others);
+    /// None: not asked (the file is missing); Some(Err): why it could not be read.
     pub version: Option<Result<String, String>>,
 }
 
@@ -380,8 +381,9 @@ fn files(f: &Facts, out: &mut Vec<Item>) {
                     format!("version {v}, but this cuslice is {}", f.version),
                 )
                 .fix(f.install_command.clone()),
-                Some(Err(e)) => Item::new(check, Status::Problem, format!("does not run: {e}"))
-                    .fix(f.install_command.clone()),
+                Some(Err(e)) => {
+                    Item::new(check, Status::Problem, e.clone()).fix(f.install_command.clone())
+                }
             }
         };
         out.push(item);
@@ -555,7 +557,7 @@ mod tests {
                 FileFacts {
                     path: "/usr/local/lib/cuslice/libcuslice.so".into(),
                     present: true,
-                    version: None,
+                    version: Some(Ok("0.1.0".into())),
                 },
             ],
             install_command: "cuslice install --engine docker".into(),
@@ -625,6 +627,19 @@ mod tests {
             (
                 |f| f.files[0].version = Some(Ok("0.0.9".into())),
                 "version 0.0.9, but this cuslice is 0.1.0",
+            ),
+            (
+                |f| f.files[1].version = Some(Ok("0.0.9".into())),
+                "file /usr/local/lib/cuslice/libcuslice.so: version 0.0.9, but this cuslice is \
+                 0.1.0; fix: cuslice install --engine docker",
+            ),
+            (
+                |f| {
+                    f.files[1].version = Some(Err(
+                        "no cuslice release mark in it (from a release before marks)".into(),
+                    ))
+                },
+                "file /usr/local/lib/cuslice/libcuslice.so: no cuslice release mark in it",
             ),
             (
                 |f| f.engines[0].would_change = Ok(vec!["/etc/docker/daemon.json".into()]),

@@ -137,9 +137,15 @@ fn files(p: &Places) -> Vec<FileFacts> {
         .map(|(file, path)| {
             let host = fsio::host(&p.root, &path);
             let present = host.is_file();
-            // cuslice-runtime hands --version to runc; the libraries have nothing to ask.
-            let version =
-                (present && (file == HOOK_BIN || file == CLI_BIN)).then(|| version_of(&host));
+            // cuslice-runtime hands --version to runc and the libraries have nothing to ask:
+            // their release is marked in the file (`cuslice_state::release`).
+            let version = present.then(|| {
+                if file == HOOK_BIN || file == CLI_BIN {
+                    version_of(&host)
+                } else {
+                    marked_release(&host)
+                }
+            });
             FileFacts {
                 path,
                 present,
@@ -149,6 +155,13 @@ fn files(p: &Places) -> Vec<FileFacts> {
         .collect()
 }
 
+/// The release marked in `path` (`cuslice_state::release`), or why none can be read.
+fn marked_release(path: &Path) -> Result<String, String> {
+    let bytes = std::fs::read(path).map_err(|e| e.to_string())?;
+    cuslice_state::release::release_in(&bytes)
+        .ok_or_else(|| "no cuslice release mark in it (from a release before marks)".to_owned())
+}
+
 /// The last word of `EXE --version`'s first line (`cuslice-hook 0.1.0`; lines after it may
 /// list the state formats).
 fn version_of(exe: &Path) -> Result<String, String> {
@@ -156,7 +169,7 @@ fn version_of(exe: &Path) -> Result<String, String> {
         .arg("--version")
         .stdin(std::process::Stdio::null())
         .output()
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| format!("does not run: {e}"))?;
     let text = String::from_utf8_lossy(&out.stdout);
     match (
         out.status.success(),
@@ -166,7 +179,7 @@ fn version_of(exe: &Path) -> Result<String, String> {
     ) {
         (true, Some(v)) => Ok(v.to_owned()),
         _ => Err(format!(
-            "`{} --version` said {:?} ({})",
+            "does not run: `{} --version` said {:?} ({})",
             exe.display(),
             crate::problem::one_line(&String::from_utf8_lossy(&out.stderr)),
             out.status

@@ -26,6 +26,21 @@
 mod sys;
 
 use core::ffi::{CStr, c_char, c_int, c_long, c_void};
+
+/// The release this library belongs to, as `cuslice doctor` reads it from the installed file:
+/// `cuslice_state::release`'s mark, spelled out here because the loader depends on nothing.
+#[used]
+static RELEASE: [u8; RELEASE_TEXT.len()] = bytes_of(RELEASE_TEXT);
+const RELEASE_TEXT: &str = concat!("cuslice-release ", env!("CARGO_PKG_VERSION"), "\0");
+
+const fn bytes_of<const N: usize>(text: &str) -> [u8; N] {
+    let (b, mut a, mut i) = (text.as_bytes(), [0u8; N], 0);
+    while i < N {
+        a[i] = b[i];
+        i += 1;
+    }
+    a
+}
 use core::sync::atomic::{AtomicPtr, AtomicU8, Ordering};
 
 /// The interface between this loader and the core; the core refuses another number.

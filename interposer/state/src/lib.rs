@@ -20,6 +20,7 @@ pub mod fsio;
 pub mod host;
 pub mod ledger;
 pub mod paths;
+pub mod release;
 pub mod snapshot;
 
 /// A device UUID as NVML and `nvidia-smi` print it: `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
