@@ -157,19 +157,10 @@ impl Node {
 
     /// `cuslice status --json` of this build.
     fn status(&self, sim: &Sim) -> Value {
-        let out = sim
-            .command(
-                &bin_dir().join("cuslice"),
-                &["status", "--json", "--state-root", Node::arg(&self.root)],
-            )
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).unwrap()
+        cuslice_test_harness::json_of(&mut sim.command(
+            &bin_dir().join("cuslice"),
+            &["status", "--json", "--state-root", Node::arg(&self.root)],
+        ))
     }
 
     /// `cuslice top --json`'s first view of this node.

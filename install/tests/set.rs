@@ -4,9 +4,8 @@
 //! the simulator's: what the process holds, the device time it used. Containers (runc, Podman)
 //! are checked in hook/tests/live.rs.
 
-use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use cuslice_test_harness::{GIB, MIB, Running, Sim, libcuslice, workload};
@@ -85,29 +84,11 @@ fn status(sim: &Sim, dirs: &[&Path]) -> Vec<Value> {
 
 /// The value of `metric` for the slice in `dir`, as `cuslice exporter` serves it now.
 fn exported(dir: &Path, metric: &str) -> Option<f64> {
-    let mut child = Command::new(BIN)
-        .args(["exporter", "--listen", "127.0.0.1:0"])
+    let mut cmd = Command::new(BIN);
+    cmd.args(["exporter", "--listen", "127.0.0.1:0"])
         .args(["--state-root", "/nonexistent-cuslice-root", "--state-dir"])
-        .arg(dir)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut first = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut first)
-        .unwrap();
-    let addr = first
-        .trim()
-        .strip_prefix("cuslice exporter: serving http://")
-        .and_then(|s| s.strip_suffix("/metrics"))
-        .unwrap_or_else(|| panic!("first line: {first:?}"))
-        .to_string();
-    let mut conn = std::net::TcpStream::connect(&addr).unwrap();
-    write!(conn, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
-    let mut text = String::new();
-    conn.read_to_string(&mut text).unwrap();
-    let _ = child.kill();
-    let _ = child.wait();
+        .arg(dir);
+    let text = cuslice_test_harness::scrape_exporter(cmd);
     let label = format!("slice=\"{}\"", dir.display());
     text.lines()
         .filter(|l| l.starts_with(&format!("{metric}{{")) && l.contains(&label))

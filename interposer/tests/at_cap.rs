@@ -206,49 +206,23 @@ fn a_waiter_killed_while_it_waits_leaves_the_slice_nothing_less() {
 
 /// The spill's charge in `cuslice status --json` for the slice (device 0).
 fn status_memory(slice: &Slice) -> Value {
-    let out = std::process::Command::new(bin_dir().join("cuslice"))
-        .args(["status", "--json", "--state-dir"])
-        .arg(slice.dir.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let v = cuslice_test_harness::json_of(
+        std::process::Command::new(bin_dir().join("cuslice"))
+            .args(["status", "--json", "--state-dir"])
+            .arg(slice.dir.path()),
     );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     v["devices"][0]["slices"][0]["memory"].clone()
 }
 
 /// One scrape of `cuslice exporter` serving the slice.
 fn scrape(slice: &Slice) -> String {
-    use std::io::{BufRead, BufReader, Read, Write};
-    let mut child = std::process::Command::new(bin_dir().join("cuslice"))
-        .args(["exporter", "--listen", "127.0.0.1:0", "--state-root"])
+    let mut cmd = std::process::Command::new(bin_dir().join("cuslice"));
+    cmd.args(["exporter", "--listen", "127.0.0.1:0", "--state-root"])
         .arg("/nonexistent-cuslice-root")
         .arg("--state-dir")
         .arg(slice.dir.path())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut first = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut first)
-        .unwrap();
-    let addr = first
-        .trim()
-        .strip_prefix("cuslice exporter: serving http://")
-        .and_then(|s| s.strip_suffix("/metrics"))
-        .unwrap_or_else(|| panic!("first line: {first:?}"))
-        .to_string();
-    let mut s = std::net::TcpStream::connect(&addr).unwrap();
-    write!(s, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    let _ = child.kill();
-    let _ = child.wait();
-    text
+        .stderr(std::process::Stdio::null());
+    cuslice_test_harness::scrape_exporter(cmd)
 }
 
 #[test]

@@ -175,20 +175,13 @@ fn job(python: &Path, n: usize, slice: Option<&Slice>, cumem: CuMem, board: Boar
 /// there by the simulator's count: NCCL's memory charged once, on the device it is on (a peer's
 /// buffer a rank maps is its owner's), and the host memory the ranks share charged nowhere.
 fn charged_once(sim: &Sim, slice: &Slice, show: &Value, n: usize) {
-    let out = sim
-        .command(
+    let view = json_of(
+        sim.command(
             &bin_dir().join("cuslice"),
             &["status", "--json", "--state-dir"],
         )
-        .arg(slice.dir.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        .arg(slice.dir.path()),
     );
-    let view: Value = serde_json::from_slice(&out.stdout).unwrap();
     for d in 0..n {
         let dev = &show["devices"][d];
         let held: u64 = dev["processes"]

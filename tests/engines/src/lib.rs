@@ -198,43 +198,16 @@ pub fn poll<T>(what: &str, f: impl FnMut() -> Option<T>) -> T {
 /// The body of one `GET /metrics` from `cuslice exporter` (of this build) over the state root
 /// `root`: started on a free port, which its first line names, and stopped after.
 pub fn scrape(sim: &Sim, root: &Path) -> String {
-    let mut exporter = sim
-        .command(
-            &bin_dir().join("cuslice"),
-            &[
-                "exporter",
-                "--listen",
-                "127.0.0.1:0",
-                "--state-root",
-                root.to_str().unwrap(),
-            ],
-        )
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut first = String::new();
-    BufReader::new(exporter.stdout.take().unwrap())
-        .read_line(&mut first)
-        .unwrap();
-    let addr = first
-        .trim()
-        .strip_prefix("cuslice exporter: serving http://")
-        .and_then(|s| s.strip_suffix("/metrics"))
-        .unwrap_or_else(|| panic!("first line: {first:?}"))
-        .to_string();
-    let mut response = String::new();
-    let mut s = std::net::TcpStream::connect(&addr).unwrap();
-    std::io::Write::write_all(
-        &mut s,
-        format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes(),
-    )
-    .unwrap();
-    std::io::Read::read_to_string(&mut s, &mut response).unwrap();
-    let _ = exporter.kill();
-    let _ = exporter.wait();
-    response
-        .split_once("\r\n\r\n")
-        .map_or(response.clone(), |(_, body)| body.to_string())
+    cuslice_test_harness::scrape_exporter(sim.command(
+        &bin_dir().join("cuslice"),
+        &[
+            "exporter",
+            "--listen",
+            "127.0.0.1:0",
+            "--state-root",
+            root.to_str().unwrap(),
+        ],
+    ))
 }
 
 /// Runs a command to completion; its stdout, or a failure naming the command and its stderr.
@@ -292,16 +265,9 @@ pub fn cuslice_install(engine: &str, prefix: &Path, config: &Path) -> String {
 
 /// `cuslice status --json` under the simulator.
 pub fn status_json(sim: &Sim) -> Value {
-    let out = sim
-        .command(&bin_dir().join("cuslice"), &["status", "--json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    cuslice_test_harness::json_of(
+        &mut sim.command(&bin_dir().join("cuslice"), &["status", "--json"]),
+    )
 }
 
 /// The first view `cuslice top --json ARGS` prints under the simulator (then it is stopped).

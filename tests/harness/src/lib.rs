@@ -328,3 +328,45 @@ pub fn require_root(needs: &str) {
         "{needs} and need root (tests/run is run as root)"
     );
 }
+
+/// One `GET /metrics` of `cmd`, a `cuslice exporter --listen 127.0.0.1:0 ...` command: started,
+/// its address taken from its first line, scraped once, stopped. The body.
+pub fn scrape_exporter(mut cmd: Command) -> String {
+    let mut exporter = cmd.stdout(Stdio::piped()).spawn().unwrap();
+    let mut first = String::new();
+    BufReader::new(exporter.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let addr = first
+        .trim()
+        .strip_prefix("cuslice exporter: serving http://")
+        .and_then(|s| s.strip_suffix("/metrics"))
+        .unwrap_or_else(|| panic!("first line: {first:?}"))
+        .to_string();
+    let mut response = String::new();
+    let mut s = std::net::TcpStream::connect(&addr).unwrap();
+    std::io::Write::write_all(
+        &mut s,
+        format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes(),
+    )
+    .unwrap();
+    s.read_to_string(&mut response).unwrap();
+    let _ = exporter.kill();
+    let _ = exporter.wait();
+    response
+        .split_once("\r\n\r\n")
+        .map_or(response.clone(), |(_, body)| body.to_string())
+}
+
+/// Runs `cmd` (a `cuslice ... --json` command) to its end and parses what it printed; panics
+/// with its stderr unless it succeeds.
+pub fn json_of(cmd: &mut Command) -> Value {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{cmd:?}: {e}: {}", String::from_utf8_lossy(&out.stdout)))
+}
