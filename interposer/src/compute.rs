@@ -49,6 +49,8 @@ use crate::real;
 use crate::timing::{self, Timer};
 use cuslice_state::board::{self, Board, HighRef, Maker, Post};
 use cuslice_state::ledger::{Ledger, Tokens};
+use cuslice_state::paths::CONTAINER_AGENT_DIR;
+use cuslice_state::seen;
 use cuslice_state::snapshot::MeteredBy;
 
 /// How often the meter thread measures and recomputes the allotment.
@@ -75,6 +77,9 @@ const ANCHOR_SAMPLES: u32 = 10;
 static STARTED: AtomicBool = AtomicBool::new(false);
 /// Some device of this process has an allotment below the whole device.
 static METERED: AtomicBool = AtomicBool::new(false);
+/// The node agent's evidence of what the driver saw each slice use, as this process last read it
+/// (`cuslice_state::seen`).
+static SEEN: Mutex<seen::Cached> = parking_lot::const_mutex(seen::Cached::new());
 /// This process's meters, one per device in the order of `Slice::devs`: set once by `join`
 /// (before the devices are), never freed (a forked child leaks its parent's).
 static METERS: AtomicPtr<Vec<Meter>> = AtomicPtr::new(std::ptr::null_mut());
@@ -199,6 +204,54 @@ pub fn node_dir(s: &Slice) -> PathBuf {
         .node_dir
         .clone()
         .unwrap_or_else(|| PathBuf::from(board::DEFAULT_DIR))
+}
+
+/// Bounds the other slices' claims on device `uuid` (`views`, this slice's first) by what the
+/// driver saw them use, where the node agent says (`share::corroborate`): a claim without a
+/// request counts for at most twice what the slice was seen using, and one seen idle (or, for a
+/// container's slice, not listed) is passed over. Where the agent is not running, or has no
+/// per-process samples of the device, claims count as they are.
+fn corroborate(views: &mut Vec<board::SliceView>, uuid: &[u8; 16], now: u64) {
+    if views.len() < 2 {
+        return;
+    }
+    let Some(evidence) = SEEN
+        .lock()
+        .get(std::path::Path::new(CONTAINER_AGENT_DIR), now)
+    else {
+        return;
+    };
+    let uuid = membership::uuid_string(uuid);
+    if !evidence.covers(&uuid) {
+        return;
+    }
+    let figures: Vec<Option<u32>> = views
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            // A container's slice the agent does not list yet (it lists those it found in its
+            // last look) has not been seen at work: it is passed over until it is. A
+            // standalone slice's is never listed, and counts as it is.
+            (i > 0 && v.demand.request == 0)
+                .then(|| evidence.used(&uuid, v.slice).or(v.hooked.then_some(0)))
+                .flatten()
+        })
+        .collect();
+    let demands: Vec<share::Demand> = views.iter().map(|v| v.demand).collect();
+    let mut bounded = share::corroborate(&demands, &figures)
+        .into_iter()
+        .zip(figures);
+    views.retain_mut(|v| match bounded.next() {
+        Some((Some(d), figure)) => {
+            v.demand = d;
+            if let Some(s) = figure {
+                v.launched = v.launched.min(s.saturating_mul(2));
+            }
+            true
+        }
+        Some((None, _)) => false,
+        None => true,
+    });
 }
 
 /// Takes the slice's place on the node's compute board, claims each device with this slice's
@@ -621,6 +674,7 @@ impl Meter {
                     k += 1;
                     k == 1 || share::claim_counts(idle, proven, v.demand.request)
                 });
+                corroborate(&mut views, &self.uuid, now);
                 others = views.len() > 1;
                 // What the others' launches were charged, each within its limit (its grant
                 // bounds both), and what this slice's other processes used: how shared periods

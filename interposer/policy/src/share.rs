@@ -113,6 +113,49 @@ pub fn claim_counts(idle: bool, own_samples: bool, request: u32) -> bool {
     !idle || (!own_samples && request > 0)
 }
 
+/// Below this, what the driver saw a slice use is taken for nothing: its claim is passed over.
+pub const SEEN_MIN: u32 = FLOOR;
+
+/// Bounds other slices' claims by what the driver saw them use (the node agent's evidence,
+/// `seen[i]`, ppm over its window; None where it says nothing, and for claims that stand on
+/// their own: this slice's, at index 0, and requests, which admission granted). A claim is the
+/// slice's own word, so it counts for at most twice what the driver saw: one seen using less than
+/// `SEEN_MIN` is passed over (None), its usage is cut to twice what was seen, and it counts as
+/// wanting more (hungry) only if it was seen using at least half of what the allotment would give
+/// it. A slice that forges a claim and leaves the device idle takes nothing from its neighbours;
+/// one that uses part of what it claims takes at most as much again. An honest slice that wants
+/// more uses what it is allotted (it runs, whatever the others allot it: the driver time-slices
+/// them), so the driver sees it, and its claim counts within the agent's window.
+pub fn corroborate(slices: &[Demand], seen: &[Option<u32>]) -> Vec<Option<Demand>> {
+    let cap = |s: u32| s.saturating_mul(2).min(FULL);
+    let mut out: Vec<Option<Demand>> = slices
+        .iter()
+        .enumerate()
+        .map(|(i, d)| match seen.get(i).copied().flatten() {
+            Some(s) if i > 0 && s < SEEN_MIN => None,
+            Some(s) if i > 0 => Some(Demand {
+                usage: d.usage.min(cap(s)),
+                ..*d
+            }),
+            _ => Some(*d),
+        })
+        .collect();
+    let kept: Vec<Demand> = out.iter().flatten().copied().collect();
+    let mut given = allot(&kept).into_iter();
+    for (i, d) in out.iter_mut().enumerate() {
+        let Some(d) = d else { continue };
+        let got = given.next().unwrap_or(0);
+        if let Some(s) = seen.get(i).copied().flatten()
+            && i > 0
+            && d.hungry
+            && cap(s) < got
+        {
+            d.hungry = false;
+        }
+    }
+    out
+}
+
 /// Water-fills what is left of the device among slices with a positive weight that want more,
 /// in proportion to their weights, each up to what it wants.
 fn fill(got: &mut [u64], wants: &[u64], weights: &[u64]) {
@@ -444,5 +487,48 @@ mod tests {
             .map(|(_, d)| d)
             .collect();
         assert_eq!(allot(&counted)[0], FULL);
+    }
+
+    /// The allotment of slice 0 once the others' claims are bounded by what the driver saw.
+    fn allot_seen(slices: &[Demand], seen: &[Option<u32>]) -> Vec<u32> {
+        let kept: Vec<Demand> = corroborate(slices, seen).into_iter().flatten().collect();
+        pct(allot(&kept))
+    }
+
+    #[test]
+    fn a_claim_the_driver_never_saw_used_takes_nothing() {
+        // Limits 30 and 70, busy, and a best-effort slice that claims to be hungry and using
+        // the whole device: believed, it takes half of the 70.
+        let forged = d(0, 100, true, 100);
+        let (thirty, seventy) = (d(0, 30, true, 30), d(0, 70, true, 70));
+        assert_eq!(pct(allot(&[seventy, thirty, forged])), [35, 30, 35]);
+        // The driver saw the two at work and the forger idle: its claim is passed over.
+        let seen = [None, Some(30 * P), Some(0)];
+        assert_eq!(allot_seen(&[seventy, thirty, forged], &seen), [70, 30]);
+        // Seen using 5%: it counts as using twice that, not as hungry, and is given headroom
+        // as any slice is (`SLACK`), not half the device.
+        let seen = [None, Some(30 * P), Some(5 * P)];
+        assert_eq!(allot_seen(&[seventy, thirty, forged], &seen), [55, 30, 15]);
+    }
+
+    #[test]
+    fn an_honest_claim_counts_as_it_did() {
+        // A best-effort slice using the share it was given beside limits of 30 and 70: hungry,
+        // by the driver's count too, it keeps its equal part.
+        let honest = d(0, 100, true, 35);
+        let seen = [None, Some(30 * P), Some(33 * P)];
+        let (thirty, seventy) = (d(0, 30, true, 30), d(0, 70, true, 70));
+        assert_eq!(
+            allot_seen(&[seventy, thirty, honest], &seen),
+            pct(allot(&[seventy, thirty, honest]))
+        );
+        // Where the agent says nothing (no agent, a standalone slice, a request), claims count
+        // as they are.
+        let none = [None, None, None];
+        let claims = [seventy, d(50, 100, true, 20), d(0, 100, true, 100)];
+        assert_eq!(allot_seen(&claims, &none), pct(allot(&claims)));
+        // This slice's own claim is never in question, whatever the figure beside it.
+        let alone = [d(0, 100, true, 100)];
+        assert_eq!(allot_seen(&alone, &[Some(0)]), [100]);
     }
 }

@@ -194,6 +194,9 @@ pub enum Maker {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SliceView {
     pub slice: u64,
+    /// Whether the hook made its place (a container's slice), as its grant says: the node
+    /// agent lists every container slice it knows in what the driver saw (`crate::seen`).
+    pub hooked: bool,
     pub demand: Demand,
     pub priority: Priority,
     /// What the slice's launches were charged by its estimates (ppm), within its limit.
@@ -650,6 +653,7 @@ impl Board {
         if let Some(e) = self.entry(d) {
             out.push(SliceView {
                 slice: self.slice,
+                hooked: !self.standalone,
                 demand: Demand {
                     request: e.request.load(Ordering::Relaxed),
                     limit: e.limit.load(Ordering::Relaxed),
@@ -690,6 +694,7 @@ impl Board {
                 }
                 out.push(SliceView {
                     slice: o.id,
+                    hooked: matches!(o.grant.origin, Origin::Hook { .. }),
                     demand: Demand {
                         request,
                         limit,

@@ -131,6 +131,9 @@ pub(super) fn poll(shared: &Shared) {
         }
         let model = judge::sample_model(clock.multi_seen_us, now_wall);
         let (mut cover, mut busy, mut named) = (0, 0, BTreeSet::new());
+        // Each slice's part of the step's device time, for what the slices are told the
+        // driver saw (`evidence`).
+        let mut seen_busy: BTreeMap<String, u64> = BTreeMap::new();
         for x in list {
             let slice = st
                 .pids
@@ -138,11 +141,16 @@ pub(super) fn poll(shared: &Shared) {
                 .or_insert_with(|| classify(x.pid as i32, &st.slices))
                 .clone();
             let ns = clock.take(x.pid, x.time_us, x.sm);
+            let mut part = ns;
             if model == judge::SampleModel::OnePerPeriod {
                 let (c, b) = clock.take_stamp(x.time_us, x.sm);
                 cover += c;
                 busy += b;
                 named.insert(slice.clone());
+                part = b;
+            }
+            if let Some(id) = &slice {
+                *seen_busy.entry(id.clone()).or_default() += part;
             }
             if let Some(id) = slice {
                 let key = (id, uuid.clone());
@@ -155,6 +163,11 @@ pub(super) fn poll(shared: &Shared) {
             }
         }
         clock.forget_before(now_wall, 10_000_000);
+        let seen_cover = match model {
+            judge::SampleModel::OnePerPeriod => cover,
+            judge::SampleModel::PerProcess => dt,
+        };
+        st.seen.add(&uuid, now_ns, seen_cover, seen_busy);
         if model == judge::SampleModel::OnePerPeriod {
             one_per_period.insert(uuid, (cover, busy, named));
         }
@@ -250,6 +263,9 @@ pub(super) fn poll(shared: &Shared) {
             }
             holds.push((key, m.bucket.hold(rate, frozen, just_thawed)));
         }
+    }
+    if !shared.stop.load(Ordering::SeqCst) {
+        st.seen.publish(&shared.agent_dir, now_ns, &st.slices);
     }
     if shared.enforce != Enforce::Stop || !st.thawing || shared.stop.load(Ordering::SeqCst) {
         return;

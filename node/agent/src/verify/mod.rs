@@ -35,6 +35,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use cuslice_node::findings::{self, Actions, Finding, Findings};
 use cuslice_node::nvml::{Device, Nvml};
 use cuslice_policy::config::Config as SliceConfig;
+use cuslice_state::host::Root;
 use cuslice_state::ledger::ReadOnly;
 
 use crate::cgroup::{self, Freezer, Mounts, Placement, Scope};
@@ -42,6 +43,7 @@ use crate::judge::{self, Bucket, OverTime, SampleClock, Tracker, Window};
 use crate::{Config, Enforce};
 
 mod check;
+mod evidence;
 mod holders;
 mod meter;
 mod slices;
@@ -100,6 +102,8 @@ struct Slice {
     ledger: PathBuf,
     /// The ledger's format as the hook recorded it (`Record::ledger_version`).
     ledger_version: Option<u32>,
+    /// Its place on the node's compute board (`<id>/board`), if it has one.
+    place: Option<u64>,
 }
 
 /// A slice's cap on one device as the agent last saw it, and what it may hold over it since
@@ -211,6 +215,8 @@ struct State {
     record: cgroup::Record,
     actions: Actions,
     last_poll: Option<Instant>,
+    /// What the driver saw each slice use on each device, step by step (`seen`).
+    seen: evidence::Window,
 }
 
 impl State {
@@ -244,6 +250,8 @@ struct Shared {
     /// Wakes the thaw thread: a slice was frozen, or the agent stops.
     wake: Condvar,
     agent: Placement,
+    /// The agent's directory, where it publishes what the driver saw (`seen`).
+    agent_dir: PathBuf,
 }
 
 impl Shared {
@@ -280,6 +288,7 @@ impl Stopper {
         for line in failed {
             log(&line);
         }
+        cuslice_state::seen::remove(&self.0.agent_dir);
     }
 }
 
@@ -369,6 +378,7 @@ impl Verifier {
             base: Instant::now(),
             stop: AtomicBool::new(false),
             agent,
+            agent_dir: Root::new(&cfg.state_root).agent(),
             state: Mutex::new(State {
                 nvml: None,
                 devices: Vec::new(),
@@ -386,6 +396,7 @@ impl Verifier {
                 record,
                 actions: Actions::default(),
                 last_poll: None,
+                seen: evidence::Window::default(),
             }),
             wake: Condvar::new(),
         });
