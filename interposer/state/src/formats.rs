@@ -10,7 +10,7 @@ pub const DRA_CHECKPOINT: u32 = 1;
 /// as `NAME WRITES READS` (READS: versions separated by commas), in the order of
 /// docs/upgrades.md.
 pub fn table() -> Vec<(&'static str, String, String)> {
-    use crate::{agent, board, ledger};
+    use crate::{agent, board, ledger, seen};
     vec![
         (
             "ledger",
@@ -26,6 +26,11 @@ pub fn table() -> Vec<(&'static str, String, String)> {
             "agent-protocol",
             agent::VERSION.to_string(),
             agent::VERSION.to_string(),
+        ),
+        (
+            "agent-seen",
+            seen::VERSION.to_string(),
+            seen::VERSION.to_string(),
         ),
         (
             "dra-checkpoint",

@@ -29,6 +29,8 @@ use cuslice_policy::share::FULL;
 
 /// The file's name in the agent's directory.
 pub const FILE: &str = "seen";
+/// The file's format (its first line names it).
+pub const VERSION: u32 = 1;
 /// Its first line.
 const HEADER: &str = "cuslice-seen 1";
 /// The span of samples each figure covers.
@@ -197,6 +199,11 @@ mod tests {
             .entry("GPU-00000000-0000-0000-0000-000000000002".into())
             .or_default();
         s
+    }
+
+    #[test]
+    fn the_header_names_the_version() {
+        assert_eq!(HEADER, format!("cuslice-seen {VERSION}"));
     }
 
     #[test]
