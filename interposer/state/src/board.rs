@@ -782,38 +782,6 @@ pub fn claims_on(node: &Path, uuid: &[u8; 16], except: u64) -> Vec<ClaimOn> {
     out
 }
 
-/// What a slice says on the board of its use of one device: for the node agent, which sets it
-/// beside what the driver saw.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Claimed {
-    /// Its usage (ppm) and what its launches were charged (ppm), as posted.
-    pub usage: u32,
-    pub launched: u32,
-    /// Whether it says it wants more.
-    pub hungry: bool,
-}
-
-/// What the slice whose place is `place` (its directory, named by its id) claims on device
-/// `uuid` now: None if it holds no fresh claim there (or the place is not one).
-pub fn claimed(place: &Path, uuid: &[u8; 16]) -> Option<Claimed> {
-    let id = u64::from_str_radix(place.file_name()?.to_str()?, 16).ok()?;
-    let c = read_claims(&open_theirs(&place.join(CLAIMS))?);
-    if !valid(&c, id) {
-        return None;
-    }
-    let now = now_ns();
-    let e = c.entries.iter().find(|e| {
-        e.is(words(uuid))
-            && e.state.load(Ordering::Relaxed) == HELD
-            && recent(e.beat_ns.load(Ordering::Relaxed), now, STALE_NS)
-    })?;
-    Some(Claimed {
-        usage: e.usage.load(Ordering::Relaxed).min(FULL),
-        launched: e.launched.load(Ordering::Relaxed).min(FULL),
-        hungry: e.hungry_until.load(Ordering::Relaxed) > now,
-    })
-}
-
 /// When the high-priority work posted at `highs` is expected to be done at the latest, as far as
 /// it is believed at `now` (at most `AHEAD_NS` ahead); 0 when none is posted.
 pub fn high_until(highs: &[HighRef], now: u64) -> u64 {

@@ -25,19 +25,6 @@ pub mod release;
 pub mod seen;
 pub mod snapshot;
 
-/// A device UUID as `uuid_string` prints it, back in bytes; None if it is not one.
-pub fn uuid_bytes(s: &str) -> Option<[u8; 16]> {
-    let hex: String = s.strip_prefix("GPU-")?.split('-').collect();
-    if hex.len() != 32 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return None;
-    }
-    let mut out = [0u8; 16];
-    for (i, b) in out.iter_mut().enumerate() {
-        *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok()?;
-    }
-    Some(out)
-}
-
 /// A device UUID as NVML and `nvidia-smi` print it: `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
 pub fn uuid_string(u: &[u8; 16]) -> String {
     let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
@@ -49,18 +36,4 @@ pub fn uuid_string(u: &[u8; 16]) -> String {
         &h[16..20],
         &h[20..32]
     )
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn a_uuid_string_reads_back() {
-        let u: [u8; 16] = std::array::from_fn(|i| (i * 17) as u8);
-        assert_eq!(super::uuid_bytes(&super::uuid_string(&u)), Some(u));
-        assert_eq!(super::uuid_bytes("GPU-1234"), None);
-        assert_eq!(
-            super::uuid_bytes("MIG-00000000-0000-0000-0000-000000000000"),
-            None
-        );
-    }
 }

@@ -209,24 +209,6 @@ pub fn unattributed(used: u64, entries: u64, own: u64, headroom: Option<u64>) ->
 /// Ticks in a row a ledger mismatch must be seen before it is a finding.
 pub const LEDGER_TICKS: u32 = 2;
 
-// ---- claims on the compute board ---------------------------------------------------------
-
-/// Beyond four times what the driver saw, a claim must exceed it by this much (ppm) to be
-/// unbacked: the driver's figure under one sample a period is a count of stamps, off by several
-/// points over a window.
-pub const CLAIMS_SLACK: u32 = 200_000;
-
-/// Ticks in a row a claim must be unbacked before it is a finding.
-pub const CLAIMS_TICKS: u32 = 3;
-
-/// Whether what a slice claims on the board (ppm: its usage, or what its launches were charged,
-/// the larger) is far above what the driver saw it use (`cuslice_state::seen`): a claim no
-/// honest slice posts. Other slices already count it for at most twice the driver's figure
-/// (`cuslice_policy::share::corroborate`); this is for people.
-pub fn claims_unbacked(claimed: u32, seen: u32) -> bool {
-    claimed > seen.saturating_mul(4).saturating_add(CLAIMS_SLACK)
-}
-
 // ---- the slice's limits per device ----------------------------------------------------------
 
 /// Entries of a `*_VISIBLE_DEVICES` list as CUDA reads them: a comma-separated list of device

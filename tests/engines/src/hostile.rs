@@ -288,9 +288,8 @@ pub fn forged_claims_take_nothing(engine: &dyn Engine) {
 /// node agent running: by the simulator's count each stays within 3 points of what it got before
 /// the tenant came. The device shows the neighbours busy, so the claim is not passed over for an
 /// idle device; the agent's evidence of what the driver saw the tenant use (nothing) is what
-/// keeps it from counting, and the agent reports the claim. Without that evidence the slice
-/// limited to 70% was allotted an equal split with the tenant (35.0% in place of 69.9%) while the
-/// tenant left its part idle.
+/// keeps it from counting. Without that evidence the slice limited to 70% was allotted an equal
+/// split with the tenant (35.0% in place of 69.9%) while the tenant left its part idle.
 pub fn forged_claims_beside_busy_neighbours(engine: &dyn Engine) {
     let _turn = super::agent_turn();
     let sim = Sim::new(&["--memory", "8GiB"]);
@@ -324,18 +323,6 @@ pub fn forged_claims_beside_busy_neighbours(engine: &dyn Engine) {
     let done = managed(&tried);
     std::thread::sleep(Duration::from_secs(3));
     let beside = shares(&sim, &pids, 6.0);
-    // The agent reports the tenant's claims against what the driver saw it use.
-    let claims_of = |view: &Value| -> Vec<Value> {
-        view["findings"]["findings"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|f| f["kind"] == "claims")
-            .cloned()
-            .collect()
-    };
-    let tenant_id = tenant.id();
-    let reported = claims_of(&super::status_json(&sim));
     tenant.remove();
     // An honest best-effort slice in its place, busy: its claim counts, since the driver sees
     // it at work, and it gets an equal part of what the 30 leaves.
@@ -351,7 +338,6 @@ pub fn forged_claims_beside_busy_neighbours(engine: &dyn Engine) {
     std::thread::sleep(Duration::from_secs(6));
     let honest_pids = [pids[0], pids[1], busy.host_pid()];
     let fair = shares(&sim, &honest_pids, 6.0);
-    let honest_reported = claims_of(&super::status_json(&sim));
     busy.remove();
     for c in honest {
         c.remove();
@@ -373,15 +359,6 @@ pub fn forged_claims_beside_busy_neighbours(engine: &dyn Engine) {
             beside[k]
         );
     }
-    assert!(
-        reported.iter().any(|f| f["slice"] == tenant_id.as_str()
-            && f["share_pct"].as_f64().is_some_and(|p| p < 1.0)),
-        "the agent did not report the tenant's claims: {reported:?}"
-    );
-    assert!(
-        honest_reported.is_empty(),
-        "the agent reported honest slices' claims: {honest_reported:?}"
-    );
     // Beside an honest slice: 30, and an equal split of the rest (35 and 35).
     for (k, want) in [30.0, 35.0, 35.0].into_iter().enumerate() {
         assert!(

@@ -637,19 +637,3 @@ fn a_lowered_cap_allows_what_was_held_then_shrinking_as_it_is_freed() {
         Some(G)
     );
 }
-
-#[test]
-fn only_a_claim_far_above_what_the_driver_saw_is_unbacked() {
-    const P: u32 = 10_000;
-    // Whole device claimed, nothing seen: the forger.
-    assert!(claims_unbacked(100 * P, 0));
-    // An honest slice at 30% whose driver figure is off by a stamp count's error either way.
-    for seen in [15, 25, 30, 40] {
-        assert!(!claims_unbacked(30 * P, seen * P), "seen {seen}%");
-    }
-    // Light honest use seen as nothing in a window: within the slack.
-    assert!(!claims_unbacked(20 * P, 0));
-    // A claim of 100% beside 19% seen is more than 4 x 19 + 20.
-    assert!(claims_unbacked(100 * P, 19 * P));
-    assert!(!claims_unbacked(100 * P, 20 * P));
-}

@@ -264,88 +264,7 @@ impl Verifier {
             .retain(|(id, _), o| slices.contains_key(id) && !o.idle());
         self.ledger_streak
             .retain(|k, n| *n > 0 && slices.contains_key(&k.slice));
-        self.claims_streak
-            .retain(|k, n| *n > 0 && slices.contains_key(&k.slice));
         self.caps.retain(|(id, _), _| slices.contains_key(id));
-    }
-
-    /// Each slice's claims on the compute board against what the driver saw it use, where the
-    /// agent publishes that (`evidence`): a finding once they are far above it for
-    /// `judge::CLAIMS_TICKS` checks in a row. Nothing to stop: the other slices already count
-    /// the claim for at most twice what the driver saw.
-    pub(super) fn check_claims(
-        &mut self,
-        slices: &BTreeMap<String, Arc<Slice>>,
-    ) -> Vec<(Key, Finding)> {
-        let places: Vec<(&str, u64)> = slices
-            .iter()
-            .filter_map(|(id, s)| Some((id.as_str(), s.place.as_ref()?.0)))
-            .collect();
-        let seen = {
-            let st = self.shared.lock();
-            st.seen
-                .figures(self.shared.mono_ns(std::time::Instant::now()), &places)
-        };
-        let mut found = Vec::new();
-        for (id, s) in slices {
-            let Some((place, dir)) = &s.place else {
-                continue;
-            };
-            for uuid in seen.devices.keys() {
-                let (Some(used), Some(bytes)) =
-                    (seen.used(uuid, *place), cuslice_state::uuid_bytes(uuid))
-                else {
-                    continue;
-                };
-                let key = Key {
-                    slice: id.clone(),
-                    uuid: uuid.clone(),
-                    kind: Kind::Claims,
-                };
-                let claim = cuslice_state::board::claimed(dir, &bytes);
-                let claimed = claim.map_or(0, |c| c.usage.max(c.launched));
-                let streak = self.claims_streak.entry(key.clone()).or_insert(0);
-                if judge::claims_unbacked(claimed, used) {
-                    *streak += 1;
-                } else {
-                    *streak = 0;
-                }
-                if *streak < judge::CLAIMS_TICKS {
-                    continue;
-                }
-                let pct = |ppm: u32| f64::from(ppm) / 10_000.0;
-                let window = cuslice_state::seen::WINDOW_NS as f64 / 1e9;
-                found.push((
-                    key,
-                    Finding {
-                        message: format!(
-                            "{} claims {:.0}% of {uuid} on the compute board{}, but the driver \
-                             saw it use {:.1}% over the last {window:.0} s: the other slices \
-                             count its claim for at most twice that",
-                            s.label(),
-                            pct(claimed),
-                            if claim.is_some_and(|c| c.hungry) {
-                                " and to want more"
-                            } else {
-                                ""
-                            },
-                            pct(used)
-                        ),
-                        share_pct: Some(round1(pct(used))),
-                        demand_pct: Some(round1(pct(claimed))),
-                        window_s: Some(window),
-                        ..finding(
-                            s,
-                            uuid,
-                            Kind::Claims,
-                            Vec::new(),
-                            "none: its claims count for what the driver saw".into(),
-                        )
-                    },
-                ));
-            }
-        }
-        found
     }
 
     /// Each slice's compute on each device against its core limit, by the driver's count (or
@@ -528,7 +447,6 @@ impl Verifier {
                 Kind::Compute => "back within its core limit",
                 Kind::Ledger => "ledger matches the driver again",
                 Kind::Files => "its files are their size again",
-                Kind::Claims => "its claims match what the driver saw again",
             };
             log(&format!(
                 "slice {} on {}: {what} (after {:.1} s)",

@@ -59,7 +59,7 @@ impl Window {
 
     /// The figures now: per device with samples in the window, every slice with a place on
     /// the board, with its share of the device's time the samples cover (ppm).
-    pub(super) fn figures(&self, now_ns: u64, places: &[(&str, u64)]) -> Seen {
+    fn figures(&self, now_ns: u64, places: &[(&str, u64)]) -> Seen {
         let mut out = Seen::default();
         for (uuid, steps) in &self.devices {
             let recent = steps
@@ -95,7 +95,7 @@ impl Window {
         self.written_ns = Some(now_ns);
         let places: Vec<(&str, u64)> = slices
             .iter()
-            .filter_map(|(id, s)| Some((id.as_str(), s.place.as_ref()?.0)))
+            .filter_map(|(id, s)| Some((id.as_str(), s.place?)))
             .collect();
         match seen::write(dir, &self.figures(now_ns, &places)) {
             Ok(()) => self.failing = false,

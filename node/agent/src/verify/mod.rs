@@ -63,8 +63,6 @@ enum Kind {
     /// A file of the slice's that its processes write (its ledger, its claims on the compute
     /// board) larger than cuslice makes it: written past its end, using the host's memory.
     Files,
-    /// Its claims on the compute board far above what the driver saw it use.
-    Claims,
 }
 
 impl Kind {
@@ -74,7 +72,6 @@ impl Kind {
             Kind::Compute => "compute",
             Kind::Ledger => "ledger",
             Kind::Files => "files",
-            Kind::Claims => "claims",
         }
     }
 }
@@ -105,9 +102,8 @@ struct Slice {
     ledger: PathBuf,
     /// The ledger's format as the hook recorded it (`Record::ledger_version`).
     ledger_version: Option<u32>,
-    /// Its place on the node's compute board (`<id>/board`), if it has one: its id there and
-    /// its directory.
-    place: Option<(u64, PathBuf)>,
+    /// Its place on the node's compute board (`<id>/board`), if it has one.
+    place: Option<u64>,
 }
 
 /// A slice's cap on one device as the agent last saw it, and what it may hold over it since
@@ -306,8 +302,6 @@ pub struct Verifier {
     mounts: Mounts,
     tracker: Tracker<Key>,
     ledger_streak: BTreeMap<Key, u32>,
-    /// Checks in a row that found a slice's claims far above what the driver saw.
-    claims_streak: BTreeMap<Key, u32>,
     /// Per slice and device: the cap at the last check, and what the slice may hold over it
     /// since `cuslice set` lowered it (`judge::lowered_allowance`).
     caps: BTreeMap<(String, String), CapState>,
@@ -423,7 +417,6 @@ impl Verifier {
             mounts: cgroup::mounts(),
             tracker: Tracker::default(),
             ledger_streak: BTreeMap::new(),
-            claims_streak: BTreeMap::new(),
             caps: BTreeMap::new(),
             over: BTreeMap::new(),
             ledgers: HashMap::new(),
@@ -495,7 +488,6 @@ impl Verifier {
         found.extend(self.check_files(&slices));
         self.forget(&slices, &holders, at);
         found.extend(self.check_compute(&slices, &usage, &limits, at.now));
-        found.extend(self.check_claims(&slices));
         self.log_changes(&mut found, at.now);
         if self.cfg.enforce == Enforce::Stop {
             self.stop(&slices, &holders.held, &mut found, at);

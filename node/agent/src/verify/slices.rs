@@ -3,9 +3,8 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::MetadataExt;
-use std::path::PathBuf;
+use std::path::Path;
 use std::sync::Arc;
 
 use cuslice_policy::config::Config as SliceConfig;
@@ -73,15 +72,13 @@ impl Verifier {
                 .ok()
                 .and_then(|t| serde_json::from_str(&t).ok())
                 .unwrap_or_default();
-            // Its place on the compute board: the directory the hook recorded, named by the
-            // slice's id there.
+            // Its place on the compute board: the last part of the path the hook recorded.
             let place = fs::read(root.dir(&r.id).join("board")).ok().and_then(|p| {
-                let dir = PathBuf::from(std::ffi::OsString::from_vec(p));
-                let name = dir.file_name()?.to_str()?;
-                let id = (name.len() == 16)
-                    .then(|| u64::from_str_radix(name, 16).ok())
-                    .flatten()?;
-                Some((id, dir))
+                let p = String::from_utf8(p).ok()?;
+                let name = Path::new(p.trim_end()).file_name()?.to_str()?.to_string();
+                (name.len() == 16)
+                    .then(|| u64::from_str_radix(&name, 16).ok())
+                    .flatten()
             });
             out.insert(
                 r.id.clone(),
