@@ -39,7 +39,7 @@ use cuslice_policy::CoreMeter;
 use cuslice_policy::grant::{Grant, Origin};
 use cuslice_policy::priority::{self, Admit, Priority};
 use cuslice_policy::share::{self, FULL};
-use cuslice_policy::timing::{self as timing_policy, LaunchCosts, launch_kind};
+use cuslice_policy::timing::{self as timing_policy, LaunchCosts, Overlap, launch_kind};
 use parking_lot::Mutex;
 
 use crate::log::{debug, error, warning};
@@ -167,6 +167,13 @@ struct Period {
     sampled_ns: u64,
     /// What each kind of launch costs by the library's own timings.
     costs: LaunchCosts,
+    /// The slices' time in flight by their timings over the last second, set beside the device's
+    /// busy time: how much of a long kernel's readings was this slice's own
+    /// (`timing_policy::Overlap`).
+    overlap: Overlap,
+    /// That part (ppm), as of the last period: long kinds of launch cost at most that part of
+    /// their mean reading.
+    within: u32,
     /// Metered by its own timing: the driver gave no per-process samples at the last period.
     self_timed: bool,
     /// The other slices count as idle until then: the device last showed nobody but this slice
@@ -342,6 +349,8 @@ pub fn join(s: &Slice, devs: &[Dev]) -> Result<(), String> {
                 others_idle_until: 0,
                 idle_proven_by_samples: false,
                 costs: LaunchCosts::default(),
+                overlap: Overlap::default(),
+                within: FULL,
                 self_timed: false,
             }),
             priority: AtomicU32::new(priority.code()),
@@ -486,8 +495,17 @@ impl Meter {
         // launch's two event records cost the launch path (`tests/bench`, section 4).
         self.timer.collect(&mut p.costs);
         p.costs.decay();
+        // This process's time in flight in the period by its timings (stretched ones included):
+        // what it posts as `launched` while it times launches, for the other slices' `Overlap`.
+        let in_flight = p.costs.mean_read().map(|read| {
+            (d_launches as u128 * read as u128 * FULL as u128 / span_ns as u128).min(FULL as u128)
+                as u32
+        });
+        if let Some(read) = in_flight {
+            p.launched = read;
+        }
         if self_timed {
-            if let Some(c) = p.costs.mean() {
+            if let Some(c) = p.costs.mean_within(p.within) {
                 self.cost.store(c.max(1_000), Ordering::Relaxed);
             }
             if !p.self_timed {
@@ -660,10 +678,13 @@ impl Meter {
                 // its own throttling starves for an idle one (`share::claim_counts`).
                 let mine = slice_usage;
                 let own_samples = p.sampled_ns.saturating_add(ACTIVE_NS) > now;
-                if views.len() > 1
-                    && nvml_query::device_utilisation(&self.uuid)
-                        .is_some_and(|util| share::others_idle(util.min(100) * (FULL / 100), mine))
-                {
+                let busy = if views.len() > 1 {
+                    nvml_query::device_utilisation(&self.uuid)
+                        .map(|util| util.min(100) * (FULL / 100))
+                } else {
+                    None
+                };
+                if busy.is_some_and(|busy| share::others_idle(busy, mine)) {
                     p.others_idle_until = now + ACTIVE_NS;
                     p.idle_proven_by_samples = own_samples;
                 }
@@ -676,6 +697,21 @@ impl Meter {
                 });
                 corroborate(&mut views, &self.uuid, now);
                 others = views.len() > 1;
+                // Long kernels beside busy neighbours: the readings' excess over the device's
+                // busy time is time counted by more than one slice (`timing_policy::Overlap`).
+                // Without the device's figure (MIG instances give none) nothing is taken off.
+                if let Some(own) = in_flight {
+                    let theirs = views
+                        .iter()
+                        .skip(1)
+                        .map(|v| v.launched)
+                        .fold(slice_usage.saturating_sub(usage), u32::saturating_add);
+                    p.overlap.note(now, own, theirs);
+                }
+                p.within = match busy {
+                    Some(busy) if in_flight.is_some() => p.overlap.within(busy, views.len()),
+                    _ => FULL,
+                };
                 // What the others' launches were charged, each within its limit (its grant
                 // bounds both), and what this slice's other processes used: how shared periods
                 // are apportioned (`attribute`).
@@ -872,7 +908,7 @@ impl Meter {
         // Launches the library timed cost what the timings say, in a shared period too: what
         // the other slices' launches were charged (theirs to write, and stretched where their
         // kernels were preempted by this process's) then decides nothing.
-        let x = match p.costs.mean() {
+        let x = match p.costs.mean_within(p.within) {
             Some(c) => (n_shared * c.max(1_000) as u128).min(used.shared_busy_ns as u128) as u64,
             None => self.apportion(p, used, charged, n_shared, span, anchored),
         };
@@ -892,7 +928,7 @@ impl Meter {
     /// (the library times a sample of launches whenever it is metered), else what the driver's
     /// samples taught the estimate.
     fn estimated_cost(&self, p: &Period) -> u64 {
-        p.costs.mean().map_or_else(
+        p.costs.mean_within(p.within).map_or_else(
             || p.estimate.cost(self.cost.load(Ordering::Relaxed)),
             |c| c.max(1_000),
         )

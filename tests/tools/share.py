@@ -6,7 +6,7 @@ the library), reads every process's device time from `simgpu show` (the simulato
 truth) every 250 ms, and reports each slice's share over the settled window (from SETTLE s to the
 end), the worst 1 s window in it, and when the slice's 1 s share first came within 2 points of
 its final figure and stayed there. Used by tests/bench and tests/run (`--check POINTS`: fail when
-a scenario other than the known limits is further than that from its configured share);
+a scenario is further than that from its configured share);
 `tests/tools/share.py [NAME...]` runs some. SHARE_SAMPLES picks how the simulator's NVML gives
 per-process samples: one-per-period (default), per-process, or none.
 """
@@ -125,13 +125,6 @@ def run(name, slices, expected):
     return rows
 
 
-# Scenarios the meter does not hold within 2 points yet, by how NVML gives samples (docs/compute.md,
-# known limits): reported, and left out of --check.
-KNOWN_LIMITS = {
-    "one-per-period": {"10ms 30/70"},
-    "per-process": set(),
-    "none": {"10ms 30/70"},
-}
 SAMPLES_SAID = {
     "one-per-period": "NVML samples every 100 ms, one a period naming one process (simgpu default)",
     "per-process": "NVML samples every 100 ms, one per process",
@@ -146,20 +139,18 @@ def main(names, check=None):
     worst_err, slowest, failed = 0.0, 0.0, []
     for name in names or SCENARIOS:
         slices, expected = SCENARIOS[name]
-        known = name in KNOWN_LIMITS[SAMPLES]
         for k, r in enumerate(run(name, slices, expected)):
-            note = "  (known limit)" if known and k == 0 else ""
             if r["expected"] is None:
                 print(f"{name if k == 0 else '':34} {k:>5} {'-':>10} {r['achieved']:>8.1f}% "
-                      f"{r['worst_1s']:>8.1f}% {'-':>8}{note}", flush=True)
+                      f"{r['worst_1s']:>8.1f}% {'-':>8}", flush=True)
                 continue
             settled = f"{r['settled_s']:.1f} s" if r["settled_s"] is not None else "never"
             err = abs(r["achieved"] - r["expected"])
             print(f"{name if k == 0 else '':34} {k:>5} {r['expected']:>9}% {r['achieved']:>8.1f}% "
-                  f"{r['worst_1s']:>8.1f}% {settled:>8}{note}", flush=True)
+                  f"{r['worst_1s']:>8.1f}% {settled:>8}", flush=True)
             worst_err = max(worst_err, err)
             slowest = max(slowest, r["settled_s"] if r["settled_s"] is not None else float("inf"))
-            if check is not None and not known and err > check:
+            if check is not None and err > check:
                 failed.append(f"{name} slice {k}: {r['achieved']:.1f}% for {r['expected']}%")
     ok = worst_err <= 2.0 and slowest <= 3.0
     print(f"largest |achieved - configured|: {worst_err:.1f} points (target <= 2); slowest to settle: "
@@ -168,7 +159,7 @@ def main(names, check=None):
         if failed:
             print(f"FAILED: more than {check:g} points off: " + "; ".join(failed))
             return False
-        print(f"every scenario but the known limits within {check:g} points")
+        print(f"every scenario within {check:g} points")
         return True
     return ok
 
@@ -177,6 +168,6 @@ if __name__ == "__main__":
     args = sys.argv[1:]
     check = None
     if args[:1] == ["--check"]:
-        # tests/run: every scenario but the known limits within this many points
+        # tests/run: every scenario within this many points
         check, args = float(args[1]), args[2:]
     sys.exit(0 if main(args, check) else 1)

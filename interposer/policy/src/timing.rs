@@ -19,6 +19,15 @@
 //! - **What a launch costs on average** weighs each kind by how many of its launches were timed
 //!   lately (each period's count decays by 1/8 at the next): the timed launches are a uniform
 //!   sample of all of them, so that is each kind's part of the launches ([`LaunchCosts::mean`]).
+//! - **Kernels longer than a time slice beside busy neighbours.** Such a kernel is preempted
+//!   whenever another context has work, so a slice whose kernels always run beside a busy one has
+//!   no reading that is not stretched, and the low end of them is too. What the device's busy time
+//!   says bounds it ([`Overlap`]): the slices' readings as read (each its time in flight) add up to
+//!   more than the device was busy by the time two or more of them were in flight together, and the
+//!   driver shares that time between the contexts in flight in turn. So a slice's device time is its
+//!   time in flight less its part of that excess, and never less than its time in flight over the
+//!   number of slices sharing the device. A long kind costs at most its mean reading by that
+//!   ([`LaunchCosts::mean_within`]).
 
 /// Timings kept per kind of launch.
 pub const WINDOW: usize = 32;
@@ -30,6 +39,16 @@ pub const TIMED_PER_PERIOD: u64 = 10;
 pub const MAX_STRIDE: u32 = 1024;
 const WEIGHT_DECAY: u64 = 8;
 const WEIGHT_SCALE: u64 = 1024;
+/// A kind of launch whose low-end timing is at least this long is a long one: preempted (so
+/// stretched) whenever a neighbour has work, not only queued behind one. Time slices are 2 ms on
+/// the simulator; readings below 3 ms are mostly whole.
+pub const LONG_NS: u64 = 3_000_000;
+/// The share of the device every figure is in (parts per million).
+const FULL: u64 = 1_000_000;
+/// The window over which readings are set beside the device's busy time: what NVML's device
+/// utilisation covers (the last second on the simulator; one sample period, 1/6 s to 1 s, on real
+/// drivers).
+pub const OVERLAP_WINDOW_NS: u64 = 1_000_000_000;
 
 /// The stride for the next period, from the launches of the last one.
 pub fn stride(launches: u64) -> u32 {
@@ -62,6 +81,21 @@ impl Kind {
         let mut v: Vec<u64> = self.recent[..self.len].to_vec();
         v.sort_unstable();
         v[self.len / 8]
+    }
+
+    /// The mean of its timings as read.
+    fn read(&self) -> u64 {
+        self.recent[..self.len].iter().sum::<u64>() / self.len.max(1) as u64
+    }
+
+    /// What it costs when a part `within` (ppm) of its time in flight is its own: its low-end
+    /// timing, and for a long kind at most that part of its mean reading.
+    fn cost_within(&self, within: u64) -> u64 {
+        let typical = self.typical();
+        if typical < LONG_NS || within >= FULL {
+            return typical;
+        }
+        typical.min((self.read() as u128 * within as u128 / FULL as u128) as u64)
     }
 }
 
@@ -118,12 +152,77 @@ impl LaunchCosts {
     /// What one launch costs on average, each kind by its part of the launches lately (None:
     /// nothing timed lately).
     pub fn mean(&self) -> Option<u64> {
+        self.weighted(|k| k.typical())
+    }
+
+    /// What one launch costs on average when a part `within` (ppm, from [`Overlap::within`]) of
+    /// the time in flight is the slice's own: long kinds cost at most that part of their mean
+    /// reading.
+    pub fn mean_within(&self, within: u32) -> Option<u64> {
+        self.weighted(|k| k.cost_within(within as u64))
+    }
+
+    /// What one launch was in flight on average, by the timings as read (stretched ones
+    /// included).
+    pub fn mean_read(&self) -> Option<u64> {
+        self.weighted(Kind::read)
+    }
+
+    fn weighted(&self, each: impl Fn(&Kind) -> u64) -> Option<u64> {
         let (mut ns, mut w) = (0u128, 0u128);
         for k in self.kinds.iter().filter(|k| k.weight > 0) {
-            ns += k.typical() as u128 * k.weight as u128;
+            ns += each(k) as u128 * k.weight as u128;
             w += k.weight as u128;
         }
         ns.checked_div(w).map(|c| c.min(u64::MAX as u128) as u64)
+    }
+}
+
+/// How much of its time in flight a slice had the device to itself, from the last
+/// `OVERLAP_WINDOW_NS` of its own and the other slices' time in flight beside the device's busy
+/// time.
+///
+/// While n slices have work in flight the driver runs them in turn, each for a time slice: a
+/// slice's timings each count all of that time, the device's busy time once. So the readings'
+/// sum less the busy time is the time counted again, and with the slices in flight together for
+/// equal parts of it, each slice's device time is its time in flight less that excess over the
+/// number of slices. Exact for two slices; for more, exact while all are in flight together, and
+/// never below a slice's time in flight over the number of slices (its turn while all are).
+#[derive(Debug, Clone, Default)]
+pub struct Overlap {
+    /// (when, this slice's time in flight, the others', each ppm of the device over a period).
+    recent: std::collections::VecDeque<(u64, u32, u32)>,
+}
+
+impl Overlap {
+    /// One period's time in flight (ppm of the period): this slice's and the other slices'.
+    pub fn note(&mut self, now: u64, own: u32, others: u32) {
+        self.recent.push_back((now, own, others));
+        while self
+            .recent
+            .front()
+            .is_some_and(|&(at, _, _)| at.saturating_add(OVERLAP_WINDOW_NS) < now)
+        {
+            self.recent.pop_front();
+        }
+    }
+
+    /// The part of this slice's time in flight (ppm) that was its own device time, the device
+    /// busy `busy` ppm of the window and `slices` slices (this one included) active on it.
+    pub fn within(&self, busy: u32, slices: usize) -> u32 {
+        let n = self.recent.len() as u64;
+        if n == 0 || slices < 2 {
+            return FULL as u32;
+        }
+        let own = self.recent.iter().map(|r| r.1 as u64).sum::<u64>() / n;
+        let others = self.recent.iter().map(|r| r.2 as u64).sum::<u64>() / n;
+        if own == 0 {
+            return FULL as u32;
+        }
+        let excess = (own + others).saturating_sub(busy as u64);
+        let k = slices as u64;
+        let mine = own.saturating_sub(excess / k).max(own.div_ceil(k));
+        (mine * FULL / own).min(FULL) as u32
     }
 }
 
@@ -223,5 +322,63 @@ mod tests {
         assert_eq!(c.typical(0), None);
         assert_eq!(c.typical(999), Some(5));
         assert_eq!(c.typical(1), Some(2000));
+    }
+
+    #[test]
+    fn a_long_kind_never_alone_costs_its_part_of_the_time_in_flight() {
+        // Limits 30/70, 10 ms kernels: every kernel of the 30 ran beside the 70's work, so read
+        // 20 ms; the 70's were in flight 100% of the time, the 30's 60%, the device busy 100%.
+        let mut thirty = LaunchCosts::default();
+        for i in 0..WINDOW as u64 {
+            thirty.add(1, if i % 2 == 0 { 18_000_000 } else { 22_000_000 });
+        }
+        let mut o = Overlap::default();
+        for p in 0..40 {
+            o.note(p * 50_000_000, 600_000, 1_000_000);
+        }
+        let within = o.within(FULL as u32, 2);
+        assert_eq!(within, 500_000);
+        assert_eq!(thirty.mean(), Some(18_000_000));
+        assert_eq!(thirty.mean_within(within), Some(10_000_000));
+        // The 70's own view of the same second: a kind that ran alone often is its low end.
+        let mut seventy = LaunchCosts::default();
+        for i in 0..WINDOW as u64 {
+            seventy.add(1, if i % 2 == 0 { 20_000_000 } else { 10_000_000 });
+        }
+        let mut o = Overlap::default();
+        o.note(0, 1_000_000, 600_000);
+        let within = o.within(FULL as u32, 2);
+        assert_eq!(within, 700_000);
+        assert_eq!(seventy.mean_within(within), Some(10_000_000));
+    }
+
+    #[test]
+    fn without_overlap_or_with_short_kinds_nothing_changes() {
+        let mut c = LaunchCosts::default();
+        for i in 0..WINDOW as u64 {
+            c.add(1, if i % 2 == 0 { 100_000 } else { 2_100_000 });
+            c.add(2, 12_000_000);
+        }
+        // Alone, or the readings no more than the device's busy time: all its own.
+        let mut o = Overlap::default();
+        o.note(0, 500_000, 0);
+        assert_eq!(o.within(500_000, 1), FULL as u32);
+        o.note(1, 500_000, 400_000);
+        assert_eq!(o.within(900_000, 2), FULL as u32);
+        assert_eq!(c.mean_within(FULL as u32), c.mean());
+        // Short kinds keep their low end whatever the overlap; long ones are cut.
+        assert_eq!(c.mean_within(500_000), Some((100_000 + 6_000_000) / 2));
+    }
+
+    #[test]
+    fn a_slice_keeps_at_least_its_turn_and_old_periods_leave_the_window() {
+        let mut o = Overlap::default();
+        // Others claiming far more than the device did cannot take this slice's time in flight
+        // below its turn among three.
+        o.note(0, 900_000, 2_000_000);
+        assert_eq!(o.within(900_000, 3), 333_333);
+        // A second later only the new period counts.
+        o.note(OVERLAP_WINDOW_NS + 1, 400_000, 0);
+        assert_eq!(o.within(400_000, 3), FULL as u32);
     }
 }

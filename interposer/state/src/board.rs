@@ -100,9 +100,11 @@ struct Entry {
     priority: AtomicU32,
     /// The slice's share of the device in its processes' last periods (ppm).
     usage: AtomicU32,
-    /// The share of the device the slice's launches in its processes' last periods were
-    /// charged by its launch estimates (ppm): how a period the driver reports for the device as
-    /// a whole is apportioned (docs/compute.md). Once padding: 0 from a writer that predates it.
+    /// The share of the device the slice's launches in its processes' last periods were in
+    /// flight by its timings (time other contexts ran meanwhile included), or without timings
+    /// were charged by its launch estimates (ppm): how a period the driver reports for the device
+    /// as a whole is apportioned, and how much slices' timings overlap (docs/compute.md). Once
+    /// padding: 0 from a writer that predates it.
     launched: AtomicU32,
     /// When a process of the slice last refreshed the entry (CLOCK_MONOTONIC ns).
     beat_ns: AtomicU64,
@@ -199,7 +201,8 @@ pub struct SliceView {
     pub hooked: bool,
     pub demand: Demand,
     pub priority: Priority,
-    /// What the slice's launches were charged by its estimates (ppm), within its limit.
+    /// What the slice's launches were in flight by its timings, or without timings were charged
+    /// by its estimates (ppm of the device, at most all of it).
     pub launched: u32,
 }
 
@@ -218,7 +221,8 @@ pub struct Post {
     pub limit: u32,
     pub priority: Priority,
     pub usage: u32,
-    /// What the slice's launches were charged by its estimates (ppm of the device).
+    /// What the slice's launches were in flight by its timings, or without timings were charged
+    /// by its estimates (ppm of the device).
     pub launched: u32,
     pub hungry_until: u64,
     pub active_ns: u64,
@@ -702,7 +706,7 @@ impl Board {
                         usage: e.usage.load(Ordering::Relaxed).min(FULL),
                     },
                     priority,
-                    launched: e.launched.load(Ordering::Relaxed).min(limit),
+                    launched: e.launched.load(Ordering::Relaxed).min(FULL),
                 });
                 // One entry per device is a slice's; a second one naming the same device is not.
                 break;
