@@ -214,10 +214,11 @@ pub fn node_dir(s: &Slice) -> PathBuf {
 }
 
 /// Bounds the other slices' claims on device `uuid` (`views`, this slice's first) by what the
-/// driver saw them use, where the node agent says (`share::corroborate`): a claim without a
-/// request counts for at most twice what the slice was seen using, and one seen idle (or, for a
-/// container's slice, not listed) is passed over. Where the agent is not running, or has no
-/// per-process samples of the device, claims count as they are.
+/// driver saw them use, where the node agent says (`share::corroborate`): a claim counts for at
+/// most twice what the slice was seen using beyond its request, and one without a request seen
+/// idle (or, for a container's slice, not listed) is passed over; what a slice says its launches
+/// were in flight (or were charged) counts for at most twice what it was seen using. Where the agent is not
+/// running, or has no per-process samples of the device, claims count as they are.
 fn corroborate(views: &mut Vec<board::SliceView>, uuid: &[u8; 16], now: u64) {
     if views.len() < 2 {
         return;
@@ -232,22 +233,19 @@ fn corroborate(views: &mut Vec<board::SliceView>, uuid: &[u8; 16], now: u64) {
     if !evidence.covers(&uuid) {
         return;
     }
-    let figures: Vec<Option<u32>> = views
+    // A container's slice the agent does not list yet (it lists those it found in its last look)
+    // has not been seen at work. A standalone slice's is never listed, and counts as it is.
+    let seen: Vec<Option<u32>> = views
         .iter()
         .enumerate()
         .map(|(i, v)| {
-            // A container's slice the agent does not list yet (it lists those it found in its
-            // last look) has not been seen at work: it is passed over until it is. A
-            // standalone slice's is never listed, and counts as it is.
-            (i > 0 && v.demand.request == 0)
+            (i > 0)
                 .then(|| evidence.used(&uuid, v.slice).or(v.hooked.then_some(0)))
                 .flatten()
         })
         .collect();
     let demands: Vec<share::Demand> = views.iter().map(|v| v.demand).collect();
-    let mut bounded = share::corroborate(&demands, &figures)
-        .into_iter()
-        .zip(figures);
+    let mut bounded = share::corroborate(&demands, &seen).into_iter().zip(seen);
     views.retain_mut(|v| match bounded.next() {
         Some((Some(d), figure)) => {
             v.demand = d;

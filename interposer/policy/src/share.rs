@@ -117,24 +117,27 @@ pub fn claim_counts(idle: bool, own_samples: bool, request: u32) -> bool {
 pub const SEEN_MIN: u32 = FLOOR;
 
 /// Bounds other slices' claims by what the driver saw them use (the node agent's evidence,
-/// `seen[i]`, ppm over its window; None where it says nothing, and for claims that stand on
-/// their own: this slice's, at index 0, and requests, which admission granted). A claim is the
-/// slice's own word, so it counts for at most twice what the driver saw: one seen using less than
-/// `SEEN_MIN` is passed over (None), its usage is cut to twice what was seen, and it counts as
-/// wanting more (hungry) only if it was seen using at least half of what the allotment would give
-/// it. A slice that forges a claim and leaves the device idle takes nothing from its neighbours;
-/// one that uses part of what it claims takes at most as much again. An honest slice that wants
-/// more uses what it is allotted (it runs, whatever the others allot it: the driver time-slices
-/// them), so the driver sees it, and its claim counts within the agent's window.
+/// `seen[i]`, ppm over its window; None where it says nothing; this slice's own, at index 0,
+/// stands on its own). A claim is the slice's own word, so it counts for at most twice what the
+/// driver saw: one without a request seen using less than `SEEN_MIN` is passed over (None), its
+/// usage is cut to twice what was seen, and it counts as wanting more (hungry) only if it was seen
+/// using at least half of what the allotment would give it. A request stands whatever was seen
+/// (admission granted it, and a slice must have it at once when it wants it): what a slice with
+/// one claims to use counts up to its request, and only its hunger beyond the request is in
+/// question; unproven, it is given its request and headroom (`SLACK`). A slice that forges a
+/// claim and leaves the device idle takes nothing from its neighbours beyond its request; one
+/// that uses part of what it claims takes at most as much again. An honest slice that wants more
+/// uses what it is allotted (it runs, whatever the others allot it: the driver time-slices them),
+/// so the driver sees it, and its claim counts within the agent's window.
 pub fn corroborate(slices: &[Demand], seen: &[Option<u32>]) -> Vec<Option<Demand>> {
     let cap = |s: u32| s.saturating_mul(2).min(FULL);
     let mut out: Vec<Option<Demand>> = slices
         .iter()
         .enumerate()
         .map(|(i, d)| match seen.get(i).copied().flatten() {
-            Some(s) if i > 0 && s < SEEN_MIN => None,
+            Some(s) if i > 0 && d.request == 0 && s < SEEN_MIN => None,
             Some(s) if i > 0 => Some(Demand {
-                usage: d.usage.min(cap(s)),
+                usage: d.usage.min(cap(s).max(d.request)),
                 ..*d
             }),
             _ => Some(*d),
@@ -149,8 +152,10 @@ pub fn corroborate(slices: &[Demand], seen: &[Option<u32>]) -> Vec<Option<Demand
             && i > 0
             && d.hungry
             && cap(s) < got
+            && got > d.request
         {
             d.hungry = false;
+            d.usage = d.usage.max(d.request);
         }
     }
     out
@@ -530,5 +535,36 @@ mod tests {
         // This slice's own claim is never in question, whatever the figure beside it.
         let alone = [d(0, 100, true, 100)];
         assert_eq!(allot_seen(&alone, &[Some(0)]), [100]);
+    }
+
+    #[test]
+    fn a_request_stands_and_only_hunger_beyond_it_needs_the_driver() {
+        // A slice granted a request of 20 and no limit, claiming to use the whole device and
+        // want more: believed, it takes all that no request guarantees.
+        let forged = d(20, 100, true, 100);
+        let thirty = d(0, 30, true, 30);
+        let best_effort = d(0, 100, true, 80);
+        assert_eq!(pct(allot(&[thirty, forged])), [1, 99]);
+        assert_eq!(pct(allot(&[best_effort, forged])), [1, 99]);
+        // Seen idle: it keeps its request and headroom (25), the rest goes to the others.
+        let seen = [None, Some(0)];
+        assert_eq!(allot_seen(&[thirty, forged], &seen)[0], 30);
+        assert_eq!(allot_seen(&[best_effort, forged], &seen), [75, 25]);
+        // Seen using what it claims: its hunger counts as it did.
+        let busy = [None, Some(50 * P)];
+        assert_eq!(
+            allot_seen(&[best_effort, forged], &busy),
+            pct(allot(&[best_effort, forged]))
+        );
+        // Hungry for its request and seen idle (just started): it gets all of its request at
+        // once, with a neighbour that wants everything.
+        let starting = d(40, 40, true, 0);
+        assert_eq!(allot_seen(&[best_effort, starting], &seen), [60, 40]);
+        // Using less than its request and not hungry: the rest is lent as ever.
+        let light = d(40, 100, false, 10);
+        assert_eq!(
+            allot_seen(&[best_effort, light], &seen),
+            pct(allot(&[best_effort, light]))
+        );
     }
 }

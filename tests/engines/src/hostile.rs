@@ -369,6 +369,61 @@ pub fn forged_claims_beside_busy_neighbours(engine: &dyn Engine) {
     }
 }
 
+/// A tenant granted a core request of 20 and no limit claims to use the whole device, to want
+/// more, and to have had launches in flight the whole time, while it launches nothing. A busy
+/// slice limited to 30% with 10 ms kernels beside it, with the node agent running: by the
+/// simulator's count it stays within 3 points of what it got before the tenant came. Without the
+/// agent's bounds, each attack took it far from that:
+/// - the hunger: time no request guarantees goes to slices that want more in proportion to their
+///   requests, so the tenant was allotted all of it and the 30 got 1.0-2.0%;
+/// - the time in flight: the slices beside it take the part of their long kernels' readings that
+///   the device's busy time shows was counted twice off what those kernels cost, so the 30 was
+///   charged half its device time and got 59.9%.
+pub fn forged_time_in_flight_beside_long_kernels(engine: &dyn Engine) {
+    let _turn = super::agent_turn();
+    let sim = Sim::new(&["--memory", "8GiB"]);
+    let _agent = super::NodeAgent::start(&sim);
+    let mut victim = spawn(
+        engine,
+        &sim,
+        "long",
+        &["CUSLICE_MEMORY_LIMIT=1GiB", "CUSLICE_CORE_LIMIT=30"],
+        &format!("exec {LONG_KERNELS} --secs 90"),
+    );
+    within(victim.as_mut(), "start", 30)
+        .unwrap_or_else(|| panic!("the limited container did not start: {}", victim.stderr()));
+    let pid = victim.host_pid();
+    std::thread::sleep(Duration::from_secs(3));
+    let before = shares(&sim, &[pid], 4.0)[0];
+    let mut tenant = spawn(
+        engine,
+        &sim,
+        "inflight",
+        &["CUSLICE_MEMORY_LIMIT=1GiB", "CUSLICE_CORE_REQUEST=20"],
+        "exec cuda-workload tamper --forge --forge-launched --secs 60",
+    );
+    let (tried, _) = within(tenant.as_mut(), "ready", 60)
+        .unwrap_or_else(|| panic!("the tenant did not get ready: {}", tenant.stderr()));
+    let done = managed(&tried);
+    std::thread::sleep(Duration::from_secs(4));
+    let beside = shares(&sim, &[pid], 6.0)[0];
+    tenant.remove();
+    victim.remove();
+    eprintln!(
+        "a container limited to 30% with 10 ms kernels: {before:.1}% before the tenant, \
+         {beside:.1}% beside it"
+    );
+    assert!(
+        done.iter().any(|d| d.contains("forge-claims")),
+        "the tenant could not post its forged launches: {done:?}"
+    );
+    assert!(
+        (before - 30.0).abs() <= 3.0 && (beside - before).abs() <= 3.0,
+        "the container limited to 30% got {before:.1}% before the tenant and {beside:.1}% \
+         beside it (the tenant managed {done:?})"
+    );
+}
+
 /// A tenant replaces, links over and locks whatever node state it can: a new CUDA process in
 /// another container still starts at once, and so does `cuslice set` on the host after the
 /// tenant is gone.
@@ -636,6 +691,11 @@ macro_rules! hostile_scenarios {
         fn hostile_forged_claims_beside_busy_neighbours_take_nothing() {
             $crate::root_required();
             $crate::hostile::forged_claims_beside_busy_neighbours($engine);
+        }
+        #[test]
+        fn hostile_forged_time_in_flight_lowers_no_neighbours_cost() {
+            $crate::root_required();
+            $crate::hostile::forged_time_in_flight_beside_long_kernels($engine);
         }
         #[test]
         fn hostile_replaced_or_locked_state_hangs_nobody() {
