@@ -367,12 +367,7 @@ fn exporter_serves_the_slices_in_openmetrics_while_they_run() {
         .read_line(&mut first)
         .unwrap();
     let _guard = Exporter(child);
-    let addr = first
-        .trim()
-        .strip_prefix("cuslice exporter: serving http://")
-        .and_then(|s| s.strip_suffix("/metrics"))
-        .unwrap_or_else(|| panic!("first line: {first:?}"))
-        .to_string();
+    let addr = cuslice_test_harness::exporter_address(&first);
 
     let (head, body) = get(&addr, "/metrics");
     assert!(

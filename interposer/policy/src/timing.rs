@@ -43,8 +43,8 @@ const WEIGHT_SCALE: u64 = 1024;
 /// stretched) whenever a neighbour has work, not only queued behind one. Time slices are 2 ms on
 /// the simulator; readings below 3 ms are mostly whole.
 pub const LONG_NS: u64 = 3_000_000;
-/// The share of the device every figure is in (parts per million).
-const FULL: u64 = 1_000_000;
+/// The whole device (parts per million), as the figures here are in.
+const FULL: u64 = crate::share::FULL as u64;
 /// The window over which readings are set beside the device's busy time: what NVML's device
 /// utilisation covers (the last second on the simulator; one sample period, 1/6 s to 1 s, on real
 /// drivers).

@@ -192,12 +192,7 @@ fn with_listen_the_agent_serves_metrics_too() {
     let mut a = start(root.path(), &["--listen", "127.0.0.1:0"]);
     let mut line = String::new();
     a.out.read_line(&mut line).unwrap();
-    let addr = line
-        .trim_end()
-        .strip_prefix("cuslice exporter: serving http://")
-        .and_then(|l| l.strip_suffix("/metrics"))
-        .unwrap_or_else(|| panic!("not the exporter's line: {line:?}"))
-        .to_string();
+    let addr = cuslice_test_harness::exporter_address(&line);
     let mut s = TcpStream::connect(&addr).unwrap();
     write!(s, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
     let mut body = String::new();

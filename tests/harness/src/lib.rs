@@ -329,6 +329,16 @@ pub fn require_root(needs: &str) {
     );
 }
 
+/// The address (`host:port`) in the line an exporter prints when it starts serving
+/// (`cuslice exporter: serving http://ADDRESS/metrics`); panics on any other line.
+pub fn exporter_address(line: &str) -> String {
+    line.trim()
+        .strip_prefix("cuslice exporter: serving http://")
+        .and_then(|s| s.strip_suffix("/metrics"))
+        .unwrap_or_else(|| panic!("not the exporter's first line: {line:?}"))
+        .to_string()
+}
+
 /// One `GET /metrics` of `cmd`, a `cuslice exporter --listen 127.0.0.1:0 ...` command: started,
 /// its address taken from its first line, scraped once, stopped. The body.
 pub fn scrape_exporter(mut cmd: Command) -> String {
@@ -337,12 +347,7 @@ pub fn scrape_exporter(mut cmd: Command) -> String {
     BufReader::new(exporter.stdout.take().unwrap())
         .read_line(&mut first)
         .unwrap();
-    let addr = first
-        .trim()
-        .strip_prefix("cuslice exporter: serving http://")
-        .and_then(|s| s.strip_suffix("/metrics"))
-        .unwrap_or_else(|| panic!("first line: {first:?}"))
-        .to_string();
+    let addr = exporter_address(&first);
     let mut response = String::new();
     let mut s = std::net::TcpStream::connect(&addr).unwrap();
     std::io::Write::write_all(
