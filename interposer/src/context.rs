@@ -34,7 +34,6 @@ use cuslice_policy::overhead::{self, Found};
 use crate::membership::{self, Charge, Slice};
 use crate::nvml_query;
 use crate::real;
-use crate::timing;
 
 /// Creates a context on device `cudev` with `make`, charging its hidden memory.
 fn create(cudev: CUdevice, out: *mut CUcontext, make: impl FnOnce() -> CUresult) -> CUresult {
@@ -285,7 +284,7 @@ pub unsafe extern "C" fn cuCtxDestroy(ctx: CUcontext) -> CUresult {
     let Some(f) = real::cuCtxDestroy() else {
         return CUresult::CUDA_ERROR_NOT_INITIALIZED;
     };
-    timing::forget(ctx as usize);
+    crate::compute::forget_ctx(ctx as usize);
     // SAFETY: forwarded unchanged.
     destroyed(ctx, unsafe { f(ctx) })
 }
@@ -297,7 +296,7 @@ pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult {
     let Some(f) = real::cuCtxDestroy_v2() else {
         return CUresult::CUDA_ERROR_NOT_INITIALIZED;
     };
-    timing::forget(ctx as usize);
+    crate::compute::forget_ctx(ctx as usize);
     // SAFETY: forwarded unchanged.
     destroyed(ctx, unsafe { f(ctx) })
 }
@@ -363,9 +362,9 @@ macro_rules! primary_wrappers {
             };
             let s = membership::active().ok().flatten();
             // A release that destroys the primary context (its last, or a reset): the meter's
-            // events in it go first (`timing::forget`).
+            // events in it go first (`compute::forget_ctx`).
             if let Some(ctx) = s.and_then(|s| primary_going(s, dev, $reset)) {
-                timing::forget(ctx);
+                crate::compute::forget_ctx(ctx);
             }
             // SAFETY: forwarded unchanged.
             let r = unsafe { f(dev) };

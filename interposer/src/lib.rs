@@ -67,7 +67,7 @@ pub mod real;
 pub mod registry;
 pub mod startup;
 pub mod stream;
-pub mod timing;
+pub mod turns;
 pub mod vmm;
 
 /// Runs when the process exits (and if the library were ever unloaded): what a slice's last

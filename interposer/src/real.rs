@@ -129,9 +129,9 @@ table! {
     Cuda cuCtxSynchronize() -> CUresult;
     Cuda cuCtxSynchronize_v2(CUcontext) -> CUresult;
     Cuda cuStreamIsCapturing_ptsz(CUstream, *mut c_uint) -> CUresult;
-    // whether a stream has work left (the priority gate of a slice below a high one)
-    Cuda cuStreamQuery(CUstream) -> CUresult;
-    Cuda cuStreamQuery_ptsz(CUstream) -> CUresult;
+    // streams the compute thread drains, forgotten before they are destroyed
+    Cuda cuStreamDestroy(CUstream) -> CUresult;
+    Cuda cuStreamDestroy_v2(CUstream) -> CUresult;
     // --- arrays
     Cuda cuArrayCreate(*mut CUarray, *const c_void) -> CUresult;
     Cuda cuArrayCreate_v2(*mut CUarray, *const CUDA_ARRAY_DESCRIPTOR) -> CUresult;
@@ -180,11 +180,12 @@ table! {
     Cuda cuGraphLaunch_ptsz(CUgraphExec, CUstream) -> CUresult;
     Cuda cuCtxGetCurrent(*mut CUcontext) -> CUresult;
     Cuda cuCtxGetDevice(*mut CUdev) -> CUresult;
-    // the self-timing meter: events around a sample of launches
+    // turns: the compute thread drains a closed turn's streams with events
+    Cuda cuCtxSetCurrent(CUcontext) -> CUresult;
     Cuda cuEventCreate(*mut CUevent, c_uint) -> CUresult;
     Cuda cuEventRecord(CUevent, CUstream) -> CUresult;
     Cuda cuEventRecord_ptsz(CUevent, CUstream) -> CUresult;
-    Cuda cuEventElapsedTime(*mut f32, CUevent, CUevent) -> CUresult;
+    Cuda cuEventQuery(CUevent) -> CUresult;
     Cuda cuThreadExchangeStreamCaptureMode(*mut c_uint) -> CUresult;
     // --- what applications read back
     Cuda cuMemGetInfo(*mut c_uint, *mut c_uint) -> CUresult;

@@ -13,7 +13,7 @@ pub mod overhead;
 pub mod priority;
 pub mod share;
 pub mod size;
-pub mod timing;
+pub mod turn;
 
 pub use config::{Config, ConfigError, CoreMeter, Limits, LogLevel};
 pub use meminfo::virtual_mem_info;

@@ -90,29 +90,6 @@ pub fn allot(slices: &[Demand]) -> Vec<u32> {
     got.into_iter().map(|g| g.min(FULL as u64) as u32).collect()
 }
 
-/// Whether the other slices on a device are idle by the driver's count: the device's
-/// utilisation `busy`, less `mine` (what this slice used), under `SLACK` (the readings' noise:
-/// the two figures come from different sample windows). Then what the other slices say they want
-/// is not taken from this one: their claims are theirs to write, the driver's count is not.
-pub fn others_idle(busy: u32, mine: u32) -> bool {
-    busy.min(FULL).saturating_sub(mine) < SLACK
-}
-
-/// Whether another slice's claim counts in this period's allotment, once the device showed
-/// nobody but this slice at work (`others_idle`) in the last second. Where this slice's own use
-/// was the driver's per-process count (`own_samples`), the device's figure is proof: no claim
-/// counts. Where it was not (one sample a period naming one process, or no per-process samples:
-/// this slice's use is its launches' timings, which a neighbour's work preempting its long
-/// kernels stretches), it is proof only against claims nothing guarantees: a slice without a
-/// request (all a container with only a memory cap can claim) gets no more from the allotment
-/// than the driver's time-slicing gives it anyway, so passing over its claim while the device
-/// looks idle takes nothing it is owed, and a claim it does not use keeps nobody from the device.
-/// A request still counts: misjudged idle (a long kernel stretched by the very work it
-/// overlaps), it would be lost.
-pub fn claim_counts(idle: bool, own_samples: bool, request: u32) -> bool {
-    !idle || (!own_samples && request > 0)
-}
-
 /// Below this, what the driver saw a slice use is taken for nothing: its claim is passed over.
 pub const SEEN_MIN: u32 = FLOOR;
 
@@ -191,27 +168,6 @@ pub fn earned(share: u32, elapsed_ns: u64) -> i64 {
     (elapsed_ns as u128 * share as u128 / FULL as u128).min(i64::MAX as u128) as i64
 }
 
-/// How many tokens (ns of device time) a slice may bank while idle: `BANK_NS` of wall time at its
-/// share, and never less than `BANK_LAUNCHES` launches at `cost_ns` (the launching process's
-/// estimate of one launch). This bounds a burst after an idle spell, and so how far a 1 s window
-/// can exceed the share: 20 ms of share, or two launches where launches are longer.
-///
-/// Why the launches: a slice whose work waits behind another slice's kernel (contexts
-/// time-slice, so a busy neighbour halves its progress while the neighbour's kernel runs) earns
-/// more than it can use meanwhile, and gets it back afterwards from the bank. With a bank of
-/// 20 ms of share, a 70% slice beside a 30% one banks 14 ms: less than two 10 ms kernels, so
-/// earnings past one kernel were thrown away at each such stall, and its 1 s share dipped 2 to
-/// 3 points below 70% now and then (tests/tools/share.py "10ms 30/70").
-pub fn bank(share: u32, cost_ns: u64) -> i64 {
-    let launches = (cost_ns.saturating_mul(BANK_LAUNCHES)).min(i64::MAX as u64) as i64;
-    earned(share, BANK_NS).max(launches).max(MIN_BANK_NS)
-}
-
-pub const BANK_NS: u64 = 20_000_000;
-/// The bank holds at least this many launches (see `bank`).
-pub const BANK_LAUNCHES: u64 = 2;
-const MIN_BANK_NS: i64 = 1_000_000;
-
 /// How long a thread whose slice owes `debt_ns` of device time sleeps before looking again:
 /// the time the slice needs to earn it back, within [200 us, 20 ms] so that a changed share or a
 /// correction is noticed soon.
@@ -222,49 +178,6 @@ pub fn pause_ns(debt_ns: i64, share: u32) -> u64 {
         (debt_ns.max(0) as u128 * FULL as u128 / share as u128).min(u64::MAX as u128) as u64
     };
     need.clamp(200_000, 20_000_000)
-}
-
-/// The running estimate of what one launch costs: the device time readings measured over the
-/// launches they settled, both summed over recent readings with older ones weighing less (each
-/// reading keeps `1 - 1/COST_DECAY` of the sums before it).
-///
-/// A ratio of sums rather than a mean of each reading's ratio: a reading settles whole launches
-/// by where its time falls among them, so with long kernels (a few launches a reading) one
-/// reading's launch count is often one off, and its ratio 15% off. Averaged per reading, that
-/// error moved the estimate 10% for half a second at a time, and the slice was charged that much
-/// too much or too little until the readings caught up: 1 s shares 2 to 3 points off with 10 ms
-/// kernels (tests/tools/share.py "10ms 30/70"). In the sums, a launch counted late is counted all the
-/// same, with the device time it used.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct CostEstimate {
-    ns: u64,
-    /// Launches in 1/`LAUNCH_SCALE` units, so that they decay smoothly.
-    launches: u64,
-}
-
-/// See `CostEstimate`: a reading's weight halves after about 5 readings (0.5 s with the
-/// simulator's 100 ms samples; real drivers sample every 1/6 s to 1 s). Until then the tokens
-/// still settle what was really used: the estimate only sets how much is charged ahead.
-pub const COST_DECAY: u64 = 8;
-const LAUNCH_SCALE: u64 = 1024;
-
-impl CostEstimate {
-    /// Adds a reading: `measured_ns` of device time used by the `launches` it settled.
-    pub fn add(&mut self, measured_ns: u64, launches: u64) {
-        self.ns = self.ns - self.ns / COST_DECAY + measured_ns;
-        self.launches =
-            self.launches - self.launches / COST_DECAY + launches.saturating_mul(LAUNCH_SCALE);
-    }
-
-    /// What one launch costs (at least 1 us), or `old` before any reading had both device time
-    /// and launches.
-    pub fn cost(&self, old: u64) -> u64 {
-        if self.ns == 0 || self.launches == 0 {
-            return old;
-        }
-        let per = self.ns as u128 * LAUNCH_SCALE as u128 / self.launches as u128;
-        (per.min(u64::MAX as u128) as u64).max(1_000)
-    }
 }
 
 #[cfg(test)]
@@ -384,114 +297,13 @@ mod tests {
         }
     }
 
-    /// 10 ms kernels, read every 100 ms while a slice gets 70%: 7 launches a reading, but a
-    /// reading settles 6 or 8 of them where its time falls among them (and the next reading the
-    /// other way). The estimate stays within 3.5% of 10 ms; the mean of each reading's ratio with
-    /// the last estimate (what the meter did before) strays 7 to 11% (9.3 and 11.1 ms here).
-    #[test]
-    fn a_launch_counted_late_does_not_move_the_estimate() {
-        let mut e = CostEstimate::default();
-        let mut old_way = 10_000_000u64;
-        let (mut lo, mut hi) = (u64::MAX, 0);
-        let (mut old_lo, mut old_hi) = (u64::MAX, 0);
-        for (k, n) in [7, 7, 6, 8, 7, 6, 8, 6, 8, 7, 8, 6, 6, 8, 8, 6, 7, 7]
-            .into_iter()
-            .enumerate()
-        {
-            e.add(70_000_000, n);
-            old_way = old_way / 2 + 70_000_000 / n / 2;
-            if k >= 4 {
-                let c = e.cost(0);
-                (lo, hi) = (lo.min(c), hi.max(c));
-                (old_lo, old_hi) = (old_lo.min(old_way), old_hi.max(old_way));
-            }
-        }
-        assert!(lo >= 9_700_000 && hi <= 10_350_000, "{lo}..{hi}");
-        assert!(
-            old_lo < 9_500_000 && old_hi > 10_800_000,
-            "{old_lo}..{old_hi}"
-        );
-    }
-
-    /// Long kernels: the bank holds two of them whatever the share, so that what a slice earns
-    /// while its kernel waits behind another slice's is not thrown away (10 ms kernels at 70%:
-    /// 14 ms of share would hold one). Short kernels keep the 20 ms of share.
-    #[test]
-    fn the_bank_holds_two_launches() {
-        assert_eq!(bank(700_000, 10_000_000), 20_000_000);
-        assert_eq!(bank(300_000, 10_000_000), 20_000_000);
-        assert_eq!(bank(700_000, 1_000_000), 14_000_000);
-        assert_eq!(bank(700_000, 50_000), 14_000_000);
-        assert_eq!(bank(FULL, u64::MAX), i64::MAX);
-    }
-
     #[test]
     fn token_arithmetic() {
         assert_eq!(earned(300_000, 1_000_000_000), 300_000_000);
-        assert_eq!(bank(300_000, 1_000_000), 6_000_000);
-        assert_eq!(bank(10_000, 1_000), MIN_BANK_NS);
         assert_eq!(pause_ns(3_000_000, 300_000), 10_000_000);
         assert_eq!(pause_ns(1, 300_000), 200_000);
         assert_eq!(pause_ns(i64::MAX, 1), 20_000_000);
         assert_eq!(pause_ns(10, 0), 20_000_000);
-        let mut e = CostEstimate::default();
-        assert_eq!(e.cost(1_000_000), 1_000_000);
-        e.add(50_000_000, 1000);
-        assert_eq!(e.cost(1_000_000), 50_000);
-        e.add(0, 0);
-        assert_eq!(e.cost(1_000_000), 50_000);
-        let mut tiny = CostEstimate::default();
-        tiny.add(10, 1000);
-        assert_eq!(tiny.cost(7_000), 1_000);
-    }
-
-    #[test]
-    fn others_are_idle_when_the_device_shows_only_this_slice_at_work() {
-        // Alone in fact, whatever the others claim: 76% busy, all of it this slice's.
-        assert!(others_idle(760_000, 760_000));
-        assert!(others_idle(FULL, 960_000));
-        assert!(others_idle(0, 0));
-        // The others use 10 points: their claims count.
-        assert!(!others_idle(FULL, 900_000));
-        assert!(!others_idle(600_000, 500_000));
-        // This slice's figure above the device's (different windows): idle.
-        assert!(others_idle(500_000, 700_000));
-    }
-
-    #[test]
-    fn an_idle_device_passes_over_claims_by_what_proves_it() {
-        // Others at work: every claim counts.
-        assert!(claim_counts(false, true, 0));
-        assert!(claim_counts(false, false, 0));
-        assert!(claim_counts(false, false, 300_000));
-        // Idle by the driver's own count of this slice: none does.
-        assert!(!claim_counts(true, true, 0));
-        assert!(!claim_counts(true, true, 300_000));
-        // Idle by this slice's timings: a request still counts, a claim without one does not.
-        assert!(claim_counts(true, false, 300_000));
-        assert!(!claim_counts(true, false, 0));
-        // A memory-only tenant's forged claim (bounded by its grant: no request) beside a
-        // best-effort slice alone in fact: the allotment is as if it were not there.
-        let forged = Demand {
-            request: 0,
-            limit: FULL,
-            hungry: true,
-            usage: FULL,
-        };
-        let me = Demand {
-            request: 0,
-            limit: FULL,
-            hungry: true,
-            usage: 500_000,
-        };
-        assert_eq!(allot(&[me, forged])[0], FULL / 2);
-        let counted: Vec<Demand> = [me, forged]
-            .into_iter()
-            .enumerate()
-            .filter(|(i, d)| *i == 0 || claim_counts(true, false, d.request))
-            .map(|(_, d)| d)
-            .collect();
-        assert_eq!(allot(&counted)[0], FULL);
     }
 
     /// The allotment of slice 0 once the others' claims are bounded by what the driver saw.

@@ -12,6 +12,7 @@
 //!   compare-and-swap to take, a plain store to give back.
 //! - [`ByteLock`]: an OFD lock on a byte of the file plus a mutex of the process, for what is
 //!   taken before a process has a token.
+//! - [`futex`]: sleeping on a word of a shared mapping until another process changes it.
 //!
 //! No glibc robust mutex: its owner is a thread id as the owner's pid namespace numbers it, the
 //! kernel compares it with the dying thread's own id, and each thread's robust list points into
@@ -19,6 +20,7 @@
 //! two processes hold it, and one follows the other's pointers.
 
 pub mod file;
+pub mod futex;
 pub mod liveness;
 pub mod lock;
 

@@ -23,8 +23,9 @@
 //!
 //! Within a slice, the claims file has one entry per device (the device's index in the slice's
 //! ledger). Each process of the slice refreshes the entry every meter period with the slice's
-//! request, limit, priority and usage (the sum of its processes' usage, from the ledger); a
-//! process of a high-priority slice raises `high_until` at its launches.
+//! request, limit, priority and usage, and posts the slice's turn there (`cuslice_policy::turn`:
+//! idle, waiting since when, or holding until when), which the other slices on the device read
+//! while they wait for it. The entry's `Gate` is how the slice's own processes share a turn.
 //!
 //! Admission: a slice's first process on a device claims its request there only if the requests
 //! of the slices on the device leave room. With no lock shared between slices, it posts its claim
@@ -48,6 +49,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
 use cuslice_policy::grant::{Grant, Origin};
 use cuslice_policy::priority::Priority;
 use cuslice_policy::share::{Demand, FULL};
+use cuslice_policy::turn::{Rival, Turn};
 
 use crate::ledger::MAX_DEVICES;
 
@@ -55,7 +57,9 @@ pub const DEFAULT_DIR: &str = "/dev/shm/cuslice";
 pub const CLAIMS: &str = "claims";
 pub const GRANT: &str = "grant";
 pub const MAGIC: [u8; 8] = *b"CUSLCLMS";
-pub const VERSION: u32 = 1;
+/// 2: turns (`turn`, `turn_since`, `turn_until` and the slice's `Gate`) in place of the time in
+/// flight and the high-priority word.
+pub const VERSION: u32 = 2;
 /// A claim that no process of its slice refreshed for this long is gone: its processes died.
 pub const STALE_NS: u64 = 3_000_000_000;
 /// A time another process posts this far ahead of the reader's clock is believed; further is not
@@ -98,22 +102,56 @@ struct Entry {
     limit: AtomicU32,
     /// `Priority::code`.
     priority: AtomicU32,
-    /// The slice's share of the device in its processes' last periods (ppm).
+    /// The slice's share of the device over its last turns (ppm).
     usage: AtomicU32,
-    /// The share of the device the slice's launches in its processes' last periods were in
-    /// flight by its timings (time other contexts ran meanwhile included), or without timings
-    /// were charged by its launch estimates (ppm): how a period the driver reports for the device
-    /// as a whole is apportioned, and how much slices' timings overlap (docs/compute.md). Once
-    /// padding: 0 from a writer that predates it.
-    launched: AtomicU32,
+    /// The slice's turn on the device (`turn::Turn`'s code: idle, waiting or holding).
+    turn: AtomicU32,
     /// When a process of the slice last refreshed the entry (CLOCK_MONOTONIC ns).
     beat_ns: AtomicU64,
-    /// When the slice last launched work on the device.
+    /// When the slice last launched work on the device, or wanted to.
     active_ns: AtomicU64,
     /// The slice counts as wanting more than it uses until then.
     hungry_until: AtomicU64,
-    /// When the high-priority work the slice launched so far is expected to be done.
-    high_until: AtomicU64,
+    /// Waiting: since when (its place in the queue); holding: when it took the turn.
+    turn_since: AtomicU64,
+    /// Holding: when its turn is planned to end.
+    turn_until: AtomicU64,
+    /// What the slice's own processes share within a turn (other slices never read it).
+    gate: Gate,
+}
+
+/// How the processes of a slice share its turn on a device: the words every launch of theirs
+/// reads, on a cache line of their own. Written by the slice's processes alone; a slice that
+/// corrupts them disturbs its own launches alone.
+#[repr(C, align(64))]
+pub struct Gate {
+    /// The turn's number, raised at each take.
+    pub number: AtomicU64,
+    /// 1 while turn `number` is open (its launches may go), else 0: the futex word launches wait on.
+    pub open: AtomicU32,
+    /// Processes that launched in turn `number` and have not drained their work yet.
+    pub pending: AtomicU32,
+    /// Work queued in turn `number` so far (ns, by `cost`).
+    pub queued: AtomicU64,
+    /// How much may be queued so far (ns): raised by the turn's leader as the turn runs.
+    pub allowed: AtomicU64,
+    /// What one launch costs (ns), by the spans of the slice's last turns.
+    pub cost: AtomicU64,
+    /// When a process of the slice last found the gate closed with work to launch.
+    pub wanted: AtomicU64,
+    /// The turn that was last settled (its span charged): the last turn is settled once.
+    pub settled: AtomicU64,
+    /// Device time taken from the slice's tokens ahead for turn `number` (ns): its planned
+    /// length; the settling charges the rest of its span.
+    pub reserved: AtomicU64,
+    /// The last turn in which the slice's queue was seen to run dry while launches waited for
+    /// the allowance: `cost` was too high there, and the turn's span says nothing of it.
+    pub dry: AtomicU64,
+    /// When turn `number` was closed (0 while open).
+    pub closed_ns: AtomicU64,
+    /// When the first launch of turn `number` went (0: none yet): its span starts there, not at
+    /// the take (the launching threads' wake-up is nobody's device time).
+    pub started_ns: AtomicU64,
 }
 
 #[repr(C)]
@@ -201,29 +239,15 @@ pub struct SliceView {
     pub hooked: bool,
     pub demand: Demand,
     pub priority: Priority,
-    /// What the slice's launches were in flight by its timings, or without timings were charged
-    /// by its estimates (ppm of the device, at most all of it).
-    pub launched: u32,
 }
 
-/// Where a high-priority slice posts when its work on a device is expected to be done: read at
-/// the gate of a launch that yields to it.
-#[derive(Clone)]
-pub struct HighRef {
-    file: Arc<File>,
-    offset: u64,
-}
-
-/// This process's own post on a device in a period.
+/// What a process posts for its slice on a device every meter period.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Post {
     pub request: u32,
     pub limit: u32,
     pub priority: Priority,
     pub usage: u32,
-    /// What the slice's launches were in flight by its timings, or without timings were charged
-    /// by its estimates (ppm of the device).
-    pub launched: u32,
     pub hungry_until: u64,
     pub active_ns: u64,
 }
@@ -247,6 +271,18 @@ pub struct Board {
     /// Whether a standalone process made the place (so a standalone process removes it).
     standalone: bool,
     others: parking_lot::Mutex<Vec<Other>>,
+    /// The other slices' entries for each device (by ledger index), as the last `views` found
+    /// them: where the slice reads their turns while it waits for one.
+    rivals: parking_lot::Mutex<Vec<(u32, Arc<Vec<RivalRef>>)>>,
+}
+
+/// Where another slice's entry for a device lies, and the priority its grant allows it.
+#[derive(Clone)]
+pub struct RivalRef {
+    slice: u64,
+    file: Arc<File>,
+    offset: u64,
+    priority: Priority,
 }
 
 // SAFETY: the mapping is shared memory touched only through atomics.
@@ -341,6 +377,28 @@ pub fn read_grant(path: &Path) -> Grant {
         .unwrap_or(0);
     Grant::parse(&String::from_utf8_lossy(&buf[..n]))
 }
+
+/// A copy of the entry at `offset` of another slice's claims file (`pread`; what is missing
+/// reads as zeros).
+fn read_entry(f: &File, offset: u64) -> Entry {
+    // SAFETY: Entry is plain atomics and integers, for which all-zero bytes are valid.
+    let mut e: Entry = unsafe { std::mem::zeroed() };
+    // SAFETY: the bytes of our own local `e`, valid for any bit pattern (as above).
+    let bytes =
+        unsafe { std::slice::from_raw_parts_mut((&mut e as *mut Entry).cast::<u8>(), ENTRY_SIZE) };
+    let mut done = 0;
+    while done < ENTRY_SIZE {
+        match f.read_at(&mut bytes[done..], offset + done as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
+    e
+}
+
+const ENTRY_SIZE: usize = std::mem::size_of::<Entry>();
 
 /// A copy of a claims file as it is now (zeros past what could be read).
 fn read_claims(f: &File) -> Box<Claims> {
@@ -443,6 +501,7 @@ impl Board {
             _file: file,
             standalone,
             others: parking_lot::Mutex::new(Vec::new()),
+            rivals: parking_lot::Mutex::new(Vec::new()),
         };
         let h = &board.claims().header;
         if h.magic != MAGIC || h.version != VERSION || h.size as usize != SIZE || h.slice != slice {
@@ -505,7 +564,7 @@ impl Board {
             e.priority.store(priority.code(), Ordering::Relaxed);
             e.usage.store(0, Ordering::Relaxed);
             e.hungry_until.store(0, Ordering::Relaxed);
-            e.high_until.store(0, Ordering::Relaxed);
+            e.turn.store(Turn::IDLE, Ordering::Relaxed);
             e.active_ns.store(0, Ordering::Relaxed);
             e.beat_ns.store(now, Ordering::Relaxed);
             if request == 0 {
@@ -572,7 +631,6 @@ impl Board {
         e.limit.store(p.limit, Ordering::Relaxed);
         e.priority.store(p.priority.code(), Ordering::Relaxed);
         e.usage.store(p.usage, Ordering::Relaxed);
-        e.launched.store(p.launched, Ordering::Relaxed);
         e.hungry_until.fetch_max(p.hungry_until, Ordering::Relaxed);
         e.active_ns.fetch_max(p.active_ns, Ordering::Relaxed);
         e.beat_ns.fetch_max(now, Ordering::Relaxed);
@@ -587,13 +645,110 @@ impl Board {
             .fetch_max(now, Ordering::Relaxed);
     }
 
-    /// A high-priority launch on device `d`: its work (and what the slice launched before) is
-    /// expected to be done at `until`. One relaxed read-modify-write of the slice's own entry.
-    #[inline]
-    pub fn raise_high_until(&self, d: u32, until: u64) {
-        if let Some(e) = self.entry(d) {
-            e.high_until.fetch_max(until, Ordering::Relaxed);
+    /// The slice's gate on device `d`, in its own claims (mapped): what its processes share
+    /// within a turn.
+    pub fn gate(&self, d: u32) -> Option<&Gate> {
+        self.entry(d).map(|e| &e.gate)
+    }
+
+    /// The slice's turn on device `d`, as posted.
+    pub fn turn(&self, d: u32) -> Turn {
+        let Some(e) = self.entry(d) else {
+            return Turn::Idle;
+        };
+        let state = e.turn.load(Ordering::Acquire);
+        Turn::from_words(
+            state,
+            e.turn_since.load(Ordering::Relaxed),
+            e.turn_until.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Posts the slice's turn on device `d` (its times first, then the state, so that a reader
+    /// that sees the state sees its times).
+    pub fn post_turn(&self, d: u32, turn: Turn) {
+        let Some(e) = self.entry(d) else { return };
+        let (state, since, until) = match turn {
+            Turn::Idle => (Turn::IDLE, 0, 0),
+            Turn::Waiting { since } => (Turn::WAITING, since, 0),
+            Turn::Holding { since, until } => (Turn::HOLDING, since, until),
+        };
+        e.turn_since.store(since, Ordering::Relaxed);
+        e.turn_until.store(until, Ordering::Relaxed);
+        e.turn.store(state, Ordering::Release);
+    }
+
+    /// Moves the slice's turn on device `d` from `from` (a state code) to `to`, if it is still
+    /// `from`: of several processes of the slice, one takes the turn (or ends it).
+    pub fn swap_turn(&self, d: u32, from: u32, to: Turn) -> bool {
+        let Some(e) = self.entry(d) else {
+            return false;
+        };
+        let (state, since, until) = match to {
+            Turn::Idle => (Turn::IDLE, 0, 0),
+            Turn::Waiting { since } => (Turn::WAITING, since, 0),
+            Turn::Holding { since, until } => (Turn::HOLDING, since, until),
+        };
+        // A state no process of the slice ever posts marks the words being written.
+        const BUSY: u32 = u32::MAX;
+        if e.turn
+            .compare_exchange(from, BUSY, Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+        {
+            return false;
         }
+        e.turn_since.store(since, Ordering::Relaxed);
+        e.turn_until.store(until, Ordering::Relaxed);
+        e.turn.store(state, Ordering::Release);
+        true
+    }
+
+    /// Moves the planned end of the slice's holding turn on device `d` to `until`.
+    pub fn renew_turn(&self, d: u32, until: u64) {
+        if let Some(e) = self.entry(d) {
+            e.turn_until.store(until, Ordering::Release);
+        }
+    }
+
+    /// Marks the slice active on device `d` at `now` (it launched, or wants to).
+    pub fn touch(&self, d: u32, now: u64) {
+        if let Some(e) = self.entry(d) {
+            e.active_ns.fetch_max(now, Ordering::Relaxed);
+        }
+    }
+
+    /// The turns of the other slices on device `d` (as the last `views` found them), read now:
+    /// one `pread` of each one's entry, never a mapping or a lock. An entry that no longer names
+    /// the device, or that nobody of its slice refreshed for `STALE_NS`, is left out.
+    pub fn rivals(&self, d: u32, uuid: &[u8; 16], now: u64) -> Vec<Rival> {
+        let refs = {
+            let r = self.rivals.lock();
+            match r.iter().find(|(i, _)| *i == d) {
+                Some((_, refs)) => refs.clone(),
+                None => return Vec::new(),
+            }
+        };
+        let w = words(uuid);
+        let mut out = Vec::with_capacity(refs.len());
+        for r in refs.iter() {
+            let e = read_entry(&r.file, r.offset);
+            if !e.is(w)
+                || e.state.load(Ordering::Relaxed) != HELD
+                || !recent(e.beat_ns.load(Ordering::Relaxed), now, STALE_NS)
+            {
+                continue;
+            }
+            out.push(Rival {
+                slice: r.slice,
+                turn: Turn::from_words(
+                    e.turn.load(Ordering::Relaxed),
+                    e.turn_since.load(Ordering::Relaxed),
+                    e.turn_until.load(Ordering::Relaxed),
+                ),
+                priority: r.priority,
+            });
+        }
+        out
     }
 
     /// Calls `f` with each other slice on the board and a copy of its claims, valid ones only.
@@ -643,15 +798,10 @@ impl Board {
     }
 
     /// The slices on device `uuid` (this process's slice's ledger index `d`) that launched
-    /// work since `since_ns`, this process's own slice first (always), each bounded by its
-    /// grant; and where the high-priority ones among the others post their work's end.
-    pub fn views(
-        &self,
-        d: u32,
-        uuid: &[u8; 16],
-        now: u64,
-        since_ns: u64,
-    ) -> (Vec<SliceView>, Vec<HighRef>) {
+    /// work (or wanted to) since `since_ns`, this process's own slice first (always), each
+    /// bounded by its grant. It also finds where every other slice on the device posts its turn
+    /// (`rivals`), active lately or not.
+    pub fn views(&self, d: u32, uuid: &[u8; 16], now: u64, since_ns: u64) -> Vec<SliceView> {
         let w = words(uuid);
         let mut out = Vec::new();
         if let Some(e) = self.entry(d) {
@@ -665,20 +815,14 @@ impl Board {
                     usage: e.usage.load(Ordering::Relaxed),
                 },
                 priority: Priority::from_code(e.priority.load(Ordering::Relaxed)),
-                launched: e.launched.load(Ordering::Relaxed),
             });
         }
-        let mut highs = Vec::new();
+        let mut rivals = Vec::new();
         self.each_other(now, |o, c| {
             for (i, e) in c.entries.iter().enumerate() {
                 if !e.is(w)
                     || e.state.load(Ordering::Relaxed) != HELD
                     || !recent(e.beat_ns.load(Ordering::Relaxed), now, STALE_NS)
-                    || !recent(
-                        e.active_ns.load(Ordering::Relaxed),
-                        now,
-                        now - since_ns.min(now),
-                    )
                 {
                     continue;
                 }
@@ -687,32 +831,40 @@ impl Board {
                     e.limit.load(Ordering::Relaxed),
                     Priority::from_code(e.priority.load(Ordering::Relaxed)),
                 );
-                if priority == Priority::High {
-                    let offset = std::mem::offset_of!(Claims, entries)
-                        + i * std::mem::size_of::<Entry>()
-                        + std::mem::offset_of!(Entry, high_until);
-                    highs.push(HighRef {
-                        file: o.claims.clone(),
-                        offset: offset as u64,
+                rivals.push(RivalRef {
+                    slice: o.id,
+                    file: o.claims.clone(),
+                    offset: (std::mem::offset_of!(Claims, entries) + i * ENTRY_SIZE) as u64,
+                    priority,
+                });
+                if recent(
+                    e.active_ns.load(Ordering::Relaxed),
+                    now,
+                    now - since_ns.min(now),
+                ) {
+                    out.push(SliceView {
+                        slice: o.id,
+                        hooked: matches!(o.grant.origin, Origin::Hook { .. }),
+                        demand: Demand {
+                            request,
+                            limit,
+                            hungry: e.hungry_until.load(Ordering::Relaxed) > now,
+                            usage: e.usage.load(Ordering::Relaxed).min(FULL),
+                        },
+                        priority,
                     });
                 }
-                out.push(SliceView {
-                    slice: o.id,
-                    hooked: matches!(o.grant.origin, Origin::Hook { .. }),
-                    demand: Demand {
-                        request,
-                        limit,
-                        hungry: e.hungry_until.load(Ordering::Relaxed) > now,
-                        usage: e.usage.load(Ordering::Relaxed).min(FULL),
-                    },
-                    priority,
-                    launched: e.launched.load(Ordering::Relaxed).min(FULL),
-                });
                 // One entry per device is a slice's; a second one naming the same device is not.
                 break;
             }
         });
-        (out, highs)
+        let mut r = self.rivals.lock();
+        let rivals = Arc::new(rivals);
+        match r.iter_mut().find(|(i, _)| *i == d) {
+            Some(slot) => slot.1 = rivals,
+            None => r.push((d, rivals)),
+        }
+        out
     }
 
     /// Removes the slice's place from the board: for a standalone slice's last process.
@@ -784,19 +936,6 @@ pub fn claims_on(node: &Path, uuid: &[u8; 16], except: u64) -> Vec<ClaimOn> {
         }
     }
     out
-}
-
-/// When the high-priority work posted at `highs` is expected to be done at the latest, as far as
-/// it is believed at `now` (at most `AHEAD_NS` ahead); 0 when none is posted.
-pub fn high_until(highs: &[HighRef], now: u64) -> u64 {
-    let mut until = 0;
-    for h in highs {
-        let mut b = [0u8; 8];
-        if h.file.read_at(&mut b, h.offset).ok() == Some(8) {
-            until = until.max(u64::from_ne_bytes(b).min(now.saturating_add(AHEAD_NS)));
-        }
-    }
-    until
 }
 
 /// Removes a slice's place: its two files, then the directory (which stays if anything else is

@@ -57,18 +57,21 @@ pub struct DeviceSnapshot {
     pub marks: Vec<Mark>,
 }
 
-/// What a slice's meter measured its device time by (the ledger keeps it as a code, 0 to 2).
+/// What a slice's meter measured its device time by (the ledger keeps it as a code, 0 to 3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum MeteredBy {
-    /// The driver's per-process utilisation samples (NVML).
+    /// The driver's per-process utilisation samples (NVML): the previous release's meter.
     #[default]
     Samples,
-    /// Launch estimates alone: NVML did not report the process (in a container on a real GPU,
-    /// NVML names host pids, which the process cannot know until the node tells it).
+    /// Launch estimates alone (the previous release's meter, where NVML did not report the
+    /// process).
     Estimates,
-    /// The library's own timing of sampled launches with CUDA events: the driver gives no
-    /// per-process samples (MIG instances, some virtual GPUs), or `CUSLICE_CORE_METER=self-timing`.
+    /// The library's own timing of sampled launches with CUDA events (the previous release's
+    /// meter, where the driver gave no per-process samples).
     SelfTiming,
+    /// Exclusive turns: the slice's device time is its turns' spans, each timed with nobody else
+    /// on the device (docs/compute.md). The previous release reads this code as estimates.
+    Turns,
 }
 
 impl MeteredBy {
@@ -77,6 +80,7 @@ impl MeteredBy {
             MeteredBy::Samples => 0,
             MeteredBy::Estimates => 1,
             MeteredBy::SelfTiming => 2,
+            MeteredBy::Turns => 3,
         }
     }
 
@@ -85,6 +89,7 @@ impl MeteredBy {
         match code {
             0 => MeteredBy::Samples,
             2 => MeteredBy::SelfTiming,
+            3 => MeteredBy::Turns,
             _ => MeteredBy::Estimates,
         }
     }
@@ -95,6 +100,7 @@ impl MeteredBy {
             MeteredBy::Samples => "samples",
             MeteredBy::Estimates => "estimates",
             MeteredBy::SelfTiming => "self-timing",
+            MeteredBy::Turns => "turns",
         }
     }
 }

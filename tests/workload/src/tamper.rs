@@ -223,7 +223,8 @@ fn replace(root: &Path, held: &mut Vec<std::fs::File>) {
 
 /// The forged claims, kept fresh until `until`: the slice's own place on the node's compute
 /// board (the one place it can write) claims the whole of every device the container sees, with
-/// high priority, high-priority work always in flight and always wanting more.
+/// high priority, always wanting more, and waiting for the turn since the start of time; with
+/// `launched`, holding the turn instead, a fresh turn posted every 20 ms.
 fn forge(
     s: &Session<'_>,
     root: &Path,
@@ -232,6 +233,7 @@ fn forge(
 ) -> Vec<std::thread::JoinHandle<()>> {
     use cuslice_policy::priority::Priority;
     use cuslice_policy::share::FULL;
+    use cuslice_policy::turn::{self, Turn};
     use cuslice_state::board::{Board, Maker, Post};
     let ledger = root.join("slice/ledger");
     let slice = match cuslice_state::ledger::Ledger::read(&ledger) {
@@ -270,12 +272,21 @@ fn forge(
                     limit: FULL,
                     priority: Priority::High,
                     usage: FULL,
-                    launched: if launched { FULL } else { 0 },
                     hungry_until: u64::MAX,
                     active_ns: now,
                 };
                 board.post(d as u32, uuid, &post, now);
-                board.raise_high_until(d as u32, u64::MAX);
+                board.post_turn(
+                    d as u32,
+                    if launched {
+                        Turn::Holding {
+                            since: now,
+                            until: now + turn::MAX_TURN_NS,
+                        }
+                    } else {
+                        Turn::Waiting { since: 1 }
+                    },
+                );
             }
             std::thread::sleep(Duration::from_millis(20));
         }

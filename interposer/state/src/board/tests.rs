@@ -26,7 +26,6 @@ fn post(b: &Board, request: u32, limit: u32, priority: Priority, usage: u32) {
             limit,
             priority,
             usage,
-            launched: usage,
             hungry_until: now + 1_000_000_000,
             active_ns: now,
         },
@@ -46,7 +45,7 @@ fn a_slice_sees_the_others_bounded_by_their_grants() {
     // B says more than it was granted: the whole device, high priority.
     post(&b, FULL, FULL, Priority::High, 2 * FULL);
     let now = now_ns();
-    let (views, highs) = a.views(0, &UUID, now, now - 1_000_000_000);
+    let views = a.views(0, &UUID, now, now - 1_000_000_000);
     assert_eq!(views.len(), 2);
     assert_eq!(views[0].slice, 1);
     assert_eq!(views[0].demand.usage, 100_000);
@@ -56,7 +55,6 @@ fn a_slice_sees_the_others_bounded_by_their_grants() {
     assert_eq!(v.priority, Priority::Normal);
     assert_eq!(v.demand.usage, FULL);
     assert!(v.demand.hungry);
-    assert!(highs.is_empty());
 }
 
 #[test]
@@ -127,18 +125,18 @@ fn what_a_slice_does_to_its_own_file_harms_nobody_else() {
         .set_len(0)
         .unwrap();
     let now = now_ns();
-    let (views, _) = a.views(0, &UUID, now, 0);
+    let views = a.views(0, &UUID, now, 0);
     assert_eq!(views.len(), 1);
     // Grown past any size, with garbage: read up to its size, found not valid.
     std::fs::write(&claims, vec![0xffu8; 3 * SIZE]).unwrap();
-    assert_eq!(a.views(0, &UUID, now, 0).0.len(), 1);
+    assert_eq!(a.views(0, &UUID, now, 0).len(), 1);
     // Replaced by a FIFO: passed over without waiting.
     std::fs::remove_file(&claims).unwrap();
     let c = std::ffi::CString::new(claims.to_str().unwrap()).unwrap();
     // SAFETY: a NUL-terminated path.
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o666) }, 0);
     a.others.lock().clear();
-    assert_eq!(a.views(0, &UUID, now, 0).0.len(), 1);
+    assert_eq!(a.views(0, &UUID, now, 0).len(), 1);
     // A grant replaced by garbage is the least: no request.
     std::fs::write(slice_dir(node.path(), 2).join(GRANT), b"request x\0").unwrap();
     assert_eq!(
@@ -148,21 +146,73 @@ fn what_a_slice_does_to_its_own_file_harms_nobody_else() {
 }
 
 #[test]
-fn high_priority_is_believed_only_as_granted_and_only_so_far_ahead() {
+fn turns_are_read_from_every_slice_on_the_device_with_the_priority_granted() {
+    use cuslice_policy::turn::{Rival, Turn};
     let node = tempfile::tempdir().unwrap();
     let a = standalone(node.path(), 1, grant(0, FULL, Priority::Normal));
     let hi = standalone(node.path(), 2, grant(0, FULL, Priority::High));
     let liar = standalone(node.path(), 3, grant(0, FULL, Priority::Normal));
-    for b in [&hi, &liar] {
-        post(b, 0, FULL, Priority::High, FULL);
-        b.raise_high_until(0, u64::MAX);
+    let idle = standalone(node.path(), 4, grant(0, FULL, Priority::Normal));
+    for b in [&a, &hi, &liar, &idle] {
+        b.claim(0, &UUID, 0, FULL, Priority::Normal).unwrap();
     }
+    post(&hi, 0, FULL, Priority::High, FULL);
+    // Says high priority, was not granted it.
+    post(&liar, 0, FULL, Priority::High, FULL);
     let now = now_ns();
-    let (views, highs) = a.views(0, &UUID, now, now - 1_000_000_000);
-    assert_eq!(views.len(), 3);
-    assert_eq!(highs.len(), 1, "only the slice granted high priority");
-    let until = high_until(&highs, now);
-    assert_eq!(until, now + AHEAD_NS);
+    hi.post_turn(0, Turn::Waiting { since: now - 5 });
+    liar.post_turn(
+        0,
+        Turn::Holding {
+            since: now - 10,
+            until: now + 1_000,
+        },
+    );
+    // Before any view, nothing is known of the others.
+    assert!(a.rivals(0, &UUID, now).is_empty());
+    // Slices that launched nothing lately are not in the allotment, but their turns are read.
+    assert_eq!(a.views(0, &UUID, now, now - 1_000_000_000).len(), 3);
+    let mut r = a.rivals(0, &UUID, now);
+    r.sort_by_key(|r| r.slice);
+    assert_eq!(
+        r,
+        vec![
+            Rival {
+                slice: 2,
+                turn: Turn::Waiting { since: now - 5 },
+                priority: Priority::High
+            },
+            Rival {
+                slice: 3,
+                turn: Turn::Holding {
+                    since: now - 10,
+                    until: now + 1_000
+                },
+                priority: Priority::Normal
+            },
+            Rival {
+                slice: 4,
+                turn: Turn::Idle,
+                priority: Priority::Normal
+            },
+        ]
+    );
+    // Read afresh at every call: the holder passes it on.
+    liar.post_turn(0, Turn::Idle);
+    assert!(
+        a.rivals(0, &UUID, now)
+            .iter()
+            .all(|r| !matches!(r.turn, Turn::Holding { .. }))
+    );
+    // Of the slice's processes, one takes the turn.
+    let a2 = Board::open(node.path(), 1, Maker::Hooked).unwrap();
+    let held = Turn::Holding {
+        since: now,
+        until: now + 5,
+    };
+    assert!(a.swap_turn(0, Turn::IDLE, held));
+    assert!(!a2.swap_turn(0, Turn::IDLE, held));
+    assert_eq!(a2.turn(0), held);
 }
 
 #[test]

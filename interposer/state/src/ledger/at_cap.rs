@@ -5,6 +5,7 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use super::*;
+use cuslice_shm::futex::wait as futex_wait;
 
 impl Ledger {
     /// Whether allocations wait on device `d` now: a newcomer that would go ahead of them
@@ -200,37 +201,8 @@ impl Ledger {
 }
 
 /// Wakes every thread sleeping on the futex word `w` (in any process: the word is in a shared
-/// mapping, so no FUTEX_PRIVATE_FLAG), after moving it on so that one about to sleep does not.
+/// mapping), after moving it on so that one about to sleep does not.
 pub(super) fn wake_all(w: &AtomicU32) {
     w.fetch_add(1, Ordering::Release);
-    // SAFETY: FUTEX_WAKE on the address of a live atomic in our mapping; it reads nothing else.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            w.as_ptr(),
-            libc::FUTEX_WAKE,
-            i32::MAX,
-            std::ptr::null::<libc::timespec>(),
-        )
-    };
-}
-
-/// Sleeps while the futex word `w` still holds `seq`, for at most `timeout` (a signal, a
-/// spurious wake-up or a changed word end it early: the caller looks again).
-fn futex_wait(w: &AtomicU32, seq: u32, timeout: std::time::Duration) {
-    let ts = libc::timespec {
-        tv_sec: timeout.as_secs().min(i64::MAX as u64) as libc::time_t,
-        tv_nsec: timeout.subsec_nanos() as libc::c_long,
-    };
-    // SAFETY: FUTEX_WAIT on the address of a live atomic in our mapping, with a relative
-    // timeout that lives across the call.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            w.as_ptr(),
-            libc::FUTEX_WAIT,
-            seq,
-            &ts as *const libc::timespec,
-        )
-    };
+    cuslice_shm::futex::wake_all(w);
 }

@@ -164,6 +164,13 @@ impl Ledger {
         r.marks_seq.store(seq + 1, Ordering::Release);
     }
 
+    /// Device time the slice's processes used on device `d` so far (ns), as their meters
+    /// measured it.
+    pub fn device_ns(&self, d: u32) -> u64 {
+        self.dev(d)
+            .map_or(0, |r| r.device_ns.load(Ordering::Relaxed))
+    }
+
     /// Adds `ns` of time a launching thread was held back on device `d`.
     pub fn note_throttled(&self, d: u32, ns: u64) {
         if let Some(r) = self.dev(d) {

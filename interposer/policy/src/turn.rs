@@ -1,0 +1,636 @@
+//! Exclusive turns (pure): plain numbers in, decisions out. Without MPS a GPU never runs the
+//! contexts of different processes at once: it time-slices them, and then neither a kernel's
+//! timing nor the driver's samples tell who used the device. So slices take turns: one slice at
+//! a time may have work on a device, and what it used is its turn's span, from taking the turn to
+//! its last work done, with nobody else on the device. See docs/compute.md.
+//!
+//! - A slice that has work to launch waits for the turn; the waiting slice that waited longest
+//!   (high priority first) takes it when nobody holds it.
+//! - A turn lasts the slice's part of a `CYCLE_NS` round (its allotment), or what its tokens pay
+//!   for, whichever is shorter, and is renewed while nobody else waits. It ends early when the
+//!   slice has nothing queued while others wait, or when a higher-priority slice waits.
+//! - Within a turn a slice queues at most `AHEAD_NS` of work beyond the time that has passed
+//!   (one launch always), so that a turn ends soon after it is closed.
+//! - What another slice posts is its own word. A holding record counts only while it is recent
+//!   and no longer than `MAX_TURN_NS`; past its end by `GRACE_NS` it no longer holds anybody up.
+//!   And each reader keeps its own record of what it saw (`Observer`): a slice it has seen
+//!   holding the turn for longer than any honest turn lasts, or first in the queue for longer
+//!   than an honest slice takes to take a free turn, holds nobody up, whatever it posts.
+
+use crate::priority::Priority;
+use crate::share::FULL;
+
+/// One round of turns among slices that all want the device: each holds the turn for its
+/// allotment's part of it.
+pub const CYCLE_NS: u64 = 20_000_000;
+/// The shortest turn a slice takes.
+pub const MIN_TURN_NS: u64 = 1_000_000;
+/// The longest turn a holding record may claim; one that claims longer is not believed.
+pub const MAX_TURN_NS: u64 = 2 * CYCLE_NS;
+/// How long past its end a holding record still holds the others up: its last work is done
+/// (drained) within it. A holder that died, or overran, holds nobody up past that.
+pub const GRACE_NS: u64 = 100_000_000;
+/// How much work (device time, by the slice's estimate) a holder keeps queued ahead of the time
+/// its turn has run, beyond one launch.
+pub const AHEAD_NS: u64 = 2_000_000;
+/// A waiting or holding record whose time lies further ahead of the reader's clock than this is
+/// not believed (honest processes share the reader's CLOCK_MONOTONIC).
+pub const AHEAD_OF_CLOCK_NS: u64 = 1_000_000;
+
+/// A slice's turn on a device, as it posts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Turn {
+    /// No work waiting.
+    Idle,
+    /// Work waiting for the turn since `since` (its place in the queue).
+    Waiting { since: u64 },
+    /// Holding the turn, taken at `since`, planned to end by `until`.
+    Holding { since: u64, until: u64 },
+}
+
+impl Turn {
+    pub const IDLE: u32 = 0;
+    pub const WAITING: u32 = 1;
+    pub const HOLDING: u32 = 2;
+
+    /// From the posted words: the state code, `since` and `until`.
+    pub fn from_words(state: u32, since: u64, until: u64) -> Turn {
+        match state {
+            Turn::WAITING => Turn::Waiting { since },
+            Turn::HOLDING => Turn::Holding { since, until },
+            _ => Turn::Idle,
+        }
+    }
+}
+
+/// Another slice on the device, as this one reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rival {
+    pub slice: u64,
+    pub turn: Turn,
+    pub priority: Priority,
+}
+
+impl Rival {
+    /// Whether its holding record holds others up at `now`.
+    pub fn holds(&self, now: u64) -> bool {
+        match self.turn {
+            Turn::Holding { since, until } => {
+                since <= now.saturating_add(AHEAD_OF_CLOCK_NS)
+                    && until >= since
+                    && until - since <= MAX_TURN_NS
+                    && now < until.saturating_add(GRACE_NS)
+            }
+            _ => false,
+        }
+    }
+
+    /// When it began waiting, if its waiting record is believable at `now`.
+    fn waits_since(&self, now: u64) -> Option<u64> {
+        match self.turn {
+            Turn::Waiting { since } if since <= now.saturating_add(AHEAD_OF_CLOCK_NS) => {
+                Some(since)
+            }
+            _ => None,
+        }
+    }
+}
+
+/// A slice seen holding the turn without a break for this long, while others waited, is passing
+/// it on no more: an honest holder passes it on within its turn (at most a round), the period in
+/// which it learns that another waits, and its drain.
+pub const OVERHOLD_NS: u64 = 150_000_000;
+/// A slice seen first in the queue of a free device for this long without taking the turn is
+/// passed over: an honest one takes it within a poll.
+pub const TAKE_GRACE_NS: u64 = 5_000_000;
+
+/// What one reader saw of each other slice's turn, by its own clock: the only account of the
+/// others it trusts.
+#[derive(Debug, Clone, Default)]
+pub struct Observer {
+    seen: Vec<Seen>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Seen {
+    slice: u64,
+    /// When this reader first saw the slice holding, without a break since (0: not holding).
+    holding_from: u64,
+    /// When this reader first saw the slice first in the queue of a free device, without a
+    /// break since (0: not so).
+    first_from: u64,
+}
+
+impl Observer {
+    /// The others' turns as this reader believes them at `now`: `rivals` as read, less what its
+    /// own record shows no honest slice would post (see `OVERHOLD_NS`, `TAKE_GRACE_NS`). `me`:
+    /// this slice's place in the queue while it waits (slice, since, priority).
+    pub fn filter(
+        &mut self,
+        rivals: &[Rival],
+        me: Option<(u64, u64, Priority)>,
+        now: u64,
+    ) -> Vec<Rival> {
+        self.seen
+            .retain(|s| rivals.iter().any(|r| r.slice == s.slice));
+        let mut out: Vec<Rival> = Vec::with_capacity(rivals.len());
+        for r in rivals {
+            let i = match self.seen.iter().position(|s| s.slice == r.slice) {
+                Some(i) => i,
+                None => {
+                    self.seen.push(Seen {
+                        slice: r.slice,
+                        holding_from: 0,
+                        first_from: 0,
+                    });
+                    self.seen.len() - 1
+                }
+            };
+            let s = &mut self.seen[i];
+            let mut r = *r;
+            if r.holds(now) {
+                if s.holding_from == 0 {
+                    s.holding_from = now;
+                }
+                if now - s.holding_from > OVERHOLD_NS {
+                    r.turn = Turn::Idle;
+                }
+            } else {
+                s.holding_from = 0;
+            }
+            out.push(r);
+        }
+        // Who is first in the queue while nobody holds the turn.
+        if out.iter().any(|r| r.holds(now)) {
+            for s in &mut self.seen {
+                s.first_from = 0;
+            }
+            return out;
+        }
+        let me = me.map(|(slice, since, p)| (p, since, slice));
+        loop {
+            let first = out
+                .iter()
+                .filter_map(|r| r.waits_since(now).map(|since| (r.priority, since, r.slice)))
+                .fold(me, |a, b| match a {
+                    Some(a) if before(a, b) => Some(a),
+                    _ => Some(b),
+                });
+            let Some((_, _, slice)) = first else { break };
+            if me.is_some_and(|(.., m)| m == slice) {
+                break;
+            }
+            let Some(s) = self.seen.iter_mut().find(|s| s.slice == slice) else {
+                break;
+            };
+            if s.first_from == 0 {
+                s.first_from = now;
+            }
+            if now - s.first_from <= TAKE_GRACE_NS {
+                break;
+            }
+            // First for too long without taking the free turn: passed over.
+            if let Some(r) = out.iter_mut().find(|r| r.slice == slice) {
+                r.turn = Turn::Idle;
+            }
+        }
+        for s in &mut self.seen {
+            let still_first = out
+                .iter()
+                .any(|r| r.slice == s.slice && r.waits_since(now).is_some());
+            if !still_first {
+                s.first_from = 0;
+            }
+        }
+        out
+    }
+}
+
+/// Whether `a` goes before `b` in the queue: high priority first, then who waited longest, then
+/// the lower slice id (so that every reader orders the same records the same way).
+fn before(a: (Priority, u64, u64), b: (Priority, u64, u64)) -> bool {
+    let key = |(p, since, slice): (Priority, u64, u64)| (p != Priority::High, since, slice);
+    key(a) < key(b)
+}
+
+/// What a waiting slice does next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    /// Take the turn now.
+    Take,
+    /// Another slice holds the turn until about this time: look again then (sooner if it may end
+    /// early).
+    HeldUntil(u64),
+    /// Another slice goes first: look again soon.
+    Queued,
+}
+
+/// Whether this slice (`slice`, waiting since `since`, at `priority`) may take the turn at `now`.
+pub fn next(slice: u64, since: u64, priority: Priority, rivals: &[Rival], now: u64) -> Next {
+    if let Some(h) = rivals.iter().find(|r| r.holds(now)) {
+        let Turn::Holding { until, .. } = h.turn else {
+            unreachable!()
+        };
+        return Next::HeldUntil(until);
+    }
+    let me = (priority, since, slice);
+    let first = rivals.iter().all(|r| {
+        r.waits_since(now)
+            .is_none_or(|s| before(me, (r.priority, s, r.slice)))
+    });
+    if first { Next::Take } else { Next::Queued }
+}
+
+/// After taking the turn at `since` (and posting it), whether this slice keeps it: of two slices
+/// that took it at once, each seeing the other still waiting, the one that took it first keeps it
+/// (the lower slice id at a tie), and the other goes back to waiting.
+pub fn keeps(slice: u64, since: u64, rivals: &[Rival], now: u64) -> bool {
+    rivals.iter().all(|r| match r.turn {
+        Turn::Holding { since: s, .. } if r.holds(now) => (since, slice) < (s, r.slice),
+        _ => true,
+    })
+}
+
+/// The waiting slices a holder sees, as they bear on its turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Waiters {
+    /// Some slice waits for the turn.
+    pub any: bool,
+    /// Some slice of higher priority than the holder waits.
+    pub higher: bool,
+}
+
+/// The waiting slices among `rivals` at `now`, for a holder at `priority`.
+pub fn waiters(priority: Priority, rivals: &[Rival], now: u64) -> Waiters {
+    let mut w = Waiters::default();
+    for r in rivals {
+        if r.waits_since(now).is_some() {
+            w.any = true;
+            w.higher |= r.priority == Priority::High && priority != Priority::High;
+        }
+    }
+    w
+}
+
+/// How long a turn at allotment `allot` (ppm) lasts while others want the device: its part of a
+/// round, at least `MIN_TURN_NS`.
+pub fn quantum(allot: u32) -> u64 {
+    (CYCLE_NS as u128 * allot.min(FULL) as u128 / FULL as u128)
+        .clamp(MIN_TURN_NS as u128, CYCLE_NS as u128) as u64
+}
+
+/// How long the slice's tokens (`tokens` ns of device time) let a turn last at allotment `allot`
+/// (it earns `allot` of the time while it holds the turn, too); None without a bound (the whole
+/// device).
+pub fn paid_for(allot: u32, tokens: i64) -> Option<u64> {
+    if allot >= FULL {
+        return None;
+    }
+    let left = (FULL - allot) as u128;
+    Some((tokens.max(0) as u128 * FULL as u128 / left).min(u64::MAX as u128) as u64)
+}
+
+/// How many tokens (ns of device time) a slice at allotment `allot` needs before it queues for a
+/// turn (None: it needs none, having the whole device). Beside slices that want the device
+/// (`contended`), enough for the shortest turn: it earns more while it waits behind them, and its
+/// turn is what it has by then. Alone, enough for a whole turn, or as many as it can bank
+/// (`bank`): a slice that took every turn its tokens barely paid for would take many short ones,
+/// each with a drain.
+pub fn ready_at(allot: u32, bank: i64, contended: bool) -> Option<i64> {
+    if allot >= FULL {
+        return None;
+    }
+    let left = (FULL - allot) as u128;
+    let price = |len: u64| (len as u128 * left / FULL as u128) as i64;
+    Some(if contended {
+        price(MIN_TURN_NS)
+    } else {
+        price(quantum(allot)).min(bank)
+    })
+}
+
+/// Whether a slice with `tokens` may queue for a turn (`ready_at`).
+pub fn ready(allot: u32, tokens: i64, bank: i64, contended: bool) -> bool {
+    ready_at(allot, bank, contended).is_none_or(|need| tokens >= need)
+}
+
+/// How long a turn taken now may last: its quantum, or what its tokens pay for if less (never
+/// less than nothing: one launch always goes).
+pub fn length(allot: u32, tokens: i64) -> u64 {
+    let q = quantum(allot);
+    paid_for(allot, tokens).map_or(q, |p| p.min(q))
+}
+
+/// What a holder does at `now`, with its turn planned to end at `end`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Keep the turn; look again.
+    Hold,
+    /// End the turn: stop launching, let the queued work drain, then pass it on.
+    Close,
+    /// Nobody waits: the turn goes on until this new end.
+    Renew(u64),
+}
+
+/// The holder's decision at `now`: `end` is its planned end, `idle` whether it launched nothing
+/// since it last looked while it could have, `waiters` who waits, and `renewable` whether another
+/// turn would be paid for (`length` without a token bound, or tokens left).
+pub fn step(now: u64, end: u64, idle: bool, waiters: Waiters, renewable: Option<u64>) -> Step {
+    if waiters.higher || (waiters.any && idle) {
+        return Step::Close;
+    }
+    if now < end {
+        return Step::Hold;
+    }
+    match renewable {
+        Some(len) if !waiters.any && len >= MIN_TURN_NS => Step::Renew(now + len),
+        _ => Step::Close,
+    }
+}
+
+/// How much work (ns, by the estimate) the holder may have queued `elapsed` ns into a turn of
+/// `length` ns: what has run plus `ahead` (`AHEAD_NS`, or nothing beside a waiting
+/// high-priority slice), never more than the turn.
+pub fn allowed(elapsed: u64, length: u64, ahead: u64) -> u64 {
+    elapsed.saturating_add(ahead).min(length)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    fn rival(slice: u64, turn: Turn) -> Rival {
+        Rival {
+            slice,
+            turn,
+            priority: Priority::Normal,
+        }
+    }
+
+    #[test]
+    fn the_slice_that_waited_longest_takes_a_free_turn() {
+        let now = 100 * MS;
+        let others = [
+            rival(2, Turn::Waiting { since: 95 * MS }),
+            rival(3, Turn::Idle),
+        ];
+        assert_eq!(next(1, 90 * MS, Priority::Normal, &others, now), Next::Take);
+        assert_eq!(
+            next(1, 96 * MS, Priority::Normal, &others, now),
+            Next::Queued
+        );
+        // A tie goes to the lower slice id, so both readers agree.
+        assert_eq!(next(1, 95 * MS, Priority::Normal, &others, now), Next::Take);
+        assert_eq!(
+            next(
+                2,
+                95 * MS,
+                Priority::Normal,
+                &[rival(1, Turn::Waiting { since: 95 * MS })],
+                now
+            ),
+            Next::Queued
+        );
+    }
+
+    #[test]
+    fn high_priority_goes_first_whatever_the_wait() {
+        let now = 100 * MS;
+        let others = [Rival {
+            slice: 2,
+            turn: Turn::Waiting { since: 99 * MS },
+            priority: Priority::High,
+        }];
+        assert_eq!(
+            next(1, 10 * MS, Priority::Normal, &others, now),
+            Next::Queued
+        );
+        assert_eq!(next(1, 99 * MS, Priority::High, &others, now), Next::Take);
+    }
+
+    #[test]
+    fn a_holder_holds_others_up_until_its_end_and_grace() {
+        let now = 100 * MS;
+        let held = [rival(
+            2,
+            Turn::Holding {
+                since: 95 * MS,
+                until: 105 * MS,
+            },
+        )];
+        assert_eq!(
+            next(1, 0, Priority::High, &held, now),
+            Next::HeldUntil(105 * MS)
+        );
+        // Draining past its end, within the grace: still held.
+        assert_eq!(
+            next(1, 0, Priority::High, &held, 105 * MS + GRACE_NS - 1),
+            Next::HeldUntil(105 * MS)
+        );
+        // Dead or overrunning: past the grace nobody waits for it.
+        assert_eq!(
+            next(1, 0, Priority::Normal, &held, 105 * MS + GRACE_NS),
+            Next::Take
+        );
+    }
+
+    #[test]
+    fn a_holding_record_nobody_could_hold_is_not_believed() {
+        let now = 100 * MS;
+        for turn in [
+            // Longer than any turn.
+            Turn::Holding {
+                since: 90 * MS,
+                until: 90 * MS + MAX_TURN_NS + 1,
+            },
+            // Taken in the future.
+            Turn::Holding {
+                since: now + 2 * AHEAD_OF_CLOCK_NS,
+                until: now + 3 * AHEAD_OF_CLOCK_NS,
+            },
+            // Ending before it began.
+            Turn::Holding {
+                since: 99 * MS,
+                until: 98 * MS,
+            },
+        ] {
+            assert!(!rival(2, turn).holds(now), "{turn:?}");
+            assert_eq!(
+                next(1, 99 * MS, Priority::Normal, &[rival(2, turn)], now),
+                Next::Take
+            );
+        }
+        // A waiting record from the future does not jump the queue.
+        let future = [rival(
+            2,
+            Turn::Waiting {
+                since: now + 10 * MS,
+            },
+        )];
+        assert!(rival(2, future[0].turn).waits_since(now).is_none());
+        assert_eq!(next(1, 99 * MS, Priority::Normal, &future, now), Next::Take);
+    }
+
+    #[test]
+    fn of_two_that_took_the_turn_at_once_the_first_keeps_it() {
+        let now = 100 * MS;
+        let other = |since| {
+            [rival(
+                2,
+                Turn::Holding {
+                    since,
+                    until: since + 5 * MS,
+                },
+            )]
+        };
+        assert!(keeps(1, 99 * MS, &other(99 * MS + 1), now));
+        assert!(!keeps(1, 99 * MS + 1, &other(99 * MS), now));
+        assert!(keeps(1, 99 * MS, &other(99 * MS), now));
+        assert!(!keeps(3, 99 * MS, &other(99 * MS), now));
+        assert!(keeps(1, 99 * MS, &[rival(2, Turn::Idle)], now));
+    }
+
+    #[test]
+    fn a_slice_seen_holding_too_long_holds_nobody_up() {
+        let mut o = Observer::default();
+        // It keeps posting a fresh turn, each within the bounds.
+        let forged = |now: u64| {
+            [rival(
+                2,
+                Turn::Holding {
+                    since: now,
+                    until: now + 10 * MS,
+                },
+            )]
+        };
+        let t0 = 1_000 * MS;
+        let mut t = t0;
+        while t <= t0 + OVERHOLD_NS {
+            let r = o.filter(&forged(t), Some((1, t0, Priority::Normal)), t);
+            assert!(r[0].holds(t), "held up at {} ms", (t - t0) / MS);
+            t += 10 * MS;
+        }
+        let r = o.filter(&forged(t), Some((1, t0, Priority::Normal)), t);
+        assert_eq!(r[0].turn, Turn::Idle);
+        assert_eq!(next(1, t0, Priority::Normal, &r, t), Next::Take);
+        // Seen not holding once, it is believed again (an honest slice's next turn).
+        o.filter(&[rival(2, Turn::Idle)], None, t + MS);
+        let r = o.filter(&forged(t + 2 * MS), None, t + 2 * MS);
+        assert!(r[0].holds(t + 2 * MS));
+    }
+
+    #[test]
+    fn a_slice_first_in_the_queue_that_never_takes_is_passed_over() {
+        let mut o = Observer::default();
+        let t0 = 1_000 * MS;
+        // Says it has waited since the start of time, and never takes the free turn.
+        let jumper = [rival(2, Turn::Waiting { since: 1 })];
+        let me = Some((1, t0, Priority::Normal));
+        let r = o.filter(&jumper, me, t0);
+        assert_eq!(next(1, t0, Priority::Normal, &r, t0), Next::Queued);
+        let t = t0 + TAKE_GRACE_NS;
+        let r = o.filter(&jumper, me, t);
+        assert_eq!(next(1, t0, Priority::Normal, &r, t), Next::Queued);
+        let t = t0 + TAKE_GRACE_NS + 1;
+        let r = o.filter(&jumper, me, t);
+        assert_eq!(next(1, t0, Priority::Normal, &r, t), Next::Take);
+        // An honest slice first in line that takes the turn at once is never passed over.
+        let mut o = Observer::default();
+        let honest = [rival(2, Turn::Waiting { since: t0 - MS })];
+        let r = o.filter(&honest, me, t0);
+        assert_eq!(next(1, t0, Priority::Normal, &r, t0), Next::Queued);
+        let took = [rival(
+            2,
+            Turn::Holding {
+                since: t0 + MS,
+                until: t0 + 7 * MS,
+            },
+        )];
+        let r = o.filter(&took, me, t0 + MS);
+        assert!(r[0].holds(t0 + MS));
+    }
+
+    #[test]
+    fn turns_follow_the_allotment_within_a_round() {
+        assert_eq!(quantum(300_000), 6 * MS);
+        assert_eq!(quantum(700_000), 14 * MS);
+        assert_eq!(quantum(FULL), CYCLE_NS);
+        // A 1% slice still gets a turn a kernel can use.
+        assert_eq!(quantum(10_000), MIN_TURN_NS);
+    }
+
+    #[test]
+    fn tokens_pay_for_a_turn_and_what_it_earns_meanwhile() {
+        // 30%: 7 ms of tokens pay for 10 ms (3 ms more are earned during it); the quantum is 6.
+        assert_eq!(paid_for(300_000, 7 * MS as i64), Some(10 * MS));
+        assert_eq!(length(300_000, 7 * MS as i64), 6 * MS);
+        assert_eq!(length(300_000, 7 * MS as i64 / 10), MS);
+        assert_eq!(length(300_000, -5), 0);
+        assert_eq!(paid_for(FULL, 0), None);
+        assert_eq!(length(FULL, -5), CYCLE_NS);
+    }
+
+    #[test]
+    fn a_slice_waits_for_a_whole_turn_of_tokens_or_a_full_bank_alone() {
+        let bank = 6 * MS as i64;
+        // 6 ms turns at 30% need 4.2 ms of tokens.
+        assert!(!ready(300_000, 4 * MS as i64, bank, false));
+        assert!(ready(300_000, 42 * MS as i64 / 10, bank, false));
+        // A bank smaller than a turn's price: a full bank will do.
+        assert!(ready(300_000, MS as i64, MS as i64, false));
+        assert!(ready(FULL, -100, bank, false));
+        assert_eq!(ready_at(FULL, bank, true), None);
+    }
+
+    #[test]
+    fn beside_others_a_slice_queues_once_it_can_pay_for_the_shortest_turn() {
+        let bank = 6 * MS as i64;
+        assert_eq!(ready_at(300_000, bank, true), Some(7 * MS as i64 / 10));
+        assert!(!ready(300_000, 0, bank, true));
+        assert!(ready(300_000, MS as i64, bank, true));
+    }
+
+    #[test]
+    fn a_holder_renews_while_nobody_waits_and_closes_for_others() {
+        let none = Waiters::default();
+        let some = Waiters {
+            any: true,
+            higher: false,
+        };
+        let high = Waiters {
+            any: true,
+            higher: true,
+        };
+        let (now, end) = (10 * MS, 12 * MS);
+        assert_eq!(step(now, end, false, none, Some(5 * MS)), Step::Hold);
+        assert_eq!(step(now, end, false, some, Some(5 * MS)), Step::Hold);
+        // Nothing queued while others wait: pass it on at once.
+        assert_eq!(step(now, end, true, some, Some(5 * MS)), Step::Close);
+        assert_eq!(step(now, end, true, none, Some(5 * MS)), Step::Hold);
+        // A high-priority slice waits: at once.
+        assert_eq!(step(now, end, false, high, Some(5 * MS)), Step::Close);
+        // At the end: renew while nobody waits and tokens pay, else close.
+        assert_eq!(
+            step(end, end, false, none, Some(5 * MS)),
+            Step::Renew(17 * MS)
+        );
+        assert_eq!(step(end, end, false, some, Some(5 * MS)), Step::Close);
+        assert_eq!(step(end, end, false, none, Some(0)), Step::Close);
+        // Tokens that pay for less than a turn's worth: closed, not renewed in crumbs.
+        assert_eq!(
+            step(end, end, false, none, Some(MIN_TURN_NS - 1)),
+            Step::Close
+        );
+        assert_eq!(step(end, end, false, none, None), Step::Close);
+    }
+
+    #[test]
+    fn queued_work_stays_close_behind_the_turn() {
+        assert_eq!(allowed(0, 6 * MS, AHEAD_NS), AHEAD_NS);
+        assert_eq!(allowed(3 * MS, 6 * MS, AHEAD_NS), 5 * MS);
+        assert_eq!(allowed(5 * MS, 6 * MS, AHEAD_NS), 6 * MS);
+        assert_eq!(allowed(3 * MS, 6 * MS, 0), 3 * MS);
+    }
+}
