@@ -93,9 +93,9 @@ def command(s, secs):
     """The workload's command line for slice `s`, running `secs`."""
     if s["via"] == "probe":
         return [WORKLOAD, "probe", "--kernel", s["kernel"], "--kernel-us", str(s["kernel_us"]),
-                "--period-ms", str(s["period_ms"]), "--secs", str(secs)]
+                "--period-ms", str(s["period_ms"]), "--secs", str(secs), "--progress-ms", "250"]
     cmd = [WORKLOAD, "launch", "--kernel", s["kernel"], "--ns-per-block", "1000", "--blocks", str(s["kernel_us"]),
-           "--secs", str(secs), "--via", s["via"], "--streams", str(s["streams"])]
+           "--secs", str(secs), "--via", s["via"], "--streams", str(s["streams"]), "--progress-ms", "250"]
     if s["sync_every"]:
         cmd += ["--sync-every", str(s["sync_every"])]
     return cmd

@@ -86,7 +86,7 @@ def reference(tier, share, secs):
     iters = calibrated["iters"]
     alone_secs = max(2.0, secs / 2)
     argv = [tier.workload, "launch", "--kernel", "work", "--work-iters", str(iters), "--ns-per-block", "1000",
-            "--blocks", str(KERNEL_US), "--secs", str(alone_secs)]
+            "--blocks", str(KERNEL_US), "--secs", str(alone_secs), "--progress-ms", "250"]
     (alone,) = tier.run(GROUP, f"{REFERENCE}: {alone_secs:g} s back to back", [Spec(argv, {})], timeout=120)
     series = share.progress(alone.stdout, 0.0)
     if failed([alone]) or len(series) < 3:

@@ -99,8 +99,6 @@ fn beside_another_process_spin_kernels_end_on_time_and_work_kernels_stretch() {
             "3000",
             "--secs",
             "3",
-            "--progress-ms",
-            "0",
         ];
         let (la, lb) = two_at_once(&sim, &args);
         [la, lb].map(|l| {
@@ -238,6 +236,8 @@ fn every_launch_route_uses_engine_time_with_either_image() {
                     "0",
                     "--count",
                     "25",
+                    "--progress-ms",
+                    "250",
                 ];
                 if ptds {
                     args.insert(0, "--ptds");

@@ -92,8 +92,9 @@ pub enum Scenario {
         Launches --kernel (spin: waits on the device's clock; work: a fixed amount of arithmetic) \
         of --ns-per-block x --blocks ns each through --via, round-robin over --streams, with at \
         most --depth in flight per stream, or --sync-every K: K launched, then all waited for. \
-        Every --progress-ms a `progress` line: mono_ns (CLOCK_MONOTONIC), completed (kernels \
-        known done), launches, work_ns (completed x the ns each asks for); one more at the end. \
+        With --progress-ms MS, every MS a `progress` line: mono_ns (CLOCK_MONOTONIC), completed \
+        (kernels known done), launches, work_ns (completed x the ns each asks for); one more at \
+        the end. \
         Then one `launched` line: launches, wall_ns, engine_ns_requested, elapsed_ns (events \
         around the run), the kernel, its image and its shape.")]
     Launch(LaunchArgs),
@@ -138,7 +139,7 @@ pub enum Scenario {
     BenchAlloc(BenchAllocArgs),
     /// Time launches of a short kernel, in paced batches
     #[command(long_about = "Time launches of a short kernel, in paced batches.\n\n\
-        Loads a \"spin\" kernel of --kernel-ns per block and, after --warmup-secs of untimed batches, \
+        Loads --kernel (spin or work) of --kernel-ns per block and, after --warmup-secs of untimed batches, \
         times --batches batches of --batch one-block launches through --via, synchronising the \
         stream and sleeping --pause-us after each batch (untimed), so that a slice with a core \
         limit is never held back while timed. One `bench` line: ns_per_launch_median, _mean, \

@@ -214,8 +214,9 @@ pub struct LaunchArgs {
     /// loop that synchronises every K iterations does (--depth is then not used)
     #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(1..))]
     pub sync_every: Option<u32>,
-    /// Print a `progress` line every this many milliseconds (0: none)
-    #[arg(long, default_value_t = 250)]
+    /// Print a `progress` line every this many milliseconds, and one at the end (0: none; a
+    /// reader must then drain stdout as the run goes, or the workload blocks on a full pipe)
+    #[arg(long, default_value_t = 0)]
     pub progress_ms: u64,
 }
 
@@ -328,8 +329,8 @@ pub struct ProbeArgs {
     /// Kernel image: auto (PTX, else the simulator's text image), ptx, or text
     #[arg(long, value_enum, default_value = "auto")]
     pub image: ImageArg,
-    /// Print a `progress` line every this many milliseconds (0: none)
-    #[arg(long, default_value_t = 250)]
+    /// Print a `progress` line every this many milliseconds, and one at the end (0: none)
+    #[arg(long, default_value_t = 0)]
     pub progress_ms: u64,
 }
 

@@ -4,8 +4,9 @@
 
 use super::*;
 
-/// `progress` lines every `every` (none when it is zero): the kernels completed so far and the
-/// work they asked for, so that a reader can take the throughput over any window.
+/// `progress` lines every `every` (none when it is zero, the default: a reader that asks for them
+/// drains stdout as the run goes): the kernels completed so far and the work they asked for, so
+/// that it can take the throughput over any window.
 struct Progress {
     every: Duration,
     next: Instant,
@@ -419,9 +420,9 @@ pub fn bench_launch(s: &Session, a: &BenchLaunchArgs) -> Result<(), Failure> {
 
 /// A latency probe: every --period-ms, launch one short kernel and wait for it
 /// (cuStreamSynchronize); each probe's completion latency is the wall time from just before the
-/// launch to the synchronisation's return. `progress` lines as `launch` prints them, then one
-/// `probed` line: every latency (ns, in order), their p50 / p99 / max, and start_mono_ns /
-/// end_mono_ns (CLOCK_MONOTONIC) of the reported probes.
+/// launch to the synchronisation's return. With --progress-ms, `progress` lines as `launch`
+/// prints them; then one `probed` line: every latency (ns, in order), their p50 / p99 / max, and
+/// start_mono_ns / end_mono_ns (CLOCK_MONOTONIC) of the reported probes.
 pub fn probe(s: &Session, a: &ProbeArgs) -> Result<(), Failure> {
     let d = s.d;
     let kernel_ns = a.kernel_us * 1000;
