@@ -71,18 +71,40 @@ class Share(unittest.TestCase):
         self.assertTrue(compute.one_per_period(util))
         self.assertFalse(compute.one_per_period(self.UTIL), "both at each stamp")
 
-    def test_shares_are_judged_by_throughput_where_nvml_names_one_process_per_stamp(self):
+    def test_slices_at_once_are_judged_by_throughput_and_a_slice_alone_by_nvml(self):
         util = [(1 if t % 5 else 2, t * 200_000, 99) for t in range(1, 31)]
         checks = compute.judge_shares("x", ["a", "b"], [1, 2], [70, 30], util, 0.0, 6.0, [69.0, 26.0],
-                                      together=True)
+                                      together=True, worst=[68.0, 25.0])
         self.assertEqual([c.data["by"] for c in checks], ["throughput", "throughput"])
         self.assertEqual([c.status for c in checks], [PASS, FAIL])
-        self.assertIn("26.0% by throughput", checks[1].figure)
-        # Per-process samples of both at every stamp: NVML judges, as before.
+        self.assertIn("26.0% by throughput over 6.0 s", checks[1].figure)
+        self.assertIn("worst 1 s window 25.0%", checks[1].figure)
+        # Per-process samples of both at every stamp: still throughput, for slices at once.
         checks = compute.judge_shares("x", ["a", "b"], [1, 2], [30, 70], self.UTIL, 0.0, 2.0, [10.0, 10.0],
                                       together=True)
-        self.assertEqual([c.status for c in checks], [PASS, PASS])
-        self.assertNotIn("by", checks[0].data)
+        self.assertEqual([c.status for c in checks], [FAIL, FAIL])
+        # No throughput figure (spin kernels): slices at once are not judged by anything else.
+        checks = compute.judge_shares("x", ["a", "b"], [1, 2], [30, 70], self.UTIL, 0.0, 2.0, None, together=True)
+        self.assertEqual([c.status for c in checks], [FAIL, FAIL])
+        self.assertIn("no throughput figure", checks[0].figure)
+        # Alone: NVML judges, the throughput beside.
+        (check,) = compute.judge_shares("x", ["a"], [[1]], [30], self.UTIL, 0.0, 2.0, [12.0])
+        self.assertEqual((check.status, check.data["by"]), (PASS, "nvml"))
+        self.assertIn("29.5% by NVML", check.figure)
+        self.assertIn("by throughput 12.0%", check.figure)
+
+    def test_throughput_from_progress_lines(self):
+        share = compute._share_py()
+        out = "\n".join(json.dumps({"event": "progress", "mono_ns": int(t * 1e9), "work_ns": int(w * 1e9)})
+                        for t, w in ((10.25, 0.1), (10.5, 0.2), (11.5, 0.5), (12.0, 0.6)))
+        series = share.progress(out + "\n{\"event\": \"launched\"}", 10.0)
+        self.assertEqual(series[0], (0.25, 100_000_000))
+        # 0.3 s of work in the second from 0.5 s: 30%; half-way between lines by interpolation.
+        self.assertAlmostEqual(share.throughput([series], 0.5, 1.5), 30.0)
+        self.assertAlmostEqual(share.throughput([series], 1.0, 2.0), 25.0)
+        # A slice of two processes: their sum; after its last line a process did nothing more.
+        self.assertAlmostEqual(share.throughput([series, series], 0.5, 1.5), 60.0)
+        self.assertAlmostEqual(share.throughput([series], 2.0, 3.0), 0.0)
 
     def test_worst_window(self):
         util = [(1, t * 100_000, 29 if t <= 10 else 49) for t in range(1, 21)]

@@ -1,13 +1,20 @@
-"""Compute: slices running real kernels (the workload's PTX spin kernel, and PyTorch matmul loops)
-at core limits and requests, each slice's achieved share judged by NVML's per-process samples.
-The spin scenarios are tests/tools/share.py's, so the tier and the benchmark mean the same thing.
+"""Compute: slices running real kernels (the workload's PTX kernels, and PyTorch matmul loops) at
+core limits and requests, each slice's achieved share judged against its configured share.
+
+The scenarios are tests/tools/share.py's, so the tier and the benchmark mean the same thing. They
+run the workload's fixed-work kernel (`--kernel work`); "alone 30 (spin)" runs the spin kernel,
+which waits for the clock and ends on time whatever ran in between, so it measures a slice alone
+only.
 
 A real driver gives one utilisation sample a period, naming one process, with the device's
-utilisation (docs/compute.md, "The meter"): there NVML cannot say what each of several processes
-running at once used. Slices that ran at the same time in the window are then judged on the
-simulator by its own count of each process's device time (`simgpu show`, over the same window),
-on a real GPU by throughput (device time their launches asked for over their whole run, settling
-included)."""
+utilisation (docs/compute.md, "The meter"): NVML cannot say what each of several processes running
+at once used. A slice alone in the settled window is judged by NVML's per-process samples, with
+its throughput beside. Slices that ran at once are judged by **throughput**: the work their
+kernels completed over the settled window (the workload's `progress` lines) against the same
+kernel's rate alone, measured first in the same run without the library (`cuda-workload
+calibrate-work` finds the iterations of a 1 ms kernel on this GPU, then one process launches it
+back to back). On the simulator the simulator's own count of each process's device time over the
+window is printed beside."""
 import importlib.util
 import json
 import os
@@ -19,14 +26,17 @@ from .common import FAIL, INFO, NOT_RUN, Check, Spec, failed, judged
 from . import nvml
 
 GROUP = "compute"
-TOLERANCE = 2.0  # points, by NVML over the settled window
-SPIN_SCENARIOS = ["30/70", "alone 30", "graph alone 30", "req 30/lim 100 + req 70/lim 70",
-                  "req 30/lim 100, other idle", "best-effort + 30", "best-effort + req 60"]
+TOLERANCE = 2.0  # points, over the settled window
+SCENARIOS = ["30/70", "alone 30", "alone 30 (spin)", "graph alone 30", "req 30/lim 100 + req 70/lim 70",
+             "req 30/lim 100, other idle", "best-effort + 30", "best-effort + req 60"]
 TORCH = "PyTorch bf16 matmul loops at 30/70"
 # The same with the driver's samples ignored on purpose (CUSLICE_CORE_METER=self-timing): how
 # limits hold where the driver gives none (MIG instances, some virtual GPUs; docs/compute.md).
 SELF_TIMING = " (self-timing)"
 TIMED_SCENARIOS = ["30/70", "best-effort + 30"]
+# The work kernel's length in every scenario here, and what the rate alone is measured with.
+KERNEL_US = 1000
+REFERENCE = "work kernel alone, without the library"
 
 
 def _share_py():
@@ -39,24 +49,56 @@ def _share_py():
 
 def run(tier):
     secs, settle = (6.0, 2.5) if tier.quick else (10.0, 3.0)
-    scenarios = _share_py().SCENARIOS
+    share = _share_py()
     checks = []
-    for name in SPIN_SCENARIOS:
-        if not tier.wanted(name):
-            continue
-        slices, expected = scenarios[name]
-        checks.extend(spin(tier, name, slices, expected, secs, settle))
-    for name in TIMED_SCENARIOS:
-        if not tier.wanted(name + SELF_TIMING):
-            continue
-        slices, expected = scenarios[name]
-        timed = [dict(s, env=dict(s["env"], CUSLICE_CORE_METER="self-timing")) for s in slices]
-        checks.extend(spin(tier, name + SELF_TIMING, timed, expected, secs, settle))
+    wanted = [n for n in SCENARIOS if tier.wanted(n)] + \
+        [n + SELF_TIMING for n in TIMED_SCENARIOS if tier.wanted(n + SELF_TIMING)]
+    ref = None
+    if any(share.SCENARIOS[scenario(n)][0][0]["kernel"] == "work" for n in wanted):
+        ref, ref_checks = reference(tier, share, secs)
+        checks.extend(ref_checks)
+    for name in wanted:
+        slices, expected = share.SCENARIOS[scenario(name)]
+        if name.endswith(SELF_TIMING):
+            slices = [dict(s, env=dict(s["env"], CUSLICE_CORE_METER="self-timing")) for s in slices]
+        checks.extend(shares(tier, share, name, slices, expected, secs, settle, ref))
     if tier.wanted(TORCH):
         checks.extend(torch_pair(tier, secs, settle))
     if tier.wanted(TORCH + SELF_TIMING):
         checks.extend(torch_pair(tier, secs, settle, timed=True))
     return checks
+
+
+def scenario(name):
+    """share.py's scenario a check is named after."""
+    return name[:-len(SELF_TIMING)] if name.endswith(SELF_TIMING) else name
+
+
+def reference(tier, share, secs):
+    """The work kernel's iterations for KERNEL_US and its rate alone (device time its kernels ask
+    for per second of wall time, a fraction), without the library: (ref, checks). ref is None
+    when either run failed."""
+    cal_argv = [tier.workload, "calibrate-work", "--us", str(KERNEL_US)]
+    (cal,) = tier.run(GROUP, f"{REFERENCE}: calibrate-work", [Spec(cal_argv, {})], timeout=120)
+    calibrated = cal.event("calibrated")
+    if calibrated is None:
+        return None, [Check(GROUP, REFERENCE, failed([cal]) or "no `calibrated` line", "", FAIL)]
+    iters = calibrated["iters"]
+    alone_secs = max(2.0, secs / 2)
+    argv = [tier.workload, "launch", "--kernel", "work", "--work-iters", str(iters), "--ns-per-block", "1000",
+            "--blocks", str(KERNEL_US), "--secs", str(alone_secs), "--progress-ms", "250"]
+    (alone,) = tier.run(GROUP, f"{REFERENCE}: {alone_secs:g} s back to back", [Spec(argv, {})], timeout=120)
+    series = share.progress(alone.stdout, 0.0)
+    if failed([alone]) or len(series) < 3:
+        return None, [Check(GROUP, REFERENCE, failed([alone]) or "too few `progress` lines", "", FAIL)]
+    # From the first progress line (past the start) to the last (the end, after the last sync).
+    rate = share.throughput([series], series[0][0], series[-1][0]) / 100.0
+    ref = {"iters": iters, "rate": rate, "kernel_ns": calibrated["kernel_ns"],
+           "kernels_per_sec": 1e9 * rate / (KERNEL_US * 1000)}
+    figure = (f"{iters} iterations for {KERNEL_US} us (calibrate-work: {calibrated['kernel_ns'] / 1000:.0f} us "
+              f"measured); alone {ref['kernels_per_sec']:.1f} kernels/s, {100 * rate:.1f}% of the time its kernels "
+              f"ask for")
+    return ref, [Check(GROUP, REFERENCE, figure, "reference for the throughput shares", INFO, ref)]
 
 
 def one_per_period(util):
@@ -92,56 +134,59 @@ class SimTruth(threading.Thread):
         self._halt.set()
         self.join()
 
-    def share(self, pid, t0, t1):
-        """Percent of [t0, t1] (nearest samples) the simulator ran `pid`'s work."""
+    def share(self, pids, t0, t1):
+        """Percent of [t0, t1] (nearest samples) the simulator ran the work of `pids`."""
         inside = [s for s in self.samples if t0 <= s[0] <= t1]
         if len(inside) < 2:
             return None
         (a, xa), (b, xb) = inside[0], inside[-1]
-        return 100.0 * (xb.get(pid, 0) - xa.get(pid, 0)) / ((b - a) * 1e9)
+        return 100.0 * sum(xb.get(pid, 0) - xa.get(pid, 0) for pid in pids) / ((b - a) * 1e9)
 
 
 def judge_shares(name, labels, pids, expected, util, t0, t1, through=None, together=False,
-                 truth=None):
-    """One check per slice: its NVML share over [t0, t1] against the configured share; where NVML
-    names one process a period and the slices ran `together`, by the simulator's count (`truth`)
-    or by throughput."""
+                 truth=None, worst=None, through_over=None):
+    """One check per slice against its configured share over [t0, t1]. Slices that ran `together`
+    are judged by their throughput (`through`: percent of the rate alone, None where there is
+    none; over [t0, t1] unless `through_over` says over what), the simulator's count (`truth`)
+    beside it; a slice alone by NVML's per-process samples, its throughput beside. `pids[k]` is a
+    slice's list of processes (or one pid); `worst[k]` its throughput's worst 1 s window."""
+    over = through_over or f"over {t1 - t0:.1f} s"
     period = nvml.sample_period_us(util)
-    by_truth = together and truth is not None and one_per_period(util)
-    by_throughput = not by_truth and together and through is not None \
-        and all(t is not None for t in through) and one_per_period(util)
     out = []
-    for k, (label, pid, want) in enumerate(zip(labels, pids, expected)):
-        if by_truth or by_throughput:
-            got = truth.share(pid, t0, t1) if by_truth else through[k]
-            how = (f"by the simulator's count over {t1 - t0:.1f} s" if by_truth
-                   else "by throughput over the run")
+    for k, (label, want) in enumerate(zip(labels, expected)):
+        mine = pids[k] if isinstance(pids[k], list) else [pids[k]]
+        counted = truth.share(mine, t0, t1) if truth is not None else None
+        by_sim = "" if counted is None else f"; the simulator's count {counted:.1f}%"
+        got = None if through is None else through[k]
+        window = None if worst is None else worst[k]
+        if together:
             if got is None:
-                out.append(Check(GROUP, f"{name}: {label}", f"no figure {how}",
-                                 f"{want}% +- {TOLERANCE:g}", FAIL, {"pid": pid}))
+                out.append(Check(GROUP, f"{name}: {label}",
+                                 "no throughput figure (slices at once are judged by fixed-work throughput)",
+                                 f"{want}% +- {TOLERANCE:g}", FAIL, {"pid": mine[0]}))
                 continue
-            figure = (f"{got:.1f}% {how} (NVML gives one sample a period, naming one process: it "
-                      f"cannot tell the slices apart)")
+            figure = (f"{got:.1f}% by throughput {over} against the rate alone"
+                      f"{'' if window is None else f' (worst 1 s window {window:.1f}%)'}{by_sim}")
             out.append(Check(GROUP, f"{name}: {label}", figure, f"{want}% +- {TOLERANCE:g} points",
                              judged(abs(got - want) <= TOLERANCE),
-                             {"achieved": got, "expected": want,
-                              "by": "simulator" if by_truth else "throughput",
+                             {"achieved": got, "expected": want, "by": "throughput", "worst_1s": window,
+                              "simulator": counted, "one_per_period": one_per_period(util),
                               "sample_period_us": period, "window_s": t1 - t0}))
             continue
-        got = nvml.share(util, pid, t0, t1, period)
-        worst = nvml.worst_window(util, pid, t0, t1, want, period_us=period)
-        extra = "" if through is None or through[k] is None else f"; by throughput {through[k]:.1f}%"
-        if got is None:
+        share = nvml.share(util, mine[0], t0, t1, period)
+        worst_nvml = nvml.worst_window(util, mine[0], t0, t1, want, period_us=period)
+        extra = ("" if got is None else f"; by throughput {got:.1f}%") + by_sim
+        if share is None:
             out.append(Check(GROUP, f"{name}: {label}", "no NVML per-process utilisation samples in the window",
-                             f"{want}% +- {TOLERANCE:g}", FAIL, {"pid": pid}))
+                             f"{want}% +- {TOLERANCE:g}", FAIL, {"pid": mine[0]}))
             continue
-        figure = (f"{got:.1f}% by NVML over {t1 - t0:.1f} s (worst 1 s window "
-                  f"{'n/a' if worst is None else f'{worst:.1f}%'}){extra}")
+        figure = (f"{share:.1f}% by NVML over {t1 - t0:.1f} s (worst 1 s window "
+                  f"{'n/a' if worst_nvml is None else f'{worst_nvml:.1f}%'}){extra}")
         out.append(Check(GROUP, f"{name}: {label}", figure, f"{want}% +- {TOLERANCE:g} points",
-                         judged(abs(got - want) <= TOLERANCE),
-                         {"achieved": got, "expected": want, "worst_1s": worst,
-                          "throughput": None if through is None else through[k],
-                          "sample_period_us": period, "window_s": t1 - t0}))
+                         judged(abs(share - want) <= TOLERANCE),
+                         {"achieved": share, "expected": want, "by": "nvml", "worst_1s": worst_nvml,
+                          "throughput": got, "simulator": counted, "sample_period_us": period,
+                          "window_s": t1 - t0}))
     return out
 
 
@@ -155,38 +200,64 @@ def slice_label(s):
     return " ".join(parts) or "best-effort"
 
 
-def spin(tier, name, slices, expected, secs, settle):
-    specs = []
+def shares(tier, share, name, slices, expected, secs, settle, ref):
+    """One scenario: its slices at once, each judged as `judge_shares` says."""
+    specs, owner = [], []
     for k, s in enumerate(slices):
         run_secs = s["secs"] if s["secs"] is not None else secs
-        argv = [tier.workload, "launch", "--ns-per-block", "1000", "--blocks", str(s["kernel_us"]),
-                "--secs", str(run_secs), "--via", s["via"], "--streams", str(s["streams"])]
-        env = tier.cuslice(tier.scratch(f"{name}-{k}"))
-        env.update(s["env"])
-        specs.append(Spec(argv, env, f"slice {k}: {slice_label(s)}"))
+        argv = share.command(s, run_secs)
+        argv[0] = tier.workload
+        if s["kernel"] == "work":
+            if ref is None:
+                return [Check(GROUP, name, f"no rate alone ({REFERENCE} failed)", "", FAIL)]
+            argv += ["--work-iters", str(max(1, ref["iters"] * s["kernel_us"] // KERNEL_US))]
+        state = tier.scratch(f"{name}-{k}")
+        for _ in range(s["procs"]):
+            env = tier.cuslice(state)
+            env.update(s["env"])
+            specs.append(Spec(argv, env, f"slice {k}: {slice_label(s)}"))
+            owner.append(k)
     truth = None
     if tier.sim and os.environ.get("SIMGPU_STATE"):
         truth = SimTruth(os.path.join(tier.bin, "simgpu"), os.environ["SIMGPU_STATE"])
         truth.start()
-    procs = tier.run(GROUP, f"spin kernels: {name}", specs, timeout=secs + 60)
+    # Wall clock (the tier's and NVML's) less the monotonic clock (the workload's progress lines).
+    offset = time.time() - time.monotonic()
+    procs = tier.run(GROUP, f"{slices[0]['kernel']} kernels: {name}", specs, timeout=secs + 60)
     if truth is not None:
         truth.stop()
     why = failed(procs)
-    labels = [f"slice {k} ({slice_label(s)}, {s['kernel_us']} us kernels via {s['via']})"
-              for k, s in enumerate(slices)]
+    labels = [f"slice {k} ({slice_label(s)}, {s['kernel_us']} us {s['kernel']} kernels via {s['via']}"
+              + ("" if s["procs"] == 1 else f", {s['procs']} processes") + ")" for k, s in enumerate(slices)]
     if why:
         return [Check(GROUP, f"{name}: {label}", why, f"{want}%", FAIL) for label, want in zip(labels, expected)]
     start = max(p.t0 for p in procs)
     t0, t1 = start + settle, start + secs
-    through = []
-    for p in procs:
-        ev = p.event("launched")
-        through.append(100.0 * ev["engine_ns_requested"] / ev["wall_ns"] if ev and ev["wall_ns"] else None)
+    # Each process's progress, in the tier's wall-clock seconds.
+    series = [[(t + offset, w) for t, w in share.progress(p.stdout, 0.0)] for p in procs]
+    full = [sr for sr, k in zip(series, owner) if slices[k]["secs"] is None and sr]
+    if full:
+        t1 = min(t1, min(sr[-1][0] for sr in full))
+    rate = ref["rate"] if ref is not None and slices[0]["kernel"] == "work" else 1.0
+    through, worst = [], []
+    for k, want in enumerate(expected):
+        mine = [sr for sr, o in zip(series, owner) if o == k]
+        if not all(mine) or t1 - t0 < 1.0:
+            through.append(None)
+            worst.append(None)
+            continue
+        through.append(share.throughput(mine, t0, t1) / rate)
+        windows = [share.throughput(mine, a, a + 1.0) / rate
+                   for a in (t0 + 0.25 * i for i in range(int((t1 - 1.0 - t0) / 0.25) + 1))]
+        worst.append(max(windows, key=lambda w: abs(w - want)) if windows else None)
     util = tier.nvml.utilisation(start - 1, start + secs + 1)
+    pids = [[p.pid for p, o in zip(procs, owner) if o == k] for k in range(len(slices))]
     # Slices that ran in the window at the same time (one that ran only before it does not count).
     together = sum(1 for s in slices if (s["secs"] if s["secs"] is not None else secs) > settle) > 1
-    return judge_shares(name, labels, [p.pid for p in procs], expected, util, t0, t1, through, together,
-                        truth)
+    if together and slices[0]["kernel"] == "spin":
+        return [Check(GROUP, f"{name}: {label}", "spin kernels measure a slice alone only", "", FAIL)
+                for label in labels]
+    return judge_shares(name, labels, pids, expected, util, t0, t1, through, together, truth, worst)
 
 
 def torch_pair(tier, secs, settle, timed=False):
@@ -220,7 +291,7 @@ def torch_pair(tier, secs, settle, timed=False):
     through = [100.0 * r["per_sec"] / base["per_sec"] for r in results]
     util = tier.nvml.utilisation(t0 - 1, t1 + 1)
     checks = judge_shares(name, ["limit 30", "limit 70"], [p.pid for p in procs], [30, 70], util, t0, t1, through,
-                          together=True)
+                          together=True, through_over="over its timed loop")
     checks.append(Check(GROUP, f"{name}: alone", f"{base['tflops']:.0f} TFLOP/s ({base['per_sec']:.1f} matmuls/s, "
                         f"n={base['n']})", "reference for the throughput shares", INFO, base))
     return checks

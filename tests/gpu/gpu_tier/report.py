@@ -8,7 +8,7 @@ from .common import FAIL, INFO, NOT_RUN, PASS
 GROUPS = {
     "memory": "Memory, driver level (4 GiB cap; NVML's per-process count)",
     "frameworks": "Memory, frameworks (8 GiB cap)",
-    "compute": "Compute (core limits and requests; NVML's per-process samples)",
+    "compute": "Compute (core limits and requests; NVML's per-process samples alone, fixed-work throughput at once)",
     "overhead": "Overhead, no limits (with and without the library, interleaved)",
 }
 ENV_ROWS = [

@@ -8,6 +8,14 @@
 //! the current slice at most. Nothing runs in the background: whichever process touches the device first calls
 //! [`Dev::advance`] with the current time, which replays exactly what the engine did since the
 //! last call. Every launch advances before it queues, so the replay never misses a submission.
+//!
+//! Kernels come in two kinds. A **working** kernel (`ITEM_KERNEL`) needs a fixed amount of engine
+//! time: preempted, it resumes where it stopped, and its wall time stretches. A **waiting** kernel
+//! (`ITEM_WAIT`, a spin on the GPU's global timer) needs the clock to reach its deadline, which is
+//! set when it first runs (its start plus the time it waits for): it keeps the engine busy only
+//! while it is scheduled, and ends at the first moment it is on the engine at or after its
+//! deadline. Switched out and resumed after its deadline, it ends at once, having used less engine
+//! time than it waited for; only what it ran is credited (device time, busy time, utilisation).
 
 use crate::dev::Dev;
 use crate::layout::*;
@@ -39,14 +47,18 @@ impl Dev<'_> {
     }
 
     /// Engine time that must pass, at the very least, before item `seq` of context `c` is done:
-    /// the remaining work queued up to it (host functions count as 20 us).
+    /// the remaining work queued up to it (host functions count as 20 us; a waiting kernel that
+    /// has started, the time to its deadline).
     pub fn min_wait(&self, c: u32, seq: u64) -> u64 {
         let ctx = &self.b.ctxs[c as usize];
+        let now = self.b.engine.sim_time;
         (ctx.completed + 1..=seq.min(ctx.submitted))
             .map(|s| {
                 let it = &ctx.ring[(s % RING as u64) as usize];
                 match it.kind {
                     ITEM_KERNEL => it.remaining,
+                    ITEM_WAIT if it.arg != 0 => it.arg.saturating_sub(now),
+                    ITEM_WAIT => it.remaining,
                     ITEM_HOSTFN if it.remaining == HOSTFN_PENDING => 20_000,
                     _ => 0,
                 }
@@ -188,7 +200,9 @@ impl Dev<'_> {
                 }
                 _ => {}
             }
-            if item.remaining == 0 {
+            let waiting = item.kind == ITEM_WAIT;
+            // A waiting kernel on the engine at or after its deadline ends there and then.
+            if item.remaining == 0 || (waiting && item.arg != 0 && t >= item.arg) {
                 self.complete_head(cur);
                 continue;
             }
@@ -201,7 +215,18 @@ impl Dev<'_> {
                 self.b.engine.slice_used = 0;
                 continue;
             }
-            let mut run = item.remaining.min(now - t);
+            let slot = ((self.b.ctxs[cur as usize].completed + 1) % RING as u64) as usize;
+            let left = if waiting {
+                // It starts now: its deadline is its wait from here.
+                let it = &mut self.b.ctxs[cur as usize].ring[slot];
+                if it.arg == 0 {
+                    it.arg = t.saturating_add(it.remaining).max(1);
+                }
+                it.arg - t
+            } else {
+                item.remaining
+            };
+            let mut run = left.min(now - t);
             if others {
                 run = run.min(timeslice - self.b.engine.slice_used);
             }
@@ -214,10 +239,9 @@ impl Dev<'_> {
                 // for the rest of the current slice, not for none of it.
                 self.b.engine.slice_used %= timeslice;
             }
-            let ctx = &mut self.b.ctxs[cur as usize];
-            let slot = ((ctx.completed + 1) % RING as u64) as usize;
-            ctx.ring[slot].remaining -= run;
-            let done = ctx.ring[slot].remaining == 0;
+            let it = &mut self.b.ctxs[cur as usize].ring[slot];
+            it.remaining = left - run;
+            let done = it.remaining == 0;
             self.credit(cur, run, t);
             if done {
                 self.complete_head(cur);
@@ -321,6 +345,124 @@ mod tests {
         d.advance(start + 20 * MS, 2 * MS);
         assert_eq!(d.completed(a), 1);
         assert_eq!(d.b.procs[2].device_time_ns, 10 * MS);
+    }
+
+    fn waiting(ns: u64) -> Item {
+        Item {
+            kind: ITEM_WAIT,
+            ..kernel(ns)
+        }
+    }
+
+    /// Queues a marker for a fresh event of context `c`'s process; returns the event.
+    fn marker(d: &mut Dev, c: u32) -> u32 {
+        let owner = d.b.ctxs[c as usize].owner;
+        let (e, _) = d.create_event(owner).unwrap();
+        d.b.events[e as usize].state = EVENT_PENDING;
+        d.b.events[e as usize].record_generation = 1;
+        d.push(
+            c,
+            Item {
+                kind: ITEM_MARKER,
+                arg: e as u64 | 1 << 32,
+                ..Item::default()
+            },
+        )
+        .unwrap();
+        e
+    }
+
+    /// Context A queues one 3 ms kernel of `kind` and a marker after it, beside B's 1 ms kernels
+    /// back to back, 2 ms slices from 10 ms. A runs 10-12 ms, B 12-14 ms, then A again.
+    /// Returns (A's device time, when A's marker fired, B's device time) at 20 ms.
+    fn three_ms_beside_a_busy_neighbour(kind: Item) -> (u64, u64, u64) {
+        let mut t = TestDevice::new(64 << 20);
+        let mut d = t.dev();
+        let (a, _) = d.create_ctx(1, 0, 0).unwrap();
+        let (b, _) = d.create_ctx(2, 0, 0).unwrap();
+        let start = 10 * MS;
+        d.advance(start, 2 * MS);
+        d.push(a, kind).unwrap();
+        let e = marker(&mut d, a);
+        for _ in 0..20 {
+            d.push(b, kernel(MS)).unwrap();
+        }
+        d.advance(start + 20 * MS / 2, 2 * MS);
+        assert_eq!(d.b.events[e as usize].state, EVENT_DONE);
+        let busy = d.b.engine.busy_ns;
+        let (ta, tb) = (d.b.procs[1].device_time_ns, d.b.procs[2].device_time_ns);
+        assert_eq!(
+            busy,
+            ta + tb,
+            "the engine was busy all along, with one of them"
+        );
+        assert_eq!(busy, 10 * MS);
+        (ta, d.b.events[e as usize].ts - start, tb)
+    }
+
+    #[test]
+    fn a_working_kernel_beside_a_busy_neighbour_resumes_where_it_stopped() {
+        // 2 ms in A's first slice, the last 1 ms after B's: done at 5 ms, all 3 ms credited.
+        let (ta, done, tb) = three_ms_beside_a_busy_neighbour(kernel(3 * MS));
+        assert_eq!((ta, done, tb), (3 * MS, 5 * MS, 7 * MS));
+    }
+
+    #[test]
+    fn a_waiting_kernel_beside_a_busy_neighbour_ends_on_time_having_run_less() {
+        // Its deadline is 3 ms after it started; when A is back on the engine at 4 ms it is past
+        // it, so the kernel ends at once: it ran (and is credited) 2 ms of the 3 it waited.
+        let (ta, done, tb) = three_ms_beside_a_busy_neighbour(waiting(3 * MS));
+        assert_eq!((ta, done, tb), (2 * MS, 4 * MS, 8 * MS));
+    }
+
+    #[test]
+    fn a_waiting_kernel_alone_keeps_the_engine_busy_until_its_deadline() {
+        let mut t = TestDevice::new(64 << 20);
+        let mut d = t.dev();
+        let (c, _) = d.create_ctx(0, 0, 0).unwrap();
+        d.advance(MS, 2 * MS);
+        d.push(c, waiting(5 * MS)).unwrap();
+        d.push(c, waiting(5 * MS)).unwrap();
+        let e = marker(&mut d, c);
+        d.advance(3 * MS, 2 * MS);
+        assert_eq!(
+            d.min_wait(c, 2),
+            3 * MS + 5 * MS,
+            "started: to its deadline; then all of it"
+        );
+        d.advance(20 * MS, 2 * MS);
+        assert_eq!(d.b.events[e as usize].ts, 11 * MS);
+        assert_eq!(d.b.procs[0].device_time_ns, 10 * MS);
+        assert_eq!(d.b.engine.busy_ns, 10 * MS);
+    }
+
+    #[test]
+    fn a_waiting_kernel_s_deadline_is_set_when_it_first_runs_not_when_queued() {
+        let mut t = TestDevice::new(64 << 20);
+        let mut d = t.dev();
+        let (b, _) = d.create_ctx(2, 0, 0).unwrap();
+        let (a, _) = d.create_ctx(1, 0, 0).unwrap();
+        d.advance(10 * MS, 2 * MS);
+        for _ in 0..20 {
+            d.push(b, kernel(MS)).unwrap();
+        }
+        d.advance(11 * MS, 2 * MS);
+        // Queued at 11 ms, behind the rest of B's slice: it starts at 12 ms, so its deadline is
+        // 15 ms. It runs 12-14 ms, B 14-16 ms, and it ends when A is back, at 16 ms.
+        d.push(a, waiting(3 * MS)).unwrap();
+        let e = marker(&mut d, a);
+        d.advance(13 * MS, 2 * MS);
+        assert_eq!(d.min_wait(a, 1), 2 * MS);
+        d.advance(15 * MS, 2 * MS);
+        assert_eq!(
+            d.completed(a),
+            0,
+            "switched out before its deadline, it waits for its turn"
+        );
+        assert_eq!(d.min_wait(a, 1), 0);
+        d.advance(30 * MS, 2 * MS);
+        assert_eq!(d.b.events[e as usize].ts, 16 * MS);
+        assert_eq!(d.b.procs[1].device_time_ns, 2 * MS);
     }
 
     #[test]

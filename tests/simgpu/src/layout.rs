@@ -14,7 +14,8 @@ pub const MAGIC: [u8; 8] = *b"SIMGPU\0\0";
 /// longer glibc robust mutexes, whose owner is a thread id that only means something in the
 /// owner's pid namespace; the header has the lockers' generations.
 /// 9: the header says whether the devices are linked by NVLink (`Header::nvlink`).
-pub const LAYOUT_VERSION: u32 = 9;
+/// 10: kernels that wait for the clock (`ITEM_WAIT`, their deadline in `Item::arg`).
+pub const LAYOUT_VERSION: u32 = 10;
 
 /// Allocation granularity: every allocation takes whole 2 MiB granules.
 pub const GRANULE: u64 = 2 << 20;
@@ -150,6 +151,9 @@ pub const CTX_PRIMARY: u32 = 1;
 pub const ITEM_KERNEL: u32 = 1;
 pub const ITEM_MARKER: u32 = 2;
 pub const ITEM_HOSTFN: u32 = 3;
+/// A kernel that waits for the clock (a spin on `%globaltimer`): it ends at the first moment it
+/// is on the engine at or after its deadline, however much of the time until then it ran.
+pub const ITEM_WAIT: u32 = 4;
 /// `remaining` of a host function that has not returned yet.
 pub const HOSTFN_PENDING: u64 = u64::MAX;
 
@@ -160,9 +164,11 @@ pub struct Item {
     pub kind: u32,
     /// The submitting process's stream id (for diagnostics only).
     pub stream: u32,
-    /// Engine time still needed (kernels), or `HOSTFN_PENDING`.
+    /// Engine time still needed (kernels; a waiting kernel: until its deadline, as of when it
+    /// last ran), or `HOSTFN_PENDING`.
     pub remaining: u64,
-    /// Marker: event index | record generation << 32.
+    /// Marker: event index | record generation << 32. Waiting kernel: its deadline (monotonic
+    /// ns), set when it first runs; 0 until then.
     pub arg: u64,
     pub total: u64,
 }

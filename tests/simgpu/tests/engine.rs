@@ -15,31 +15,16 @@ fn exited_time(sim: &Sim, pid: u64) -> u64 {
     u(&e["device_time_ns"])
 }
 
-#[test]
-fn two_processes_launching_1ms_kernels_get_half_the_device_each() {
-    let _turn = serial();
-    let sim = Sim::new(&[]);
-    let args = [
-        "launch",
-        "--ns-per-block",
-        "1000",
-        "--blocks",
-        "1000",
-        "--secs",
-        "3",
-    ];
-    let a = sim
-        .command(&workload(), &args)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let b = sim
-        .command(&workload(), &args)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+/// Runs two `launch` processes at once with `args`; their `launched` lines.
+fn two_at_once(sim: &Sim, args: &[&str]) -> (serde_json::Value, serde_json::Value) {
+    let spawn = || {
+        sim.command(&workload(), args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (a, b) = (spawn(), spawn());
     let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
     assert!(
         a.status.success() && b.status.success(),
@@ -47,16 +32,32 @@ fn two_processes_launching_1ms_kernels_get_half_the_device_each() {
         String::from_utf8_lossy(&a.stderr),
         String::from_utf8_lossy(&b.stderr)
     );
-    let la = event(
-        &parse_lines(&String::from_utf8_lossy(&a.stdout)),
-        "launched",
-    )
-    .clone();
-    let lb = event(
-        &parse_lines(&String::from_utf8_lossy(&b.stdout)),
-        "launched",
-    )
-    .clone();
+    let launched = |out: &std::process::Output| {
+        event(
+            &parse_lines(&String::from_utf8_lossy(&out.stdout)),
+            "launched",
+        )
+        .clone()
+    };
+    (launched(&a), launched(&b))
+}
+
+#[test]
+fn two_processes_launching_1ms_kernels_get_half_the_device_each() {
+    let _turn = serial();
+    let sim = Sim::new(&[]);
+    let args = [
+        "launch",
+        "--kernel",
+        "work",
+        "--ns-per-block",
+        "1000",
+        "--blocks",
+        "1000",
+        "--secs",
+        "3",
+    ];
+    let (la, lb) = two_at_once(&sim, &args);
     let (ta, tb) = (
         exited_time(&sim, u(&la["pid"])),
         exited_time(&sim, u(&lb["pid"])),
@@ -65,7 +66,7 @@ fn two_processes_launching_1ms_kernels_get_half_the_device_each() {
     assert_eq!(
         ta,
         u(&la["engine_ns_requested"]),
-        "every launched kernel ran to completion"
+        "every launched kernel did all its work"
     );
     let share = ta as f64 / (ta + tb) as f64;
     assert!(
@@ -80,6 +81,61 @@ fn two_processes_launching_1ms_kernels_get_half_the_device_each() {
         "engine busy {} of {wall} ns",
         ta + tb
     );
+}
+
+#[test]
+fn beside_another_process_spin_kernels_end_on_time_and_work_kernels_stretch() {
+    let _turn = serial();
+    let sim = Sim::new(&[]);
+    // 3 ms kernels and 2 ms time slices: each kernel is switched out once, mid-way.
+    let run = |kernel| {
+        let args = [
+            "launch",
+            "--kernel",
+            kernel,
+            "--ns-per-block",
+            "1000",
+            "--blocks",
+            "3000",
+            "--secs",
+            "3",
+        ];
+        let (la, lb) = two_at_once(&sim, &args);
+        [la, lb].map(|l| {
+            let asked = u(&l["engine_ns_requested"]);
+            let wall = u(&l["wall_ns"]) as f64;
+            let used = exited_time(&sim, u(&l["pid"]));
+            (asked, used, asked as f64 / wall, used as f64 / wall)
+        })
+    };
+    // A spin kernel back on the engine after its deadline ends at once: it ran 2 ms of the 3 it
+    // asked for, so what the two asked for over wall time adds up to about 150%, while the
+    // simulator credits each what it ran: half the device.
+    let spin = run("spin");
+    let asked: f64 = spin.iter().map(|s| s.2).sum();
+    assert!(
+        (1.4..1.6).contains(&asked),
+        "spin: asked for {asked:.2} of the wall time: {spin:?}"
+    );
+    for (asked, used, _, share) in spin {
+        assert!(
+            used < asked * 3 / 4 + asked / 50,
+            "spin: used {used} of {asked}"
+        );
+        assert!(
+            (0.45..0.55).contains(&share),
+            "spin: {share:.3} of the device"
+        );
+    }
+    // A work kernel needs its 3 ms of engine time: what each asked for is what it used.
+    for (asked, used, asked_share, share) in run("work") {
+        assert_eq!(used, asked, "work: every kernel did all its work");
+        assert!(
+            (0.45..0.55).contains(&share),
+            "work: {share:.3} of the device"
+        );
+        assert!((share - asked_share).abs() < 0.01);
+    }
 }
 
 #[test]
@@ -119,6 +175,8 @@ fn a_process_s_kernels_are_delayed_by_another_s_work() {
     let sim = Sim::new(&[]);
     let count = [
         "launch",
+        "--kernel",
+        "work",
         "--ns-per-block",
         "10000",
         "--blocks",
@@ -154,11 +212,18 @@ fn a_process_s_kernels_are_delayed_by_another_s_work() {
 fn every_launch_route_uses_engine_time_with_either_image() {
     let _turn = serial();
     let sim = Sim::new(&[]);
-    for image in ["ptx", "text"] {
+    for (image, kernel) in [
+        ("ptx", "spin"),
+        ("text", "spin"),
+        ("ptx", "work"),
+        ("text", "work"),
+    ] {
         for via in ["kernel", "ex", "coop", "graph"] {
             for ptds in [false, true] {
                 let mut args = vec![
                     "launch",
+                    "--kernel",
+                    kernel,
                     "--image",
                     image,
                     "--via",
@@ -171,6 +236,8 @@ fn every_launch_route_uses_engine_time_with_either_image() {
                     "0",
                     "--count",
                     "25",
+                    "--progress-ms",
+                    "250",
                 ];
                 if ptds {
                     args.insert(0, "--ptds");
@@ -178,14 +245,17 @@ fn every_launch_route_uses_engine_time_with_either_image() {
                     args.insert(0, "--route");
                 }
                 let (lines, code) = sim.workload(&args);
-                assert_eq!(code, 0, "{image} {via} ptds={ptds}");
+                assert_eq!(code, 0, "{kernel} {image} {via} ptds={ptds}");
                 let l = event(&lines, "launched");
-                assert_eq!(l["image"], image);
+                assert_eq!((&l["image"], &l["kernel"]), (&image.into(), &kernel.into()));
                 assert_eq!(
                     exited_time(&sim, u(&l["pid"])),
                     25 * MS,
-                    "{image} {via} ptds={ptds}: 25 kernels of 1 ms"
+                    "{kernel} {image} {via} ptds={ptds}: 25 kernels of 1 ms"
                 );
+                // Progress lines end with every kernel completed and its work counted.
+                let last = lines.iter().rfind(|l| l["event"] == "progress").unwrap();
+                assert_eq!((u(&last["completed"]), u(&last["work_ns"])), (25, 25 * MS));
             }
         }
     }

@@ -13,8 +13,8 @@ use crate::driver::{Driver, LoadError, Resolution, ResolveOptions, Route, resolv
 use crate::out::{cu_error, emit};
 use crate::requests::{RUNTIME_12_9, RUNTIME_13_0};
 use crate::scenarios::{
-    self, BenchAllocArgs, BenchLaunchArgs, ChurnArgs, Failure, FillArgs, HoldArgs, LaunchArgs,
-    MemcpyArgs, ProbeArgs, Session, StepsArgs,
+    self, BenchAllocArgs, BenchLaunchArgs, CalibrateWorkArgs, ChurnArgs, Failure, FillArgs,
+    HoldArgs, LaunchArgs, MemcpyArgs, ProbeArgs, Session, StepsArgs,
 };
 
 /// `--route`.
@@ -87,8 +87,28 @@ pub enum Scenario {
     Fill(FillArgs),
     /// Hold one allocation for a while (by default until stdin reaches EOF)
     Hold(HoldArgs),
-    /// Launch the simulator's "spin" kernel for a while
+    /// Launch the spin or work kernel for a while
+    #[command(long_about = "Launch the spin or work kernel for a while.\n\n\
+        Launches --kernel (spin: waits on the device's clock; work: a fixed amount of arithmetic) \
+        of --ns-per-block x --blocks ns each through --via, round-robin over --streams, with at \
+        most --depth in flight per stream, or --sync-every K: K launched, then all waited for. \
+        With --progress-ms MS, every MS a `progress` line: mono_ns (CLOCK_MONOTONIC), completed \
+        (kernels known done), launches, work_ns (completed x the ns each asks for); one more at \
+        the end. \
+        Then one `launched` line: launches, wall_ns, engine_ns_requested, elapsed_ns (events \
+        around the run), the kernel, its image and its shape.")]
     Launch(LaunchArgs),
+    /// Find the work kernel's iterations for a kernel length, and its rate alone
+    #[command(
+        long_about = "Find the work kernel's iterations for a kernel length, and its rate alone.\n\n\
+        Times rounds of --kernels work kernels back to back with events, shaped as `launch \
+        --kernel work --ns-per-block 1000 --blocks US` shapes them, scaling the iterations until a \
+        round's mean is within 2% of --us (5 rounds at most). One `calibrated` line: iters (pass \
+        it to `launch --work-iters`), kernel_ns and measured_iters (the last round), iters_per_us, \
+        kernels_per_sec and work_ns_per_sec (the rate alone), grid, rounds. On the simulated GPU \
+        a work kernel's length is the ns it is launched with, whatever its iterations."
+    )]
+    CalibrateWork(CalibrateWorkArgs),
     /// Allocate --bytes at each SIGUSR1 (kept), a `step` line each; free all at SIGTERM
     Steps(StepsArgs),
     /// Copy host -> device -> host and device -> device, and compare
@@ -119,7 +139,7 @@ pub enum Scenario {
     BenchAlloc(BenchAllocArgs),
     /// Time launches of a short kernel, in paced batches
     #[command(long_about = "Time launches of a short kernel, in paced batches.\n\n\
-        Loads a \"spin\" kernel of --kernel-ns per block and, after --warmup-secs of untimed batches, \
+        Loads --kernel (spin or work) of --kernel-ns per block and, after --warmup-secs of untimed batches, \
         times --batches batches of --batch one-block launches through --via, synchronising the \
         stream and sleeping --pause-us after each batch (untimed), so that a slice with a core \
         limit is never held back while timed. One `bench` line: ns_per_launch_median, _mean, \
@@ -162,6 +182,7 @@ impl Scenario {
             Scenario::Fill(_) => "fill",
             Scenario::Hold(_) => "hold",
             Scenario::Launch(_) => "launch",
+            Scenario::CalibrateWork(_) => "calibrate-work",
             Scenario::Steps(_) => "steps",
             Scenario::Memcpy(_) => "memcpy",
             Scenario::Churn(_) => "churn",
@@ -288,6 +309,7 @@ fn scenario(cli: &Cli, route: Route, driver: &Driver) -> Result<(), Failure> {
         Scenario::Fill(a) => scenarios::fill(&session, a)?,
         Scenario::Hold(a) => scenarios::hold(&session, a)?,
         Scenario::Launch(a) => scenarios::launch(&session, a)?,
+        Scenario::CalibrateWork(a) => scenarios::calibrate_work(&session, a)?,
         Scenario::Steps(a) => scenarios::steps(&session, a)?,
         Scenario::Memcpy(a) => scenarios::memcpy(&session, a)?,
         Scenario::Churn(a) => scenarios::churn(&session, a)?,

@@ -94,6 +94,7 @@ macro_rules! cuda_functions {
             { cuEventCreate, "cuEventCreate", 2000, [], (event: *mut CUevent, flags: u32) }
             { cuEventRecord, "cuEventRecord", 2000, ["cuEventRecord_ptsz"], (event: CUevent, stream: CUstream) }
             { cuEventSynchronize, "cuEventSynchronize", 2000, [], (event: CUevent) }
+            { cuEventQuery, "cuEventQuery", 2000, [], (event: CUevent) }
             { cuEventElapsedTime, "cuEventElapsedTime", 2000, [], (ms: *mut f32, start: CUevent, end: CUevent) }
             { cuEventDestroy_v2, "cuEventDestroy", 2000, [], (event: CUevent) }
             { cuMemcpyHtoD_v2, "cuMemcpyHtoD", 3020, ["cuMemcpyHtoD_v2_ptds"],

@@ -5,7 +5,7 @@ mod memcpy;
 mod memory;
 mod threads;
 
-pub use launch::{bench_launch, launch, probe};
+pub use launch::{bench_launch, calibrate_work, launch, probe};
 pub use memcpy::{memcpy, pattern};
 pub use memory::{block_steps, fill, hold, steps};
 pub use threads::{bench_alloc, churn};
@@ -26,7 +26,7 @@ use cuda_abi::*;
 use serde_json::{Map, Value, json};
 
 use crate::driver::{CuError, Driver};
-use crate::kernels::{ImageArg, Shape, Spin};
+use crate::kernels::{BLOCK_DIM, ImageArg, Kernel, KernelArg, Shape};
 use crate::out::{cu_error, emit};
 
 /// Why a scenario did not run as designed.
@@ -175,13 +175,22 @@ pub struct StepsArgs {
 
 #[derive(Clone, Debug, Args)]
 pub struct LaunchArgs {
-    /// Device nanoseconds of each block of the spin kernel: each launch keeps the device busy
-    /// for ns-per-block x blocks (see --image)
+    /// Device nanoseconds of each block of the kernel: each launch keeps the device busy for
+    /// ns-per-block x blocks (see --image; on a real GPU the work kernel's length comes from
+    /// --work-iters)
     #[arg(long)]
     pub ns_per_block: u64,
     /// Blocks per launch
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub blocks: u32,
+    /// The kernel: spin (waits on the device's clock: ends on time, whatever else ran) or work
+    /// (a fixed amount of arithmetic: what a process completes measures the device time it got)
+    #[arg(long, value_enum, default_value = "spin")]
+    pub kernel: KernelArg,
+    /// The work kernel's iterations per launch (per thread), for its length on a real GPU
+    /// (`calibrate-work` prints them) [default: 450 per microsecond of the kernel's length]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub work_iters: Option<u64>,
     /// Kernel image: auto (PTX, else the simulator's text image), ptx, or text. With PTX the
     /// blocks run side by side, so min(blocks, SMs) blocks each spin for ns-per-block x blocks
     #[arg(long, value_enum, default_value = "auto")]
@@ -201,6 +210,27 @@ pub struct LaunchArgs {
     /// Launches in flight per stream at most
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
     pub depth: u32,
+    /// Launch K kernels, then wait for all of them (each stream synchronised), and repeat, as a
+    /// loop that synchronises every K iterations does (--depth is then not used)
+    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(1..))]
+    pub sync_every: Option<u32>,
+    /// Print a `progress` line every this many milliseconds, and one at the end (0: none; a
+    /// reader must then drain stdout as the run goes, or the workload blocks on a full pipe)
+    #[arg(long, default_value_t = 0)]
+    pub progress_ms: u64,
+}
+
+#[derive(Clone, Debug, Args)]
+pub struct CalibrateWorkArgs {
+    /// The kernel length to find the work kernel's iterations for, in microseconds
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub us: u64,
+    /// Kernels timed back to back in each round
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..))]
+    pub kernels: u32,
+    /// Kernel image: auto (PTX, else the simulator's text image), ptx, or text
+    #[arg(long, value_enum, default_value = "auto")]
+    pub image: ImageArg,
 }
 
 #[derive(Clone, Debug, Args)]
@@ -265,6 +295,9 @@ pub struct BenchLaunchArgs {
     /// Device nanoseconds each launch takes (one block)
     #[arg(long, default_value_t = 1000)]
     pub kernel_ns: u64,
+    /// The kernel: spin or work (see `launch`)
+    #[arg(long, value_enum, default_value = "spin")]
+    pub kernel: KernelArg,
     /// Kernel image: auto (PTX, else the simulator's text image), ptx, or text
     #[arg(long, value_enum, default_value = "auto")]
     pub image: ImageArg,
@@ -287,9 +320,18 @@ pub struct ProbeArgs {
     /// Seconds of probes first that are not reported
     #[arg(long, value_parser = parse_secs, default_value = "0")]
     pub warmup_secs: f64,
+    /// The kernel: spin or work (see `launch`)
+    #[arg(long, value_enum, default_value = "spin")]
+    pub kernel: KernelArg,
+    /// The work kernel's iterations per probe (see `launch`)
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub work_iters: Option<u64>,
     /// Kernel image: auto (PTX, else the simulator's text image), ptx, or text
     #[arg(long, value_enum, default_value = "auto")]
     pub image: ImageArg,
+    /// Print a `progress` line every this many milliseconds, and one at the end (0: none)
+    #[arg(long, default_value_t = 0)]
+    pub progress_ms: u64,
 }
 
 /// A device with its primary context current on this thread.

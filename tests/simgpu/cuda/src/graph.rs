@@ -2,7 +2,8 @@
 //! capturing stream becomes a memory-allocation node (its address is fixed at capture, its
 //! device memory is taken at the first launch of an instantiated graph, or by cuGraphUpload, and
 //! kept until the instantiated graph is destroyed). A graph launch occupies the engine for the
-//! sum of its kernels, as one item of work.
+//! sum of its kernels: kernels that work, one after another, as one item of work; a kernel that
+//! waits for the clock as an item of its own (its deadline is its own).
 
 use cuda_abi::*;
 use simgpu::{AllocId, AllocKind};
@@ -10,11 +11,13 @@ use simgpu::{AllocId, AllocKind};
 use crate::driver::*;
 use crate::handles::{from_ptr, to_ptr};
 use crate::memory::{give, take};
+use crate::module::Cost;
+use crate::ptx::Timing;
 use crate::stream::{StreamRef, resolve};
 
 #[derive(Clone, Debug)]
 pub enum Node {
-    Kernel { ns: u64 },
+    Kernel(Cost),
     MemAlloc { va: u64, size: u64, dev: u32 },
     MemFree,
 }
@@ -33,20 +36,21 @@ pub struct Graph {
 
 pub struct Exec {
     pub ctx: u64,
-    pub kernel_ns: u64,
+    /// What a launch queues, in order: runs of working kernels summed, each waiting kernel alone.
+    pub kernels: Vec<Cost>,
     /// Graph-allocated memory: (address, size, device).
     pub allocs: Vec<(u64, u64, u32)>,
     pub backing: Vec<(u32, AllocId)>,
 }
 
 /// Records a kernel launch on a capturing stream; false if the stream is not capturing.
-pub fn capture_kernel(inner: &mut Inner, sref: StreamRef, ns: u64) -> bool {
+pub fn capture_kernel(inner: &mut Inner, sref: StreamRef, cost: Cost) -> bool {
     let StreamRef::Real(h, _) = sref else {
         return false;
     };
     match inner.streams.get_mut(h).and_then(|s| s.capture.as_mut()) {
         Some(c) => {
-            c.nodes.push(Node::Kernel { ns });
+            c.nodes.push(Node::Kernel(cost));
             true
         }
         None => false,
@@ -259,11 +263,7 @@ pub unsafe extern "C" fn cuGraphInstantiateWithFlags(
         let mut inner = d.inner.lock();
         let ctx = inner.cur()?.0;
         let g = inner.graphs.get(from_ptr(graph)).ok_or(E_INVALID_HANDLE)?;
-        let kernel_ns = g
-            .nodes
-            .iter()
-            .map(|n| if let Node::Kernel { ns } = n { *ns } else { 0 })
-            .fold(0u64, u64::saturating_add);
+        let kernels = queued(&g.nodes);
         let allocs = g
             .nodes
             .iter()
@@ -277,7 +277,7 @@ pub unsafe extern "C" fn cuGraphInstantiateWithFlags(
             .collect();
         let h = inner.execs.insert(Exec {
             ctx,
-            kernel_ns,
+            kernels,
             allocs,
             backing: Vec::new(),
         });
@@ -285,6 +285,29 @@ pub unsafe extern "C" fn cuGraphInstantiateWithFlags(
         unsafe { out.write(to_ptr(h)) };
         Ok(())
     }))
+}
+
+/// What a launch of a graph of `nodes` queues: consecutive working kernels as one item of their
+/// summed work, each waiting kernel as an item of its own; one empty item for a graph without
+/// kernels (so synchronising on the launch waits for the work queued before it).
+fn queued(nodes: &[Node]) -> Vec<Cost> {
+    let mut out: Vec<Cost> = Vec::new();
+    for n in nodes {
+        let Node::Kernel(c) = n else { continue };
+        match out.last_mut() {
+            Some(last) if last.timing == Timing::Work && c.timing == Timing::Work => {
+                last.ns = last.ns.saturating_add(c.ns);
+            }
+            _ => out.push(*c),
+        }
+    }
+    if out.is_empty() {
+        out.push(Cost {
+            ns: 0,
+            timing: Timing::Work,
+        });
+    }
+    out
 }
 
 /// Takes device memory for the graph's allocation nodes (once per instantiated graph).
@@ -326,8 +349,11 @@ fn launch(exec: CUgraphExec, s: CUstream, ptsz: bool) -> Res {
     let sref = resolve(&inner, s, ptsz)?;
     let eh = from_ptr(exec);
     back(d, &mut inner, eh)?;
-    let ns = inner.execs.get(eh).ok_or(E_INVALID_HANDLE)?.kernel_ns;
-    crate::stream::queue_kernel(d, &mut inner, sref, ns)
+    let kernels = inner.execs.get(eh).ok_or(E_INVALID_HANDLE)?.kernels.clone();
+    for cost in kernels {
+        crate::stream::queue_kernel(d, &mut inner, sref, cost)?;
+    }
+    Ok(())
 }
 
 #[unsafe(no_mangle)]
@@ -396,5 +422,32 @@ pub fn release_ctx(d: &Driver, inner: &mut Inner, ctx: u64) {
         .collect();
     for h in execs {
         let _ = destroy_exec(d, inner, h);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_graph_queues_working_kernels_together_and_each_waiting_kernel_alone() {
+        let work = |ns| Cost {
+            ns,
+            timing: Timing::Work,
+        };
+        let wait = |ns| Cost {
+            ns,
+            timing: Timing::Wait,
+        };
+        let nodes = [
+            Node::Kernel(work(1)),
+            Node::MemFree,
+            Node::Kernel(work(2)),
+            Node::Kernel(wait(10)),
+            Node::Kernel(wait(20)),
+            Node::Kernel(work(4)),
+        ];
+        assert_eq!(queued(&nodes), [work(3), wait(10), wait(20), work(4)]);
+        assert_eq!(queued(&[Node::MemFree]), [work(0)]);
     }
 }

@@ -1,5 +1,5 @@
 //! Kernel launches: every variant queues one item of engine time on the stream's context (or
-//! records a kernel node while the stream is capturing); `Kernel::launch_ns` says how much.
+//! records a kernel node while the stream is capturing); `Kernel::launch_cost` says how much.
 
 use std::ffi::{c_uint, c_void};
 
@@ -29,13 +29,13 @@ fn launch(
     let sref = resolve(&inner, s, ptsz)?;
     let blocks = grid.iter().map(|&g| g as u64).product::<u64>();
     let sms = u64::from(d.state.config().sm_count);
-    let ns = inner
+    let cost = inner
         .funcs
         .get(from_ptr(f))
         .ok_or(E_INVALID_HANDLE)?
         .kernel
-        .launch_ns(blocks, sms, args)?;
-    crate::stream::queue_kernel(d, &mut inner, sref, ns)
+        .launch_cost(blocks, sms, args)?;
+    crate::stream::queue_kernel(d, &mut inner, sref, cost)
 }
 
 macro_rules! launch_kernel {

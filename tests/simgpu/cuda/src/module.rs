@@ -1,5 +1,6 @@
-//! Modules and kernels. A module image in simgpu's text format (`kernel NAME NS_PER_BLOCK` lines)
-//! defines kernels whose blocks run one after another at that cost each. A PTX image defines the
+//! Modules and kernels. A module image in simgpu's text format (`kernel NAME NS_PER_BLOCK` lines,
+//! each with `wait` after it for a kernel that waits for the clock rather than works) defines
+//! kernels whose blocks run one after another at that cost each. A PTX image defines the
 //! kernels it declares with `.entry`, with their parameter layouts and the cost its
 //! `simgpu-kernel` annotations give (`ptx.rs`); their blocks run side by side, one per SM. Any
 //! other image (an ELF cubin, a fatbin, or the `__fatBinC_Wrapper_t` NVIDIA's runtime registers)
@@ -19,7 +20,7 @@ use simgpu::{AllocId, AllocKind};
 use crate::driver::*;
 use crate::handles::{from_ptr, to_ptr};
 use crate::memory::{give, take};
-use crate::ptx::{BlockNs, Entry, Param};
+use crate::ptx::{BlockNs, Entry, Param, Timing};
 
 pub const DEFAULT_NS_PER_BLOCK: u64 = 1_000;
 
@@ -89,10 +90,17 @@ unsafe fn wrapped_fatbins(w: *const u8) -> Res<Vec<(*const u8, usize)>> {
 /// A kernel, and so how long a launch keeps the engine busy.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Kernel {
-    /// Blocks one after another, this many ns each (simgpu's text format, binary images).
-    Serial(u64),
+    /// Blocks one after another, `ns` each (simgpu's text format, binary images).
+    Serial { ns: u64, timing: Timing },
     /// A PTX kernel: its parameters are checked, its blocks run side by side, one per SM.
     Ptx(Entry),
+}
+
+/// What one launch asks of the engine: `ns` of work, or a wait of `ns` for the clock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cost {
+    pub ns: u64,
+    pub timing: Timing,
 }
 
 /// A launch's kernel arguments, as the caller passed them: `kernelParams` (one pointer per
@@ -104,11 +112,17 @@ pub struct Args {
 }
 
 impl Kernel {
-    /// Engine nanoseconds a launch of `blocks` blocks takes on a device of `sms` SMs. Arguments
-    /// that do not fit the declared parameters are refused as the driver refuses them.
-    pub fn launch_ns(&self, blocks: u64, sms: u64, args: Args) -> Res<u64> {
+    /// What a launch of `blocks` blocks asks of a device of `sms` SMs (a kernel that waits does
+    /// so for all its blocks at once). Arguments that do not fit the declared parameters are
+    /// refused as the driver refuses them.
+    pub fn launch_cost(&self, blocks: u64, sms: u64, args: Args) -> Res<Cost> {
         let e = match self {
-            Kernel::Serial(ns) => return Ok(ns.saturating_mul(blocks)),
+            Kernel::Serial { ns, timing } => {
+                return Ok(Cost {
+                    ns: ns.saturating_mul(blocks),
+                    timing: *timing,
+                });
+            }
             Kernel::Ptx(e) => e,
         };
         let per_block = match e.block_ns {
@@ -118,7 +132,10 @@ impl Kernel {
             }
             BlockNs::Param(i) => argument(&e.params, args, Some(i))?,
         };
-        Ok(per_block.saturating_mul(blocks.div_ceil(sms.max(1))))
+        Ok(Cost {
+            ns: per_block.saturating_mul(blocks.div_ceil(sms.max(1))),
+            timing: e.timing,
+        })
     }
 }
 
@@ -192,8 +209,9 @@ pub struct Func {
     pub kernel: Kernel,
 }
 
-/// Parses simgpu's text kernel format; None if `text` is not in it.
-pub fn parse_text_image(text: &str) -> Option<HashMap<String, u64>> {
+/// Parses simgpu's text kernel format (`kernel NAME NS_PER_BLOCK [wait]` lines); None if `text`
+/// is not in it.
+pub fn parse_text_image(text: &str) -> Option<HashMap<String, Kernel>> {
     let mut kernels = HashMap::new();
     for line in text
         .lines()
@@ -201,15 +219,21 @@ pub fn parse_text_image(text: &str) -> Option<HashMap<String, u64>> {
         .filter(|l| !l.is_empty() && !l.starts_with('#'))
     {
         let mut w = line.split_whitespace();
-        match (
+        let (Some("kernel"), Some(name), Some(ns), how, None) = (
             w.next(),
             w.next(),
             w.next().and_then(|n| n.parse::<u64>().ok()),
             w.next(),
-        ) {
-            (Some("kernel"), Some(name), Some(ns), None) => kernels.insert(name.to_string(), ns),
-            _ => return None,
+            w.next(),
+        ) else {
+            return None;
         };
+        let timing = match how {
+            None => Timing::Work,
+            Some("wait") => Timing::Wait,
+            Some(_) => return None,
+        };
+        kernels.insert(name.to_string(), Kernel::Serial { ns, timing });
     }
     (!kernels.is_empty()).then_some(kernels)
 }
@@ -239,11 +263,7 @@ unsafe fn image_len(image: *const u8) -> usize {
 /// The kernels a text image defines: simgpu's format or PTX; None for anything else.
 fn kernels_of(text: &str) -> Res<Option<HashMap<String, Kernel>>> {
     if let Some(k) = parse_text_image(text) {
-        return Ok(Some(
-            k.into_iter()
-                .map(|(name, ns)| (name, Kernel::Serial(ns)))
-                .collect(),
-        ));
+        return Ok(Some(k));
     }
     if !crate::ptx::is_ptx(text) {
         return Ok(None);
@@ -390,7 +410,10 @@ fn get_function(module: u64, name: *const c_char) -> Res<u64> {
     let m = inner.modules.get(module).ok_or(E_INVALID_HANDLE)?;
     let kernel = match &m.kernels {
         Some(k) => k.get(&name).ok_or(CUresult::CUDA_ERROR_NOT_FOUND)?.clone(),
-        None => Kernel::Serial(binary_ns_per_block()),
+        None => Kernel::Serial {
+            ns: binary_ns_per_block(),
+            timing: Timing::Work,
+        },
     };
     Ok(inner.funcs.insert(Func { module, kernel }))
 }
@@ -641,11 +664,15 @@ mod tests {
 
     #[test]
     fn text_images_define_kernels_and_others_do_not() {
-        let k = parse_text_image("# a comment\nkernel spin 1000\n\nkernel big 250000\n").unwrap();
-        assert_eq!(k["spin"], 1000);
-        assert_eq!(k["big"], 250000);
+        let k =
+            parse_text_image("# a comment\nkernel spin 1000 wait\n\nkernel big 250000\n").unwrap();
+        let serial = |ns, timing| Kernel::Serial { ns, timing };
+        assert_eq!(k["spin"], serial(1000, Timing::Wait));
+        assert_eq!(k["big"], serial(250000, Timing::Work));
         assert!(parse_text_image(".version 8.0\n.target sm_90\n").is_none());
         assert!(parse_text_image("kernel spin\n").is_none());
+        assert!(parse_text_image("kernel spin 1000 later\n").is_none());
+        assert!(parse_text_image("kernel spin 1000 wait wait\n").is_none());
         assert!(parse_text_image("").is_none());
     }
 }

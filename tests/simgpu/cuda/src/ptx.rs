@@ -5,13 +5,23 @@
 //! from an annotation in a PTX comment, which the real driver ignores:
 //!
 //! ```text
-//! // simgpu-kernel NAME block-ns=param0      each block runs for the value of parameter 0, in ns
-//! // simgpu-kernel NAME block-ns=250000      each block runs for 250 us
+//! // simgpu-kernel NAME block-ns=param0      each block works for the value of parameter 0, in ns
+//! // simgpu-kernel NAME block-ns=250000      each block works for 250 us
+//! // simgpu-kernel NAME wait-ns=param0       each block waits until parameter 0's ns have passed
+//! // simgpu-kernel NAME wait-ns=250000       each block waits until 250 us have passed
 //! ```
 //!
+//! `block-ns` is fixed work (an arithmetic loop): the engine time it needs, however long it is
+//! preempted for. `wait-ns` is a kernel that spins on the GPU's global timer (`%globaltimer`)
+//! until that long after it started: its deadline is set when it first runs, it keeps the engine
+//! busy only while scheduled, and it ends at the first moment it is on the engine at or after the
+//! deadline, so beside another context it may use less engine time than it waited for
+//! (`ITEM_WAIT` in the engine).
+//!
 //! Blocks run side by side, one per SM, as they do on a GPU: a launch of B blocks takes
-//! `block_ns x ceil(B / SMs)`. A kernel without an annotation takes 1 us per block the same way.
-//! A name the image does not declare with `.entry` is not found, as with the real driver.
+//! `ns x ceil(B / SMs)`, a waiting kernel as one wait of that length. A kernel without an
+//! annotation works for 1 us per block the same way. A name the image does not declare with
+//! `.entry` is not found, as with the real driver.
 
 use std::collections::HashMap;
 
@@ -26,6 +36,15 @@ pub enum BlockNs {
     Param(usize),
 }
 
+/// How a kernel spends its time: `block-ns` or `wait-ns` in its annotation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Timing {
+    /// Fixed work: the engine time it needs, however long it is preempted for.
+    Work,
+    /// A wait for the clock: it ends once that long has passed since it started.
+    Wait,
+}
+
 /// One kernel parameter: where it sits in the packed argument buffer (`CU_LAUNCH_PARAM_BUFFER_POINTER`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Param {
@@ -38,6 +57,7 @@ pub struct Param {
 pub struct Entry {
     pub params: Vec<Param>,
     pub block_ns: BlockNs,
+    pub timing: Timing,
 }
 
 /// Whether `text` is a PTX module (it has a `.version` directive outside comments).
@@ -77,37 +97,48 @@ pub fn parse(text: &str) -> Result<HashMap<String, Entry>, String> {
             Entry {
                 params,
                 block_ns: BlockNs::Fixed(DEFAULT_BLOCK_NS),
+                timing: Timing::Work,
             },
         );
     }
-    for (name, block_ns) in annotations(text)? {
+    for (name, timing, block_ns) in annotations(text)? {
         let e = kernels.get_mut(&name).ok_or_else(|| {
             format!("simgpu-kernel annotation for {name}, which no .entry declares")
         })?;
+        let key = key(timing);
         if let BlockNs::Param(i) = block_ns {
             match e.params.get(i) {
                 Some(p) if p.size == 4 || p.size == 8 => {}
                 Some(p) => {
                     return Err(format!(
-                        "simgpu-kernel {name}: parameter {i} is {} bytes; block-ns needs a 32- or 64-bit integer",
+                        "simgpu-kernel {name}: parameter {i} is {} bytes; {key} needs a 32- or 64-bit integer",
                         p.size
                     ));
                 }
                 None => {
                     return Err(format!(
-                        "simgpu-kernel {name}: block-ns=param{i}, but the kernel has {} parameters",
+                        "simgpu-kernel {name}: {key}=param{i}, but the kernel has {} parameters",
                         e.params.len()
                     ));
                 }
             }
         }
         e.block_ns = block_ns;
+        e.timing = timing;
     }
     Ok(kernels)
 }
 
-/// `// simgpu-kernel NAME block-ns=...` lines.
-fn annotations(text: &str) -> Result<Vec<(String, BlockNs)>, String> {
+/// The annotation's word for `timing`.
+fn key(timing: Timing) -> &'static str {
+    match timing {
+        Timing::Work => "block-ns",
+        Timing::Wait => "wait-ns",
+    }
+}
+
+/// `// simgpu-kernel NAME block-ns=...` and `wait-ns=...` lines.
+fn annotations(text: &str) -> Result<Vec<(String, Timing, BlockNs)>, String> {
     let mut out = Vec::new();
     for line in text.lines() {
         let Some(comment) = line.trim().strip_prefix("//") else {
@@ -119,19 +150,23 @@ fn annotations(text: &str) -> Result<Vec<(String, BlockNs)>, String> {
         }
         let bad = || {
             format!(
-                "bad annotation {:?}: write `// simgpu-kernel NAME block-ns=param0` or `block-ns=NS`",
+                "bad annotation {:?}: write `// simgpu-kernel NAME block-ns=param0` (fixed work) or \
+                 `wait-ns=param0` (a wait for the clock), or a number of ns for param0",
                 line.trim()
             )
         };
         let (Some(name), Some(cost), None) = (w.next(), w.next(), w.next()) else {
             return Err(bad());
         };
-        let value = cost.strip_prefix("block-ns=").ok_or_else(bad)?;
+        let (timing, value) = [Timing::Work, Timing::Wait]
+            .into_iter()
+            .find_map(|t| Some((t, cost.strip_prefix(key(t))?.strip_prefix('=')?)))
+            .ok_or_else(bad)?;
         let block_ns = match value.strip_prefix("param") {
             Some(i) => BlockNs::Param(i.parse().map_err(|_| bad())?),
             None => BlockNs::Fixed(value.parse().map_err(|_| bad())?),
         };
-        out.push((name.to_string(), block_ns));
+        out.push((name.to_string(), timing, block_ns));
     }
     Ok(out)
 }
@@ -246,7 +281,7 @@ mod tests {
     use super::*;
 
     const SPIN: &str = "// a spin kernel\n\
-        // simgpu-kernel spin block-ns=param1\n\
+        // simgpu-kernel spin wait-ns=param1\n\
         .version 6.4\n.target sm_75\n.address_size 64\n\
         .visible .entry spin(\n  .param .u32 spin_flags,\n  .param .u64 spin_ns, // the time\n  \
         .param .align 16 .b8 spin_blob[24]\n)\n{\n  ret;\n}\n\
@@ -272,8 +307,10 @@ mod tests {
             ]
         );
         assert_eq!(spin.block_ns, BlockNs::Param(1));
+        assert_eq!(spin.timing, Timing::Wait);
         assert_eq!(k["bare"].params, []);
         assert_eq!(k["bare"].block_ns, BlockNs::Fixed(DEFAULT_BLOCK_NS));
+        assert_eq!(k["bare"].timing, Timing::Work);
     }
 
     #[test]
@@ -281,7 +318,11 @@ mod tests {
         let base = ".version 7.0\n.target sm_80\n.entry k(.param .u64 a, .param .b8 b)\n{ ret; }\n";
         for (note, why) in [
             ("// simgpu-kernel k block-ns=param2", "has 2 parameters"),
+            ("// simgpu-kernel k wait-ns=param2", "wait-ns=param2, but"),
             ("// simgpu-kernel k block-ns=param1", "1 bytes"),
+            ("// simgpu-kernel k wait-ns=param1", "wait-ns needs"),
+            ("// simgpu-kernel k wait-ns 5", "bad annotation"),
+            ("// simgpu-kernel k block-nsx=5", "bad annotation"),
             ("// simgpu-kernel other block-ns=5", "no .entry declares"),
             ("// simgpu-kernel k ns=5", "bad annotation"),
             ("// simgpu-kernel k block-ns=fast", "bad annotation"),
@@ -289,9 +330,9 @@ mod tests {
             let err = parse(&format!("{note}\n{base}")).unwrap_err();
             assert!(err.contains(why), "{note}: {err}");
         }
-        assert_eq!(
-            parse(&format!("// simgpu-kernel k block-ns=7\n{base}")).unwrap()["k"].block_ns,
-            BlockNs::Fixed(7)
-        );
+        let k = &parse(&format!("// simgpu-kernel k block-ns=7\n{base}")).unwrap()["k"];
+        assert_eq!((k.block_ns, k.timing), (BlockNs::Fixed(7), Timing::Work));
+        let k = &parse(&format!("// simgpu-kernel k wait-ns=param0\n{base}")).unwrap()["k"];
+        assert_eq!((k.block_ns, k.timing), (BlockNs::Param(0), Timing::Wait));
     }
 }

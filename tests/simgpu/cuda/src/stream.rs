@@ -16,6 +16,8 @@ use simgpu::layout::{
 use crate::driver::*;
 use crate::graph::Capture;
 use crate::handles::{from_ptr, to_ptr};
+use crate::module::Cost;
+use crate::ptx::Timing;
 
 pub struct Stream {
     pub ctx: u64,
@@ -119,20 +121,23 @@ pub fn push(d: &Driver, inner: &mut Inner, sref: StreamRef, item: Item) -> Res<u
     Ok(seq)
 }
 
-/// Queues `ns` of kernel work on the stream, or records it as a kernel node if the stream is
-/// capturing.
-pub fn queue_kernel(d: &Driver, inner: &mut Inner, sref: StreamRef, ns: u64) -> Res {
-    if crate::graph::capture_kernel(inner, sref, ns) {
+/// Queues a kernel on the stream, or records it as a kernel node if the stream is capturing.
+pub fn queue_kernel(d: &Driver, inner: &mut Inner, sref: StreamRef, cost: Cost) -> Res {
+    if crate::graph::capture_kernel(inner, sref, cost) {
         return Ok(());
     }
+    let kind = match cost.timing {
+        Timing::Work => simgpu::layout::ITEM_KERNEL,
+        Timing::Wait => simgpu::layout::ITEM_WAIT,
+    };
     push(
         d,
         inner,
         sref,
         Item {
-            kind: simgpu::layout::ITEM_KERNEL,
-            remaining: ns,
-            total: ns,
+            kind,
+            remaining: cost.ns,
+            total: cost.ns,
             ..Item::default()
         },
     )
