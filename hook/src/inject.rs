@@ -10,6 +10,7 @@
 //! | `/run/cuslice/slice/ledger` | the same file | read-write: the one thing processes update |
 //! | `/run/cuslice/node` | the node's compute board (`/dev/shm/cuslice`): every slice's grant and claims | read-only |
 //! | `/run/cuslice/node/<slice>/claims` | the container's own claims on the board | read-write |
+//! | `/run/cuslice/node/<slice>/turns` | the container's own turns on the board | read-write |
 //! | `/run/cuslice/lib/libcuslice.so` | the interposer's loader | read-only |
 //! | `/run/cuslice/lib/libcuslice_core.so` | the interposer, which the loader opens beside itself | read-only |
 //! | `/run/cuslice/agent` | `<state root>/agent`: the node agent's socket | read-only (a socket still connects) |
@@ -115,13 +116,16 @@ fn mount_all(r: &Rootfs, plan: &Plan<'_>, created: &mut Vec<String>) -> Result<(
     if r.ensure_file(PRELOAD).map_err(|e| cant_make(PRELOAD, e))? {
         created.push(PRELOAD.to_string());
     }
-    let own_claims = format!(
-        "{}/{:016x}/{}",
-        in_rootfs(CONTAINER_NODE_DIR),
-        plan.slice,
-        cuslice_state::board::CLAIMS
-    );
-    let binds: [(PathBuf, &str, bool); 9] = [
+    let own = |file: &str| {
+        format!(
+            "{}/{:016x}/{file}",
+            in_rootfs(CONTAINER_NODE_DIR),
+            plan.slice,
+        )
+    };
+    let own_claims = own(cuslice_state::board::CLAIMS);
+    let own_turns = own(cuslice_state::board::turns::FILE);
+    let binds: [(PathBuf, &str, bool); 10] = [
         (plan.skeleton.to_path_buf(), in_rootfs(CONTAINER_DIR), true),
         (plan.mnt.join("slice"), in_rootfs(CONTAINER_SLICE_DIR), true),
         (
@@ -129,14 +133,20 @@ fn mount_all(r: &Rootfs, plan: &Plan<'_>, created: &mut Vec<String>) -> Result<(
             in_rootfs(CONTAINER_LEDGER),
             false,
         ),
-        // Read-only: every slice reads the board; the one file of it this container writes is
-        // its own claims, mounted read-write over their place in it.
+        // Read-only: every slice reads the board; the files of it this container writes are its
+        // own claims and turns, mounted read-write over their place in it.
         (
             plan.node_dir.to_path_buf(),
             in_rootfs(CONTAINER_NODE_DIR),
             true,
         ),
         (plan.claims.to_path_buf(), &own_claims, false),
+        (
+            plan.claims
+                .with_file_name(cuslice_state::board::turns::FILE),
+            &own_turns,
+            false,
+        ),
         // Read-only, yet the agent's socket in it still connects: connect(2) needs write
         // permission on the socket file, and read-only mounts spare sockets (as they spare
         // device nodes and fifos); it writes nothing to the file system.

@@ -324,7 +324,7 @@ impl Meter {
         let mut views = b.views(self.index, &self.uuid, now, now.saturating_sub(ACTIVE_NS));
         corroborate(&mut views, &self.uuid, now);
         let waiting = b
-            .rivals(self.index, &self.uuid, now)
+            .rivals(self.index, &self.uuid)
             .iter()
             .any(|r| r.turn != Turn::Idle);
         if views.len() > 1 || waiting {
@@ -348,6 +348,14 @@ impl Meter {
         turns::refill(&t, now);
         let gated = allot < FULL || now < p.others_until;
         let was = self.turns.gated.swap(gated, Ordering::Relaxed);
+        if std::env::var_os("CUSLICETRACE_TURNS").is_some() {
+            eprintln!(
+                "{} tick: allot {allot} usage {usage} views {} waiting {waiting} gated {gated} turn {:?}",
+                now / 1000,
+                views.len(),
+                b.turn(self.index)
+            );
+        }
         if !gated {
             self.hold_free(b, now);
         } else if !was {
@@ -382,10 +390,10 @@ impl Meter {
             Turn::Idle => {
                 b.swap_turn(self.index, Turn::IDLE, Turn::Holding { since: now, until });
             }
-            Turn::Waiting { .. } => {
+            waiting => {
                 b.swap_turn(
                     self.index,
-                    Turn::WAITING,
+                    waiting.words().0,
                     Turn::Holding { since: now, until },
                 );
             }

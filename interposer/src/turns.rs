@@ -23,7 +23,7 @@ use std::time::Duration;
 use cuda_abi::*;
 use cuslice_policy::priority::Priority;
 use cuslice_policy::share::{self, FULL};
-use cuslice_policy::turn::{self, Next, Observer, Rival, Step, Turn};
+use cuslice_policy::turn::{self, Class, Next, Observer, Rival, Step, Turn};
 use cuslice_shm::futex;
 use cuslice_state::board::{Board, Gate};
 use cuslice_state::ledger::{Ledger, Tokens};
@@ -37,8 +37,10 @@ use crate::real;
 const SLOTS: usize = 8;
 /// What a launch is taken to cost before a turn has measured it.
 pub const INITIAL_COST_NS: u64 = 100_000;
-/// A holder that launched nothing for this long while others wait passes the turn on.
-const QUIET_NS: u64 = 200_000;
+/// A holder that launched nothing and has nothing left to run for this long passes the turn on
+/// to a slice that waits (shorter gaps, such as a synchronisation between bursts of launches,
+/// keep it).
+const QUIET_NS: u64 = 300_000;
 /// A holder that launched nothing for this long passes the turn on even when nobody waits (so
 /// that an idle slice holds nothing).
 const IDLE_RELEASE_NS: u64 = 5_000_000;
@@ -111,6 +113,8 @@ struct Lead {
     /// Events recorded on this process's streams at the last look while launches waited for the
     /// allowance: all reached by the next look means the queue ran dry meanwhile.
     probe: Vec<Event>,
+    /// Whether the turn's end counts from its first launch yet.
+    anchored: bool,
 }
 
 /// This process's part in its slice's turns on one device.
@@ -128,7 +132,8 @@ pub struct Turns {
     waiting: AtomicU32,
     /// When this process's threads began waiting for tokens (0: they are not).
     throttled_since: AtomicU64,
-    /// Launches held back by tokens (a count; the meter reads it each period).
+    /// Times the slice was held back: by its tokens, or by a turn that ended with work left (a
+    /// count; the compute thread reads it each period: the slice wants more than it got).
     throttled: AtomicU64,
     /// Stream keys noted in turn `slots_turn` without a lock (0: free).
     slots: [AtomicUsize; SLOTS],
@@ -455,17 +460,13 @@ impl Turns {
     /// The slice does not hold the turn: if this process has launches waiting, queue for it and
     /// take it when it is the slice's.
     fn wait(&self, s: &Slot<'_>, turn: Turn, now: u64) -> Option<u64> {
+        let code = turn.words().0;
         let wants = self.waiting.load(Ordering::Acquire) > 0;
         if !wants {
-            if let Turn::Waiting { .. } = turn
-                && s.gate
-                    .wanted
-                    .load(Ordering::Relaxed)
-                    .saturating_add(IDLE_RELEASE_NS)
-                    < now
-            {
+            let wanted = s.gate.wanted.load(Ordering::Relaxed);
+            if turn.waits() && wanted.saturating_add(IDLE_RELEASE_NS) < now {
                 // Nobody of the slice wants it any more.
-                s.board.swap_turn(s.d, Turn::WAITING, Turn::Idle);
+                s.board.swap_turn(s.d, code, Turn::Idle);
             }
             return None;
         }
@@ -473,11 +474,11 @@ impl Turns {
         let allot = s.allot();
         let tokens = s.tokens_now(now);
         let since = match turn {
-            Turn::Waiting { since } => since,
+            Turn::Waiting { since } | Turn::Urgent { since } => since,
             _ => now,
         };
-        let rivals = self.rivals(s, Some(since), now);
-        let contended = rivals.iter().any(|r| r.turn != Turn::Idle);
+        let read = s.board.rivals(s.d, s.uuid);
+        let contended = read.iter().any(|r| r.turn != Turn::Idle);
         let need = turn::ready_at(allot, bank(allot), contended);
         if need.is_some_and(|need| tokens < need) {
             // Held back by its tokens until they pay for a turn (out of the queue meanwhile).
@@ -485,8 +486,8 @@ impl Turns {
                 self.throttled_since.store(now, Ordering::Relaxed);
                 self.throttled.fetch_add(1, Ordering::Relaxed);
             }
-            if let Turn::Waiting { .. } = turn {
-                s.board.swap_turn(s.d, Turn::WAITING, Turn::Idle);
+            if turn.waits() {
+                s.board.swap_turn(s.d, code, Turn::Idle);
             }
             let pause = share::pause_ns(need.unwrap_or(0) - tokens, allot);
             return Some(now + pause.min(WAIT_POLL_SLOW_NS * 2));
@@ -495,19 +496,39 @@ impl Turns {
         if held_from != 0 {
             s.ledger.note_throttled(s.d, now - held_from);
         }
-        if turn != (Turn::Waiting { since })
-            && !s.board.swap_turn(s.d, Turn::IDLE, Turn::Waiting { since })
-        {
+        // Urgent: its work comes after a lull (its last turn ended with nothing left to run).
+        let urgent = s.gate.cut.load(Ordering::Relaxed) == 0;
+        let posted = if urgent {
+            Turn::Urgent { since }
+        } else {
+            Turn::Waiting { since }
+        };
+        if turn != posted && !s.board.swap_turn(s.d, code, posted) {
             return Some(now + WAIT_POLL_NS);
         }
-        let rivals = self.rivals(s, Some(since), now);
-        match turn::next(s.slice, since, s.priority, &rivals, now) {
-            Next::Take => Some(self.take(s, since, allot, tokens, now)),
+        let class = Class::of(urgent, s.priority, since, now);
+        let rivals = self.observed(&read, Some((s.slice, since, class)), now);
+        match turn::next(s.slice, since, class, &rivals, now) {
+            Next::Take => {
+                // Beside others a turn is its part of the round, whatever its tokens: what it uses
+                // beyond them it owes, and waits for; shortened, a slice would pay for the round's
+                // handoffs alone.
+                let len = if contended {
+                    turn::quantum(allot)
+                } else {
+                    turn::length(allot, tokens)
+                };
+                Some(self.take(s, posted, len, now))
+            }
             Next::HeldUntil(until) => {
-                // It may end early (when it idles): look now and then; near its end, often.
+                // It may end early (when it idles): look now and then; near its end, often. A
+                // slice the holder gives way to (urgent, or waiting long) looks often at once.
                 let early = until.saturating_sub(WAIT_POLL_SLOW_NS);
                 let near = until.saturating_sub(WAIT_POLL_NS * 3);
-                Some(if now < early {
+                let first = class != Class::Normal;
+                Some(if first {
+                    now + HANDOFF_POLL_NS
+                } else if now < early {
                     early.min(now + WAIT_POLL_SLOW_NS)
                 } else if now < near {
                     near.min(now + WAIT_POLL_NS)
@@ -520,29 +541,32 @@ impl Turns {
     }
 
     /// The other slices' turns on the device, read now and as this process believes them
-    /// (`turn::Observer`); `waiting_since`: this slice's place in the queue, while it waits.
-    fn rivals(&self, s: &Slot<'_>, waiting_since: Option<u64>, now: u64) -> Vec<Rival> {
-        let read = s.board.rivals(s.d, s.uuid, now);
-        let me = waiting_since.map(|since| (s.slice, since, s.priority));
-        self.observer.lock().filter(&read, me, now)
+    /// (`turn::Observer`).
+    fn rivals(&self, s: &Slot<'_>, now: u64) -> Vec<Rival> {
+        let read = s.board.rivals(s.d, s.uuid);
+        self.observed(&read, None, now)
     }
 
-    /// Takes the turn (the slice waited since `since`) and opens the gate.
-    fn take(&self, s: &Slot<'_>, since: u64, allot: u32, tokens: i64, now: u64) -> u64 {
+    /// `read` as this process believes it (`turn::Observer`); `me`: this slice's place in the
+    /// queue while it waits (slice, since, class).
+    fn observed(&self, read: &[Rival], me: Option<(u64, u64, Class)>, now: u64) -> Vec<Rival> {
+        self.observer.lock().filter(read, me, now)
+    }
+
+    /// Takes the turn (the slice waited as `waiting` posts) for `len` and opens the gate.
+    fn take(&self, s: &Slot<'_>, waiting: Turn, len: u64, now: u64) -> u64 {
         let g = s.gate;
-        let len = turn::length(allot, tokens);
         let held = Turn::Holding {
             since: now,
             until: now + len,
         };
-        if !s.board.swap_turn(s.d, Turn::WAITING, held) {
+        if !s.board.swap_turn(s.d, waiting.words().0, held) {
             return now + WAIT_POLL_NS;
         }
         fence(Ordering::SeqCst);
-        let rivals = self.rivals(s, None, now);
+        let rivals = self.rivals(s, now);
         if !turn::keeps(s.slice, now, &rivals, now) {
-            s.board
-                .swap_turn(s.d, Turn::HOLDING, Turn::Waiting { since });
+            s.board.swap_turn(s.d, Turn::HOLDING, waiting);
             return now + WAIT_POLL_NS;
         }
         let n = g.number.load(Ordering::Acquire) + 1;
@@ -570,6 +594,7 @@ impl Turns {
                 queued_seen: 0,
                 quiet_since: now,
                 probe: Vec::new(),
+                anchored: false,
             };
         }
         self.leads.store(n, Ordering::Relaxed);
@@ -577,10 +602,9 @@ impl Turns {
         futex::wake_all(&g.open);
         if std::env::var_os("CUSLICETRACE_TURNS").is_some() {
             eprintln!(
-                "{} take turn {n}: len {} us, waited {} us",
+                "{} take turn {n}: len {} us, as {waiting:?}",
                 now / 1000,
-                len / 1000,
-                (now - since) / 1000
+                len / 1000
             );
         }
         now + LEAD_POLL_NS
@@ -589,27 +613,55 @@ impl Turns {
     /// One look at the turn this process leads: let more work be queued, renew it, or close it.
     fn lead(&self, s: &Slot<'_>, now: u64) -> u64 {
         let g = s.gate;
-        let rivals = self.rivals(s, None, now);
+        let rivals = self.rivals(s, now);
         let mut l = self.lead.lock();
-        // Quiet: nothing launched since it last looked, and what was queued done by the
-        // estimate (a slice that keeps a few launches in flight launches again as each ends).
+        let started = g.started_ns.load(Ordering::Relaxed);
+        if !l.anchored && started != 0 {
+            // The turn lasts its length from its first launch: the launching threads' wake-up is
+            // nobody's device time.
+            l.anchored = true;
+            l.until += started.saturating_sub(l.since);
+            s.board.renew_turn(s.d, l.until);
+        }
         let queued = g.queued.load(Ordering::Relaxed);
-        if queued != l.queued_seen || l.since.saturating_add(queued) > now {
-            l.queued_seen = queued;
+        let launched = queued != l.queued_seen;
+        l.queued_seen = queued;
+        let blocked = queued >= g.allowed.load(Ordering::Relaxed);
+        // Whether everything queued before the last look is done (None: it cannot tell).
+        let drained = self.probe(g, &mut l, launched || blocked);
+        if blocked && drained == Some(true) {
+            // The queue ran dry while launches waited for the allowance: `cost` is too high, the
+            // device idles in the turn, and what was queued is set back to what has run.
+            g.dry
+                .store(g.number.load(Ordering::Relaxed), Ordering::Relaxed);
+            let cost = g.cost.load(Ordering::Relaxed);
+            g.cost.store((cost * 3 / 4).max(1_000), Ordering::Relaxed);
+            g.queued
+                .fetch_min(now.saturating_sub(l.since), Ordering::Relaxed);
+        }
+        // Quiet: nothing launched since the last look and all of it done (by its events, or
+        // without them by the estimate). A slice that keeps a few launches in flight launches
+        // again as each ends.
+        let done = drained.unwrap_or(l.since.saturating_add(queued) <= now);
+        if launched || !done || self.waiting.load(Ordering::Relaxed) > 0 {
             l.quiet_since = now;
         }
         let quiet = now.saturating_sub(l.quiet_since);
         let waiters = turn::waiters(s.priority, &rivals, now);
         // What another turn would last, paid by the tokens left (this one's is taken ahead).
         let renew = turn::length(s.allot(), s.tokens_now(now));
-        let step = if quiet >= IDLE_RELEASE_NS || !self.gated.load(Ordering::Relaxed) {
-            // Idle long enough, or the device no longer takes turns: it ends.
+        let step = if quiet >= IDLE_RELEASE_NS
+            || !self.gated.load(Ordering::Relaxed)
+            || !turn::keeps(s.slice, l.since, &rivals, now)
+        {
+            // Idle long enough, the device no longer takes turns, or another slice took the turn
+            // first (both took it at once): it ends.
             Step::Close
         } else {
             turn::step(
                 now,
-                l.until,
-                quiet >= QUIET_NS && self.waiting.load(Ordering::Relaxed) == 0,
+                (l.since, l.until),
+                quiet >= QUIET_NS,
                 waiters,
                 Some(renew),
             )
@@ -623,17 +675,39 @@ impl Turns {
                 s.board.renew_turn(s.d, until);
             }
             Step::Close => {
+                let cut = quiet < QUIET_NS;
+                g.cut.store(u32::from(cut), Ordering::Relaxed);
+                if cut {
+                    // Ended with work left (its round, its tokens, or someone first): the slice
+                    // wants more than it got.
+                    self.throttled.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    // It idled at the end: its span says nothing of what a launch costs.
+                    g.dry
+                        .store(g.number.load(Ordering::Relaxed), Ordering::Relaxed);
+                }
+                let probe = std::mem::take(&mut l.probe);
                 drop(l);
+                self.streams.lock().free.extend(probe);
                 return self.close(s, now);
             }
         }
         let ahead = ahead(s.priority, &rivals);
-        self.probe_dry(g, &mut l, now);
+        // Counted from the first launch, as the turn's end is.
+        let from = if started != 0 {
+            started.max(l.since)
+        } else {
+            now
+        };
         g.allowed.store(
-            turn::allowed(now - l.since, l.until - l.since, ahead),
+            turn::allowed(
+                now.saturating_sub(from),
+                l.until.saturating_sub(from),
+                ahead,
+            ),
             Ordering::Relaxed,
         );
-        let poll = if ahead == 0 || waiters.higher {
+        let poll = if ahead == 0 || waiters.any {
             LEAD_POLL_HIGH_NS
         } else {
             LEAD_POLL_NS
@@ -641,49 +715,44 @@ impl Turns {
         (now + poll).min(l.until.max(now + LEAD_POLL_HIGH_NS))
     }
 
-    /// Whether the queue ran dry while launches waited for the allowance (the probe recorded at
-    /// the last look was reached, and they still wait): then `cost` is too high, the device idles
-    /// in the holder's turn, and what was queued is set back to what has run. A new probe is
-    /// recorded while launches wait.
-    fn probe_dry(&self, g: &Gate, l: &mut Lead, now: u64) {
-        let blocked = g.queued.load(Ordering::Relaxed) >= g.allowed.load(Ordering::Relaxed);
+    /// The holder's probe of its queue: whether the events recorded on this process's streams at
+    /// the last look are all reached (everything queued before then is done); None when there
+    /// were none or it cannot tell. `again`: record a new probe (something was launched since,
+    /// or launches wait for the allowance), else keep watching the last one.
+    fn probe(&self, g: &Gate, l: &mut Lead, again: bool) -> Option<bool> {
         let mut st = self.streams.lock();
-        if !l.probe.is_empty() {
+        let reached = (!l.probe.is_empty()).then(|| {
             let query = real::cuEventQuery();
-            let reached = l.probe.iter().all(|e| {
+            l.probe.iter().all(|e| {
                 query.is_some_and(|q| {
                     // SAFETY: an event this library created and recorded in a context the
                     // application has not destroyed (`forget_ctx` takes the same lock).
                     let r = unsafe { q(e.event as CUevent) };
                     r != CUresult::CUDA_ERROR_NOT_READY
                 })
-            });
-            st.free.append(&mut l.probe);
-            if reached && blocked {
-                let n = g.number.load(Ordering::Relaxed);
-                g.dry.store(n, Ordering::Relaxed);
-                let cost = g.cost.load(Ordering::Relaxed);
-                g.cost.store((cost * 3 / 4).max(1_000), Ordering::Relaxed);
-                let ran = now.saturating_sub(l.since);
-                g.queued.fetch_min(ran, Ordering::Relaxed);
-                return;
-            }
+            })
+        });
+        if !again && reached == Some(false) {
+            return reached;
         }
-        if blocked && st.turn == g.number.load(Ordering::Relaxed) {
-            relax_capture_mode();
-            let list = st.list.clone();
-            for t in &list {
-                match record_on(&mut st.free, t) {
-                    Some(Recorded::Event(e)) => l.probe.push(e),
-                    Some(Recorded::Captured) => {}
-                    None => {
-                        // A stream it cannot watch: no probe this time.
-                        st.free.append(&mut l.probe);
-                        return;
-                    }
+        st.free.append(&mut l.probe);
+        if st.turn != g.number.load(Ordering::Relaxed) || st.unnamed {
+            // Nothing of this process's to watch in this turn, or work it cannot watch.
+            return None;
+        }
+        relax_capture_mode();
+        let list = st.list.clone();
+        for t in &list {
+            match record_on(&mut st.free, t) {
+                Some(Recorded::Event(e)) => l.probe.push(e),
+                Some(Recorded::Captured) => {}
+                None => {
+                    st.free.append(&mut l.probe);
+                    return None;
                 }
             }
         }
+        reached
     }
 
     /// Closes the turn this process leads: no more launches go; this process drains its own and

@@ -5,17 +5,26 @@
 //! its last work done, with nobody else on the device. See docs/compute.md.
 //!
 //! - A slice that has work to launch waits for the turn; the waiting slice that waited longest
-//!   (high priority first) takes it when nobody holds it.
+//!   takes it when nobody holds it. A slice whose work came after a lull (its last turn ended with
+//!   nothing left to run: a light or bursty workload) waits *urgently*: it goes before the
+//!   slices that keep the device busy, and a holder below it ends its turn once it has held it
+//!   `MIN_HELD_NS`. So a light slice waits for about one of a busy neighbour's kernels, not for
+//!   its turn. Among urgent slices, one granted high priority goes first and ends any turn but a
+//!   high one's; a busy slice, high or not, queues like the others, so that priority never takes
+//!   a request or an allotment from the slices below it. And any slice that has waited `AGE_NS`
+//!   goes first too: beside a busy high-priority slice the others still get a turn now and
+//!   then.
 //! - A turn lasts the slice's part of a `CYCLE_NS` round (its allotment), or what its tokens pay
 //!   for, whichever is shorter, and is renewed while nobody else waits. It ends early when the
 //!   slice has nothing queued while others wait, or when a higher-priority slice waits.
 //! - Within a turn a slice queues at most `AHEAD_NS` of work beyond the time that has passed
 //!   (one launch always), so that a turn ends soon after it is closed.
-//! - What another slice posts is its own word. A holding record counts only while it is recent
-//!   and no longer than `MAX_TURN_NS`; past its end by `GRACE_NS` it no longer holds anybody up.
+//! - What another slice posts is its own word. A holding record counts only while its end is no
+//!   further ahead than `MAX_TURN_NS`; past its end by `GRACE_NS` it no longer holds anybody up.
 //!   And each reader keeps its own record of what it saw (`Observer`): a slice it has seen
-//!   holding the turn for longer than any honest turn lasts, or first in the queue for longer
-//!   than an honest slice takes to take a free turn, holds nobody up, whatever it posts.
+//!   holding the turn, while it waited, for longer than any honest turn lasts once another
+//!   waits, or first in the queue for longer than an honest slice takes to take a free turn,
+//!   holds nobody up, whatever it posts.
 
 use crate::priority::Priority;
 use crate::share::FULL;
@@ -25,8 +34,11 @@ use crate::share::FULL;
 pub const CYCLE_NS: u64 = 20_000_000;
 /// The shortest turn a slice takes.
 pub const MIN_TURN_NS: u64 = 1_000_000;
-/// The longest turn a holding record may claim; one that claims longer is not believed.
-pub const MAX_TURN_NS: u64 = 2 * CYCLE_NS;
+/// The furthest ahead a holding record may plan its end; one that plans further is not
+/// believed. (A turn renewed while nobody waits goes on: its end moves, a round at a time; and a
+/// slice alone on a device with the whole of it posts a hold a little longer than the period in
+/// which it looks whether another slice wants the device.)
+pub const MAX_TURN_NS: u64 = 200_000_000;
 /// How long past its end a holding record still holds the others up: its last work is done
 /// (drained) within it. A holder that died, or overran, holds nobody up past that.
 pub const GRACE_NS: u64 = 100_000_000;
@@ -44,6 +56,9 @@ pub enum Turn {
     Idle,
     /// Work waiting for the turn since `since` (its place in the queue).
     Waiting { since: u64 },
+    /// Waiting since `since`, and asking to go first (counts only from a slice granted high
+    /// priority).
+    Urgent { since: u64 },
     /// Holding the turn, taken at `since`, planned to end by `until`.
     Holding { since: u64, until: u64 },
 }
@@ -52,14 +67,31 @@ impl Turn {
     pub const IDLE: u32 = 0;
     pub const WAITING: u32 = 1;
     pub const HOLDING: u32 = 2;
+    pub const URGENT: u32 = 3;
 
     /// From the posted words: the state code, `since` and `until`.
     pub fn from_words(state: u32, since: u64, until: u64) -> Turn {
         match state {
             Turn::WAITING => Turn::Waiting { since },
+            Turn::URGENT => Turn::Urgent { since },
             Turn::HOLDING => Turn::Holding { since, until },
             _ => Turn::Idle,
         }
+    }
+
+    /// The posted words: the state code, `since` and `until`.
+    pub fn words(self) -> (u32, u64, u64) {
+        match self {
+            Turn::Idle => (Turn::IDLE, 0, 0),
+            Turn::Waiting { since } => (Turn::WAITING, since, 0),
+            Turn::Urgent { since } => (Turn::URGENT, since, 0),
+            Turn::Holding { since, until } => (Turn::HOLDING, since, until),
+        }
+    }
+
+    /// Whether it waits for the turn (urgently or not).
+    pub fn waits(self) -> bool {
+        matches!(self, Turn::Waiting { .. } | Turn::Urgent { .. })
     }
 }
 
@@ -78,7 +110,7 @@ impl Rival {
             Turn::Holding { since, until } => {
                 since <= now.saturating_add(AHEAD_OF_CLOCK_NS)
                     && until >= since
-                    && until - since <= MAX_TURN_NS
+                    && until <= now.saturating_add(MAX_TURN_NS)
                     && now < until.saturating_add(GRACE_NS)
             }
             _ => false,
@@ -88,13 +120,47 @@ impl Rival {
     /// When it began waiting, if its waiting record is believable at `now`.
     fn waits_since(&self, now: u64) -> Option<u64> {
         match self.turn {
-            Turn::Waiting { since } if since <= now.saturating_add(AHEAD_OF_CLOCK_NS) => {
+            Turn::Waiting { since } | Turn::Urgent { since }
+                if since <= now.saturating_add(AHEAD_OF_CLOCK_NS) =>
+            {
                 Some(since)
             }
             _ => None,
         }
     }
+
+    /// Where it stands in the queue at `now`, if it waits.
+    fn class(&self, now: u64) -> Option<Class> {
+        let since = self.waits_since(now)?;
+        let urgent = matches!(self.turn, Turn::Urgent { .. });
+        Some(Class::of(urgent, self.priority, since, now))
+    }
 }
+
+/// Where a waiting slice stands in the queue: a lower class goes first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Class {
+    /// Urgent, granted high priority.
+    High,
+    /// Urgent (after a lull), or waiting for `AGE_NS` already.
+    Urgent,
+    Normal,
+}
+
+impl Class {
+    /// The class of a slice at `priority` that waits since `since`, `urgent`ly or not.
+    pub fn of(urgent: bool, priority: Priority, since: u64, now: u64) -> Class {
+        match (urgent, priority) {
+            (true, Priority::High) => Class::High,
+            (true, _) => Class::Urgent,
+            _ if aged(since, now) => Class::Urgent,
+            _ => Class::Normal,
+        }
+    }
+}
+
+/// A slice that has waited this long for the turn goes first, as an urgent one does.
+pub const AGE_NS: u64 = 50_000_000;
 
 /// A slice seen holding the turn without a break for this long, while others waited, is passing
 /// it on no more: an honest holder passes it on within its turn (at most a round), the period in
@@ -114,7 +180,8 @@ pub struct Observer {
 #[derive(Debug, Clone, Copy)]
 struct Seen {
     slice: u64,
-    /// When this reader first saw the slice holding, without a break since (0: not holding).
+    /// When this reader, waiting, first saw the slice holding, without a break since (0: not
+    /// so).
     holding_from: u64,
     /// When this reader first saw the slice first in the queue of a free device, without a
     /// break since (0: not so).
@@ -124,11 +191,11 @@ struct Seen {
 impl Observer {
     /// The others' turns as this reader believes them at `now`: `rivals` as read, less what its
     /// own record shows no honest slice would post (see `OVERHOLD_NS`, `TAKE_GRACE_NS`). `me`:
-    /// this slice's place in the queue while it waits (slice, since, priority).
+    /// this slice's place in the queue while it waits (slice, since, class).
     pub fn filter(
         &mut self,
         rivals: &[Rival],
-        me: Option<(u64, u64, Priority)>,
+        me: Option<(u64, u64, Class)>,
         now: u64,
     ) -> Vec<Rival> {
         self.seen
@@ -148,7 +215,7 @@ impl Observer {
             };
             let s = &mut self.seen[i];
             let mut r = *r;
-            if r.holds(now) {
+            if r.holds(now) && me.is_some() {
                 if s.holding_from == 0 {
                     s.holding_from = now;
                 }
@@ -167,11 +234,11 @@ impl Observer {
             }
             return out;
         }
-        let me = me.map(|(slice, since, p)| (p, since, slice));
+        let me = me.map(|(slice, since, class)| (class, since, slice));
         loop {
             let first = out
                 .iter()
-                .filter_map(|r| r.waits_since(now).map(|since| (r.priority, since, r.slice)))
+                .filter_map(|r| Some((r.class(now)?, r.waits_since(now)?, r.slice)))
                 .fold(me, |a, b| match a {
                     Some(a) if before(a, b) => Some(a),
                     _ => Some(b),
@@ -206,11 +273,16 @@ impl Observer {
     }
 }
 
-/// Whether `a` goes before `b` in the queue: high priority first, then who waited longest, then
-/// the lower slice id (so that every reader orders the same records the same way).
-fn before(a: (Priority, u64, u64), b: (Priority, u64, u64)) -> bool {
-    let key = |(p, since, slice): (Priority, u64, u64)| (p != Priority::High, since, slice);
-    key(a) < key(b)
+/// Whether a slice waiting since `since` has waited `AGE_NS` at `now`.
+fn aged(since: u64, now: u64) -> bool {
+    now.saturating_sub(since) >= AGE_NS
+}
+
+/// Whether `a` goes before `b` in the queue (each: class, since, slice): the lower class first,
+/// then who waited longest, then the lower slice id (so that every reader orders the same
+/// records the same way).
+fn before(a: (Class, u64, u64), b: (Class, u64, u64)) -> bool {
+    a < b
 }
 
 /// What a waiting slice does next.
@@ -225,19 +297,21 @@ pub enum Next {
     Queued,
 }
 
-/// Whether this slice (`slice`, waiting since `since`, at `priority`) may take the turn at `now`.
-pub fn next(slice: u64, since: u64, priority: Priority, rivals: &[Rival], now: u64) -> Next {
+/// Whether this slice (`slice`, waiting since `since`, in `class`) may take the turn at `now`.
+pub fn next(slice: u64, since: u64, class: Class, rivals: &[Rival], now: u64) -> Next {
     if let Some(h) = rivals.iter().find(|r| r.holds(now)) {
         let Turn::Holding { until, .. } = h.turn else {
             unreachable!()
         };
         return Next::HeldUntil(until);
     }
-    let me = (priority, since, slice);
-    let first = rivals.iter().all(|r| {
-        r.waits_since(now)
-            .is_none_or(|s| before(me, (r.priority, s, r.slice)))
-    });
+    let me = (class, since, slice);
+    let first = rivals
+        .iter()
+        .all(|r| match (r.class(now), r.waits_since(now)) {
+            (Some(c), Some(s)) => before(me, (c, s, r.slice)),
+            _ => true,
+        });
     if first { Next::Take } else { Next::Queued }
 }
 
@@ -256,7 +330,8 @@ pub fn keeps(slice: u64, since: u64, rivals: &[Rival], now: u64) -> bool {
 pub struct Waiters {
     /// Some slice waits for the turn.
     pub any: bool,
-    /// Some slice of higher priority than the holder waits.
+    /// A slice waits that the holder gives way to: urgent, before a holder below high priority,
+    /// or waiting for `AGE_NS` already, before any holder.
     pub higher: bool,
 }
 
@@ -264,10 +339,12 @@ pub struct Waiters {
 pub fn waiters(priority: Priority, rivals: &[Rival], now: u64) -> Waiters {
     let mut w = Waiters::default();
     for r in rivals {
-        if r.waits_since(now).is_some() {
-            w.any = true;
-            w.higher |= r.priority == Priority::High && priority != Priority::High;
-        }
+        let Some(since) = r.waits_since(now) else {
+            continue;
+        };
+        w.any = true;
+        let urgent = matches!(r.turn, Turn::Urgent { .. });
+        w.higher |= aged(since, now) || (urgent && priority != Priority::High);
     }
     w
 }
@@ -332,11 +409,23 @@ pub enum Step {
     Renew(u64),
 }
 
-/// The holder's decision at `now`: `end` is its planned end, `idle` whether it launched nothing
-/// since it last looked while it could have, `waiters` who waits, and `renewable` whether another
-/// turn would be paid for (`length` without a token bound, or tokens left).
-pub fn step(now: u64, end: u64, idle: bool, waiters: Waiters, renewable: Option<u64>) -> Step {
-    if waiters.higher || (waiters.any && idle) {
+/// A holder gives way to a slice that goes before it (`Waiters::higher`) only once it has held
+/// the turn this long: a slice that waited long to take it gets some work done in it.
+pub const MIN_HELD_NS: u64 = MIN_TURN_NS;
+
+/// The holder's decision at `now`: `since` and `end` are when its turn began and is planned to
+/// end, `idle` whether it launched nothing since it last looked and has nothing left queued,
+/// `waiters` who waits, and `renewable` what another turn would last if nobody waits (None or
+/// less than `MIN_TURN_NS`: not paid for).
+pub fn step(
+    now: u64,
+    (since, end): (u64, u64),
+    idle: bool,
+    waiters: Waiters,
+    renewable: Option<u64>,
+) -> Step {
+    let held = now.saturating_sub(since);
+    if (waiters.higher && held >= MIN_HELD_NS) || (waiters.any && idle) {
         return Step::Close;
     }
     if now < end {
@@ -376,18 +465,15 @@ mod tests {
             rival(2, Turn::Waiting { since: 95 * MS }),
             rival(3, Turn::Idle),
         ];
-        assert_eq!(next(1, 90 * MS, Priority::Normal, &others, now), Next::Take);
-        assert_eq!(
-            next(1, 96 * MS, Priority::Normal, &others, now),
-            Next::Queued
-        );
+        assert_eq!(next(1, 90 * MS, Class::Normal, &others, now), Next::Take);
+        assert_eq!(next(1, 96 * MS, Class::Normal, &others, now), Next::Queued);
         // A tie goes to the lower slice id, so both readers agree.
-        assert_eq!(next(1, 95 * MS, Priority::Normal, &others, now), Next::Take);
+        assert_eq!(next(1, 95 * MS, Class::Normal, &others, now), Next::Take);
         assert_eq!(
             next(
                 2,
                 95 * MS,
-                Priority::Normal,
+                Class::Normal,
                 &[rival(1, Turn::Waiting { since: 95 * MS })],
                 now
             ),
@@ -396,18 +482,61 @@ mod tests {
     }
 
     #[test]
-    fn high_priority_goes_first_whatever_the_wait() {
+    fn an_urgent_high_priority_slice_goes_first_whatever_the_wait() {
         let now = 100 * MS;
-        let others = [Rival {
+        let high = |turn| Rival {
             slice: 2,
-            turn: Turn::Waiting { since: 99 * MS },
+            turn,
             priority: Priority::High,
-        }];
+        };
+        let urgent = [high(Turn::Urgent { since: 99 * MS })];
+        assert_eq!(next(1, 60 * MS, Class::Normal, &urgent, now), Next::Queued);
+        assert_eq!(next(1, 99 * MS, Class::High, &urgent, now), Next::Take);
+        // Granted high but busy beyond its allotment: it waits its turn like the others.
+        let busy = [high(Turn::Waiting { since: 99 * MS })];
+        assert_eq!(next(1, 10 * MS, Class::Normal, &busy, now), Next::Take);
+        // Urgent without high priority: before the busy, after the high.
+        let light = [rival(2, Turn::Urgent { since: 99 * MS })];
+        assert_eq!(next(1, 60 * MS, Class::Normal, &light, now), Next::Queued);
+        assert_eq!(next(1, 99 * MS, Class::High, &light, now), Next::Take);
+        assert!(waiters(Priority::Normal, &light, now).higher);
+        assert!(!waiters(Priority::High, &light, now).higher);
         assert_eq!(
-            next(1, 10 * MS, Priority::Normal, &others, now),
+            waiters(Priority::Normal, &urgent, now),
+            Waiters {
+                any: true,
+                higher: true
+            }
+        );
+        assert!(!waiters(Priority::Normal, &busy, now).higher);
+    }
+
+    #[test]
+    fn a_slice_that_waited_long_goes_first_and_ends_the_holders_turn() {
+        let now = 1_000 * MS;
+        // A light slice, urgent: it goes before this one until this one has waited long.
+        let busy = rival(2, Turn::Urgent { since: now - MS });
+        let me = |since| Class::of(false, Priority::Low, since, now);
+        assert_eq!(me(now - AGE_NS + 1), Class::Normal);
+        assert_eq!(
+            next(1, now - AGE_NS + 1, me(now - AGE_NS + 1), &[busy], now),
             Next::Queued
         );
-        assert_eq!(next(1, 99 * MS, Priority::High, &others, now), Next::Take);
+        assert_eq!(me(now - AGE_NS), Class::Urgent);
+        assert_eq!(
+            next(1, now - AGE_NS, me(now - AGE_NS), &[busy], now),
+            Next::Take
+        );
+        // Before any holder, a high-priority one included.
+        let aged = rival(
+            3,
+            Turn::Waiting {
+                since: now - AGE_NS,
+            },
+        );
+        assert!(waiters(Priority::High, &[aged], now).higher);
+        let young = rival(3, Turn::Waiting { since: now - MS });
+        assert!(!waiters(Priority::High, &[young], now).higher);
     }
 
     #[test]
@@ -421,17 +550,17 @@ mod tests {
             },
         )];
         assert_eq!(
-            next(1, 0, Priority::High, &held, now),
+            next(1, 0, Class::High, &held, now),
             Next::HeldUntil(105 * MS)
         );
         // Draining past its end, within the grace: still held.
         assert_eq!(
-            next(1, 0, Priority::High, &held, 105 * MS + GRACE_NS - 1),
+            next(1, 0, Class::High, &held, 105 * MS + GRACE_NS - 1),
             Next::HeldUntil(105 * MS)
         );
         // Dead or overrunning: past the grace nobody waits for it.
         assert_eq!(
-            next(1, 0, Priority::Normal, &held, 105 * MS + GRACE_NS),
+            next(1, 0, Class::Normal, &held, 105 * MS + GRACE_NS),
             Next::Take
         );
     }
@@ -440,10 +569,10 @@ mod tests {
     fn a_holding_record_nobody_could_hold_is_not_believed() {
         let now = 100 * MS;
         for turn in [
-            // Longer than any turn.
+            // Planned to end too far ahead.
             Turn::Holding {
                 since: 90 * MS,
-                until: 90 * MS + MAX_TURN_NS + 1,
+                until: now + MAX_TURN_NS + 1,
             },
             // Taken in the future.
             Turn::Holding {
@@ -458,7 +587,7 @@ mod tests {
         ] {
             assert!(!rival(2, turn).holds(now), "{turn:?}");
             assert_eq!(
-                next(1, 99 * MS, Priority::Normal, &[rival(2, turn)], now),
+                next(1, 99 * MS, Class::Normal, &[rival(2, turn)], now),
                 Next::Take
             );
         }
@@ -470,7 +599,7 @@ mod tests {
             },
         )];
         assert!(rival(2, future[0].turn).waits_since(now).is_none());
-        assert_eq!(next(1, 99 * MS, Priority::Normal, &future, now), Next::Take);
+        assert_eq!(next(1, 99 * MS, Class::Normal, &future, now), Next::Take);
     }
 
     #[test]
@@ -508,13 +637,13 @@ mod tests {
         let t0 = 1_000 * MS;
         let mut t = t0;
         while t <= t0 + OVERHOLD_NS {
-            let r = o.filter(&forged(t), Some((1, t0, Priority::Normal)), t);
+            let r = o.filter(&forged(t), Some((1, t0, Class::Normal)), t);
             assert!(r[0].holds(t), "held up at {} ms", (t - t0) / MS);
             t += 10 * MS;
         }
-        let r = o.filter(&forged(t), Some((1, t0, Priority::Normal)), t);
+        let r = o.filter(&forged(t), Some((1, t0, Class::Normal)), t);
         assert_eq!(r[0].turn, Turn::Idle);
-        assert_eq!(next(1, t0, Priority::Normal, &r, t), Next::Take);
+        assert_eq!(next(1, t0, Class::Normal, &r, t), Next::Take);
         // Seen not holding once, it is believed again (an honest slice's next turn).
         o.filter(&[rival(2, Turn::Idle)], None, t + MS);
         let r = o.filter(&forged(t + 2 * MS), None, t + 2 * MS);
@@ -527,20 +656,20 @@ mod tests {
         let t0 = 1_000 * MS;
         // Says it has waited since the start of time, and never takes the free turn.
         let jumper = [rival(2, Turn::Waiting { since: 1 })];
-        let me = Some((1, t0, Priority::Normal));
+        let me = Some((1, t0, Class::Normal));
         let r = o.filter(&jumper, me, t0);
-        assert_eq!(next(1, t0, Priority::Normal, &r, t0), Next::Queued);
+        assert_eq!(next(1, t0, Class::Normal, &r, t0), Next::Queued);
         let t = t0 + TAKE_GRACE_NS;
         let r = o.filter(&jumper, me, t);
-        assert_eq!(next(1, t0, Priority::Normal, &r, t), Next::Queued);
+        assert_eq!(next(1, t0, Class::Normal, &r, t), Next::Queued);
         let t = t0 + TAKE_GRACE_NS + 1;
         let r = o.filter(&jumper, me, t);
-        assert_eq!(next(1, t0, Priority::Normal, &r, t), Next::Take);
+        assert_eq!(next(1, t0, Class::Normal, &r, t), Next::Take);
         // An honest slice first in line that takes the turn at once is never passed over.
         let mut o = Observer::default();
         let honest = [rival(2, Turn::Waiting { since: t0 - MS })];
         let r = o.filter(&honest, me, t0);
-        assert_eq!(next(1, t0, Priority::Normal, &r, t0), Next::Queued);
+        assert_eq!(next(1, t0, Class::Normal, &r, t0), Next::Queued);
         let took = [rival(
             2,
             Turn::Holding {
@@ -604,26 +733,30 @@ mod tests {
             higher: true,
         };
         let (now, end) = (10 * MS, 12 * MS);
-        assert_eq!(step(now, end, false, none, Some(5 * MS)), Step::Hold);
-        assert_eq!(step(now, end, false, some, Some(5 * MS)), Step::Hold);
+        assert_eq!(step(now, (0, end), false, none, Some(5 * MS)), Step::Hold);
+        assert_eq!(step(now, (0, end), false, some, Some(5 * MS)), Step::Hold);
         // Nothing queued while others wait: pass it on at once.
-        assert_eq!(step(now, end, true, some, Some(5 * MS)), Step::Close);
-        assert_eq!(step(now, end, true, none, Some(5 * MS)), Step::Hold);
-        // A high-priority slice waits: at once.
-        assert_eq!(step(now, end, false, high, Some(5 * MS)), Step::Close);
+        assert_eq!(step(now, (0, end), true, some, Some(5 * MS)), Step::Close);
+        assert_eq!(step(now, (0, end), true, none, Some(5 * MS)), Step::Hold);
+        // A slice that goes first waits: at once, once the holder has had its least.
+        assert_eq!(step(now, (0, end), false, high, Some(5 * MS)), Step::Close);
+        assert_eq!(
+            step(now, (now - MIN_HELD_NS + 1, end), false, high, Some(5 * MS)),
+            Step::Hold
+        );
         // At the end: renew while nobody waits and tokens pay, else close.
         assert_eq!(
-            step(end, end, false, none, Some(5 * MS)),
+            step(end, (0, end), false, none, Some(5 * MS)),
             Step::Renew(17 * MS)
         );
-        assert_eq!(step(end, end, false, some, Some(5 * MS)), Step::Close);
-        assert_eq!(step(end, end, false, none, Some(0)), Step::Close);
+        assert_eq!(step(end, (0, end), false, some, Some(5 * MS)), Step::Close);
+        assert_eq!(step(end, (0, end), false, none, Some(0)), Step::Close);
         // Tokens that pay for less than a turn's worth: closed, not renewed in crumbs.
         assert_eq!(
-            step(end, end, false, none, Some(MIN_TURN_NS - 1)),
+            step(end, (0, end), false, none, Some(MIN_TURN_NS - 1)),
             Step::Close
         );
-        assert_eq!(step(end, end, false, none, None), Step::Close);
+        assert_eq!(step(end, (0, end), false, none, None), Step::Close);
     }
 
     #[test]

@@ -9,8 +9,9 @@
 //!            a container's is written by the hook and `cuslice set` and is read-only to every
 //!            container; a standalone slice's first process writes its own
 //!   claims   the slice's claims and use on each device (fixed size, binary): written by the
-//!            slice's own processes alone. A container's is the one file of the node directory
-//!            mounted read-write into it; the directory itself is read-only there.
+//!            slice's own processes alone. A container's is mounted read-write into it, with its
+//!            turns; the directory itself is read-only there.
+//!   turns    the slice's turn on each device, and what its processes share within one (`turns`)
 //! ```
 //!
 //! So no slice can write anything another slice reads, and what a slice says is bounded by what
@@ -53,13 +54,14 @@ use cuslice_policy::turn::{Rival, Turn};
 
 use crate::ledger::MAX_DEVICES;
 
+pub mod turns;
+pub use turns::Gate;
+
 pub const DEFAULT_DIR: &str = "/dev/shm/cuslice";
 pub const CLAIMS: &str = "claims";
 pub const GRANT: &str = "grant";
 pub const MAGIC: [u8; 8] = *b"CUSLCLMS";
-/// 2: turns (`turn`, `turn_since`, `turn_until` and the slice's `Gate`) in place of the time in
-/// flight and the high-priority word.
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 1;
 /// A claim that no process of its slice refreshed for this long is gone: its processes died.
 pub const STALE_NS: u64 = 3_000_000_000;
 /// A time another process posts this far ahead of the reader's clock is believed; further is not
@@ -102,56 +104,20 @@ struct Entry {
     limit: AtomicU32,
     /// `Priority::code`.
     priority: AtomicU32,
-    /// The slice's share of the device over its last turns (ppm).
+    /// The slice's share of the device over its processes' last periods (ppm).
     usage: AtomicU32,
-    /// The slice's turn on the device (`turn::Turn`'s code: idle, waiting or holding).
-    turn: AtomicU32,
+    /// Written 0 by this release, read by the previous one (the time its launches were in
+    /// flight, by which its meter apportioned periods the driver reported for the whole device).
+    launched: AtomicU32,
     /// When a process of the slice last refreshed the entry (CLOCK_MONOTONIC ns).
     beat_ns: AtomicU64,
     /// When the slice last launched work on the device, or wanted to.
     active_ns: AtomicU64,
     /// The slice counts as wanting more than it uses until then.
     hungry_until: AtomicU64,
-    /// Waiting: since when (its place in the queue); holding: when it took the turn.
-    turn_since: AtomicU64,
-    /// Holding: when its turn is planned to end.
-    turn_until: AtomicU64,
-    /// What the slice's own processes share within a turn (other slices never read it).
-    gate: Gate,
-}
-
-/// How the processes of a slice share its turn on a device: the words every launch of theirs
-/// reads, on a cache line of their own. Written by the slice's processes alone; a slice that
-/// corrupts them disturbs its own launches alone.
-#[repr(C, align(64))]
-pub struct Gate {
-    /// The turn's number, raised at each take.
-    pub number: AtomicU64,
-    /// 1 while turn `number` is open (its launches may go), else 0: the futex word launches wait on.
-    pub open: AtomicU32,
-    /// Processes that launched in turn `number` and have not drained their work yet.
-    pub pending: AtomicU32,
-    /// Work queued in turn `number` so far (ns, by `cost`).
-    pub queued: AtomicU64,
-    /// How much may be queued so far (ns): raised by the turn's leader as the turn runs.
-    pub allowed: AtomicU64,
-    /// What one launch costs (ns), by the spans of the slice's last turns.
-    pub cost: AtomicU64,
-    /// When a process of the slice last found the gate closed with work to launch.
-    pub wanted: AtomicU64,
-    /// The turn that was last settled (its span charged): the last turn is settled once.
-    pub settled: AtomicU64,
-    /// Device time taken from the slice's tokens ahead for turn `number` (ns): its planned
-    /// length; the settling charges the rest of its span.
-    pub reserved: AtomicU64,
-    /// The last turn in which the slice's queue was seen to run dry while launches waited for
-    /// the allowance: `cost` was too high there, and the turn's span says nothing of it.
-    pub dry: AtomicU64,
-    /// When turn `number` was closed (0 while open).
-    pub closed_ns: AtomicU64,
-    /// When the first launch of turn `number` went (0: none yet): its span starts there, not at
-    /// the take (the launching threads' wake-up is nobody's device time).
-    pub started_ns: AtomicU64,
+    /// Written 0 by this release, read by the previous one (when high-priority work it launched
+    /// was expected done: slices below it held their launches until then).
+    high_until: AtomicU64,
 }
 
 #[repr(C)]
@@ -256,6 +222,8 @@ pub struct Post {
 struct Other {
     id: u64,
     claims: Arc<File>,
+    /// Its turns file, once it could be opened.
+    turns: Option<Arc<File>>,
     grant: Grant,
     grant_read_ns: u64,
 }
@@ -268,6 +236,9 @@ pub struct Board {
     /// The slice's own claims, mapped read-write.
     own: *mut Claims,
     _file: File,
+    /// The slice's own turns, mapped read-write.
+    turns: *mut turns::Turns,
+    _turns_file: File,
     /// Whether a standalone process made the place (so a standalone process removes it).
     standalone: bool,
     others: parking_lot::Mutex<Vec<Other>>,
@@ -276,12 +247,13 @@ pub struct Board {
     rivals: parking_lot::Mutex<Vec<(u32, Arc<Vec<RivalRef>>)>>,
 }
 
-/// Where another slice's entry for a device lies, and the priority its grant allows it.
+/// Where another slice posts its turn on a device (its turns file, the entry), and the
+/// priority its grant allows it.
 #[derive(Clone)]
 pub struct RivalRef {
     slice: u64,
     file: Arc<File>,
-    offset: u64,
+    index: usize,
     priority: Priority,
 }
 
@@ -294,6 +266,7 @@ impl Drop for Board {
     fn drop(&mut self) {
         // SAFETY: our own mapping of SIZE bytes; nothing borrowed from it outlives `self`.
         unsafe { libc::munmap(self.own.cast(), SIZE) };
+        turns::unmap(self.turns);
     }
 }
 
@@ -326,9 +299,15 @@ fn header_bytes(slice: u64) -> Vec<u8> {
     b
 }
 
-/// Makes slice `slice`'s claims file at `path` (it must not exist), with `mode`: the header,
-/// then no claims. For the hook, before any process of the container runs.
+/// Makes slice `slice`'s claims file at `path` (the hook, for a container), mode `mode`; its
+/// turns file goes beside it (`turns::create`).
 pub fn create_claims(path: &Path, slice: u64, mode: u32) -> io::Result<()> {
+    create_sized(path, &header_bytes(slice), SIZE, mode)
+}
+
+/// Makes a new file at `path` holding `header`, `size` bytes in all, mode `mode` (removed again
+/// if any step fails).
+pub(crate) fn create_sized(path: &Path, header: &[u8], size: usize, mode: u32) -> io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::PermissionsExt;
     let mut f = std::fs::OpenOptions::new()
@@ -337,9 +316,8 @@ pub fn create_claims(path: &Path, slice: u64, mode: u32) -> io::Result<()> {
         .mode(mode)
         .open(path)?;
     let made = f
-        .write_all(&header_bytes(slice))
-        .and_then(|()| f.set_len(SIZE as u64))
-        // The umask may have narrowed `mode`.
+        .write_all(header)
+        .and_then(|()| f.set_len(size as u64))
         .and_then(|()| f.set_permissions(std::fs::Permissions::from_mode(mode)));
     if made.is_err() {
         let _ = std::fs::remove_file(path);
@@ -377,28 +355,6 @@ pub fn read_grant(path: &Path) -> Grant {
         .unwrap_or(0);
     Grant::parse(&String::from_utf8_lossy(&buf[..n]))
 }
-
-/// A copy of the entry at `offset` of another slice's claims file (`pread`; what is missing
-/// reads as zeros).
-fn read_entry(f: &File, offset: u64) -> Entry {
-    // SAFETY: Entry is plain atomics and integers, for which all-zero bytes are valid.
-    let mut e: Entry = unsafe { std::mem::zeroed() };
-    // SAFETY: the bytes of our own local `e`, valid for any bit pattern (as above).
-    let bytes =
-        unsafe { std::slice::from_raw_parts_mut((&mut e as *mut Entry).cast::<u8>(), ENTRY_SIZE) };
-    let mut done = 0;
-    while done < ENTRY_SIZE {
-        match f.read_at(&mut bytes[done..], offset + done as u64) {
-            Ok(0) => break,
-            Ok(n) => done += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(_) => break,
-        }
-    }
-    e
-}
-
-const ENTRY_SIZE: usize = std::mem::size_of::<Entry>();
 
 /// A copy of a claims file as it is now (zeros past what could be read).
 fn read_claims(f: &File) -> Box<Claims> {
@@ -492,13 +448,32 @@ impl Board {
         if !meta.is_file() || meta.len() != SIZE as u64 {
             return Err(BoardError::Foreign { path });
         }
-        let own = map(&file).map_err(io(&path))?;
+        let turns_path = dir.join(turns::FILE);
+        let turns_file = match turns::open(&dir, slice, standalone) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Err(BoardError::Missing { path: turns_path });
+            }
+            Err(e) => return Err(io(&turns_path)(e)),
+        };
+        let Some(own_turns) = turns::map(&turns_file, slice) else {
+            return Err(BoardError::Foreign { path: turns_path });
+        };
+        let own = match map(&file) {
+            Ok(own) => own,
+            Err(e) => {
+                turns::unmap(own_turns);
+                return Err(io(&path)(e));
+            }
+        };
         let board = Board {
             node: node.to_path_buf(),
             dir,
             slice,
             own,
             _file: file,
+            turns: own_turns,
+            _turns_file: turns_file,
             standalone,
             others: parking_lot::Mutex::new(Vec::new()),
             rivals: parking_lot::Mutex::new(Vec::new()),
@@ -508,6 +483,12 @@ impl Board {
             return Err(BoardError::Foreign { path });
         }
         Ok(board)
+    }
+
+    /// The slice's own turn on device `d`.
+    fn turn_entry(&self, d: u32) -> Option<&turns::Entry> {
+        // SAFETY: the mapping lives as long as `self` and is turns::SIZE bytes.
+        unsafe { &*self.turns }.entries.get(d as usize)
     }
 
     fn claims(&self) -> &Claims {
@@ -559,12 +540,17 @@ impl Board {
             }
             e.uuid[0].store(w.0, Ordering::Relaxed);
             e.uuid[1].store(w.1, Ordering::Relaxed);
+            if let Some(t) = self.turn_entry(d) {
+                t.uuid[0].store(w.0, Ordering::Relaxed);
+                t.uuid[1].store(w.1, Ordering::Relaxed);
+            }
             e.request.store(request, Ordering::Relaxed);
             e.limit.store(limit, Ordering::Relaxed);
             e.priority.store(priority.code(), Ordering::Relaxed);
             e.usage.store(0, Ordering::Relaxed);
             e.hungry_until.store(0, Ordering::Relaxed);
-            e.turn.store(Turn::IDLE, Ordering::Relaxed);
+            e.high_until.store(0, Ordering::Relaxed);
+            e.launched.store(0, Ordering::Relaxed);
             e.active_ns.store(0, Ordering::Relaxed);
             e.beat_ns.store(now, Ordering::Relaxed);
             if request == 0 {
@@ -645,50 +631,34 @@ impl Board {
             .fetch_max(now, Ordering::Relaxed);
     }
 
-    /// The slice's gate on device `d`, in its own claims (mapped): what its processes share
+    /// The slice's gate on device `d`, in its own turns (mapped): what its processes share
     /// within a turn.
     pub fn gate(&self, d: u32) -> Option<&Gate> {
-        self.entry(d).map(|e| &e.gate)
+        self.turn_entry(d).map(|e| &e.gate)
     }
 
     /// The slice's turn on device `d`, as posted.
     pub fn turn(&self, d: u32) -> Turn {
-        let Some(e) = self.entry(d) else {
-            return Turn::Idle;
-        };
-        let state = e.turn.load(Ordering::Acquire);
-        Turn::from_words(
-            state,
-            e.turn_since.load(Ordering::Relaxed),
-            e.turn_until.load(Ordering::Relaxed),
-        )
+        self.turn_entry(d).map_or(Turn::Idle, turns::Entry::turn)
     }
 
     /// Posts the slice's turn on device `d` (its times first, then the state, so that a reader
     /// that sees the state sees its times).
     pub fn post_turn(&self, d: u32, turn: Turn) {
-        let Some(e) = self.entry(d) else { return };
-        let (state, since, until) = match turn {
-            Turn::Idle => (Turn::IDLE, 0, 0),
-            Turn::Waiting { since } => (Turn::WAITING, since, 0),
-            Turn::Holding { since, until } => (Turn::HOLDING, since, until),
-        };
-        e.turn_since.store(since, Ordering::Relaxed);
-        e.turn_until.store(until, Ordering::Relaxed);
+        let Some(e) = self.turn_entry(d) else { return };
+        let (state, since, until) = turn.words();
+        e.since.store(since, Ordering::Relaxed);
+        e.until.store(until, Ordering::Relaxed);
         e.turn.store(state, Ordering::Release);
     }
 
     /// Moves the slice's turn on device `d` from `from` (a state code) to `to`, if it is still
     /// `from`: of several processes of the slice, one takes the turn (or ends it).
     pub fn swap_turn(&self, d: u32, from: u32, to: Turn) -> bool {
-        let Some(e) = self.entry(d) else {
+        let Some(e) = self.turn_entry(d) else {
             return false;
         };
-        let (state, since, until) = match to {
-            Turn::Idle => (Turn::IDLE, 0, 0),
-            Turn::Waiting { since } => (Turn::WAITING, since, 0),
-            Turn::Holding { since, until } => (Turn::HOLDING, since, until),
-        };
+        let (state, since, until) = to.words();
         // A state no process of the slice ever posts marks the words being written.
         const BUSY: u32 = u32::MAX;
         if e.turn
@@ -697,16 +667,16 @@ impl Board {
         {
             return false;
         }
-        e.turn_since.store(since, Ordering::Relaxed);
-        e.turn_until.store(until, Ordering::Relaxed);
+        e.since.store(since, Ordering::Relaxed);
+        e.until.store(until, Ordering::Relaxed);
         e.turn.store(state, Ordering::Release);
         true
     }
 
     /// Moves the planned end of the slice's holding turn on device `d` to `until`.
     pub fn renew_turn(&self, d: u32, until: u64) {
-        if let Some(e) = self.entry(d) {
-            e.turn_until.store(until, Ordering::Release);
+        if let Some(e) = self.turn_entry(d) {
+            e.until.store(until, Ordering::Release);
         }
     }
 
@@ -720,7 +690,7 @@ impl Board {
     /// The turns of the other slices on device `d` (as the last `views` found them), read now:
     /// one `pread` of each one's entry, never a mapping or a lock. An entry that no longer names
     /// the device, or that nobody of its slice refreshed for `STALE_NS`, is left out.
-    pub fn rivals(&self, d: u32, uuid: &[u8; 16], now: u64) -> Vec<Rival> {
+    pub fn rivals(&self, d: u32, uuid: &[u8; 16]) -> Vec<Rival> {
         let refs = {
             let r = self.rivals.lock();
             match r.iter().find(|(i, _)| *i == d) {
@@ -731,20 +701,14 @@ impl Board {
         let w = words(uuid);
         let mut out = Vec::with_capacity(refs.len());
         for r in refs.iter() {
-            let e = read_entry(&r.file, r.offset);
-            if !e.is(w)
-                || e.state.load(Ordering::Relaxed) != HELD
-                || !recent(e.beat_ns.load(Ordering::Relaxed), now, STALE_NS)
+            let e = turns::read_entry(&r.file, r.index);
+            if e.uuid[0].load(Ordering::Relaxed) != w.0 || e.uuid[1].load(Ordering::Relaxed) != w.1
             {
                 continue;
             }
             out.push(Rival {
                 slice: r.slice,
-                turn: Turn::from_words(
-                    e.turn.load(Ordering::Relaxed),
-                    e.turn_since.load(Ordering::Relaxed),
-                    e.turn_until.load(Ordering::Relaxed),
-                ),
+                turn: e.turn(),
                 priority: r.priority,
             });
         }
@@ -787,6 +751,7 @@ impl Board {
                         others.push(Other {
                             id,
                             claims: Arc::new(f),
+                            turns: open_theirs(&place.join(turns::FILE)).map(Arc::new),
                             grant: read_grant(&place.join(GRANT)),
                             grant_read_ns: now,
                         });
@@ -831,12 +796,14 @@ impl Board {
                     e.limit.load(Ordering::Relaxed),
                     Priority::from_code(e.priority.load(Ordering::Relaxed)),
                 );
-                rivals.push(RivalRef {
-                    slice: o.id,
-                    file: o.claims.clone(),
-                    offset: (std::mem::offset_of!(Claims, entries) + i * ENTRY_SIZE) as u64,
-                    priority,
-                });
+                if let Some(file) = &o.turns {
+                    rivals.push(RivalRef {
+                        slice: o.id,
+                        file: file.clone(),
+                        index: i,
+                        priority,
+                    });
+                }
                 if recent(
                     e.active_ns.load(Ordering::Relaxed),
                     now,
@@ -942,6 +909,7 @@ pub fn claims_on(node: &Path, uuid: &[u8; 16], except: u64) -> Vec<ClaimOn> {
 /// in it).
 pub fn remove_place(dir: &Path) {
     let _ = std::fs::remove_file(dir.join(CLAIMS));
+    let _ = std::fs::remove_file(dir.join(turns::FILE));
     let _ = std::fs::remove_file(dir.join(GRANT));
     let _ = std::fs::remove_dir(dir);
 }

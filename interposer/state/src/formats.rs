@@ -23,6 +23,11 @@ pub fn table() -> Vec<(&'static str, String, String)> {
             board::VERSION.to_string(),
         ),
         (
+            "turns",
+            board::turns::VERSION.to_string(),
+            board::turns::VERSION.to_string(),
+        ),
+        (
             "agent-protocol",
             agent::VERSION.to_string(),
             agent::VERSION.to_string(),

@@ -35,7 +35,10 @@
 //!     grant                         (0644)   what the container may claim (from its settings)
 //!     claims                        (0666)   what it claims and uses: mounted read-write at
 //!                                            /run/cuslice/node/<slice id>/claims in its own
-//!                                            container, the only writable file it shares
+//!                                            container
+//!     turns                         (0666)   its turn on each device (`board::turns`), mounted
+//!                                            read-write beside its claims: with them, the only
+//!                                            writable files it shares
 //! ```
 //!
 //! A record whose init process is gone (a container that vanished without `poststop`) is swept
@@ -317,6 +320,7 @@ impl Root {
             write_new(&place.join(board::GRANT), grant.format().as_bytes(), 0o644)?;
             let claims = place.join(board::CLAIMS);
             board::create_claims(&claims, slice, 0o666)?;
+            board::turns::create(&place.join(board::turns::FILE), slice, 0o666)?;
             Ok((slice, claims))
         })();
         match made {

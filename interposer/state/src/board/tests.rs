@@ -169,10 +169,10 @@ fn turns_are_read_from_every_slice_on_the_device_with_the_priority_granted() {
         },
     );
     // Before any view, nothing is known of the others.
-    assert!(a.rivals(0, &UUID, now).is_empty());
+    assert!(a.rivals(0, &UUID).is_empty());
     // Slices that launched nothing lately are not in the allotment, but their turns are read.
     assert_eq!(a.views(0, &UUID, now, now - 1_000_000_000).len(), 3);
-    let mut r = a.rivals(0, &UUID, now);
+    let mut r = a.rivals(0, &UUID);
     r.sort_by_key(|r| r.slice);
     assert_eq!(
         r,
@@ -200,7 +200,7 @@ fn turns_are_read_from_every_slice_on_the_device_with_the_priority_granted() {
     // Read afresh at every call: the holder passes it on.
     liar.post_turn(0, Turn::Idle);
     assert!(
-        a.rivals(0, &UUID, now)
+        a.rivals(0, &UUID)
             .iter()
             .all(|r| !matches!(r.turn, Turn::Holding { .. }))
     );

@@ -173,12 +173,11 @@ impl Verifier {
     ) -> Vec<(Key, Finding)> {
         let mut found: Vec<(Key, Finding)> = Vec::new();
         for (id, s) in slices {
-            let claims = fs::read(Root::new(&self.cfg.state_root).dir(id).join("board"))
+            let place = fs::read(Root::new(&self.cfg.state_root).dir(id).join("board"))
                 .ok()
-                .map(|p| {
-                    PathBuf::from(std::ffi::OsString::from_vec(p))
-                        .join(cuslice_state::board::CLAIMS)
-                });
+                .map(|p| PathBuf::from(std::ffi::OsString::from_vec(p)));
+            let claims = place.as_ref().map(|p| p.join(cuslice_state::board::CLAIMS));
+            let turns = place.map(|p| p.join(cuslice_state::board::turns::FILE));
             // The size of the ledger's own format, as the hook recorded it (a slice of the
             // previous release has the previous one's). A format this release does not read (a
             // later release's, after a downgrade) is measured against this one's but never
@@ -191,6 +190,7 @@ impl Verifier {
                     ledger_size.is_some(),
                 )),
                 claims.map(|c| (c, cuslice_state::board::SIZE as u64, true)),
+                turns.map(|t| (t, cuslice_state::board::turns::SIZE as u64, true)),
             ];
             let mut grown = Vec::new();
             for (path, want, known) in files.into_iter().flatten() {
