@@ -436,8 +436,19 @@ fn start() {
     if STARTED.load(Ordering::Acquire) {
         return;
     }
-    let Ok(Some(s)) = membership::active() else {
-        return;
+    let s = match membership::active() {
+        Ok(Some(s)) => s,
+        // Not a slice (no cuslice setting), or refused: nothing to meter, and every launch
+        // from now on takes the fast path.
+        _ if matches!(
+            membership::state(),
+            membership::State::Off | membership::State::Refused
+        ) =>
+        {
+            STARTED.store(true, Ordering::Release);
+            return;
+        }
+        _ => return,
     };
     STARTED.store(true, Ordering::Release);
     if meters().is_empty() {

@@ -38,9 +38,12 @@ const SLOTS: usize = 8;
 /// What a launch is taken to cost before a turn has measured it.
 pub const INITIAL_COST_NS: u64 = 100_000;
 /// A holder that launched nothing and has nothing left to run for this long passes the turn on
-/// to a slice that waits (shorter gaps, such as a synchronisation between bursts of launches,
-/// keep it).
-const QUIET_NS: u64 = 300_000;
+/// to a slice that waits (shorter gaps keep it), or longer where the slice's own gaps between
+/// bursts of work proved longer (`Turns::after_lull`).
+const QUIET_NS: u64 = 200_000;
+/// A slice that comes to want the turn this long after its last turn ended with nothing left to
+/// run comes after a lull: it waits urgently. Sooner, the gap was its own between bursts.
+const LULL_NS: u64 = 2_000_000;
 /// A holder that launched nothing for this long passes the turn on even when nobody waits (so
 /// that an idle slice holds nothing).
 const IDLE_RELEASE_NS: u64 = 5_000_000;
@@ -51,7 +54,7 @@ const LEAD_POLL_HIGH_NS: u64 = 50_000;
 /// How often a waiting slice looks again while another slice goes first, and while the holder
 /// may end its turn early.
 const WAIT_POLL_NS: u64 = 100_000;
-const WAIT_POLL_SLOW_NS: u64 = 1_000_000;
+const WAIT_POLL_SLOW_NS: u64 = 250_000;
 /// How often a waiting slice looks when the holder's turn is about to end.
 const HANDOFF_POLL_NS: u64 = 20_000;
 /// How often a draining process asks whether its events were reached.
@@ -496,8 +499,13 @@ impl Turns {
         if held_from != 0 {
             s.ledger.note_throttled(s.d, now - held_from);
         }
-        // Urgent: its work comes after a lull (its last turn ended with nothing left to run).
-        let urgent = s.gate.cut.load(Ordering::Relaxed) == 0;
+        // Urgent: its work comes after a lull (its last turn ended with nothing left to run, a
+        // while ago), decided when it starts to wait.
+        let urgent = match turn {
+            Turn::Urgent { .. } => true,
+            Turn::Waiting { .. } => false,
+            _ => self.after_lull(s.gate, now),
+        };
         let posted = if urgent {
             Turn::Urgent { since }
         } else {
@@ -538,6 +546,25 @@ impl Turns {
             }
             Next::Queued => Some(now + WAIT_POLL_NS),
         }
+    }
+
+    /// Whether the slice's work now comes after a lull: its last turn ended with nothing left to
+    /// run at least `LULL_NS` ago (or it had none). A slice that wants the turn again sooner ended
+    /// it in a gap of its own between bursts of work (a synchronisation): its holder waits that
+    /// long for it from now on before passing the turn on (`Gate::quiet_ns`, at most
+    /// `LULL_NS`).
+    fn after_lull(&self, g: &Gate, now: u64) -> bool {
+        if g.cut.load(Ordering::Relaxed) != 0 {
+            return false;
+        }
+        let closed = g.closed_ns.load(Ordering::Relaxed);
+        let gap = now.saturating_sub(closed);
+        if closed == 0 || gap >= LULL_NS {
+            return true;
+        }
+        let longer = (gap + gap / 2).clamp(QUIET_NS, LULL_NS);
+        g.quiet_ns.fetch_max(longer, Ordering::Relaxed);
+        false
     }
 
     /// The other slices' turns on the device, read now and as this process believes them
@@ -627,9 +654,15 @@ impl Turns {
         let launched = queued != l.queued_seen;
         l.queued_seen = queued;
         let blocked = queued >= g.allowed.load(Ordering::Relaxed);
-        // Whether everything queued before the last look is done (None: it cannot tell).
-        let drained = self.probe(g, &mut l, launched || blocked);
-        if blocked && drained == Some(true) {
+        // Whether everything queued before the last look is done (`Probe`); no need to ask while
+        // launches went since and the allowance holds none back.
+        let drained = if launched && !blocked {
+            self.streams.lock().free.append(&mut l.probe);
+            Probe::Pending
+        } else {
+            self.probe(g, &mut l, launched || blocked)
+        };
+        if blocked && drained == Probe::Done {
             // The queue ran dry while launches waited for the allowance: `cost` is too high, the
             // device idles in the turn, and what was queued is set back to what has run.
             g.dry
@@ -642,7 +675,11 @@ impl Turns {
         // Quiet: nothing launched since the last look and all of it done (by its events, or
         // without them by the estimate). A slice that keeps a few launches in flight launches
         // again as each ends.
-        let done = drained.unwrap_or(l.since.saturating_add(queued) <= now);
+        let done = match drained {
+            Probe::Done => true,
+            Probe::Pending => false,
+            Probe::Unknown => l.since.saturating_add(queued) <= now,
+        };
         if launched || !done || self.waiting.load(Ordering::Relaxed) > 0 {
             l.quiet_since = now;
         }
@@ -661,7 +698,7 @@ impl Turns {
             turn::step(
                 now,
                 (l.since, l.until),
-                quiet >= QUIET_NS,
+                quiet >= g.quiet_ns.load(Ordering::Relaxed).max(QUIET_NS),
                 waiters,
                 Some(renew),
             )
@@ -675,7 +712,7 @@ impl Turns {
                 s.board.renew_turn(s.d, until);
             }
             Step::Close => {
-                let cut = quiet < QUIET_NS;
+                let cut = quiet < g.quiet_ns.load(Ordering::Relaxed).max(QUIET_NS);
                 g.cut.store(u32::from(cut), Ordering::Relaxed);
                 if cut {
                     // Ended with work left (its round, its tokens, or someone first): the slice
@@ -707,7 +744,8 @@ impl Turns {
             ),
             Ordering::Relaxed,
         );
-        let poll = if ahead == 0 || waiters.any {
+        // Often beside a high-priority slice, or while a slice waits for this one to go quiet.
+        let poll = if ahead == 0 || waiters.higher || (waiters.any && !launched) {
             LEAD_POLL_HIGH_NS
         } else {
             LEAD_POLL_NS
@@ -716,10 +754,10 @@ impl Turns {
     }
 
     /// The holder's probe of its queue: whether the events recorded on this process's streams at
-    /// the last look are all reached (everything queued before then is done); None when there
-    /// were none or it cannot tell. `again`: record a new probe (something was launched since,
-    /// or launches wait for the allowance), else keep watching the last one.
-    fn probe(&self, g: &Gate, l: &mut Lead, again: bool) -> Option<bool> {
+    /// the last look are all reached (everything queued before then is done). `again`: record a
+    /// new probe (something was launched since, or launches wait for the allowance), else keep
+    /// watching the last one (or record one if there is none).
+    fn probe(&self, g: &Gate, l: &mut Lead, again: bool) -> Probe {
         let mut st = self.streams.lock();
         let reached = (!l.probe.is_empty()).then(|| {
             let query = real::cuEventQuery();
@@ -733,12 +771,12 @@ impl Turns {
             })
         });
         if !again && reached == Some(false) {
-            return reached;
+            return Probe::Pending;
         }
         st.free.append(&mut l.probe);
         if st.turn != g.number.load(Ordering::Relaxed) || st.unnamed {
             // Nothing of this process's to watch in this turn, or work it cannot watch.
-            return None;
+            return Probe::Unknown;
         }
         relax_capture_mode();
         let list = st.list.clone();
@@ -748,11 +786,15 @@ impl Turns {
                 Some(Recorded::Captured) => {}
                 None => {
                     st.free.append(&mut l.probe);
-                    return None;
+                    return Probe::Unknown;
                 }
             }
         }
-        reached
+        match reached {
+            Some(true) => Probe::Done,
+            // Just recorded: its answer comes at the next look.
+            _ => Probe::Pending,
+        }
     }
 
     /// Closes the turn this process leads: no more launches go; this process drains its own and
@@ -849,6 +891,18 @@ impl Turns {
             settle(s, n, now_ns());
         }
     }
+}
+
+/// What the holder's probe says of its queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Probe {
+    /// Everything queued before the last look is done.
+    Done,
+    /// Not yet, or not known yet.
+    Pending,
+    /// It cannot tell (nothing of this process's to watch, or work it cannot watch): the
+    /// estimate decides.
+    Unknown,
 }
 
 enum Recorded {

@@ -5,9 +5,12 @@ Each scenario starts its slices at once, each slice one process (or two sharing 
 CUSLICE_STATE_DIR) launching the fixed-work kernel (`cuda-workload launch --kernel work`) through
 the library. A slice is judged by its **throughput**: the work its kernels completed in the
 settled window (from SETTLE s to the end), read from the workload's `progress` lines (every
-250 ms), against its rate alone. On the simulator a work kernel alone takes the device time it is
-launched with, so the rate alone is known: throughput = the device time its completed kernels
-asked for / the window's wall time. Beside it, the simulator's own count of each process's device
+250 ms), against its rate alone: the same loop measured alone first, on a simulator of its own,
+without the library (once per kind of loop; SHARE_ALONE_CACHE names a file that keeps the rates
+between runs). On the simulator a work kernel takes the device time it is launched with, so a
+rate is the device time its completed kernels asked for over wall time; a loop that keeps the
+device busy alone has a rate alone near 100%, one whose launches cost the CPU more than its
+kernels take, or that synchronises every few launches, less ("rate alone" in the table). Beside it, the simulator's own count of each process's device
 time over the same window (`simgpu show` every 250 ms; a slice of two processes: their sum).
 Fixed work is what makes throughput a measure of the device time a slice got when slices run at
 once; the spin kernel waits for the clock and ends on time whatever ran in between (as on
@@ -53,8 +56,11 @@ def slice_(limit=None, request=None, kernel_us=1000, via="kernel", streams=1, de
         env["CUSLICE_CORE_REQUEST"] = str(request)
     if not env:
         env["CUSLICE_MEMORY_LIMIT"] = "4GiB"  # a slice with no core setting: best-effort
+    # The light probe asks for what it asks for (its share is its kernels over its period), and
+    # the spin kernel is judged by the simulator's count: neither against a rate alone.
+    alone = via != "probe" and kernel == "work"
     return dict(env=env, kernel_us=kernel_us, via=via, streams=streams, delay=delay, secs=secs,
-                period_ms=period_ms, kernel=kernel, procs=procs, sync_every=sync_every)
+                period_ms=period_ms, kernel=kernel, procs=procs, sync_every=sync_every, alone=alone)
 
 SCENARIOS = {
     "30/70": ([slice_(30), slice_(70)], [30, 70]),
@@ -74,7 +80,8 @@ SCENARIOS = {
     # what it asks; the busy one's share is reported, not configured (None)
     "light best-effort + busy": ([slice_(kernel_us=2000, via="probe"), slice_()], [20, None]),
     # A process launching 10 us kernels back to back keeps the simulator's device about 40% busy
-    # on the 2-core machine (the launch costs the CPU more than the kernel runs): limits it can reach.
+    # on the 2-core machine (the launch costs the CPU more than the kernel runs): judged against
+    # its rate alone.
     "10us 10/20": ([slice_(10, kernel_us=10), slice_(20, kernel_us=10)], [10, 20]),
     "50us 30/70": ([slice_(30, kernel_us=50), slice_(70, kernel_us=50)], [30, 70]),
     "100us 30/70": ([slice_(30, kernel_us=100), slice_(70, kernel_us=100)], [30, 70]),
@@ -144,6 +151,36 @@ def settled_at(windows, want):
     return None
 
 
+ALONE_SECS = 4.0
+ALONE_CACHE = os.environ.get("SHARE_ALONE_CACHE")
+RATES_ALONE = {}
+if ALONE_CACHE and os.path.exists(ALONE_CACHE):
+    with open(ALONE_CACHE) as f:
+        RATES_ALONE = {tuple(json.loads(k)): v for k, v in json.load(f).items()}
+
+
+def rate_alone(s):
+    """Percent of wall time the kernels of slice `s`'s loop ask for when it runs alone, without
+    the library, from 1 s to its end (measured once per kind of loop)."""
+    key = (s["kernel"], s["kernel_us"], s["via"], s["streams"], s["sync_every"])
+    if key not in RATES_ALONE:
+        work = tempfile.mkdtemp(prefix="cuslice-share-alone-")
+        state = os.path.join(work, "state")
+        subprocess.run([SIMGPU, "init", "--state", state], check=True, capture_output=True)
+        env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD" and not k.startswith("CUSLICE_")}
+        t0 = time.monotonic()
+        p = subprocess.run([SIMGPU, "run", "--state", state, "--", *command(s, ALONE_SECS)], env=env,
+                           capture_output=True, text=True)
+        if p.returncode != 0:
+            raise SystemExit(f"rate alone of {key}: exit {p.returncode}: {p.stdout} {p.stderr}")
+        series = progress(p.stdout, t0)
+        RATES_ALONE[key] = throughput([series], series[0][0] + 1.0, series[-1][0])
+        if ALONE_CACHE:
+            with open(ALONE_CACHE, "w") as f:
+                json.dump({json.dumps(list(k)): v for k, v in RATES_ALONE.items()}, f)
+    return RATES_ALONE[key]
+
+
 def run(name, slices, expected):
     work = tempfile.mkdtemp(prefix="cuslice-share-")
     state = os.path.join(work, "state")
@@ -194,7 +231,8 @@ def run(name, slices, expected):
             (ta, xa), (tb, xb) = samples[a], samples[b]
             return 100.0 * sum(xb.get(pid, 0) - xa.get(pid, 0) for pid in my_pids) / ((tb - ta) * 1e9)
 
-        got = throughput(mine, SETTLE, end)
+        base = rate_alone(s) if s["alone"] else 100.0
+        got = throughput(mine, SETTLE, end) * 100.0 / base
         counted = sim(inside[0], inside[-1]) if len(inside) > 1 else None
         by_sim = s["kernel"] == "spin"
         if by_sim:
@@ -202,7 +240,8 @@ def run(name, slices, expected):
                        if abs(samples[b][0] - samples[a][0] - 1.0) < 0.13 and samples[b][0] <= end]
         else:
             steps = int((end - 1.0 - first) / 0.25) + 1 if end - 1.0 >= first else 0
-            windows = [(first + 0.25 * k, throughput(mine, first + 0.25 * k, first + 0.25 * k + 1.0))
+            windows = [(first + 0.25 * k,
+                        throughput(mine, first + 0.25 * k, first + 0.25 * k + 1.0) * 100.0 / base)
                        for k in range(steps)]
         judged = counted if by_sim else got
         settled_windows = [(t, w) for t, w in windows if t >= SETTLE]
@@ -213,7 +252,8 @@ def run(name, slices, expected):
             worst = max((w for _, w in settled_windows), key=lambda w: abs(w - want), default=judged)
             settle = settled_at(windows, want)
         rows.append(dict(expected=want, throughput=got, simulator=counted, judged=judged, by_sim=by_sim,
-                         worst_1s=worst, settled_s=settle, windows=settled_windows))
+                         worst_1s=worst, settled_s=settle, windows=settled_windows,
+                         alone=base if s["alone"] else None))
     return rows
 
 
@@ -231,8 +271,8 @@ def fmt(x):
 def main(names, check=None, window_check=WINDOW_CHECK):
     print(f"simulated device; {SAMPLES_SAID[SAMPLES]}; {SECS:g} s per scenario, shares over {SETTLE:g} s "
           f"to the end; 1 ms fixed-work kernels unless named")
-    print("judged: throughput (work completed over wall time, against the rate alone); the simulator's count "
-          "of device time beside it (spin: judged by that count)")
+    print("judged: throughput (work completed over wall time, against the same loop's rate alone); the "
+          "simulator's count of device time beside it (spin: judged by that count)")
     print(f"{'scenario':34} {'slice':>5} {'configured':>10} {'throughput':>10} {'simulator':>9} "
           f"{'worst 1 s':>9} {'settled':>8}")
     worst_err, worst_window, slowest, failed = 0.0, 0.0, 0.0, []
@@ -247,8 +287,9 @@ def main(names, check=None, window_check=WINDOW_CHECK):
                 continue
             settled = f"{r['settled_s']:.1f} s" if r["settled_s"] is not None else "never"
             judged = r["judged"]
+            note = f"  (rate alone {r['alone']:.1f}%)" if r["alone"] is not None and r["alone"] < 99.5 else ""
             print(f"{cols} {r['expected']:>9}% {through:>10} {fmt(r['simulator']):>9} {fmt(r['worst_1s']):>9} "
-                  f"{settled:>8}", flush=True)
+                  f"{settled:>8}{note}", flush=True)
             err = abs(judged - r["expected"]) if judged is not None else float("inf")
             window_err = max((abs(w - r["expected"]) for _, w in r["windows"]), default=0.0)
             worst_err = max(worst_err, err)

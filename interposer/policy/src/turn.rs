@@ -31,7 +31,7 @@ use crate::share::FULL;
 
 /// One round of turns among slices that all want the device: each holds the turn for its
 /// allotment's part of it.
-pub const CYCLE_NS: u64 = 20_000_000;
+pub const CYCLE_NS: u64 = 40_000_000;
 /// The shortest turn a slice takes.
 pub const MIN_TURN_NS: u64 = 1_000_000;
 /// The furthest ahead a holding record may plan its end; one that plans further is not
@@ -43,8 +43,9 @@ pub const MAX_TURN_NS: u64 = 200_000_000;
 /// (drained) within it. A holder that died, or overran, holds nobody up past that.
 pub const GRACE_NS: u64 = 100_000_000;
 /// How much work (device time, by the slice's estimate) a holder keeps queued ahead of the time
-/// its turn has run, beyond one launch.
-pub const AHEAD_NS: u64 = 2_000_000;
+/// its turn has run, beyond one launch: enough that the device never waits for its next launch,
+/// and what a slice that takes the turn from it waits for at most.
+pub const AHEAD_NS: u64 = 1_000_000;
 /// A waiting or holding record whose time lies further ahead of the reader's clock than this is
 /// not believed (honest processes share the reader's CLOCK_MONOTONIC).
 pub const AHEAD_OF_CLOCK_NS: u64 = 1_000_000;
@@ -369,10 +370,11 @@ pub fn paid_for(allot: u32, tokens: i64) -> Option<u64> {
 
 /// How many tokens (ns of device time) a slice at allotment `allot` needs before it queues for a
 /// turn (None: it needs none, having the whole device). Beside slices that want the device
-/// (`contended`), enough for the shortest turn: it earns more while it waits behind them, and its
-/// turn is what it has by then. Alone, enough for a whole turn, or as many as it can bank
-/// (`bank`): a slice that took every turn its tokens barely paid for would take many short ones,
-/// each with a drain.
+/// (`contended`), its turns come one a round, each its allotment's part of the round, so the
+/// round itself holds it to its allotment: it queues unless it owes more than a turn (what a turn
+/// that ran long left owing is paid back by waiting). Alone, once its tokens pay for a whole turn,
+/// or are as many as it can bank (`bank`): a slice that took every turn its tokens barely paid for
+/// would take many short ones, each with a drain.
 pub fn ready_at(allot: u32, bank: i64, contended: bool) -> Option<i64> {
     if allot >= FULL {
         return None;
@@ -380,7 +382,7 @@ pub fn ready_at(allot: u32, bank: i64, contended: bool) -> Option<i64> {
     let left = (FULL - allot) as u128;
     let price = |len: u64| (len as u128 * left / FULL as u128) as i64;
     Some(if contended {
-        price(MIN_TURN_NS)
+        -price(quantum(allot))
     } else {
         price(quantum(allot)).min(bank)
     })
@@ -714,11 +716,13 @@ mod tests {
     }
 
     #[test]
-    fn beside_others_a_slice_queues_once_it_can_pay_for_the_shortest_turn() {
+    fn beside_others_a_slice_queues_unless_it_owes_more_than_a_turn() {
         let bank = 6 * MS as i64;
-        assert_eq!(ready_at(300_000, bank, true), Some(7 * MS as i64 / 10));
-        assert!(!ready(300_000, 0, bank, true));
-        assert!(ready(300_000, MS as i64, bank, true));
+        // A 6 ms turn at 30% costs 4.2 ms net.
+        assert_eq!(ready_at(300_000, bank, true), Some(-42 * MS as i64 / 10));
+        assert!(ready(300_000, 0, bank, true));
+        assert!(ready(300_000, -42 * MS as i64 / 10, bank, true));
+        assert!(!ready(300_000, -43 * MS as i64 / 10, bank, true));
     }
 
     #[test]
@@ -762,8 +766,8 @@ mod tests {
     #[test]
     fn queued_work_stays_close_behind_the_turn() {
         assert_eq!(allowed(0, 6 * MS, AHEAD_NS), AHEAD_NS);
-        assert_eq!(allowed(3 * MS, 6 * MS, AHEAD_NS), 5 * MS);
-        assert_eq!(allowed(5 * MS, 6 * MS, AHEAD_NS), 6 * MS);
+        assert_eq!(allowed(3 * MS, 6 * MS, AHEAD_NS), 3 * MS + AHEAD_NS);
+        assert_eq!(allowed(5 * MS + AHEAD_NS / 2, 6 * MS, AHEAD_NS), 6 * MS);
         assert_eq!(allowed(3 * MS, 6 * MS, 0), 3 * MS);
     }
 }

@@ -81,6 +81,9 @@ pub struct Gate {
     pub cut: AtomicU32,
     /// When turn `number` was closed (0 while open).
     pub closed_ns: AtomicU64,
+    /// How long the slice's gaps between bursts of work have proved (ns): its holder waits that
+    /// long, at least, with nothing to run before it passes the turn on to a slice that waits.
+    pub quiet_ns: AtomicU64,
     /// When the first launch of turn `number` went (0: none yet): its span starts there, not at
     /// the take (the launching threads' wake-up is nobody's device time).
     pub started_ns: AtomicU64,
