@@ -437,6 +437,8 @@ impl Board {
                 if !g.exists() {
                     write_grant(&g, &grant, 0o644).map_err(io(&g))?;
                 }
+                // The turns first: a slice that finds the claims finds the turns beside them.
+                turns::open(&dir, slice, true).map_err(io(&dir.join(turns::FILE)))?;
                 cuslice_shm::file::open_or_create(&dir, CLAIMS, SIZE as u64, 0o644, |f, _| {
                     use std::io::Write;
                     (&mut &*f).write_all(&header_bytes(slice))
@@ -741,6 +743,10 @@ impl Board {
             seen.push(id);
             match others.iter_mut().find(|o| o.id == id) {
                 Some(o) => {
+                    if o.turns.is_none() {
+                        // Found while being made: its turns file may be there by now.
+                        o.turns = open_theirs(&place.join(turns::FILE)).map(Arc::new);
+                    }
                     if now.saturating_sub(o.grant_read_ns) >= GRANT_EVERY_NS {
                         o.grant = read_grant(&place.join(GRANT));
                         o.grant_read_ns = now;

@@ -318,9 +318,10 @@ impl Root {
             )?;
             make_dir(&place, 0o755)?;
             write_new(&place.join(board::GRANT), grant.format().as_bytes(), 0o644)?;
+            // The turns first: a slice that finds the claims finds the turns beside them.
+            board::turns::create(&place.join(board::turns::FILE), slice, 0o666)?;
             let claims = place.join(board::CLAIMS);
             board::create_claims(&claims, slice, 0o666)?;
-            board::turns::create(&place.join(board::turns::FILE), slice, 0o666)?;
             Ok((slice, claims))
         })();
         match made {
