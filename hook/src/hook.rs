@@ -165,9 +165,19 @@ pub fn create(opts: &Options, state_json: &str) -> Result<Outcome, String> {
             })
         })
         .collect::<Result<Vec<(&str, &str)>, String>>()?;
-    let Some(found) = settings::read(env, annotations.iter().copied())? else {
+    let Some(found) = settings::read(env.iter().copied(), annotations.iter().copied())? else {
         return Ok(Outcome::Untouched);
     };
+    // A per-device setting for a GPU the container does not have would apply to nothing.
+    let device_paths = spec
+        .pointer("/linux/devices")
+        .and_then(|d| d.as_array())
+        .into_iter()
+        .flatten()
+        .filter_map(|d| d.get("path").and_then(|p| p.as_str()));
+    if let Some((gpus, seen)) = settings::visible_gpus(env.iter().copied(), device_paths) {
+        found.check_devices(gpus, &seen)?;
+    }
     let library = find_library(opts.library.as_deref())?;
     let pid = state.pid().filter(|&p| p > 0).ok_or(
         "the container state has no pid; run cuslice-hook at the prestart or createRuntime stage",
