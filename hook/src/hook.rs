@@ -200,6 +200,8 @@ pub fn create(opts: &Options, state_json: &str) -> Result<Outcome, String> {
     // Where it belongs in Kubernetes, with the claim the DRA plugin's index names: read before
     // the lock too (a directory listing, on a node with DRA claims).
     let kubernetes = kubernetes(&annotations, &opts.container_index);
+    // The name Docker or Podman gave it (`--name web`), which they keep beside the bundle.
+    let engine_name = crate::names::engine_name(&spec, bundle, id);
 
     let root = Root::new(&opts.state_root);
     let _lock = root.lock().map_err(|e| {
@@ -266,6 +268,7 @@ pub fn create(opts: &Options, state_json: &str) -> Result<Outcome, String> {
         rootfs,
         name: settings::display_name(
             id,
+            engine_name.as_deref(),
             spec.get("hostname").and_then(|h| h.as_str()),
             &annotations,
         ),

@@ -308,11 +308,14 @@ pub fn kubernetes(annotations: &[(&str, &str)]) -> Option<Kubernetes> {
         })
 }
 
-/// What people call a container, for `cuslice status`: `pod/container` where Kubernetes
-/// (through containerd or CRI-O) names it, else nerdctl's name, else the hostname unless it is
-/// only the id's prefix (Docker's and Podman's default). Each as [`clean_name`] leaves it.
+/// What people call a container, for `cuslice status` and `cuslice set NAME`: `pod/container`
+/// where Kubernetes (through containerd or CRI-O) names it, else nerdctl's name, else the name
+/// Docker or Podman keeps for it (`engine`, from [`crate::names`]), else the id where someone
+/// chose it (`ctr run IMAGE web`, `runc run web`), else the hostname unless it is only the id's
+/// prefix (Docker's and Podman's default). Each as [`clean_name`] leaves it.
 pub fn display_name(
     id: &str,
+    engine: Option<&str>,
     hostname: Option<&str>,
     annotations: &[(&str, &str)],
 ) -> Option<String> {
@@ -330,9 +333,21 @@ pub fn display_name(
     {
         return Some(n);
     }
+    if let Some(n) = engine.and_then(clean_name) {
+        return Some(n);
+    }
+    if chosen_id(id) {
+        return clean_name(id);
+    }
     hostname
         .and_then(clean_name)
         .filter(|h| !id.starts_with(h.as_str()))
+}
+
+/// Whether a container id is a name someone chose (`ctr run IMAGE web`, `runc run web`) rather
+/// than one an engine made up (64 hex digits for Docker, Podman, containerd's CRI and CRI-O).
+fn chosen_id(id: &str) -> bool {
+    !(id.len() >= 32 && id.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
 #[cfg(test)]
@@ -627,28 +642,48 @@ mod tests {
 
     #[test]
     fn display_names_come_from_kubernetes_nerdctl_or_a_hostname_that_is_not_the_id() {
-        let id = "e4f4267d7ae7aaaa";
+        let id = "e4f4267d7ae7aaaae4f4267d7ae7aaaae4f4267d7ae7aaaae4f4267d7ae7aaaa";
         let k8s = [
             ("io.kubernetes.cri.container-name", "trainer"),
             ("io.kubernetes.cri.sandbox-name", "job-0"),
         ];
         assert_eq!(
-            display_name(id, Some("job-0"), &k8s).as_deref(),
+            display_name(id, None, Some("job-0"), &k8s).as_deref(),
             Some("job-0/trainer")
         );
         let crio = [("io.kubernetes.container.name", "server")];
-        assert_eq!(display_name(id, None, &crio).as_deref(), Some("server"));
+        assert_eq!(
+            display_name(id, None, None, &crio).as_deref(),
+            Some("server")
+        );
         let nerdctl = [("nerdctl/name", "web")];
         assert_eq!(
-            display_name(id, Some("e4f4267d7ae7"), &nerdctl).as_deref(),
+            display_name(id, None, Some("e4f4267d7ae7"), &nerdctl).as_deref(),
             Some("web")
         );
-        assert_eq!(display_name(id, Some("e4f4267d7ae7"), &[]), None);
+        assert_eq!(display_name(id, None, Some("e4f4267d7ae7"), &[]), None);
+        // An id someone chose (ctr, runc) is the name; one an engine made up is none.
+        assert_eq!(display_name("web", None, None, &[]).as_deref(), Some("web"));
+        let made_up = "e4f4267d7ae7aaaae4f4267d7ae7aaaae4f4267d7ae7aaaae4f4267d7ae7aaaa";
+        assert_eq!(display_name(made_up, None, None, &[]), None);
         assert_eq!(
-            display_name(id, Some("demo-a"), &[]).as_deref(),
+            display_name(id, None, Some("demo-a"), &[]).as_deref(),
             Some("demo-a")
         );
-        assert_eq!(display_name(id, Some(""), &[]), None);
+        assert_eq!(
+            display_name("web", None, Some("runc"), &[]).as_deref(),
+            Some("web")
+        );
+        assert_eq!(display_name(id, None, Some(""), &[]), None);
+        // The name Docker or Podman keeps wins over the hostname.
+        assert_eq!(
+            display_name(id, Some("web"), Some("e4f4267d7ae7"), &[]).as_deref(),
+            Some("web")
+        );
+        assert_eq!(
+            display_name(id, Some("web"), None, &k8s).as_deref(),
+            Some("job-0/trainer")
+        );
     }
 
     #[test]
@@ -723,10 +758,11 @@ mod tests {
         assert_eq!(k.namespace, "ns]0;pwned");
         assert_eq!(k.pod.len(), NAME_MAX);
         assert_eq!(k.container, "cd");
+        let hex = "abcdef0123456789abcdef0123456789abcdef0123456789abcdef0123456789";
         assert_eq!(
-            display_name("abc", Some("abcdef\n"), &[]).as_deref(),
-            Some("abcdef")
+            display_name(hex, None, Some("web\n"), &[]).as_deref(),
+            Some("web")
         );
-        assert_eq!(display_name("abcdef", Some("abc\n"), &[]), None);
+        assert_eq!(display_name(hex, None, Some("abc\n"), &[]), None);
     }
 }
