@@ -1,10 +1,10 @@
 //! The name an operator gave a container, where the engine keeps it beside the bundle rather
 //! than in config.json: what `cuslice status` shows and `cuslice set NAME` takes.
 //!
-//! - Docker (20.10 to 28) passes no name to the runtime; it keeps each container's
+//! - Docker passes no name to the runtime (20.10, as tested); it keeps each container's
 //!   configuration in `DATA_ROOT/containers/ID/config.v2.json` (`"Name": "/web"`), the
 //!   directory whose `hostname` file config.json mounts at `/etc/hostname`.
-//! - Podman and CRI-O (containers/storage) keep the names in `RUNROOT/DRIVER-containers/
+//! - Podman (containers/storage) keeps the names in `GRAPHROOT/DRIVER-containers/
 //!   containers.json`, two directories above the bundle (`.../DRIVER-containers/ID/userdata`):
 //!   `[{"id": ID, "names": ["web"], ...}]`.
 //!
@@ -140,7 +140,7 @@ mod tests {
             Some("web")
         );
         assert_eq!(engine_name(&spec, Path::new("/nowhere"), "other"), None);
-        // containers/storage: RUNROOT/vfs-containers/{containers.json,ID/userdata}.
+        // containers/storage: GRAPHROOT/vfs-containers/{containers.json,ID/userdata}.
         let store = dir.path().join("vfs-containers");
         let bundle = store.join(ID).join("userdata");
         std::fs::create_dir_all(&bundle).unwrap();
