@@ -165,9 +165,19 @@ pub fn create(opts: &Options, state_json: &str) -> Result<Outcome, String> {
             })
         })
         .collect::<Result<Vec<(&str, &str)>, String>>()?;
-    let Some(found) = settings::read(env, annotations.iter().copied())? else {
+    let Some(found) = settings::read(env.iter().copied(), annotations.iter().copied())? else {
         return Ok(Outcome::Untouched);
     };
+    // A per-device setting for a GPU the container does not have would apply to nothing.
+    let device_paths = spec
+        .pointer("/linux/devices")
+        .and_then(|d| d.as_array())
+        .into_iter()
+        .flatten()
+        .filter_map(|d| d.get("path").and_then(|p| p.as_str()));
+    if let Some((gpus, seen)) = settings::visible_gpus(env.iter().copied(), device_paths) {
+        found.check_devices(gpus, &seen)?;
+    }
     let library = find_library(opts.library.as_deref())?;
     let pid = state.pid().filter(|&p| p > 0).ok_or(
         "the container state has no pid; run cuslice-hook at the prestart or createRuntime stage",
@@ -190,6 +200,8 @@ pub fn create(opts: &Options, state_json: &str) -> Result<Outcome, String> {
     // Where it belongs in Kubernetes, with the claim the DRA plugin's index names: read before
     // the lock too (a directory listing, on a node with DRA claims).
     let kubernetes = kubernetes(&annotations, &opts.container_index);
+    // The name Docker or Podman gave it (`--name web`), which they keep beside the bundle.
+    let engine_name = crate::names::engine_name(&spec, bundle, id);
 
     let root = Root::new(&opts.state_root);
     let _lock = root.lock().map_err(|e| {
@@ -256,6 +268,7 @@ pub fn create(opts: &Options, state_json: &str) -> Result<Outcome, String> {
         rootfs,
         name: settings::display_name(
             id,
+            engine_name.as_deref(),
             spec.get("hostname").and_then(|h| h.as_str()),
             &annotations,
         ),

@@ -3,7 +3,8 @@
 //!
 //! [`settings`] reads and validates what a container asks for (pure); [`rootfs`] resolves paths
 //! inside the container's root filesystem safely; [`inject`] mounts the slice, the interposer and
-//! `/etc/ld.so.preload` into the container; [`hook`] runs the stages; [`wrapper`] is the runtime
+//! `/etc/ld.so.preload` into the container; [`names`] finds the name Docker or Podman gave the
+//! container, which they keep beside the bundle; [`hook`] runs the stages; [`wrapper`] is the runtime
 //! that adds the hook for engines without hook configuration, and applies the CDI devices a
 //! container's annotations name. What the hook shares with other programs lives in their
 //! crates: the host state root it writes (`cuslice_state::host`, read by the node tools and the
@@ -12,6 +13,7 @@
 
 pub mod hook;
 pub mod inject;
+pub mod names;
 pub mod rootfs;
 pub mod settings;
 pub mod wrapper;

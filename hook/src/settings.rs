@@ -67,7 +67,20 @@ pub fn read<'a>(
             // The hook decides where the slice's state lives; the container cannot.
             continue;
         }
-        // A later entry of the same name wins, as in execve's environment.
+        // The same name twice with different values: which one a program reads depends on the
+        // program (getenv takes the first, a shell's export the last), so neither is guessed.
+        if let Some((first, _)) = found.get(name)
+            && first.trim() != value.trim()
+        {
+            let name = cut(name);
+            return Err(format!(
+                "{name} is set twice in the container's environment, to {} and to {}; set it \
+                 once (e.g. {name}={})",
+                quoted(first),
+                quoted(value),
+                cut(value)
+            ));
+        }
         found.insert(name.to_string(), (value.to_string(), None));
     }
     for (key, value) in annotations {
@@ -110,7 +123,52 @@ pub fn read<'a>(
     }))
 }
 
+/// How many GPUs the container's processes see, where its spec says: the NVIDIA device nodes
+/// (`/dev/nvidia0`, `/dev/nvidia1`, ...) in `linux.devices` (as CDI specs and the NVIDIA
+/// container toolkit's CDI mode give them), and no more than `CUDA_VISIBLE_DEVICES` in its
+/// environment names. With the words for a message (`the container has`). `None` where the spec
+/// does not say (the toolkit's legacy hook adds the nodes itself, later): then the library
+/// checks at CUDA's initialisation, by the devices the process sees.
+pub fn visible_gpus<'a>(
+    env: impl IntoIterator<Item = &'a str>,
+    device_paths: impl IntoIterator<Item = &'a str>,
+) -> Option<(u32, String)> {
+    let nodes = device_paths
+        .into_iter()
+        .filter(|p| {
+            p.strip_prefix("/dev/nvidia")
+                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .count() as u32;
+    let visible = env
+        .into_iter()
+        .filter_map(|e| e.strip_prefix("CUDA_VISIBLE_DEVICES="))
+        .last()
+        .map(|v| {
+            // CUDA reads the list up to its first empty entry.
+            let n = v.split(',').take_while(|d| !d.trim().is_empty()).count() as u32;
+            (n, v)
+        });
+    match (nodes, visible) {
+        (0, None) => None,
+        (n, None) => Some((n, "the container has".to_string())),
+        (n, Some((v, list))) if n == 0 || v <= n => {
+            Some((v, format!("CUDA_VISIBLE_DEVICES={} shows", quoted(list))))
+        }
+        (n, Some(_)) => Some((n, "the container has".to_string())),
+    }
+}
+
 impl Settings {
+    /// Refuses a per-device setting for a device the container does not have: `gpus` devices,
+    /// as [`visible_gpus`] counts them (`seen`: its words). One line naming the variable, the
+    /// value and an example.
+    pub fn check_devices(&self, gpus: u32, seen: &str) -> Result<(), String> {
+        let c = Config::from_vars(self.entries.iter().map(|(n, v)| (n.as_str(), v.as_str())))
+            .map_err(|e| e.to_string())?;
+        c.check_device_count(gpus, seen).map_err(|e| e.to_string())
+    }
+
     /// What the container may claim on any device of the node's compute board: its largest core
     /// request and limit, and its priority.
     pub fn grant(&self, container: &str, state_root: &Path) -> Grant {
@@ -250,11 +308,14 @@ pub fn kubernetes(annotations: &[(&str, &str)]) -> Option<Kubernetes> {
         })
 }
 
-/// What people call a container, for `cuslice status`: `pod/container` where Kubernetes
-/// (through containerd or CRI-O) names it, else nerdctl's name, else the hostname unless it is
-/// only the id's prefix (Docker's and Podman's default). Each as [`clean_name`] leaves it.
+/// What people call a container, for `cuslice status` and `cuslice set NAME`: `pod/container`
+/// where Kubernetes (through containerd or CRI-O) names it, else nerdctl's name, else the name
+/// Docker or Podman keeps for it (`engine`, from [`crate::names`]), else the id where someone
+/// chose it (`ctr run IMAGE web`, `runc run web`), else the hostname unless it is only the id's
+/// prefix (Docker's and Podman's default). Each as [`clean_name`] leaves it.
 pub fn display_name(
     id: &str,
+    engine: Option<&str>,
     hostname: Option<&str>,
     annotations: &[(&str, &str)],
 ) -> Option<String> {
@@ -272,9 +333,21 @@ pub fn display_name(
     {
         return Some(n);
     }
+    if let Some(n) = engine.and_then(clean_name) {
+        return Some(n);
+    }
+    if chosen_id(id) {
+        return clean_name(id);
+    }
     hostname
         .and_then(clean_name)
         .filter(|h| !id.starts_with(h.as_str()))
+}
+
+/// Whether a container id is a name someone chose (`ctr run IMAGE web`, `runc run web`) rather
+/// than one an engine made up (64 hex digits for Docker, Podman, containerd's CRI and CRI-O).
+fn chosen_id(id: &str) -> bool {
+    !(id.len() >= 32 && id.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
 #[cfg(test)]
@@ -328,6 +401,72 @@ mod tests {
         assert!(e.starts_with("CUSLICE_CORE_LIMIT=\"-5\""), "{e}");
         let e = read_env(&["CUSLICE_MEMORY_LIMT=1GiB"]).unwrap_err();
         assert!(e.contains("CUSLICE_MEMORY_LIMT"), "{e}");
+    }
+
+    #[test]
+    fn a_name_set_twice_with_different_values_is_refused() {
+        let e = read_env(&[
+            "CUSLICE_CORE_LIMIT=30",
+            "PATH=/bin",
+            "CUSLICE_CORE_LIMIT=60",
+        ])
+        .unwrap_err();
+        assert_eq!(
+            e,
+            "CUSLICE_CORE_LIMIT is set twice in the container's environment, to \"30\" and to \
+             \"60\"; set it once (e.g. CUSLICE_CORE_LIMIT=60)"
+        );
+        // The same value twice says one thing.
+        let s = read_env(&["CUSLICE_CORE_LIMIT=30", "CUSLICE_CORE_LIMIT=30"])
+            .unwrap()
+            .unwrap();
+        assert_eq!(s.entries, [("CUSLICE_CORE_LIMIT".into(), "30".into())]);
+    }
+
+    #[test]
+    fn near_misses_and_decimal_units_are_refused_by_the_hook() {
+        let e = read_env(&["cuslice_memory_limit=1GiB"]).unwrap_err();
+        assert!(
+            e.starts_with("cuslice_memory_limit=\"1GiB\" is not a cuslice variable"),
+            "{e}"
+        );
+        assert!(e.ends_with("write e.g. CUSLICE_MEMORY_LIMIT=1GiB"), "{e}");
+        assert!(mentioned(["CUSLCE_CORE_LIMIT=30"], []));
+        let e = read_env(&["CUSLICE_MEMORY_LIMIT=1.5GB"]).unwrap_err();
+        assert!(e.contains("is ambiguous"), "{e}");
+        assert!(e.contains("write e.g. CUSLICE_MEMORY_LIMIT=1.5GiB"), "{e}");
+    }
+
+    #[test]
+    fn a_setting_for_a_gpu_the_container_lacks_is_refused() {
+        let nodes = ["/dev/nvidiactl", "/dev/nvidia0", "/dev/nvidia-uvm"];
+        assert_eq!(
+            visible_gpus([], nodes),
+            Some((1, "the container has".to_string()))
+        );
+        assert_eq!(visible_gpus(["PATH=/bin"], ["/dev/null"]), None);
+        assert_eq!(
+            visible_gpus(["CUDA_VISIBLE_DEVICES=3,1"], []),
+            Some((2, "CUDA_VISIBLE_DEVICES=\"3,1\" shows".to_string()))
+        );
+        assert_eq!(
+            visible_gpus(
+                ["CUDA_VISIBLE_DEVICES=0,,1"],
+                ["/dev/nvidia0", "/dev/nvidia1"]
+            )
+            .unwrap()
+            .0,
+            1
+        );
+        let s = read_env(&["CUSLICE_MEMORY_LIMIT_1=1GiB"]).unwrap().unwrap();
+        let (gpus, seen) = visible_gpus([], nodes).unwrap();
+        assert_eq!(
+            s.check_devices(gpus, &seen).unwrap_err(),
+            "CUSLICE_MEMORY_LIMIT_1=\"1GiB\" names device 1, but the container has 1 CUDA device \
+             (device 0), so it would apply to none; write e.g. CUSLICE_MEMORY_LIMIT_0=1GiB \
+             (device 0) or CUSLICE_MEMORY_LIMIT=1GiB (every device)"
+        );
+        assert_eq!(s.check_devices(2, "the container has"), Ok(()));
     }
 
     #[test]
@@ -503,28 +642,48 @@ mod tests {
 
     #[test]
     fn display_names_come_from_kubernetes_nerdctl_or_a_hostname_that_is_not_the_id() {
-        let id = "e4f4267d7ae7aaaa";
+        let id = "e4f4267d7ae7aaaae4f4267d7ae7aaaae4f4267d7ae7aaaae4f4267d7ae7aaaa";
         let k8s = [
             ("io.kubernetes.cri.container-name", "trainer"),
             ("io.kubernetes.cri.sandbox-name", "job-0"),
         ];
         assert_eq!(
-            display_name(id, Some("job-0"), &k8s).as_deref(),
+            display_name(id, None, Some("job-0"), &k8s).as_deref(),
             Some("job-0/trainer")
         );
         let crio = [("io.kubernetes.container.name", "server")];
-        assert_eq!(display_name(id, None, &crio).as_deref(), Some("server"));
+        assert_eq!(
+            display_name(id, None, None, &crio).as_deref(),
+            Some("server")
+        );
         let nerdctl = [("nerdctl/name", "web")];
         assert_eq!(
-            display_name(id, Some("e4f4267d7ae7"), &nerdctl).as_deref(),
+            display_name(id, None, Some("e4f4267d7ae7"), &nerdctl).as_deref(),
             Some("web")
         );
-        assert_eq!(display_name(id, Some("e4f4267d7ae7"), &[]), None);
+        assert_eq!(display_name(id, None, Some("e4f4267d7ae7"), &[]), None);
+        // An id someone chose (ctr, runc) is the name; one an engine made up is none.
+        assert_eq!(display_name("web", None, None, &[]).as_deref(), Some("web"));
+        let made_up = "e4f4267d7ae7aaaae4f4267d7ae7aaaae4f4267d7ae7aaaae4f4267d7ae7aaaa";
+        assert_eq!(display_name(made_up, None, None, &[]), None);
         assert_eq!(
-            display_name(id, Some("demo-a"), &[]).as_deref(),
+            display_name(id, None, Some("demo-a"), &[]).as_deref(),
             Some("demo-a")
         );
-        assert_eq!(display_name(id, Some(""), &[]), None);
+        assert_eq!(
+            display_name("web", None, Some("runc"), &[]).as_deref(),
+            Some("web")
+        );
+        assert_eq!(display_name(id, None, Some(""), &[]), None);
+        // The name Docker or Podman keeps wins over the hostname.
+        assert_eq!(
+            display_name(id, Some("web"), Some("e4f4267d7ae7"), &[]).as_deref(),
+            Some("web")
+        );
+        assert_eq!(
+            display_name(id, Some("web"), None, &k8s).as_deref(),
+            Some("job-0/trainer")
+        );
     }
 
     #[test]
@@ -599,10 +758,11 @@ mod tests {
         assert_eq!(k.namespace, "ns]0;pwned");
         assert_eq!(k.pod.len(), NAME_MAX);
         assert_eq!(k.container, "cd");
+        let hex = "abcdef0123456789abcdef0123456789abcdef0123456789abcdef0123456789";
         assert_eq!(
-            display_name("abc", Some("abcdef\n"), &[]).as_deref(),
-            Some("abcdef")
+            display_name(hex, None, Some("web\n"), &[]).as_deref(),
+            Some("web")
         );
-        assert_eq!(display_name("abcdef", Some("abc\n"), &[]), None);
+        assert_eq!(display_name(hex, None, Some("abc\n"), &[]), None);
     }
 }

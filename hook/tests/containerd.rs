@@ -39,3 +39,12 @@ fn cdi_unknown_device_is_refused() {
         "{line}"
     );
 }
+
+/// NVIDIA's container toolkit in CDI mode (a spec shaped like `nvidia-ctk cdi generate`'s),
+/// its device named in a `cdi.k8s.io/*` annotation for cuslice-runtime to apply (containerd 1.6
+/// has no CDI of its own): capped where the container asks, untouched where not.
+#[test]
+fn cdi_nvidia_toolkit_spec_with_cuslice() {
+    root_required();
+    engines::nvidia::toolkit_spec_with_cuslice(engine());
+}

@@ -78,3 +78,11 @@ fn a_cap_no_device_holds_and_a_long_value_are_refused_in_one_short_line() {
     root_required();
     engines::too_large_or_too_long(engine());
 }
+
+/// NVIDIA's container toolkit in CDI mode (a spec shaped like `nvidia-ctk cdi generate`'s) with
+/// cuslice's hooks.d registration: capped where the container asks, untouched where not.
+#[test]
+fn cdi_nvidia_toolkit_spec_with_cuslice() {
+    root_required();
+    engines::nvidia::toolkit_spec_with_cuslice(engine());
+}

@@ -183,7 +183,8 @@ struct AgentArgs {
     listen: Option<String>,
     /// What to do about a slice over its cap or limit by the driver's count: `report` (a log
     /// line, status and a metric) or `stop` (also kill over the memory cap, freeze over the
-    /// core limit)
+    /// core limit). `report` when run by hand; the service `cuslice install` sets up runs
+    /// `--enforce stop` (docs/agent.md)
     #[arg(long, default_value = "report", value_name = "MODE")]
     enforce: String,
     /// Seconds between checks against the driver
@@ -239,6 +240,7 @@ fn top(a: TopArgs) -> Result<(), Failure> {
         )));
     }
     let src = sources(a.sources);
+    let terminal = std::io::IsTerminal::is_terminal(&std::io::stdout());
     let mut n = 0u64;
     loop {
         let view = cuslice_node::collect::collect(&src);
@@ -249,10 +251,22 @@ fn top(a: TopArgs) -> Result<(), Failure> {
             if writeln!(std::io::stdout(), "{line}").is_err() {
                 return Ok(());
             }
-        } else {
+        } else if terminal {
             // Home, clear to the end of the screen: the table is redrawn in place.
             print!("\x1b[H\x1b[2J{}", cuslice_node::text::render(&view));
             println!("\n(every {} s; Ctrl-C to stop)", a.interval);
+        } else {
+            // Into a pipe or a file: each table as it is, a blank line between them, no
+            // escapes for a terminal that is not there.
+            let text = format!("{}\n", cuslice_node::text::render(&view));
+            let mut out = std::io::stdout();
+            if out
+                .write_all(text.as_bytes())
+                .and_then(|()| out.flush())
+                .is_err()
+            {
+                return Ok(());
+            }
         }
         n += 1;
         if a.count.is_some_and(|c| n >= c) {
@@ -297,7 +311,8 @@ fn exporter(a: ExporterArgs) -> Result<(), Failure> {
 
 #[derive(Args, Debug)]
 struct Common {
-    /// The container engine to register with (repeat the flag, or separate with commas)
+    /// The container engines: install registers cuslice with them, uninstall removes it from
+    /// them (repeat the flag, or separate with commas)
     #[arg(long = "engine", value_enum, required = true, value_delimiter = ',')]
     engines: Vec<Engine>,
     /// Where the files go: PREFIX/bin/cuslice-hook, PREFIX/bin/cuslice-runtime, PREFIX/bin/cuslice,
@@ -331,8 +346,9 @@ struct InstallArgs {
     /// docker: also make cuslice dockerd's default runtime
     #[arg(long)]
     default_runtime: bool,
-    /// Do not install the node agent (`cuslice agent` as the systemd unit NAME-agent.service,
-    /// enabled and started); by default install does, where systemd runs the system
+    /// Do not install the node agent (`cuslice agent --enforce stop` as the systemd unit
+    /// NAME-agent.service, enabled and started); by default install does, where systemd runs
+    /// the system
     #[arg(long)]
     no_agent: bool,
 }

@@ -872,3 +872,37 @@ fn systemd_analyze_accepts_the_unit() {
         }
     }
 }
+
+/// What `--help` says matches what the commands do: the agent's default enforcement by hand and
+/// the service install sets up; uninstall's engines are those it removes cuslice from.
+#[test]
+fn help_says_what_the_commands_do() {
+    let help = |args: &[&str]| {
+        let out = Command::new(BIN).args(args).output().expect("run cuslice");
+        assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+        stdout(&out)
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let agent = help(&["agent", "--help"]);
+    assert!(agent.contains("[default: report]"), "{agent}");
+    assert!(
+        agent.contains("the service `cuslice install` sets up runs `--enforce stop`"),
+        "{agent}"
+    );
+    let install = help(&["install", "--help"]);
+    assert!(
+        install.contains("`cuslice agent --enforce stop`"),
+        "{install}"
+    );
+    let uninstall = help(&["uninstall", "--help"]);
+    assert!(
+        uninstall.contains("uninstall removes it from them"),
+        "{uninstall}"
+    );
+    assert!(
+        !uninstall.contains("engine to register with"),
+        "{uninstall}"
+    );
+}

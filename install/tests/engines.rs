@@ -165,6 +165,8 @@ fn podman_runs_the_hooks_from_hooks_d() {
     let rootfs = d.join("rootfs");
     fs::create_dir_all(rootfs.join("bin")).expect("mkdir");
     fs::copy(busybox, rootfs.join("bin/busybox")).expect("copy busybox");
+    // Debian's dynamically linked busybox needs its libraries there too.
+    cuslice_test_engines::rootfs::copy_libraries(Path::new(busybox), &rootfs);
     std::os::unix::fs::symlink("busybox", rootfs.join("bin/true")).expect("link");
     let calls = d.join("calls");
     fake_from(

@@ -582,9 +582,42 @@ fn top_redraws_the_table() {
     .output()
     .unwrap();
     assert!(out.status.success());
+    // Into a pipe: three tables, a blank line after each, and no escapes for a terminal.
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!text.contains('\x1b'), "{text:?}");
+    assert_eq!(text.matches(a.to_str().unwrap()).count(), 3, "{text}");
+    assert_eq!(text.matches("\n\n").count(), 3, "{text}");
+    // On a terminal (a pseudo-terminal, by script(1)): redrawn in place.
+    let top = cuslice(
+        &sim,
+        &[
+            "top",
+            "--count",
+            "3",
+            "--interval",
+            "0.2",
+            "--state-root",
+            "/nonexistent-cuslice-root",
+            "--state-dir",
+            a.to_str().unwrap(),
+        ],
+    );
+    let line = std::iter::once(top.get_program())
+        .chain(top.get_args())
+        .map(|w| format!("'{}'", w.to_string_lossy()))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let mut on_a_terminal = Command::new("script");
+    on_a_terminal.args(["-q", "-e", "-c", &line, "/dev/null"]);
+    for (k, v) in top.get_envs() {
+        if let Some(v) = v {
+            on_a_terminal.env(k, v);
+        }
+    }
+    let out = on_a_terminal.output().unwrap();
+    assert!(out.status.success(), "{out:?}");
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(text.matches("\x1b[H\x1b[2J").count(), 3, "{text}");
-    assert_eq!(text.matches(a.to_str().unwrap()).count(), 3, "{text}");
     // --json: one line per refresh, a timeline to record.
     let out = cuslice(
         &sim,

@@ -61,6 +61,7 @@ fn create(cudev: CUdevice, out: *mut CUcontext, make: impl FnOnce() -> CUresult)
     }
     let first = measuring.is_some() && estimate == 0;
     if let Err(e) = s.reserve(dev, estimate) {
+        smaller_than_a_context(s, dev, estimate);
         return e;
     }
     let before = first.then(|| nvml_query::device_used(&uuid)).flatten();
@@ -87,6 +88,7 @@ fn create(cudev: CUdevice, out: *mut CUcontext, make: impl FnOnce() -> CUresult)
         _ => estimate,
     };
     if let Err(e) = s.settle(dev, estimate, charge) {
+        smaller_than_a_context(s, dev, charge);
         if let Some(f) = real::cuCtxDestroy_v2() {
             // SAFETY: destroys the context just made, which the caller has not seen.
             unsafe { f(ctx as CUcontext) };
@@ -106,6 +108,36 @@ fn create(cudev: CUdevice, out: *mut CUcontext, make: impl FnOnce() -> CUresult)
         )
     });
     r
+}
+
+/// Where a context was refused because the cap cannot hold even one (`context` bytes, what one
+/// takes on device `dev`), says so in one line with the context's size and a cap that would
+/// do: the refusal (CUDA_ERROR_OUT_OF_MEMORY from creating a context) says nothing of it.
+fn smaller_than_a_context(s: &Slice, dev: usize, context: u64) {
+    let Some((Some(cap), _)) = s.cap_and_used(dev) else {
+        return;
+    };
+    if context <= cap {
+        return;
+    }
+    const GIB: u64 = 1 << 30;
+    // Room for the context and at least half a GiB of the application's own, in whole GiB.
+    let enough = (context + GIB / 2).div_ceil(GIB) * GIB;
+    let setting = s
+        .config
+        .memory_setting(dev as u32)
+        .map_or_else(|| "the memory cap".to_string(), |v| v.to_string());
+    let name = setting
+        .split_once('=')
+        .map_or("CUSLICE_MEMORY_LIMIT", |(n, _)| n);
+    crate::log::error!(
+        "{setting} ({}) is smaller than one CUDA context on device {dev} ({}, what the slice's \
+         first context there took); no context fits, so CUDA calls fail with \
+         CUDA_ERROR_OUT_OF_MEMORY; write e.g. {name}={} (a cap covers the slice's contexts too)",
+        cuslice_policy::format_size(cap),
+        cuslice_policy::format_size(context),
+        cuslice_policy::format_size(enough).replace(' ', "")
+    );
 }
 
 /// How long a measurement that could not tell this process's entry goes on taking process lists,

@@ -17,7 +17,7 @@ use cuda_abi::*;
 use cuslice_policy::config::Config;
 use parking_lot::Mutex;
 
-use crate::log::{error, info, warning};
+use crate::log::{error, info};
 use crate::membership::{self, Dev, Slice, State, uuid_string};
 use crate::real;
 use cuslice_state::ledger::Ledger;
@@ -180,6 +180,15 @@ pub fn attach_devices() -> bool {
     if !unsafe { get_count(&mut n) }.is_ok() {
         n = 0;
     }
+    // A setting for a device this process does not see would apply to none, and the device
+    // the user meant would run without it: refused, before any device is registered.
+    if let Err(e) = s
+        .config
+        .check_device_count(n.max(0) as u32, "this process sees")
+    {
+        refuse(format_args!("{e}"));
+        return false;
+    }
     let mut devs = Vec::new();
     for i in 0..n {
         let mut d: CUdevice = 0;
@@ -230,13 +239,7 @@ pub fn attach_devices() -> bool {
             granularity: granularity(i),
         });
     }
-    for o in s.config.mentioned_ordinals() {
-        if o >= n as u32 {
-            warning!(
-                "a limit names device {o}, but this process sees {n} CUDA device(s); it applies to none"
-            );
-        }
-    }
+
     // The meters first: whoever sees the devices set finds them.
     if let Err(e) = crate::compute::join(s, &devs) {
         refuse(format_args!("{e}"));

@@ -99,6 +99,29 @@ fn every_bad_value_refuses_cuda_with_one_line_naming_it() {
             "parsec",
         ),
         (&[("CUSLICE_LOG", "loud")], "CUSLICE_LOG", "loud"),
+        // A name in lower case, or one letter off, would do nothing.
+        (
+            &[("cuslice_memory_limit", "1GiB")],
+            "CUSLICE_MEMORY_LIMIT=1GiB",
+            "1GiB",
+        ),
+        (
+            &[("CUSLCE_CORE_LIMIT", "30")],
+            "CUSLICE_CORE_LIMIT=30",
+            "30",
+        ),
+        // A decimal unit: 10^9 or 2^30? The line shows the binary spelling.
+        (
+            &[("CUSLICE_MEMORY_LIMIT", "1.5GB")],
+            "CUSLICE_MEMORY_LIMIT=1.5GiB",
+            "1.5GB",
+        ),
+        // Device 1 on a machine of one device: the setting would apply to none.
+        (
+            &[("CUSLICE_MEMORY_LIMIT_1", "1GiB")],
+            "CUSLICE_MEMORY_LIMIT_0=1GiB",
+            "names device 1, but this process sees 1 CUDA device",
+        ),
         (&[("CUSLICE_STATE_DIR", "")], "CUSLICE_STATE_DIR", ""),
         (
             &[
@@ -131,6 +154,29 @@ fn every_bad_value_refuses_cuda_with_one_line_naming_it() {
         );
     }
     assert_eq!(used(&sim, 0), 0);
+}
+
+/// A cap smaller than one CUDA context (4096 bytes; a context takes 300 MiB on this simulated
+/// device): the context is refused, and one line says why, with the context's size and a cap
+/// that would hold one. By the simulator's count nothing is left on the device.
+#[test]
+fn a_cap_smaller_than_a_context_says_so_with_the_contexts_size() {
+    let sim = Sim::new(&["--memory", "8GiB", "--context-overhead", "300MiB"]);
+    let (code, ours, lines) = info_with(&sim, &[("CUSLICE_MEMORY_LIMIT", "4096")]);
+    assert_ne!(code, 0, "{lines:?}");
+    assert_eq!(event(&lines, "error")["code"], 2, "{lines:?}");
+    assert_eq!(ours.len(), 1, "want one line, got {ours:?}");
+    assert_eq!(
+        ours[0],
+        "cuslice: CUSLICE_MEMORY_LIMIT=4096 (4 KiB) is smaller than one CUDA context on device 0 \
+         (300 MiB, what the slice's first context there took); no context fits, so CUDA calls \
+         fail with CUDA_ERROR_OUT_OF_MEMORY; write e.g. CUSLICE_MEMORY_LIMIT=1GiB (a cap covers \
+         the slice's contexts too)"
+    );
+    assert_eq!(used(&sim, 0), 0);
+    // A cap that holds a context is not refused for it.
+    let (code, ours, _) = info_with(&sim, &[("CUSLICE_MEMORY_LIMIT", "512MiB")]);
+    assert_eq!((code, ours.len()), (0, 0), "{ours:?}");
 }
 
 #[test]

@@ -1,8 +1,13 @@
 //! Byte sizes as users write them: `4GiB`, `512MiB`, `1.5GiB`, `4g`, `4096m`, `1073741824`.
 //!
-//! Every unit is binary (1024-based), as in HAMi-core's `CUDA_DEVICE_MEMORY_LIMIT` (`4g`) and in
-//! what GPU memory is sold as; `4GB` therefore means 4 GiB. Units are case-insensitive. A fraction
-//! is allowed with a unit (`1.5GiB`) and must come out to whole bytes.
+//! Every unit is binary (1024-based): `KiB`, `MiB`, `GiB`, `TiB`, `PiB`, and the single letters
+//! `k`, `m`, `g`, `t`, `p` as HAMi-core's `CUDA_DEVICE_MEMORY_LIMIT` writes them (`4g`); `B` or no
+//! unit is bytes. Units are case-insensitive, and a space may stand between number and unit. A
+//! fraction is allowed with a unit (`1.5GiB`) and must come out to whole bytes.
+//!
+//! The decimal spellings `kB`, `MB`, `GB`, `TB` and `PB` are refused ([`Reason::DecimalUnit`]):
+//! `1.5GB` is 1.5 * 10^9 bytes to a disk maker and 1.5 * 2^30 to many GPU tools, 7% apart, and a
+//! cap must mean one thing.
 
 use std::fmt;
 
@@ -25,6 +30,8 @@ pub enum Reason {
     UnknownUnit,
     FractionalBytes,
     TooLarge,
+    /// `kB`, `MB`, `GB`, `TB` or `PB`: 1000- or 1024-based, depending on who reads it.
+    DecimalUnit,
 }
 
 impl fmt::Display for Reason {
@@ -36,19 +43,25 @@ impl fmt::Display for Reason {
             Reason::UnknownUnit => "unknown unit",
             Reason::FractionalBytes => "it is not a whole number of bytes",
             Reason::TooLarge => "it is larger than 16 EiB",
+            Reason::DecimalUnit => {
+                "a decimal unit, which reads as powers of 1000 or of 1024 depending on who reads \
+                 it; cuslice's units are binary: KiB, MiB, GiB, TiB, or k, m, g, t"
+            }
         })
     }
 }
 
-fn unit_shift(unit: &str) -> Option<u32> {
-    Some(match unit.to_ascii_lowercase().as_str() {
+/// The unit's power of two; `Err` for a unit that is not one (the reason).
+fn unit_shift(unit: &str) -> Result<u32, Reason> {
+    Ok(match unit.to_ascii_lowercase().as_str() {
         "" | "b" => 0,
-        "k" | "kb" | "kib" => 10,
-        "m" | "mb" | "mib" => 20,
-        "g" | "gb" | "gib" => 30,
-        "t" | "tb" | "tib" => 40,
-        "p" | "pb" | "pib" => 50,
-        _ => return None,
+        "k" | "kib" => 10,
+        "m" | "mib" => 20,
+        "g" | "gib" => 30,
+        "t" | "tib" => 40,
+        "p" | "pib" => 50,
+        "kb" | "mb" | "gb" | "tb" | "pb" => return Err(Reason::DecimalUnit),
+        _ => return Err(Reason::UnknownUnit),
     })
 }
 
@@ -70,7 +83,7 @@ pub fn parse_size(input: &str) -> Result<u64, SizeError> {
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(s.len());
     let (number, unit) = s.split_at(num_end);
-    let shift = unit_shift(unit.trim()).ok_or_else(|| fail(Reason::UnknownUnit))?;
+    let shift = unit_shift(unit.trim()).map_err(fail)?;
     let (whole, frac) = match number.split_once('.') {
         Some((w, f)) => (w, f),
         None => (number, ""),
@@ -131,8 +144,10 @@ mod tests {
 
     #[test]
     fn units_are_binary_and_case_insensitive() {
-        assert_eq!(parse_size("4GB"), Ok(4 * GIB));
         assert_eq!(parse_size("4G"), Ok(4 * GIB));
+        assert_eq!(parse_size("4gib"), Ok(4 * GIB));
+        assert_eq!(parse_size("1p"), Ok(1 << 50));
+        assert_eq!(parse_size("4096 B"), Ok(4096));
         assert_eq!(parse_size("2k"), Ok(2048));
         assert_eq!(parse_size("1TiB"), Ok(1 << 40));
         assert_eq!(parse_size(" 8 GiB "), Ok(8 * GIB));
@@ -151,6 +166,10 @@ mod tests {
         assert_eq!(reason("1.2.3GiB"), Reason::NoNumber);
         assert_eq!(reason("1.5"), Reason::FractionalBytes);
         assert_eq!(reason("20000000PiB"), Reason::TooLarge);
+        // Decimal units mean two things; none is guessed.
+        for s in ["1.5GB", "4GB", "4gb", "512MB", "2kB", "1TB", "1PB", "8 GB"] {
+            assert_eq!(reason(s), Reason::DecimalUnit, "{s}");
+        }
         assert_eq!(
             reason("99999999999999999999999999999999999"),
             Reason::TooLarge

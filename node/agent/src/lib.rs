@@ -14,6 +14,7 @@ pub mod hostpid;
 pub mod judge;
 pub mod verify;
 
+use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -62,6 +63,12 @@ pub fn run(cfg: Config) -> Result<(), String> {
         .thread_block()
         .map_err(|e| format!("cannot block SIGTERM and SIGINT: {e}"))?;
     let server = hostpid::Server::bind(&socket_dir(&cfg.state_root))?;
+    // Removed when the agent stops, so that no stale socket tells containers and `cuslice
+    // status` there is an agent ("Connection refused") when there is none.
+    let socket = server.path().to_path_buf();
+    let socket_id = std::fs::symlink_metadata(&socket)
+        .map(|m| (m.dev(), m.ino()))
+        .ok();
     let exporter = cfg
         .listen
         .map(cuslice_node::exporter::Exporter::bind)
@@ -74,6 +81,13 @@ pub fn run(cfg: Config) -> Result<(), String> {
             let signal = signals.wait();
             // Thaws every cgroup the agent froze before it goes.
             stopper.stop();
+            // Its own socket only: another agent's, bound after this one's was taken away,
+            // stays.
+            if std::fs::symlink_metadata(&socket)
+                .is_ok_and(|m| Some((m.dev(), m.ino())) == socket_id)
+            {
+                let _ = std::fs::remove_file(&socket);
+            }
             eprintln!(
                 "cuslice agent: {}: stopped; nothing left frozen",
                 signal.map_or("signal", |s| s.as_str())

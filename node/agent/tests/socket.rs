@@ -179,11 +179,20 @@ fn a_dead_agents_socket_is_replaced_and_a_live_ones_is_not() {
     let e = agent::ask(&socket, Duration::from_secs(5)).unwrap_err();
     assert!(matches!(e, AskError::NotRunning { .. }), "{e}");
     // The next agent replaces it.
-    let next = start(root.path(), &[]);
+    let mut next = start(root.path(), &[]);
     assert_eq!(
         agent::ask(&next.socket, Duration::from_secs(5)).unwrap(),
         me
     );
+    // Stopped (SIGTERM, as systemd and scripts stop it), it takes its socket away: nothing
+    // is left for containers or `cuslice status` to find refusing connections.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(next.child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert!(next.child.wait().unwrap().success());
+    assert!(!next.socket.exists(), "{} left", next.socket.display());
 }
 
 #[test]

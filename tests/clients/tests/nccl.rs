@@ -313,23 +313,37 @@ fn spin_shares(python: &Path, n: usize, slice: Option<&Slice>) -> Vec<f64> {
 }
 
 /// All-reduces are metered by core limits like any kernel. Two ranks all-reducing back to back
-/// (cuMem on) keep their devices only partly busy on simgpu: 9 to 39% on a two-core machine,
-/// as busy as the host lets them be (the host side, NCCL's proxy and the ranks' synchronisation,
-/// bounds them), so the slice is limited below that: to 5%, each rank's kernels take at most 5%
-/// of its device (within 1.5 points) by the simulator's count.
+/// (cuMem on) keep their devices only partly busy on simgpu, as busy as the host lets them be
+/// (the host side, NCCL's proxy and the ranks' synchronisation, bounds them): 9 to 39% on CI's
+/// two-core machine, 2.8 to 3.5% on one about half as fast. So the limit is set from what this
+/// host drives first: half the less busy device's share without cuslice, from 1 to 5%. Limited
+/// so, each rank's kernels take at most the limit (within 30% of it, plus half a point) of its
+/// device by the simulator's count, which is below what the same ranks take free, and more than
+/// a fifth of it (they still run).
 #[test]
-fn all_reduces_in_a_slice_limited_to_5_take_at_most_5_percent_of_each_device() {
+fn all_reduces_in_a_slice_take_at_most_its_core_limit_of_each_device() {
     let Some(python) = framework_python_or_skip("cu13", "torch") else {
         return;
     };
     let _turn = serial();
     let free = spin_shares(&python, 2, None);
-    let slice = Slice::new(&[("CUSLICE_CORE_LIMIT", "5")]);
-    let limited = spin_shares(&python, 2, Some(&slice));
-    eprintln!("all-reduce device shares: without cuslice {free:.1?}, limited to 5 {limited:.1?}");
-    assert!(free.iter().all(|s| *s > 7.0), "without cuslice: {free:.1?}");
+    let least = free.iter().copied().fold(f64::MAX, f64::min);
     assert!(
-        limited.iter().all(|s| *s <= 6.5 && *s > 1.0),
-        "limited to 5: {limited:.1?}"
+        least >= 2.0,
+        "without cuslice the ranks kept their devices only {free:.1?}% busy: this host drives \
+         them too little for a core limit below that to be told apart from none"
+    );
+    let limit = (least / 2.0).floor().clamp(1.0, 5.0);
+    let bound = limit * 1.3 + 0.5;
+    let slice = Slice::new(&[("CUSLICE_CORE_LIMIT", &format!("{limit}"))]);
+    let limited = spin_shares(&python, 2, Some(&slice));
+    eprintln!(
+        "all-reduce device shares: without cuslice {free:.1?}, limited to {limit} {limited:.1?} \
+         (at most {bound:.1})"
+    );
+    assert!(bound < least, "{bound} {least}");
+    assert!(
+        limited.iter().all(|s| *s <= bound && *s > limit / 5.0),
+        "limited to {limit}: {limited:.1?} (without cuslice {free:.1?})"
     );
 }

@@ -138,6 +138,17 @@ pub trait CdiEngine {
     fn spawn_with(&self, sim: &Sim, spec: &Spec<'_>, claims: &[&Claim]) -> Box<dyn Container + '_>;
     /// Runs a container to completion with the devices `ids`: (annotation key, device id).
     fn run_with(&self, sim: &Sim, spec: &Spec<'_>, ids: &[(String, String)]) -> Output;
+    /// Starts a container with the CDI devices `ids` (from specs in [`CdiEngine::spec_dir`]),
+    /// cuslice registered the engine's usual way (Podman: its hooks.d descriptors; containerd
+    /// 1.6: cuslice-runtime, which applies the devices `cdi.k8s.io/*` annotations name).
+    fn spawn_registered(
+        &self,
+        sim: &Sim,
+        spec: &Spec<'_>,
+        ids: &[String],
+    ) -> Box<dyn Container + '_>;
+    /// The same, run to completion.
+    fn run_registered(&self, sim: &Sim, spec: &Spec<'_>, ids: &[String]) -> Output;
     /// The config.json the runtime ran the container with.
     fn bundle_config(&self, c: &dyn Container) -> Value;
     /// Whether the engine still knows a container named `name`.

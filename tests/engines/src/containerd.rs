@@ -331,6 +331,15 @@ impl Container for CtrContainer<'_> {
     }
 }
 
+/// CDI device ids as the annotations a user gives `ctr run` for cuslice-runtime to apply
+/// (`cdi.k8s.io/<name>=<id>`, as containerd 1.7 and the kubelet write them).
+fn annotations(ids: &[String]) -> Vec<(String, String)> {
+    ids.iter()
+        .enumerate()
+        .map(|(i, id)| (format!("cdi.k8s.io/device-{i}"), id.clone()))
+        .collect()
+}
+
 fn fresh_rootfs() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     make_rootfs(dir.path());
@@ -393,6 +402,17 @@ impl super::cdi::CdiEngine for Containerd {
     }
     fn run_with(&self, sim: &Sim, spec: &Spec<'_>, ids: &[(String, String)]) -> Output {
         self.run_cdi(sim, spec, Some(ids))
+    }
+    fn spawn_registered(
+        &self,
+        sim: &Sim,
+        spec: &Spec<'_>,
+        ids: &[String],
+    ) -> Box<dyn Container + '_> {
+        self.spawn_cdi(sim, spec, Some(&annotations(ids)))
+    }
+    fn run_registered(&self, sim: &Sim, spec: &Spec<'_>, ids: &[String]) -> Output {
+        self.run_cdi(sim, spec, Some(&annotations(ids)))
     }
     fn bundle_config(&self, c: &dyn Container) -> serde_json::Value {
         // The bundle the shim made for the task, with the config.json the runtime rewrote.

@@ -13,8 +13,8 @@
 //! - [`daemon`]: engines with a daemon or shared state (start, stop, clean up);
 //! - [`runc`], [`containerd`], [`podman`]: the engines shared by several test binaries (Docker's
 //!   [`Engine`] is in the hook's Docker test, its one user; [`docker`] starts its dockerd);
-//!   [`cdi`], [`preload`], [`shares`] and [`hostile`]: scenarios that need more of an engine
-//!   than [`Engine`] gives.
+//!   [`cdi`], [`nvidia`] (NVIDIA's container toolkit's CDI spec beside cuslice), [`preload`],
+//!   [`shares`] and [`hostile`]: scenarios that need more of an engine than [`Engine`] gives.
 //!
 //! Needs root and the engines installed (`tests/tools/ensure-tools` installs them on Debian).
 
@@ -24,6 +24,7 @@ pub mod containerd;
 pub mod daemon;
 pub mod docker;
 pub mod hostile;
+pub mod nvidia;
 pub mod podman;
 pub mod preload;
 pub mod rootfs;

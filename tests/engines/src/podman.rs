@@ -130,9 +130,9 @@ impl Podman {
     }
 
     /// `podman run ... --rootfs ROOTFS CMD...`; `cidfile`: where podman writes the id; `cdi`:
-    /// CDI device ids for `--device` (then no hooks.d and no GPU mounts but the simulator's
-    /// state: the specs bring the rest); `hooks`: a hooks directory other than this engine's own
-    /// install (not with `cdi`).
+    /// CDI device ids for `--device` (then no GPU mounts but the simulator's state: the specs
+    /// bring the rest; and no hooks.d unless `hooks` names one); `hooks`: a hooks directory
+    /// other than podman's default here (this engine's own install).
     fn run_command(
         &self,
         sim: &Sim,
@@ -181,9 +181,9 @@ impl Podman {
         a.push(rootfs.into());
         a.extend(spec.cmd.iter().map(OsString::from));
         let mut c = match (cdi, hooks) {
-            (None, Some(hooks)) => self.podman_with_hooks(hooks),
+            (_, Some(hooks)) => self.podman_with_hooks(hooks),
             (None, None) => self.podman(),
-            (Some(_), _) => {
+            (Some(_), None) => {
                 let none = self.dir.join("no-hooks.d");
                 std::fs::create_dir_all(&none).unwrap();
                 self.podman_with_hooks(&none)
@@ -406,6 +406,41 @@ impl super::cdi::CdiEngine for Podman {
     fn run_with(&self, sim: &Sim, spec: &Spec<'_>, ids: &[(String, String)]) -> Output {
         let ids: Vec<String> = ids.iter().map(|(_, id)| id.clone()).collect();
         self.run_cdi(sim, spec, Some(&ids))
+    }
+    fn spawn_registered(
+        &self,
+        sim: &Sim,
+        spec: &Spec<'_>,
+        ids: &[String],
+    ) -> Box<dyn Container + '_> {
+        self.spawn_in(
+            sim,
+            spec,
+            Some(ids),
+            Some(&self.dir.join("hooks.d")),
+            &|_| {},
+        )
+    }
+    fn run_registered(&self, sim: &Sim, spec: &Spec<'_>, ids: &[String]) -> Output {
+        let dir = tempfile::tempdir().unwrap();
+        make_rootfs(&dir.path().join("rootfs"));
+        let hooks = self.dir.join("hooks.d");
+        let out = self
+            .run_command(
+                sim,
+                spec,
+                &dir.path().join("rootfs"),
+                None,
+                Some(ids),
+                Some(&hooks),
+            )
+            .output()
+            .unwrap();
+        let _ = self
+            .podman()
+            .args(["rm", "--force", "--time", "0", spec.name])
+            .output();
+        out
     }
     fn bundle_config(&self, c: &dyn Container) -> serde_json::Value {
         let path = self

@@ -8,7 +8,8 @@ use std::sync::OnceLock;
 
 use cuslice_test_harness::bin_dir;
 
-/// A minimal glibc root filesystem: busybox, the test workload and the libraries they need.
+/// A minimal glibc root filesystem: busybox (static or Debian's dynamically linked one), the test
+/// workload and the libraries they need.
 /// No /etc and no /run: the hook has to make its mount points (and remove them afterwards).
 pub fn make_rootfs(dir: &Path) {
     let run = |c: &mut Command| {
@@ -34,6 +35,8 @@ pub fn make_rootfs(dir: &Path) {
     run(Command::new("cp")
         .arg(busybox())
         .arg(dir.join("bin/busybox")));
+    // Debian's `busybox` package links libc and libresolv; `busybox-static` nothing.
+    copy_libraries(Path::new(busybox()), dir);
     for tool in [
         "sh", "cat", "echo", "ls", "env", "sleep", "test", "grep", "umount", "mount", "true",
     ] {
@@ -84,6 +87,24 @@ fn drop_preload() -> &'static Path {
         (dir, so)
     })
     .1
+}
+
+/// The shared libraries `program` needs (by ldd; none for a static one), each copied to the
+/// same path under `root`.
+pub fn copy_libraries(program: &Path, root: &Path) {
+    let out = Command::new("ldd")
+        .arg(program)
+        .output()
+        .unwrap_or_else(|e| panic!("ldd {}: {e}", program.display()));
+    for lib in String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .filter(|w| w.starts_with('/'))
+    {
+        let to = root.join(lib.trim_start_matches('/'));
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        // Dereferenced: the library itself, not a link to a file the root does not hold.
+        std::fs::copy(lib, &to).unwrap_or_else(|e| panic!("copy {lib}: {e}"));
+    }
 }
 
 fn busybox() -> &'static str {

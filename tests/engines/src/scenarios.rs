@@ -40,6 +40,11 @@ macro_rules! engine_scenarios {
             $crate::bad_value($engine);
         }
         #[test]
+        fn settings_that_would_do_nothing_are_refused() {
+            $crate::root_required();
+            $crate::scenarios::settings_that_would_do_nothing($engine);
+        }
+        #[test]
         fn container_without_settings_is_untouched() {
             $crate::root_required();
             $crate::untouched($engine);
@@ -282,6 +287,82 @@ pub fn bad_value(engine: &dyn Engine) {
         "no example in: {all}"
     );
     assert!(!slice_dir(&n).exists(), "state left behind");
+}
+
+/// Settings that would otherwise do nothing, each refused in one line naming it with an example:
+/// a name in lower case and a decimal unit by the hook (the container is not started); a cap
+/// for device 1 of a one-GPU container, and a cap smaller than one CUDA context, by the library
+/// inside (CUDA is refused; the simulator shows nothing held).
+pub fn settings_that_would_do_nothing(engine: &dyn Engine) {
+    let sim = Sim::new(&["--memory", "8GiB", "--context-overhead", "300MiB"]);
+    let said = |env: &str, cmd: &[&str]| {
+        let n = name("nothing");
+        let out = engine.run(
+            &sim,
+            &Spec {
+                name: &n,
+                env: &[env],
+                cmd,
+                read_only: false,
+            },
+        );
+        // runc's log line escapes the quotes of the hook's message.
+        let all = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+        .replace("\\\"", "\"");
+        assert!(!slice_dir(&n).exists(), "state left behind");
+        (out.status.success(), all)
+    };
+    for (env, says) in [
+        (
+            "cuslice_memory_limit=1GiB",
+            "cuslice_memory_limit=\"1GiB\" is not a cuslice variable, so it would do nothing; \
+             CUSLICE_MEMORY_LIMIT is (names are upper case, with underscores); write e.g. \
+             CUSLICE_MEMORY_LIMIT=1GiB",
+        ),
+        (
+            "CUSLICE_MEMORY_LIMIT=1.5GB",
+            "CUSLICE_MEMORY_LIMIT=\"1.5GB\" is ambiguous: GB is 10^9 bytes to some readers and \
+             2^30 to others; write e.g. CUSLICE_MEMORY_LIMIT=1.5GiB",
+        ),
+    ] {
+        let (ok, all) = said(env, &["echo", "STARTED"]);
+        assert!(
+            !ok && !all.contains("STARTED"),
+            "{env}: started anyway: {all}"
+        );
+        assert!(
+            all.contains(says),
+            "{env}: the engine's output does not say {says:?}: {all}"
+        );
+    }
+    for (env, says) in [
+        (
+            "CUSLICE_MEMORY_LIMIT_1=1GiB",
+            "CUSLICE_MEMORY_LIMIT_1=\"1GiB\" names device 1, but this process sees 1 CUDA \
+             device (device 0), so it would apply to none; write e.g. \
+             CUSLICE_MEMORY_LIMIT_0=1GiB (device 0) or CUSLICE_MEMORY_LIMIT=1GiB (every device)",
+        ),
+        (
+            "CUSLICE_MEMORY_LIMIT=4096",
+            "is smaller than one CUDA context on device 0 (300 MiB, what the slice's first \
+             context there took)",
+        ),
+    ] {
+        let (_, all) = said(env, &["cuda-workload", "info"]);
+        assert!(
+            all.contains(says),
+            "{env}: the container's output does not say {says:?}: {all}"
+        );
+        assert!(
+            !all.contains("\"event\":\"info\""),
+            "{env}: CUDA ran: {all}"
+        );
+        assert_eq!(sim.device(0)["used"], 0, "{env}: memory left on the device");
+    }
 }
 
 /// A cap no device holds (2^64-1 bytes, which would be no cap at all) and a 100 kB value are
@@ -600,6 +681,32 @@ pub fn status_shows(engine: &dyn Engine) {
     let truth = sim.device(0);
     assert_eq!(slice["compute"]["estimated"], false, "{slice}");
     device_time_matches(&slice, &truth, "after");
+    // The name the container was started under (`--name`; the id for runc and ctr) is what
+    // status shows and what `cuslice set` takes, as an operator would use it.
+    if id != n {
+        assert_eq!(slice["name"], n.as_str(), "{slice}");
+    }
+    let text = String::from_utf8_lossy(
+        &sim.command(&bin_dir().join("cuslice"), &["status"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .into_owned();
+    assert!(
+        text.lines().any(|l| l.split_whitespace().any(|w| w == n)),
+        "cuslice status does not show {n}: {text}"
+    );
+    let set = std::process::Command::new(bin_dir().join("cuslice"))
+        .args(["set", &n, "--core-limit", "50"])
+        .output()
+        .unwrap();
+    assert!(
+        set.status.success(),
+        "cuslice set {n}: {}",
+        String::from_utf8_lossy(&set.stderr)
+    );
+    assert_eq!(find(&status())["compute"]["limit_pct"], 50.0);
     c.remove();
     let after = status();
     assert!(

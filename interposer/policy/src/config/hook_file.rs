@@ -245,7 +245,8 @@ mod tests {
         assert_eq!(
             e.to_string(),
             "hook file line 3: CUSLICE_MEMORY_LIMIT=\"12XB\" is not a size (unknown unit); write \
-             e.g. CUSLICE_MEMORY_LIMIT=4GiB (units: KiB MiB GiB TiB, or k m g, or plain bytes)"
+             e.g. CUSLICE_MEMORY_LIMIT=4GiB (binary units: KiB MiB GiB TiB PiB, or k m g t p; or \
+             plain bytes)"
         );
         let e = hook("CUSLICE_MEMORY_LIMT=1GiB", &[]).unwrap_err();
         assert_eq!(

@@ -18,8 +18,11 @@
 //! bytes) and `CUDA_DEVICE_SM_LIMIT[_<i>]` (percent, 0 = no limit); Alibaba cGPU's
 //! `ALIYUN_COM_GPU_MEM_CONTAINER` (in `ALIYUN_COM_GPU_MEM_UNIT`, default GiB). `<i>` is a device
 //! ordinal as the process sees it (after `CUDA_VISIBLE_DEVICES`), 0 to 63, written without
-//! leading zeros. Anything else is ignored, except an unknown name starting with `CUSLICE_`: that
-//! is an error, because a typo such as `CUSLICE_MEMORY_LIMT` would otherwise mean "no limit".
+//! leading zeros. Anything else is ignored, except an unknown name starting with `CUSLICE_` and a
+//! near miss of one of cuslice's names (`cuslice_memory_limit`, `CUSLICE-CORE-LIMIT`,
+//! `CUSLCE_MEMORY_LIMIT`; [`names::near_miss`]): those are errors, because a typo would otherwise
+//! mean "no limit". Sizes take binary units only: a decimal one (`1.5GB`) is an error that
+//! shows the binary spelling ([`crate::size`]).
 //!
 //! **Precedence**, for each device and each quantity (memory, core limit, core request):
 //! cuslice per-device > cuslice all-devices > HAMi per-device > HAMi all-devices > cGPU (memory
@@ -231,6 +234,64 @@ impl Config {
     /// limit".)
     pub fn any_limit(&self) -> bool {
         !self.settings.is_empty() || self.priority != Priority::Normal
+    }
+
+    /// The variable that sets device `ordinal`'s memory cap, as written (`NAME=VALUE`), for
+    /// messages about the cap.
+    pub fn memory_setting(&self, ordinal: u32) -> Option<&str> {
+        self.winner(Quantity::Memory, Some(ordinal))
+            .map(|s| s.shown.as_str())
+    }
+
+    /// Checks that every per-device variable names a device there is: `count` devices, ordinals
+    /// 0 to `count - 1`, as `seen` says (`"this process sees"`, `"the container has"`). A
+    /// setting for a device that is not there would apply to nothing, and the device the user
+    /// meant would run without it; so it is an error, naming the variable and an example.
+    pub fn check_device_count(&self, count: u32, seen: &str) -> Result<(), ConfigError> {
+        let Some(s) = self
+            .settings
+            .iter()
+            .filter(|s| s.ordinal.is_some_and(|o| o >= count))
+            .min_by_key(|s| (s.ordinal, s.line, s.variable.clone()))
+        else {
+            return Ok(());
+        };
+        let ordinal = s.ordinal.unwrap_or_default();
+        let base = s
+            .variable
+            .strip_suffix(&format!("_{ordinal}"))
+            .unwrap_or(&s.variable);
+        let (there, example) = match count {
+            0 => (
+                "no CUDA device".to_string(),
+                format!("{base}={}", cut(&s.written)),
+            ),
+            1 => (
+                "1 CUDA device (device 0)".to_string(),
+                format!(
+                    "{base}_0={v} (device 0) or {base}={v} (every device)",
+                    v = cut(&s.written)
+                ),
+            ),
+            n => (
+                format!("{n} CUDA devices (0 to {})", n - 1),
+                format!(
+                    "{base}_{}={v} (device {}) or {base}={v} (every device)",
+                    n - 1,
+                    n - 1,
+                    v = cut(&s.written)
+                ),
+            ),
+        };
+        Err(ConfigError {
+            line: s.line,
+            variable: s.variable.clone(),
+            value: s.written.clone(),
+            problem: format!(
+                "names device {ordinal}, but {seen} {there}, so it would apply to none"
+            ),
+            example,
+        })
     }
 
     /// Device ordinals that per-device variables name, ascending, each once.

@@ -91,6 +91,10 @@ pub(super) enum Name<'a> {
     AliyunContainer,
     AliyunUnit,
     UnknownCuslice,
+    /// Not one of cuslice's names as written, but one in another case, with `-` or `.` for `_`,
+    /// or one edit away from a known name (`cuslice_memory_limit`, `CUSLCE_CORE_LIMIT`): a
+    /// setting that would otherwise do nothing. [`near_miss`] says which name it meant.
+    NearMiss,
     /// Not ours.
     Other,
 }
@@ -132,8 +136,70 @@ pub(super) fn classify(name: &str) -> Name<'_> {
         ALIYUN_UNIT => Name::AliyunUnit,
         _ if OTHER_CUSLICE_NAMES.contains(&name) => Name::Other,
         _ if name.starts_with("CUSLICE_") => Name::UnknownCuslice,
+        _ if near_miss(name).is_some() => Name::NearMiss,
         _ => Name::Other,
     }
+}
+
+/// cuslice's own names, all devices and (for the limits) device `ordinal`.
+fn cuslice_names(ordinal: Option<u32>) -> impl Iterator<Item = String> {
+    let limits = LIMIT_BASES
+        .iter()
+        .filter(|(base, ..)| base.starts_with("CUSLICE_"))
+        .map(|(base, ..)| *base);
+    let per_device = limits
+        .clone()
+        .filter_map(move |base| ordinal.map(|o| format!("{base}_{o}")));
+    limits
+        .chain([
+            STATE_DIR,
+            NODE_DIR,
+            LOG,
+            PRIORITY,
+            MEMORY_WAIT,
+            MEMORY_SPILL,
+            CORE_METER,
+        ])
+        .map(String::from)
+        .chain(per_device)
+}
+
+/// The cuslice name that `name`, which is not one as written, stands for: the same in upper case
+/// with `_` for `-` and `.` (`cuslice_memory_limit`, `Cuslice-Core-Limit`), or one edit away
+/// from a known name outside the `CUSLICE_` prefix's exact spelling (`CUSLCE_MEMORY_LIMIT`,
+/// `CU_SLICE_LOG`), but not a whole name with a character put in front
+/// (`XCUSLICE_MEMORY_LIMIT`, a setting switched off by hand). A misspelling after an exact `CUSLICE_` is [`Name::UnknownCuslice`], with
+/// its own suggestion ([`suggest`]). Cheap for the names every environment holds: most are
+/// passed over by their length.
+pub fn near_miss(name: &str) -> Option<String> {
+    // "CUSLICE_LOG" is the shortest name, "CUSLICE_CORE_REQUEST_63" the longest.
+    if !(10..=25).contains(&name.len()) || !name.is_ascii() {
+        return None;
+    }
+    let upper: String = name
+        .chars()
+        .map(|c| match c {
+            '-' | '.' => '_',
+            c => c.to_ascii_uppercase(),
+        })
+        .collect();
+    if upper == name {
+        // As written: only a misspelt prefix is left to find.
+        if name.starts_with("CUSLICE_") {
+            return None;
+        }
+    } else if upper.starts_with("CUSLICE_") {
+        return Some(match classify(&upper) {
+            Name::UnknownCuslice => suggest(&upper).unwrap_or(upper),
+            _ => upper,
+        });
+    }
+    let ordinal = upper.rsplit_once('_').and_then(|(_, s)| parse_ordinal(s));
+    // A name with something put in front of a whole one (`XCUSLICE_MEMORY_LIMIT`, a setting
+    // switched off by hand) is someone else's.
+    cuslice_names(ordinal)
+        .filter(|c| c.len().abs_diff(upper.len()) <= 1 && !upper.ends_with(c.as_str()))
+        .find(|c| levenshtein(&upper, c) <= 1)
 }
 
 /// Whether `name` is a variable cuslice reads (its own `CUSLICE_*` names, known or not, and the
@@ -179,38 +245,12 @@ pub(super) fn levenshtein(a: &str, b: &str) -> usize {
 
 /// The known cuslice name closest to `name`, if it is close enough to be a typo of it.
 pub(super) fn suggest(name: &str) -> Option<String> {
-    let mut candidates: Vec<String> = LIMIT_BASES
-        .iter()
-        .filter(|(base, ..)| base.starts_with("CUSLICE_"))
-        .map(|(base, ..)| base.to_string())
-        .chain(
-            [
-                STATE_DIR,
-                NODE_DIR,
-                LOG,
-                PRIORITY,
-                MEMORY_WAIT,
-                MEMORY_SPILL,
-                CORE_METER,
-            ]
-            .map(String::from),
-        )
-        .collect();
     // A typo in a per-device name keeps its ordinal: CUSLICE_MEMORY_LIMT_1 suggests
     // CUSLICE_MEMORY_LIMIT_1.
     let ordinal = name.rsplit_once('_').and_then(|(_, s)| parse_ordinal(s));
-    if let Some(ordinal) = ordinal {
-        let per_device: Vec<String> = LIMIT_BASES
-            .iter()
-            .filter(|(base, ..)| base.starts_with("CUSLICE_"))
-            .map(|(base, ..)| format!("{base}_{ordinal}"))
-            .collect();
-        candidates.extend(per_device);
-    }
     // Close enough: up to a third of the part after `CUSLICE_`, at least 1 and at most 3 edits
     // (so `CUSLICE_LOGS` suggests `CUSLICE_LOG`, but `CUSLICE_FOO` suggests nothing).
-    candidates
-        .into_iter()
+    cuslice_names(ordinal)
         .map(|c| (levenshtein(name, &c), c))
         .filter(|(distance, c)| *distance <= ((c.len() - "CUSLICE_".len()) / 3).clamp(1, 3))
         .min()
@@ -228,6 +268,42 @@ mod tests {
         for bad in ["", "64", "01", "-1", "+1", "x", "1 ", "999", "٣"] {
             assert_eq!(parse_ordinal(bad), None, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn near_misses_name_the_setting_they_meant() {
+        for (name, meant) in [
+            ("cuslice_memory_limit", "CUSLICE_MEMORY_LIMIT"),
+            ("Cuslice_Core_Limit_1", "CUSLICE_CORE_LIMIT_1"),
+            ("CUSLICE-MEMORY-LIMIT", "CUSLICE_MEMORY_LIMIT"),
+            ("cuslice.priority", "CUSLICE_PRIORITY"),
+            ("cuslice_memory_limt", "CUSLICE_MEMORY_LIMIT"),
+            ("CUSLCE_MEMORY_LIMIT", "CUSLICE_MEMORY_LIMIT"),
+            ("CU_SLICE_LOG", "CUSLICE_LOG"),
+            ("XUSLICE_CORE_REQUEST_3", "CUSLICE_CORE_REQUEST_3"),
+        ] {
+            assert_eq!(classify(name), Name::NearMiss, "{name}");
+            assert_eq!(near_miss(name).as_deref(), Some(meant), "{name}");
+        }
+        // Other programs' names, and cuslice's own as written, are none.
+        for name in [
+            "CUSLICE_MEMORY_LIMIT",
+            "CUSLICE_MEMORY_LIMT",
+            "CUDA_VISIBLE_DEVICES",
+            "CUDA_DEVICE_MEMORY_LIMIT",
+            "SLICE_LOG",
+            "XCUSLICE_MEMORY_LIMIT",
+            "PATH",
+            "LD_LIBRARY_PATH",
+            "NVIDIA_VISIBLE_DEVICES",
+            "cuda_device_memory_limit",
+        ] {
+            assert_eq!(near_miss(name), None, "{name}");
+            assert_ne!(classify(name), Name::NearMiss, "{name}");
+        }
+        // A lower-case name that is not one either is still reported, with the closest name.
+        assert_eq!(classify("cuslice_foo"), Name::NearMiss);
+        assert_eq!(near_miss("cuslice_foo").as_deref(), Some("CUSLICE_FOO"));
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use super::names::{
     ALIYUN_CONTAINER, ALIYUN_UNIT, CORE_METER, Family, KNOWN_CUSLICE, LOG, MAX_ORDINAL,
     MEMORY_SPILL, MEMORY_WAIT, NODE_DIR, Name, PRIORITY, Quantity, STATE_DIR, Syntax, classify,
-    suggest,
+    near_miss, suggest,
 };
 use super::precedence::Setting;
 use super::{Config, ConfigError, CoreMeter, LogLevel};
@@ -49,7 +49,38 @@ impl Entry {
 /// rule has no exceptions; to set no limit, leave the variable out.
 pub(super) const EMPTY: &str = "is empty (to set no limit, leave the variable out)";
 
-pub(super) const SIZE_UNITS: &str = "units: KiB MiB GiB TiB, or k m g, or plain bytes";
+pub(super) const SIZE_UNITS: &str =
+    "binary units: KiB MiB GiB TiB PiB, or k m g t p; or plain bytes";
+
+/// What a size written with a decimal unit (`1.5GB`) is refused with: what the unit means to
+/// each kind of reader, and the same number with the binary unit as the example.
+fn decimal_unit(entry: &Entry) -> ConfigError {
+    let written = entry.value.trim();
+    let unit_at = written
+        .find(|c: char| c.is_ascii_alphabetic())
+        .unwrap_or(written.len());
+    let (number, unit) = written.split_at(unit_at);
+    let (binary, power) = match unit.trim().to_ascii_lowercase().as_str() {
+        "kb" => ("KiB", 1),
+        "mb" => ("MiB", 2),
+        "gb" => ("GiB", 3),
+        "tb" => ("TiB", 4),
+        _ => ("PiB", 5),
+    };
+    entry.error(
+        format!(
+            "is ambiguous: {} is 10^{} bytes to some readers and 2^{} to others",
+            unit.trim(),
+            3 * power,
+            10 * power
+        ),
+        format!(
+            "{}={}{binary} ({SIZE_UNITS})",
+            cut(&entry.name),
+            cut(number.trim())
+        ),
+    )
+}
 
 pub(super) fn parse_cuslice_memory(entry: &Entry) -> Result<u64, ConfigError> {
     let example = format!("{}=4GiB ({SIZE_UNITS})", entry.name);
@@ -59,6 +90,7 @@ pub(super) fn parse_cuslice_memory(entry: &Entry) -> Result<u64, ConfigError> {
         Ok(bytes) => Ok(bytes),
         Err(e) if e.reason == Reason::Empty => Err(entry.error(EMPTY, example)),
         Err(e) if e.reason == Reason::TooLarge => Err(entry.error(TOO_LARGE, example)),
+        Err(e) if e.reason == Reason::DecimalUnit => Err(decimal_unit(entry)),
         Err(e) => Err(entry.error(format!("is not a size ({})", e.reason), example)),
     }
 }
@@ -218,6 +250,7 @@ pub(super) fn parse_memory_spill(entry: &Entry) -> Result<u64, ConfigError> {
         )),
         Ok(bytes) => Ok(bytes),
         Err(e) if e.reason == Reason::Empty => Err(entry.error(EMPTY, example)),
+        Err(e) if e.reason == Reason::DecimalUnit => Err(decimal_unit(entry)),
         Err(e) => Err(entry.error(format!("is not a size ({})", e.reason), example)),
     }
 }
@@ -338,6 +371,27 @@ impl Config {
                         format!("is an unknown cuslice variable (known: {KNOWN_CUSLICE})"),
                         example,
                     ));
+                }
+                Name::NearMiss => {
+                    let meant = near_miss(&entry.name).unwrap_or_default();
+                    let (problem, example) = if classify(&meant) == Name::UnknownCuslice {
+                        (
+                            format!(
+                                "is not a cuslice variable; cuslice's names are upper case, with \
+                                 underscores (known: {KNOWN_CUSLICE})"
+                            ),
+                            "CUSLICE_MEMORY_LIMIT=4GiB".to_string(),
+                        )
+                    } else {
+                        (
+                            format!(
+                                "is not a cuslice variable, so it would do nothing; {meant} is \
+                                 (names are upper case, with underscores)"
+                            ),
+                            format!("{meant}={}", cut(entry.value.trim())),
+                        )
+                    };
+                    return Err(entry.error(problem, example));
                 }
                 Name::Other => {
                     if let Some(line) = entry.line {

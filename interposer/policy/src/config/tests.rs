@@ -75,7 +75,6 @@ fn names_that_are_not_ours_are_ignored() {
         ("CUDA_DEVICE_SM_LIMITS", "nonsense"),
         ("ALIYUN_COM_GPU_MEM_DEV", "16"),
         ("ALIYUN_COM_GPU_MEM_IDX", "0"),
-        ("cuslice_memory_limit", "nonsense"),
         ("CUSLICE_CUDA_HEADERS", "/opt/headers"),
         ("XCUSLICE_MEMORY_LIMIT", "nonsense"),
     ]);
@@ -250,9 +249,93 @@ fn the_documented_error_line() {
     assert_eq!(
         e.to_string(),
         "CUSLICE_MEMORY_LIMIT=\"12XB\" is not a size (unknown unit); write e.g. \
-         CUSLICE_MEMORY_LIMIT=4GiB (units: KiB MiB GiB TiB, or k m g, or plain bytes)"
+         CUSLICE_MEMORY_LIMIT=4GiB (binary units: KiB MiB GiB TiB PiB, or k m g t p; or plain \
+         bytes)"
     );
     assert_eq!(e.line, None);
+}
+
+/// `1.5GB` is 1.5 * 10^9 bytes to some and 1.5 * 2^30 to others: refused, with the binary
+/// spelling of the same number as the example.
+#[test]
+fn decimal_units_are_refused_with_the_binary_spelling() {
+    let e = error(&[("CUSLICE_MEMORY_LIMIT", "1.5GB")]);
+    assert_eq!(
+        e.to_string(),
+        "CUSLICE_MEMORY_LIMIT=\"1.5GB\" is ambiguous: GB is 10^9 bytes to some readers and 2^30 \
+         to others; write e.g. CUSLICE_MEMORY_LIMIT=1.5GiB (binary units: KiB MiB GiB TiB PiB, \
+         or k m g t p; or plain bytes)"
+    );
+    for (value, example) in [
+        ("512MB", "CUSLICE_MEMORY_LIMIT_1=512MiB"),
+        ("2 tb", "CUSLICE_MEMORY_LIMIT_1=2TiB"),
+        ("64kB", "CUSLICE_MEMORY_LIMIT_1=64KiB"),
+    ] {
+        let e = error(&[("CUSLICE_MEMORY_LIMIT_1", value)]);
+        assert!(e.problem.starts_with("is ambiguous"), "{e}");
+        assert!(e.example.starts_with(example), "{e}");
+    }
+    let e = error(&[("CUSLICE_MEMORY_SPILL", "4GB")]);
+    assert!(e.example.starts_with("CUSLICE_MEMORY_SPILL=4GiB"), "{e}");
+}
+
+/// A setting under another case or with `-` for `_`, or one letter off in the prefix, would do
+/// nothing: refused, naming the setting it meant.
+#[test]
+fn near_misses_of_cuslice_names_are_refused_naming_the_one_meant() {
+    for (name, example) in [
+        ("cuslice_memory_limit", "CUSLICE_MEMORY_LIMIT=1GiB"),
+        ("Cuslice_Memory_Limit_1", "CUSLICE_MEMORY_LIMIT_1=1GiB"),
+        ("CUSLICE-MEMORY-LIMIT", "CUSLICE_MEMORY_LIMIT=1GiB"),
+        ("CUSLCE_MEMORY_LIMIT", "CUSLICE_MEMORY_LIMIT=1GiB"),
+        ("cuslice_memory_limt", "CUSLICE_MEMORY_LIMIT=1GiB"),
+    ] {
+        let e = error(&[(name, "1GiB")]);
+        assert_eq!(e.example, example, "{e}");
+        assert!(e.problem.starts_with("is not a cuslice variable"), "{e}");
+    }
+    assert_eq!(
+        error(&[("cuslice_memory_limit", "1GiB")]).to_string(),
+        "cuslice_memory_limit=\"1GiB\" is not a cuslice variable, so it would do nothing; \
+         CUSLICE_MEMORY_LIMIT is (names are upper case, with underscores); write e.g. \
+         CUSLICE_MEMORY_LIMIT=1GiB"
+    );
+    let e = error(&[("cuslice_whatever", "1")]);
+    assert_eq!(e.example, "CUSLICE_MEMORY_LIMIT=4GiB", "{e}");
+    assert!(e.problem.contains("(known: "), "{e}");
+}
+
+/// A per-device setting for a device the process (or container) does not have is refused,
+/// naming the variable, the devices there are and an example for them.
+#[test]
+fn a_device_index_beyond_the_devices_there_are_is_refused() {
+    let c = config(&[("CUSLICE_MEMORY_LIMIT_1", "1GiB")]);
+    let e = c.check_device_count(1, "this process sees").unwrap_err();
+    assert_well_formed(&e);
+    assert_eq!(
+        e.to_string(),
+        "CUSLICE_MEMORY_LIMIT_1=\"1GiB\" names device 1, but this process sees 1 CUDA device \
+         (device 0), so it would apply to none; write e.g. CUSLICE_MEMORY_LIMIT_0=1GiB (device 0) \
+         or CUSLICE_MEMORY_LIMIT=1GiB (every device)"
+    );
+    assert_eq!(c.check_device_count(2, "this process sees"), Ok(()));
+    let c = config(&[
+        ("CUSLICE_MEMORY_LIMIT_0", "1GiB"),
+        ("CUSLICE_CORE_LIMIT_5", "30"),
+        ("CUDA_DEVICE_SM_LIMIT_7", "20"),
+    ]);
+    let e = c.check_device_count(4, "the container has").unwrap_err();
+    assert_eq!(e.variable, "CUSLICE_CORE_LIMIT_5", "{e}");
+    assert!(e.problem.contains("4 CUDA devices (0 to 3)"), "{e}");
+    assert!(
+        e.example.starts_with("CUSLICE_CORE_LIMIT_3=30 (device 3)"),
+        "{e}"
+    );
+    assert_eq!(c.check_device_count(8, "the container has"), Ok(()));
+    // Settings for every device name none in particular.
+    let c = config(&[("CUSLICE_MEMORY_LIMIT", "1GiB")]);
+    assert_eq!(c.check_device_count(0, "this process sees"), Ok(()));
+    assert_eq!(c.memory_setting(0), Some("CUSLICE_MEMORY_LIMIT=1GiB"));
 }
 
 #[test]
