@@ -628,7 +628,20 @@ impl Turns {
         g.open.store(1, Ordering::Release);
         futex::wake_all(&g.open);
         if std::env::var_os("CUSLICETRACE_TURNS").is_some() {
-            eprintln!("{} take turn {n}: len {} us, as {waiting:?} raw {:?} seen {:?}", now / 1000, len / 1000, s.board.rivals(s.d, s.uuid).iter().map(|r| (r.slice & 0xffff, r.turn)).collect::<Vec<_>>(), rivals.iter().map(|r| (r.slice & 0xffff, r.turn)).collect::<Vec<_>>());
+            eprintln!(
+                "{} take turn {n}: len {} us, as {waiting:?} raw {:?} seen {:?}",
+                now / 1000,
+                len / 1000,
+                s.board
+                    .rivals(s.d, s.uuid)
+                    .iter()
+                    .map(|r| (r.slice & 0xffff, r.turn))
+                    .collect::<Vec<_>>(),
+                rivals
+                    .iter()
+                    .map(|r| (r.slice & 0xffff, r.turn))
+                    .collect::<Vec<_>>()
+            );
         }
         now + LEAD_POLL_NS
     }

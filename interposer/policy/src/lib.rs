@@ -15,7 +15,7 @@ pub mod share;
 pub mod size;
 pub mod turn;
 
-pub use config::{Config, ConfigError, CoreMeter, Limits, LogLevel};
+pub use config::{Config, ConfigError, Limits, LogLevel};
 pub use meminfo::virtual_mem_info;
 pub use priority::Priority;
 pub use size::{SizeError, format_size, parse_size};

@@ -685,8 +685,8 @@ mod tests {
 
     #[test]
     fn turns_follow_the_allotment_within_a_round() {
-        assert_eq!(quantum(300_000), 6 * MS);
-        assert_eq!(quantum(700_000), 14 * MS);
+        assert_eq!(quantum(300_000), CYCLE_NS * 3 / 10);
+        assert_eq!(quantum(700_000), CYCLE_NS * 7 / 10);
         assert_eq!(quantum(FULL), CYCLE_NS);
         // A 1% slice still gets a turn a kernel can use.
         assert_eq!(quantum(10_000), MIN_TURN_NS);
@@ -694,9 +694,9 @@ mod tests {
 
     #[test]
     fn tokens_pay_for_a_turn_and_what_it_earns_meanwhile() {
-        // 30%: 7 ms of tokens pay for 10 ms (3 ms more are earned during it); the quantum is 6.
+        // 30%: 7 ms of tokens pay for 10 ms (3 ms more are earned during it).
         assert_eq!(paid_for(300_000, 7 * MS as i64), Some(10 * MS));
-        assert_eq!(length(300_000, 7 * MS as i64), 6 * MS);
+        assert_eq!(length(300_000, 7 * MS as i64), (10 * MS).min(quantum(300_000)));
         assert_eq!(length(300_000, 7 * MS as i64 / 10), MS);
         assert_eq!(length(300_000, -5), 0);
         assert_eq!(paid_for(FULL, 0), None);
@@ -705,10 +705,11 @@ mod tests {
 
     #[test]
     fn a_slice_waits_for_a_whole_turn_of_tokens_or_a_full_bank_alone() {
-        let bank = 6 * MS as i64;
-        // 6 ms turns at 30% need 4.2 ms of tokens.
-        assert!(!ready(300_000, 4 * MS as i64, bank, false));
-        assert!(ready(300_000, 42 * MS as i64 / 10, bank, false));
+        let turn = quantum(300_000) as i64;
+        let bank = turn;
+        // A turn at 30% costs 70% of its length net.
+        assert!(!ready(300_000, turn * 7 / 10 - 1, bank, false));
+        assert!(ready(300_000, turn * 7 / 10, bank, false));
         // A bank smaller than a turn's price: a full bank will do.
         assert!(ready(300_000, MS as i64, MS as i64, false));
         assert!(ready(FULL, -100, bank, false));
@@ -717,12 +718,12 @@ mod tests {
 
     #[test]
     fn beside_others_a_slice_queues_unless_it_owes_more_than_a_turn() {
+        let owes = quantum(300_000) as i64 * 7 / 10;
         let bank = 6 * MS as i64;
-        // A 6 ms turn at 30% costs 4.2 ms net.
-        assert_eq!(ready_at(300_000, bank, true), Some(-42 * MS as i64 / 10));
+        assert_eq!(ready_at(300_000, bank, true), Some(-owes));
         assert!(ready(300_000, 0, bank, true));
-        assert!(ready(300_000, -42 * MS as i64 / 10, bank, true));
-        assert!(!ready(300_000, -43 * MS as i64 / 10, bank, true));
+        assert!(ready(300_000, -owes, bank, true));
+        assert!(!ready(300_000, -owes - 1, bank, true));
     }
 
     #[test]

@@ -12,9 +12,7 @@
 //! `CUSLICE_CORE_LIMIT[_<i>]` and `CUSLICE_CORE_REQUEST[_<i>]` (percent, 1 to 100),
 //! `CUSLICE_PRIORITY` (`high`, `normal` or `low`, all devices; see [`crate::priority`]),
 //! `CUSLICE_MEMORY_WAIT` (a duration, see [`crate::duration`]) and `CUSLICE_MEMORY_SPILL` (a
-//! size): what an allocation does at the cap, on every device, `CUSLICE_CORE_METER` (`auto` or
-//! `self-timing`: what the compute meter measures device time by, see [`CoreMeter`]),
-//! `CUSLICE_STATE_DIR`, `CUSLICE_LOG`; HAMi-core's `CUDA_DEVICE_MEMORY_LIMIT[_<i>]` (`4g`, `512m`,
+//! size): what an allocation does at the cap, on every device, `CUSLICE_STATE_DIR`, `CUSLICE_LOG`; HAMi-core's `CUDA_DEVICE_MEMORY_LIMIT[_<i>]` (`4g`, `512m`,
 //! bytes) and `CUDA_DEVICE_SM_LIMIT[_<i>]` (percent, 0 = no limit); Alibaba cGPU's
 //! `ALIYUN_COM_GPU_MEM_CONTAINER` (in `ALIYUN_COM_GPU_MEM_UNIT`, default GiB). `<i>` is a device
 //! ordinal as the process sees it (after `CUDA_VISIBLE_DEVICES`), 0 to 63, written without
@@ -155,18 +153,6 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
-/// What the compute meter measures a process's device time by (`CUSLICE_CORE_METER`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum CoreMeter {
-    /// The driver's per-process utilisation samples where it gives them, else the library's own
-    /// timing of sampled launches (MIG instances and some virtual GPUs give no samples).
-    #[default]
-    Auto,
-    /// The library's own timing, whatever the driver gives: to check on a GPU that gives
-    /// samples how limits hold where it would not.
-    SelfTiming,
-}
-
 /// The interposer's configuration. Build it with [`Config::from_vars`] or
 /// [`Config::from_hook_file`]; `Config::default()` is "no limits, log errors only".
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -185,8 +171,6 @@ pub struct Config {
     /// `CUSLICE_MEMORY_SPILL`: bytes per device the slice may hold past its cap in host memory
     /// (managed memory that prefers the host), charged apart from device memory.
     pub memory_spill: Option<u64>,
-    /// `CUSLICE_CORE_METER`: what the compute meter measures the slice's device time by.
-    pub core_meter: CoreMeter,
     /// One-line messages worth reporting: conflicting aliases, ignored settings.
     pub notices: Vec<String>,
     /// Every limit that some variable sets, winners and losers alike.

@@ -54,6 +54,7 @@ pub(super) const LOG: &str = "CUSLICE_LOG";
 pub(super) const PRIORITY: &str = "CUSLICE_PRIORITY";
 pub(super) const MEMORY_WAIT: &str = "CUSLICE_MEMORY_WAIT";
 pub(super) const MEMORY_SPILL: &str = "CUSLICE_MEMORY_SPILL";
+/// A setting of an earlier release that this one no longer reads: refused, with why.
 pub(super) const CORE_METER: &str = "CUSLICE_CORE_METER";
 pub(super) const ALIYUN_CONTAINER: &str = "ALIYUN_COM_GPU_MEM_CONTAINER";
 pub(super) const ALIYUN_UNIT: &str = "ALIYUN_COM_GPU_MEM_UNIT";
@@ -64,7 +65,7 @@ pub(super) const OTHER_CUSLICE_NAMES: [&str; 1] = ["CUSLICE_CUDA_HEADERS"];
 
 pub(super) const KNOWN_CUSLICE: &str = "CUSLICE_MEMORY_LIMIT[_<i>], CUSLICE_CORE_LIMIT[_<i>], \
                              CUSLICE_CORE_REQUEST[_<i>], CUSLICE_PRIORITY, CUSLICE_MEMORY_WAIT, \
-                             CUSLICE_MEMORY_SPILL, CUSLICE_CORE_METER, CUSLICE_STATE_DIR, \
+                             CUSLICE_MEMORY_SPILL, CUSLICE_STATE_DIR, \
                              CUSLICE_NODE_DIR, CUSLICE_LOG";
 
 /// What a variable name means to cuslice.
@@ -87,7 +88,8 @@ pub(super) enum Name<'a> {
     Priority,
     MemoryWait,
     MemorySpill,
-    CoreMeter,
+    /// `CUSLICE_CORE_METER`, which an earlier release read.
+    Retired,
     AliyunContainer,
     AliyunUnit,
     UnknownCuslice,
@@ -131,7 +133,7 @@ pub(super) fn classify(name: &str) -> Name<'_> {
         PRIORITY => Name::Priority,
         MEMORY_WAIT => Name::MemoryWait,
         MEMORY_SPILL => Name::MemorySpill,
-        CORE_METER => Name::CoreMeter,
+        CORE_METER => Name::Retired,
         ALIYUN_CONTAINER => Name::AliyunContainer,
         ALIYUN_UNIT => Name::AliyunUnit,
         _ if OTHER_CUSLICE_NAMES.contains(&name) => Name::Other,
@@ -158,7 +160,6 @@ fn cuslice_names(ordinal: Option<u32>) -> impl Iterator<Item = String> {
             PRIORITY,
             MEMORY_WAIT,
             MEMORY_SPILL,
-            CORE_METER,
         ])
         .map(String::from)
         .chain(per_device)

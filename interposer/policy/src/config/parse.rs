@@ -5,12 +5,12 @@
 use std::path::PathBuf;
 
 use super::names::{
-    ALIYUN_CONTAINER, ALIYUN_UNIT, CORE_METER, Family, KNOWN_CUSLICE, LOG, MAX_ORDINAL,
-    MEMORY_SPILL, MEMORY_WAIT, NODE_DIR, Name, PRIORITY, Quantity, STATE_DIR, Syntax, classify,
-    near_miss, suggest,
+    ALIYUN_CONTAINER, ALIYUN_UNIT, Family, KNOWN_CUSLICE, LOG, MAX_ORDINAL, MEMORY_SPILL,
+    MEMORY_WAIT, NODE_DIR, Name, PRIORITY, Quantity, STATE_DIR, Syntax, classify, near_miss,
+    suggest,
 };
 use super::precedence::Setting;
-use super::{Config, ConfigError, CoreMeter, LogLevel};
+use super::{Config, ConfigError, LogLevel};
 use crate::duration::{DurationError, parse_duration};
 use crate::echo::{cut, one_line, quoted};
 use crate::priority::Priority;
@@ -223,18 +223,6 @@ pub(super) fn parse_memory_wait(entry: &Entry) -> Result<std::time::Duration, Co
     }
 }
 
-/// `CUSLICE_CORE_METER`: `auto` (the default) or `self-timing`.
-pub(super) fn parse_core_meter(entry: &Entry) -> Result<CoreMeter, ConfigError> {
-    match entry.value.trim().to_ascii_lowercase().as_str() {
-        "auto" => Ok(CoreMeter::Auto),
-        "self-timing" => Ok(CoreMeter::SelfTiming),
-        _ => Err(entry.error(
-            "is not a compute meter (auto or self-timing)",
-            format!("{CORE_METER}=self-timing"),
-        )),
-    }
-}
-
 /// `CUSLICE_MEMORY_SPILL`: how much more than the cap the slice may hold in host memory; a size
 /// more than 0, at most 1 PiB.
 pub(super) fn parse_memory_spill(entry: &Entry) -> Result<u64, ConfigError> {
@@ -358,7 +346,13 @@ impl Config {
                 Name::Priority => config.priority = parse_priority(entry)?,
                 Name::MemoryWait => config.memory_wait = Some(parse_memory_wait(entry)?),
                 Name::MemorySpill => config.memory_spill = Some(parse_memory_spill(entry)?),
-                Name::CoreMeter => config.core_meter = parse_core_meter(entry)?,
+                Name::Retired => {
+                    return Err(entry.error(
+                        "is no longer read: every slice's device time is its turns' time, \
+                         whatever the driver gives (docs/compute.md); remove it",
+                        "CUSLICE_CORE_LIMIT=30",
+                    ));
+                }
                 Name::AliyunContainer => aliyun_container = Some(entry),
                 Name::AliyunUnit => aliyun_unit = Some(entry),
                 Name::UnknownCuslice => {
