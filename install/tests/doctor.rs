@@ -219,7 +219,7 @@ fn doctor_says_what_is_right_and_each_thing_broken() {
     assert!(
         lines
             .iter()
-            .any(|l| l.starts_with("ok      gpu 0 meter: SimGPU (simulated): driver samples (")),
+            .any(|l| l.starts_with("ok      gpu 0 meter: SimGPU (simulated): turns (")),
         "{lines:#?}"
     );
     assert!(
@@ -409,21 +409,24 @@ fn doctor_says_what_is_right_and_each_thing_broken() {
     let _ = agent.wait();
 }
 
-/// One line per GPU on how compute limits will be metered there, as the driver answers
-/// `nvmlDeviceGetProcessUtilization`: by its per-process samples, or, where it answers
-/// NOT_SUPPORTED (MIG instances, some virtual GPUs; `simgpu init --no-process-samples`), by the
-/// library's own timing. Information either way, never a problem.
+/// One line per GPU on how compute limits are metered there (by turns, whatever the driver
+/// gives), and, as the driver answers `nvmlDeviceGetProcessUtilization`, what the node agent
+/// checks slices by: its per-process samples, or, where it answers NOT_SUPPORTED (MIG instances,
+/// some virtual GPUs; `simgpu init --no-process-samples`), the device's busy time alone.
+/// Information either way, never a problem.
 #[test]
 fn doctor_says_how_compute_limits_are_metered_on_each_gpu() {
-    let self_timing = "library self-timing (the driver gives no per-process utilisation samples: \
-                       nvmlDeviceGetProcessUtilization answers NOT_SUPPORTED, as on MIG \
-                       instances and some virtual GPUs)";
     for (init, status, says) in [
-        (&["--devices", "2"][..], "ok", "driver samples ("),
+        (
+            &["--devices", "2"][..],
+            "ok",
+            "the driver gives per-process utilisation samples",
+        ),
         (
             &["--devices", "2", "--no-process-samples"][..],
             "note",
-            self_timing,
+            "the driver gives no per-process utilisation samples \
+             (nvmlDeviceGetProcessUtilization answers NOT_SUPPORTED",
         ),
     ] {
         let node = Node::on(init);
@@ -434,13 +437,14 @@ fn doctor_says_how_compute_limits_are_metered_on_each_gpu() {
             "note    "
         };
         for gpu in 0..2 {
-            let want = format!("{word}gpu {gpu} meter: SimGPU (simulated): {says}");
+            let want = format!("{word}gpu {gpu} meter: SimGPU (simulated): turns (");
             let found: Vec<&String> = lines
                 .iter()
                 .filter(|l| l.contains(&format!("gpu {gpu} meter: ")))
                 .collect();
             assert_eq!(found.len(), 1, "{init:?}: {lines:#?}");
             assert!(found[0].starts_with(&want), "{init:?}: {want}\n{lines:#?}");
+            assert!(found[0].contains(says), "{init:?}: {says}\n{lines:#?}");
         }
 
         let (_, out) = node.doctor(&["--json"]);

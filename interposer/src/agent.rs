@@ -1,12 +1,13 @@
 //! Asking the node agent for this process's host pid (docs/agent.md). NVML names processes by
-//! host pid, which a process in a container's pid namespace cannot learn; the compute meter needs
-//! it to find its own utilisation samples. In a container (the slice config came from the hook)
+//! host pid, which a process in a container's pid namespace cannot learn; measuring the slice's
+//! first context by its own entry in NVML's process list needs it, and the agent's checks of the
+//! slice against the driver's count name it. In a container (the slice config came from the hook)
 //! the process asks once when it joins the slice, and a forked child asks again when it joins
 //! (it has a pid of its own). A standalone process never asks: its pid is the host's.
 //!
-//! The agent may not be running: then one warning, the meter uses launch estimates (and the
-//! agent, once it runs, tells the process its host pid through the ledger anyway), and nothing
-//! else changes. Asking never takes more than `TIMEOUT`.
+//! The agent may not be running: then one warning (the agent, once it runs, tells the process its
+//! host pid through the ledger anyway), and caps and shares hold as they do with it. Asking never
+//! takes more than `TIMEOUT`.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -33,9 +34,9 @@ pub fn tell_slot(s: &Slice) {
         Err(e) => {
             if !WARNED.swap(true, Ordering::Relaxed) {
                 warning!(
-                    "{e}: this container's compute meter uses launch estimates until the agent \
-                     runs (memory caps are unaffected); start it on the host with `cuslice agent` \
-                     or `systemctl start cuslice-agent.service`"
+                    "{e}: nothing checks this container's slice against the driver's count until \
+                     the agent runs (caps and core limits hold); start it on the host with \
+                     `cuslice agent` or `systemctl start cuslice-agent.service`"
                 );
             }
         }

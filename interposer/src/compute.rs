@@ -234,6 +234,9 @@ pub fn join(s: &Slice, devs: &[Dev]) -> Result<(), String> {
         m.turns.gated.store(gated, Ordering::Relaxed);
     }
     let meters: &'static Vec<Meter> = Box::leak(Box::new(meters));
+    for m in meters {
+        turns::register(&m.turns);
+    }
     METERS.store(
         meters as *const Vec<Meter> as *mut Vec<Meter>,
         Ordering::Release,
@@ -503,26 +506,13 @@ fn gate_metered(stream: CUstream, ptsz: bool) {
     }
 }
 
-/// Before context `ctx` is destroyed: the compute thread forgets its streams and events.
-pub fn forget_ctx(ctx: usize) {
-    for m in meters() {
-        m.turns.forget_ctx(ctx);
-    }
-}
-
-/// Before `stream` is destroyed: the compute thread forgets it.
-pub fn forget_stream(stream: usize) {
-    for m in meters() {
-        m.turns.forget_stream(stream);
-    }
-}
-
 /// In a forked child: no compute thread runs there (the child joins afresh at its own cuInit).
 pub fn child_after_fork() {
     STARTED.store(false, Ordering::Relaxed);
     METERED.store(false, Ordering::Relaxed);
     // The parent's meters are leaked with its slice (`membership::child_after_fork`).
     METERS.store(std::ptr::null_mut(), Ordering::Relaxed);
+    turns::child_after_fork();
 }
 
 /// At process exit: its part in its slice's turns ends, and the last process of a standalone
@@ -633,4 +623,26 @@ launch_wrappers! {
     cuLaunchCooperativeKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shmem: c_uint, stream: CUstream, params: *mut *mut c_void) on stream, true;
     cuGraphLaunch(exec: CUgraphExec, stream: CUstream) on stream, false;
     cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) on stream, true;
+}
+
+macro_rules! stream_destroy_wrappers {
+    ($($name:ident;)*) => {$(
+        /// # Safety
+        /// The CUDA driver API contract of the function of the same name.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(stream: CUstream) -> CUresult {
+            let Some(f) = real::$name() else {
+                return CUresult::CUDA_ERROR_NOT_INITIALIZED;
+            };
+            // The compute thread records no more events on it (`turns`).
+            turns::forget_stream(stream as usize);
+            // SAFETY: forwarded unchanged.
+            unsafe { f(stream) }
+        }
+    )*};
+}
+
+stream_destroy_wrappers! {
+    cuStreamDestroy;
+    cuStreamDestroy_v2;
 }

@@ -316,7 +316,7 @@ pub unsafe extern "C" fn cuCtxDestroy(ctx: CUcontext) -> CUresult {
     let Some(f) = real::cuCtxDestroy() else {
         return CUresult::CUDA_ERROR_NOT_INITIALIZED;
     };
-    crate::compute::forget_ctx(ctx as usize);
+    crate::turns::forget_ctx(ctx as usize);
     // SAFETY: forwarded unchanged.
     destroyed(ctx, unsafe { f(ctx) })
 }
@@ -328,7 +328,7 @@ pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult {
     let Some(f) = real::cuCtxDestroy_v2() else {
         return CUresult::CUDA_ERROR_NOT_INITIALIZED;
     };
-    crate::compute::forget_ctx(ctx as usize);
+    crate::turns::forget_ctx(ctx as usize);
     // SAFETY: forwarded unchanged.
     destroyed(ctx, unsafe { f(ctx) })
 }
@@ -394,9 +394,9 @@ macro_rules! primary_wrappers {
             };
             let s = membership::active().ok().flatten();
             // A release that destroys the primary context (its last, or a reset): the meter's
-            // events in it go first (`compute::forget_ctx`).
+            // events in it go first (`turns::forget_ctx`).
             if let Some(ctx) = s.and_then(|s| primary_going(s, dev, $reset)) {
-                crate::compute::forget_ctx(ctx);
+                crate::turns::forget_ctx(ctx);
             }
             // SAFETY: forwarded unchanged.
             let r = unsafe { f(dev) };

@@ -16,14 +16,15 @@
 //! 0. Leaves, using nothing else of the crate:
 //!    - [`real`]: the real entry points: the table of driver and NVML functions with their C
 //!      prototypes, `real::cuXxx()` for each, the lookups by name and address, glibc's `dlsym`.
-//!    - `log` (stderr lines, no allocation), [`count`] (the launch counter), [`alloc_table`] (one
+//!    - `log` (stderr lines, no allocation), [`alloc_table`] (one
 //!      shard of the allocation table, pure).
-//! 1. Over [`real`]: [`nvml_query`] (cuslice's own NVML queries: process memory, utilisation
-//!    samples), [`dlmopen`] (the core of the `dlmopen` override) and [`stream`] (whether an
-//!    application's stream is being captured).
+//! 1. Over [`real`]: [`nvml_query`] (cuslice's own NVML queries: process and device memory,
+//!    whether a pid is listed), [`dlmopen`] (the core of the `dlmopen` override) and [`stream`]
+//!    (whether an application's stream is being captured).
 //! 2. [`membership`]: whether and which slice this process joined, its devices, the one
-//!    reservation step, the process-local tables, the pools' charges; [`timing`] (the events
-//!    the compute meter times a sample of launches with, where the driver gives no samples).
+//!    reservation step, the process-local tables, the pools' charges; [`turns`] (this process's
+//!    part in its slice's exclusive turns on a device: the gate's slow path, taking, leading,
+//!    draining and settling a turn).
 //! 3. Over [`membership`], never each other, the registry or start-up: the API areas, each with
 //!    its wrappers ([`memory`], [`array`](mod@array), [`vmm`], [`pool`], [`context`], [`info`],
 //!    [`compute`]), and [`agent`] (asks the node agent for this process's host pid).
@@ -54,7 +55,6 @@ pub mod alloc_table;
 pub mod array;
 pub mod compute;
 pub mod context;
-pub mod count;
 pub mod dlmopen;
 pub mod dlsym;
 pub mod info;
@@ -87,11 +87,10 @@ mod tests {
     const LAYERS: &[(&str, u32)] = &[
         ("real", 0),
         ("log", 0),
-        ("count", 0),
         ("alloc_table", 0),
         ("nvml_query", 1),
         ("stream", 1),
-        ("timing", 2),
+        ("turns", 2),
         ("dlmopen", 1),
         ("membership", 2),
         ("agent", 3),

@@ -1,5 +1,4 @@
-//! What the library asks the driver about an application's stream, for more than one area, and
-//! what it does before a stream is destroyed.
+//! What the library asks the driver about an application's stream, for more than one area.
 
 use cuda_abi::*;
 
@@ -19,26 +18,4 @@ pub(crate) fn capturing(stream: CUstream, ptsz: bool) -> Option<bool> {
     // SAFETY: valid out-pointer; `stream` is the caller's stream.
     let r = unsafe { f(stream, &mut status) };
     r.is_ok().then_some(status != CU_STREAM_CAPTURE_STATUS_NONE)
-}
-
-macro_rules! destroy_wrappers {
-    ($($name:ident;)*) => {$(
-        /// # Safety
-        /// The CUDA driver API contract of the function of the same name.
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name(stream: CUstream) -> CUresult {
-            let Some(f) = real::$name() else {
-                return CUresult::CUDA_ERROR_NOT_INITIALIZED;
-            };
-            // The compute thread records no more events on it (`turns`).
-            crate::compute::forget_stream(stream as usize);
-            // SAFETY: forwarded unchanged.
-            unsafe { f(stream) }
-        }
-    )*};
-}
-
-destroy_wrappers! {
-    cuStreamDestroy;
-    cuStreamDestroy_v2;
 }

@@ -1,12 +1,12 @@
 //! Exclusive turns on a device (the policy is `cuslice_policy::turn`; docs/compute.md): this
 //! process's part in its slice's turns. The gate lets a launch through while the slice's turn
 //! is open and its queued work is within the turn's allowance; otherwise the launching thread
-//! waits, and this process's manager (the compute thread, `compute::manager`) takes the turn
+//! waits, and this process's manager (the compute thread, `compute.rs`) takes the turn
 //! when it is the slice's, leads it, closes it, drains what this process queued and settles it.
 //!
-//! - The slice's turn and the words its processes share within it are in its own claims on the
-//!   node's compute board (`cuslice_state::board::Gate`): the slice's turn is one, whichever of
-//!   its processes launch in it.
+//! - The slice's turn and the words its processes share within it are in its own turns file on
+//!   the node's compute board (`cuslice_state::board::turns`, `Gate`): the slice's turn is one,
+//!   whichever of its processes launch in it.
 //! - Draining: each process notes the streams it launched on in a turn (with their context).
 //!   When the turn closes, its manager records an event on each of them and waits until they
 //!   have all been reached, never with a synchronising call and never for longer than
@@ -14,8 +14,8 @@
 //!   run); a per-thread default stream, which only its own thread can name, and a stream the
 //!   driver cannot say of, are taken to be done when the work queued in the turn is, by the
 //!   estimate.
-//! - What the slice used is the turn's span, from taking it to the last process's work done:
-//!   nobody else had work on the device meanwhile, so there is nothing to apportion.
+//! - What the slice used is the turn's span, from its first launch to the last process's work
+//!   done: nobody else had work on the device meanwhile, so there is nothing to apportion.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence};
 use std::time::Duration;
@@ -30,8 +30,8 @@ use cuslice_state::ledger::{Ledger, Tokens};
 use cuslice_state::snapshot::MeteredBy;
 use parking_lot::Mutex;
 
-use crate::compute::now_ns;
 use crate::real;
+use cuslice_state::board::now_ns;
 
 /// Streams noted without a lock (the first few of a turn); the rest go to the locked list.
 const SLOTS: usize = 8;
@@ -61,6 +61,40 @@ const HANDOFF_POLL_NS: u64 = 20_000;
 const DRAIN_POLL_NS: u64 = 20_000;
 /// A thread waiting at the closed gate looks again at least this often.
 const GATE_WAIT: Duration = Duration::from_millis(2);
+
+/// Every `Turns` of the process (one per device), for `forget_ctx` and `forget_stream`.
+static ALL: Mutex<Vec<&'static Turns>> = Mutex::new(Vec::new());
+
+/// Makes `t` known to `forget_ctx` and `forget_stream` (once, when the meters are set up).
+pub fn register(t: &'static Turns) {
+    ALL.lock().push(t);
+}
+
+/// Before context `ctx` is destroyed: the compute thread forgets its streams and events.
+pub fn forget_ctx(ctx: usize) {
+    for t in ALL.lock().iter() {
+        t.forget_ctx(ctx);
+    }
+}
+
+/// Before `stream` is destroyed: the compute thread forgets it.
+pub fn forget_stream(stream: usize) {
+    for t in ALL.lock().iter() {
+        t.forget_stream(stream);
+    }
+}
+
+/// In a forked child: the parent's are not the child's (it sets up its own at its cuInit), and a
+/// lock another thread of the parent held at the fork is never given back.
+pub fn child_after_fork() {
+    if ALL.is_locked() {
+        // SAFETY: in a forked child only the forking thread runs, and it holds no lock of this
+        // module (it was not in a forget, which does not fork): a holder was another thread of
+        // the parent, which does not exist here.
+        unsafe { ALL.force_unlock() };
+    }
+    ALL.lock().clear();
+}
 
 /// The process's manager sleeps on this word; a thread that starts waiting at the gate wakes it.
 static KICK: AtomicU32 = AtomicU32::new(0);
@@ -299,7 +333,7 @@ impl Turns {
     }
 
     /// Before context `ctx` is destroyed: its streams and events go with it.
-    pub fn forget_ctx(&self, ctx: usize) {
+    fn forget_ctx(&self, ctx: usize) {
         let mut st = self.streams.lock();
         if st.list.iter().any(|t| t.ctx == ctx) {
             st.unnamed = true;
@@ -309,7 +343,7 @@ impl Turns {
     }
 
     /// Before `stream` is destroyed.
-    pub fn forget_stream(&self, stream: usize) {
+    fn forget_stream(&self, stream: usize) {
         let mut st = self.streams.lock();
         st.list.retain(|t| t.stream != stream);
     }
@@ -500,12 +534,16 @@ impl Turns {
             s.ledger.note_throttled(s.d, now - held_from);
         }
         // Urgent: its work comes after a lull (its last turn ended with nothing left to run, a
-        // while ago), decided when it starts to wait.
-        let urgent = match turn {
-            Turn::Urgent { .. } => true,
-            Turn::Waiting { .. } => false,
-            _ => self.after_lull(s.gate, now),
-        };
+        // while ago), decided when it starts to wait; or, granted high priority, its tokens pay
+        // for a whole turn (it is within its allotment: busier, it queues like the others).
+        let high_ready = s.priority == Priority::High
+            && turn::ready_at(allot, bank(allot), false).is_none_or(|need| tokens >= need);
+        let urgent = high_ready
+            || match turn {
+                Turn::Urgent { .. } => true,
+                Turn::Waiting { .. } => false,
+                _ => self.after_lull(s.gate, now),
+            };
         let posted = if urgent {
             Turn::Urgent { since }
         } else {
@@ -696,10 +734,11 @@ impl Turns {
         let waiters = turn::waiters(s.priority, &rivals, now);
         // What another turn would last, paid by the tokens left (this one's is taken ahead).
         let renew = turn::length(s.allot(), s.tokens_now(now));
-        let step = if quiet >= IDLE_RELEASE_NS
-            || !self.gated.load(Ordering::Relaxed)
-            || !turn::keeps(s.slice, l.since, &rivals, now)
-        {
+        // Two slices that took the turn at once find out at their first look: the one that took
+        // it later ends it. (Later, a record another posts does not end a turn.)
+        let lost = now.saturating_sub(l.since) < turn::MIN_HELD_NS
+            && !turn::keeps(s.slice, l.since, &rivals, now);
+        let step = if quiet >= IDLE_RELEASE_NS || !self.gated.load(Ordering::Relaxed) || lost {
             // Idle long enough, the device no longer takes turns, or another slice took the turn
             // first (both took it at once): it ends.
             Step::Close

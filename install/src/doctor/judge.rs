@@ -266,18 +266,20 @@ fn nvml(f: &Facts, out: &mut Vec<Item>) {
     }
 }
 
-/// How compute limits will be metered on a GPU: by the driver's per-process samples, or, where
-/// the driver has none, by the library's own timing of launches (docs/compute.md). Never a
-/// problem: both hold the limits, and memory caps do not depend on either.
+/// How compute limits are metered on a GPU: by the slices' turns, whatever the driver gives
+/// (docs/compute.md); and what the driver's per-process samples leave the node agent to check
+/// slices by. Never a problem: limits and caps hold either way.
 fn meter(check: &str, g: &GpuFacts) -> Item {
     let check = format!("{check} meter");
+    let turns = "turns (each slice's device time is its turns' spans, timed with nobody else on \
+                 the device)";
     match &g.samples {
         Ok(ProcessSamples::Given) => Item::new(
             check,
             Status::Ok,
             format!(
-                "{}: driver samples (nvmlDeviceGetProcessUtilization gives per-process \
-                 utilisation): compute limits are metered by the driver's own count",
+                "{}: {turns}; the driver gives per-process utilisation samples, by which the \
+                 node agent checks each slice",
                 g.name
             ),
         ),
@@ -285,10 +287,10 @@ fn meter(check: &str, g: &GpuFacts) -> Item {
             check,
             Status::Note,
             format!(
-                "{}: library self-timing (the driver gives no per-process utilisation samples: \
-                 nvmlDeviceGetProcessUtilization answers NOT_SUPPORTED, as on MIG instances and \
-                 some virtual GPUs): each slice's library times a sample of its launches with \
-                 CUDA events; memory caps are unaffected",
+                "{}: {turns}; the driver gives no per-process utilisation samples \
+                 (nvmlDeviceGetProcessUtilization answers NOT_SUPPORTED, as on MIG instances \
+                 and some virtual GPUs): the node agent checks slices by the device's busy time \
+                 alone",
                 g.name
             ),
         ),
@@ -296,9 +298,8 @@ fn meter(check: &str, g: &GpuFacts) -> Item {
             check,
             Status::Note,
             format!(
-                "{}: library self-timing (per-process utilisation cannot be read: {e}; \
-                 the library meters where the driver does not answer as it does where it gives \
-                 no samples); `nvidia-smi` may say why",
+                "{}: {turns}; per-process utilisation cannot be read ({e}): the node agent \
+                 checks slices by the device's busy time alone; `nvidia-smi` may say why",
                 g.name
             ),
         ),
@@ -396,8 +397,8 @@ fn agent(f: &Facts, out: &mut Vec<Item>) {
         Some(u) => format!("systemctl restart {u}"),
         None => "run `cuslice agent` as root (at boot, with the init system you use)".to_owned(),
     };
-    const WITHOUT: &str = "container processes cannot learn their host pids (compute meters \
-                           use launch estimates) and nothing checks slices against the driver";
+    const WITHOUT: &str = "container processes cannot learn their host pids and nothing checks \
+                           slices against the driver";
     let item =
         match &a.answer {
             Err(e) => Item::new("agent", Status::Problem, format!("{e}: {WITHOUT}")).fix(start),
@@ -727,19 +728,15 @@ mod tests {
         let table = [
             (
                 Ok(ProcessSamples::Given),
-                "ok      gpu 0 meter: NVIDIA H100: driver samples (",
+                "ok      gpu 0 meter: NVIDIA H100: turns (",
             ),
             (
                 Ok(ProcessSamples::NotSupported),
-                "note    gpu 0 meter: NVIDIA H100: library self-timing (the driver gives no \
-                 per-process utilisation samples: nvmlDeviceGetProcessUtilization answers \
-                 NOT_SUPPORTED",
+                "note    gpu 0 meter: NVIDIA H100: turns (",
             ),
             (
                 Err("libnvidia-ml.so.1: nvmlDeviceGetProcessUtilization returned 4".into()),
-                "note    gpu 0 meter: NVIDIA H100: library self-timing (per-process \
-                 utilisation cannot be read: libnvidia-ml.so.1: nvmlDeviceGetProcessUtilization \
-                 returned 4;",
+                "note    gpu 0 meter: NVIDIA H100: turns (",
             ),
         ];
         for (samples, says) in table {
@@ -756,6 +753,10 @@ mod tests {
                 .collect();
             assert_eq!(lines.len(), 1, "{items:#?}");
             assert!(lines[0].starts_with(says), "{says}: {lines:#?}");
+            assert!(
+                lines[0].contains("per-process utilisation"),
+                "what the agent checks by: {lines:#?}"
+            );
         }
     }
 }

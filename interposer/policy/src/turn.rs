@@ -1,22 +1,24 @@
 //! Exclusive turns (pure): plain numbers in, decisions out. Without MPS a GPU never runs the
 //! contexts of different processes at once: it time-slices them, and then neither a kernel's
 //! timing nor the driver's samples tell who used the device. So slices take turns: one slice at
-//! a time may have work on a device, and what it used is its turn's span, from taking the turn to
-//! its last work done, with nobody else on the device. See docs/compute.md.
+//! a time may have work on a device, and what it used is its turn's span, from its first launch
+//! to its last work done, with nobody else on the device. See docs/compute.md.
 //!
 //! - A slice that has work to launch waits for the turn; the waiting slice that waited longest
 //!   takes it when nobody holds it. A slice whose work came after a lull (its last turn ended with
 //!   nothing left to run: a light or bursty workload) waits *urgently*: it goes before the
 //!   slices that keep the device busy, and a holder below it ends its turn once it has held it
 //!   `MIN_HELD_NS`. So a light slice waits for about one of a busy neighbour's kernels, not for
-//!   its turn. Among urgent slices, one granted high priority goes first and ends any turn but a
-//!   high one's; a busy slice, high or not, queues like the others, so that priority never takes
-//!   a request or an allotment from the slices below it. And any slice that has waited `AGE_NS`
-//!   goes first too: beside a busy high-priority slice the others still get a turn now and
-//!   then.
-//! - A turn lasts the slice's part of a `CYCLE_NS` round (its allotment), or what its tokens pay
-//!   for, whichever is shorter, and is renewed while nobody else waits. It ends early when the
-//!   slice has nothing queued while others wait, or when a higher-priority slice waits.
+//!   its turn. A slice granted high priority waits urgently too while it is within its allotment
+//!   (its tokens pay for a whole turn); among urgent slices it goes first, and it ends any turn
+//!   but a high one's. Beyond its allotment it queues like the others, so that priority never
+//!   takes a request or an allotment from the slices below it. And any slice that has waited
+//!   `AGE_NS` goes first too: beside a busy high-priority slice the others still get a turn now
+//!   and then.
+//! - Beside others a turn lasts the slice's part of a `CYCLE_NS` round (its allotment); alone,
+//!   what its tokens pay for, at most a round (`length`). It is renewed while nobody else waits,
+//!   and ends early when the slice has nothing queued while others wait, or when a slice it gives
+//!   way to waits.
 //! - Within a turn a slice queues at most `AHEAD_NS` of work beyond the time that has passed
 //!   (one launch always), so that a turn ends soon after it is closed.
 //! - What another slice posts is its own word. A holding record counts only while its end is no
@@ -163,13 +165,18 @@ impl Class {
 /// A slice that has waited this long for the turn goes first, as an urgent one does.
 pub const AGE_NS: u64 = 50_000_000;
 
-/// A slice seen holding the turn without a break for this long, while others waited, is passing
-/// it on no more: an honest holder passes it on within its turn (at most a round), the period in
-/// which it learns that another waits, and its drain.
+/// A slice seen holding the turn for this long while a reader waited, without being seen not
+/// holding for `SEEN_NS` in between (the reader's own turns do not count, nor break the count),
+/// passes it on no more: an honest holder passes it on within its turn (at most a round), the
+/// period in which it learns that another waits, and its drain.
 pub const OVERHOLD_NS: u64 = 150_000_000;
-/// A slice seen first in the queue of a free device for this long without taking the turn is
-/// passed over: an honest one takes it within a poll.
+/// A slice seen first in the queue of a free device for this long in all, without taking the
+/// turn in between, is passed over: an honest one takes it within a poll.
 pub const TAKE_GRACE_NS: u64 = 5_000_000;
+/// How long a change a reader sees must last before it counts (a slice that posts "not holding"
+/// for less than this between holds is still holding), and how far before a reader first saw a
+/// slice waiting its wait may have begun (readers look at least this often).
+pub const SEEN_NS: u64 = 1_000_000;
 
 /// What one reader saw of each other slice's turn, by its own clock: the only account of the
 /// others it trusts.
@@ -178,20 +185,30 @@ pub struct Observer {
     seen: Vec<Seen>,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 struct Seen {
     slice: u64,
-    /// When this reader, waiting, first saw the slice holding, without a break since (0: not
-    /// so).
-    holding_from: u64,
-    /// When this reader first saw the slice first in the queue of a free device, without a
-    /// break since (0: not so).
-    first_from: u64,
+    /// How long this reader, waiting, has seen the slice holding since it last saw it not
+    /// holding for `SEEN_NS`.
+    held_while_waiting: u64,
+    /// When this reader last saw the slice holding while it waited (0: at its last look it did
+    /// not wait, or the slice did not hold).
+    last_look: u64,
+    /// When this reader first saw the slice not holding, without a break since (0: holding).
+    free_from: u64,
+    /// When this reader first saw the slice waiting, without a break since (0: not waiting).
+    waiting_from: u64,
+    /// How long, in all, this reader has seen the slice first in the queue of a free device
+    /// since it last saw it holding.
+    stalled: u64,
+    /// When this reader last saw it so (0: at its last look it did not).
+    first_look: u64,
 }
 
 impl Observer {
     /// The others' turns as this reader believes them at `now`: `rivals` as read, less what its
-    /// own record shows no honest slice would post (see `OVERHOLD_NS`, `TAKE_GRACE_NS`). `me`:
+    /// own record shows no honest slice would post (see `OVERHOLD_NS`, `TAKE_GRACE_NS`), and
+    /// each wait counted from no earlier than `SEEN_NS` before this reader first saw it. `me`:
     /// this slice's place in the queue while it waits (slice, since, class).
     pub fn filter(
         &mut self,
@@ -208,35 +225,60 @@ impl Observer {
                 None => {
                     self.seen.push(Seen {
                         slice: r.slice,
-                        holding_from: 0,
-                        first_from: 0,
+                        ..Seen::default()
                     });
                     self.seen.len() - 1
                 }
             };
             let s = &mut self.seen[i];
             let mut r = *r;
-            if r.holds(now) && me.is_some() {
-                if s.holding_from == 0 {
-                    s.holding_from = now;
+            if r.holds(now) {
+                s.free_from = 0;
+                s.stalled = 0;
+                s.first_look = 0;
+                if me.is_some() {
+                    if s.last_look != 0 {
+                        s.held_while_waiting += now.saturating_sub(s.last_look);
+                    }
+                    s.last_look = now;
+                } else {
+                    s.last_look = 0;
                 }
-                if now - s.holding_from > OVERHOLD_NS {
+                if s.held_while_waiting > OVERHOLD_NS {
                     r.turn = Turn::Idle;
                 }
             } else {
-                s.holding_from = 0;
+                s.last_look = 0;
+                if s.free_from == 0 {
+                    s.free_from = now;
+                }
+                if now - s.free_from >= SEEN_NS {
+                    s.held_while_waiting = 0;
+                }
+            }
+            match r.turn {
+                Turn::Waiting { since } | Turn::Urgent { since } => {
+                    if s.waiting_from == 0 {
+                        s.waiting_from = now;
+                    }
+                    let since = since.max(s.waiting_from.saturating_sub(SEEN_NS));
+                    r.turn = match r.turn {
+                        Turn::Urgent { .. } => Turn::Urgent { since },
+                        _ => Turn::Waiting { since },
+                    };
+                    if s.stalled > TAKE_GRACE_NS {
+                        r.turn = Turn::Idle;
+                    }
+                }
+                _ => s.waiting_from = 0,
             }
             out.push(r);
         }
-        // Who is first in the queue while nobody holds the turn.
-        if out.iter().any(|r| r.holds(now)) {
-            for s in &mut self.seen {
-                s.first_from = 0;
-            }
-            return out;
-        }
+        // Who is first in the queue while nobody holds the turn, as this reader waits.
+        let free = me.is_some() && !out.iter().any(|r| r.holds(now));
         let me = me.map(|(slice, since, class)| (class, since, slice));
-        loop {
+        let mut first_now = None;
+        while free {
             let first = out
                 .iter()
                 .filter_map(|r| Some((r.class(now)?, r.waits_since(now)?, r.slice)))
@@ -251,23 +293,22 @@ impl Observer {
             let Some(s) = self.seen.iter_mut().find(|s| s.slice == slice) else {
                 break;
             };
-            if s.first_from == 0 {
-                s.first_from = now;
+            if s.first_look != 0 {
+                s.stalled += now.saturating_sub(s.first_look);
             }
-            if now - s.first_from <= TAKE_GRACE_NS {
+            s.first_look = now;
+            if s.stalled <= TAKE_GRACE_NS {
+                first_now = Some(slice);
                 break;
             }
-            // First for too long without taking the free turn: passed over.
+            // First for too long in all without taking a free turn: passed over.
             if let Some(r) = out.iter_mut().find(|r| r.slice == slice) {
                 r.turn = Turn::Idle;
             }
         }
         for s in &mut self.seen {
-            let still_first = out
-                .iter()
-                .any(|r| r.slice == s.slice && r.waits_since(now).is_some());
-            if !still_first {
-                s.first_from = 0;
+            if first_now != Some(s.slice) {
+                s.first_look = 0;
             }
         }
         out
@@ -646,10 +687,20 @@ mod tests {
         let r = o.filter(&forged(t), Some((1, t0, Class::Normal)), t);
         assert_eq!(r[0].turn, Turn::Idle);
         assert_eq!(next(1, t0, Class::Normal, &r, t), Next::Take);
-        // Seen not holding once, it is believed again (an honest slice's next turn).
+        // This reader's own turn in between does not start the count again.
+        o.filter(&forged(t + MS / 2), None, t + MS / 2);
+        let r = o.filter(&forged(t + MS), Some((1, t0, Class::Normal)), t + MS);
+        assert_eq!(r[0].turn, Turn::Idle);
+        // Seen not holding for a moment only: still counted as the same hold.
         o.filter(&[rival(2, Turn::Idle)], None, t + MS);
         let r = o.filter(&forged(t + 2 * MS), None, t + 2 * MS);
-        assert!(r[0].holds(t + 2 * MS));
+        assert_eq!(r[0].turn, Turn::Idle);
+        // Seen not holding for SEEN_NS: believed again (an honest slice's next turn).
+        let t = t + 3 * MS;
+        o.filter(&[rival(2, Turn::Idle)], None, t);
+        o.filter(&[rival(2, Turn::Idle)], None, t + SEEN_NS);
+        let r = o.filter(&forged(t + SEEN_NS + 1), None, t + SEEN_NS + 1);
+        assert!(r[0].holds(t + SEEN_NS + 1));
     }
 
     #[test]
@@ -684,6 +735,40 @@ mod tests {
     }
 
     #[test]
+    fn a_wait_counts_from_when_the_reader_saw_it_and_a_staller_stays_passed_over() {
+        let mut o = Observer::default();
+        let t0 = 1_000 * MS;
+        let jumper = [rival(2, Turn::Waiting { since: 1 })];
+        // Waiting since the start of time, as far as it says: since about when this reader saw.
+        let r = o.filter(&jumper, None, t0);
+        assert_eq!(
+            r[0].turn,
+            Turn::Waiting {
+                since: t0 - SEEN_NS
+            }
+        );
+        // First in the queue of a free device for a while, across another slice's turn between.
+        let me = |since| Some((1, since, Class::Normal));
+        o.filter(&jumper, me(t0), t0 + MS);
+        o.filter(&jumper, me(t0), t0 + MS + TAKE_GRACE_NS / 2);
+        let holder = rival(
+            3,
+            Turn::Holding {
+                since: t0 + 10 * MS,
+                until: t0 + 20 * MS,
+            },
+        );
+        o.filter(&[jumper[0], holder], me(t0), t0 + 15 * MS);
+        o.filter(&jumper, me(t0), t0 + 30 * MS);
+        let r = o.filter(&jumper, me(t0), t0 + 30 * MS + TAKE_GRACE_NS / 2 + 1);
+        assert_eq!(r[0].turn, Turn::Idle);
+        // And for holders too, at their next look.
+        let r = o.filter(&jumper, None, t0 + 40 * MS);
+        assert_eq!(r[0].turn, Turn::Idle);
+        assert!(!waiters(Priority::Normal, &r, t0 + 40 * MS).any);
+    }
+
+    #[test]
     fn turns_follow_the_allotment_within_a_round() {
         assert_eq!(quantum(300_000), CYCLE_NS * 3 / 10);
         assert_eq!(quantum(700_000), CYCLE_NS * 7 / 10);
@@ -696,7 +781,10 @@ mod tests {
     fn tokens_pay_for_a_turn_and_what_it_earns_meanwhile() {
         // 30%: 7 ms of tokens pay for 10 ms (3 ms more are earned during it).
         assert_eq!(paid_for(300_000, 7 * MS as i64), Some(10 * MS));
-        assert_eq!(length(300_000, 7 * MS as i64), (10 * MS).min(quantum(300_000)));
+        assert_eq!(
+            length(300_000, 7 * MS as i64),
+            (10 * MS).min(quantum(300_000))
+        );
         assert_eq!(length(300_000, 7 * MS as i64 / 10), MS);
         assert_eq!(length(300_000, -5), 0);
         assert_eq!(paid_for(FULL, 0), None);

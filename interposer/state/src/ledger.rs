@@ -129,8 +129,8 @@ pub struct DeviceRec {
     tokens: AtomicI64,
     last_refill: AtomicU64,
     share: AtomicU32,
-    /// What the last device time reported was measured by (`MeteredBy::code`: 0 the driver's
-    /// samples, 1 launch estimates, 2 the library's own timing; earlier releases wrote 0 or 1).
+    /// What the last device time reported was measured by (`MeteredBy::code`: 3 turns; earlier
+    /// meters wrote 0 the driver's samples, 1 launch estimates, 2 the library's own timing).
     estimated: AtomicU32,
     /// The core request and limit (ppm; 0 and FULL when not set) the slice's processes run with.
     core_request: AtomicU32,

@@ -643,13 +643,14 @@ fn files_grown_past_their_size_are_found_and_cut_back() {
         .collect();
     assert_eq!(
         grown.len(),
-        2,
-        "it grows its ledger and its claims: {tried:?}"
+        3,
+        "it grows its ledger, its claims and its turns: {tried:?}"
     );
     let state = root.path().join("containers").join(&n);
     let ledger = state.join("mnt/slice/ledger");
-    let claims = PathBuf::from(std::fs::read_to_string(state.join("board")).unwrap())
-        .join(cuslice_state::board::CLAIMS);
+    let place = PathBuf::from(std::fs::read_to_string(state.join("board")).unwrap());
+    let claims = place.join(cuslice_state::board::CLAIMS);
+    let turns = place.join(cuslice_state::board::turns::FILE);
     let f = poll("a files finding", 15, || {
         finding_of(root.path(), &n, "files")
     });
@@ -660,7 +661,10 @@ fn files_grown_past_their_size_are_found_and_cut_back() {
     poll("the files cut back", 10, || {
         let l = std::fs::metadata(&ledger).ok()?.len();
         let c = std::fs::metadata(&claims).ok()?.len();
-        (l == cuslice_state::ledger::file_size() && c == cuslice_state::board::SIZE as u64)
+        let t = std::fs::metadata(&turns).ok()?.len();
+        (l == cuslice_state::ledger::file_size()
+            && c == cuslice_state::board::SIZE as u64
+            && t == cuslice_state::board::turns::SIZE as u64)
             .then_some(())
     });
     Box::new(c).remove();

@@ -117,14 +117,14 @@ pub fn collect(src: &Sources) -> Node {
 }
 
 /// Whether an agent answers on the state root's socket. Without one, the hook's containers'
-/// processes cannot learn their host pids, and their compute meters use launch estimates.
+/// processes cannot learn their host pids, and nothing checks their slices against the driver.
 fn agent(state_root: &Path) -> Agent {
     let socket = state_root.join("agent").join(agent::SOCKET_NAME);
     let answer = agent::ask(&socket, std::time::Duration::from_secs(1));
     let note = match &answer {
         // Only where the hook keeps containers: a node of standalone slices needs no agent.
         Err(e) if state_root.join("containers").is_dir() => Some(format!(
-            "{e}: compute meters of container slices use launch estimates (est.) until it runs; \
+            "{e}: nothing checks container slices against the driver's count until it runs; \
              start it with `cuslice agent` (or `systemctl start cuslice-agent.service`)"
         )),
         _ => None,

@@ -299,9 +299,10 @@ fn encode_node(node: &Node, mut enc: DescriptorEncoder) -> Result<(), std::fmt::
     family(
         e,
         "slice_core_meter",
-        "What measures the slice's device time: the driver's per-process samples (samples), \
-         the library timing launches itself (self-timing), or launch estimates alone \
-         (estimates); absent until the slice has launched work",
+        "What measures the slice's device time: its turns' spans (turns); for a slice of an \
+         earlier release, the driver's per-process samples (samples), the library timing \
+         launches itself (self-timing), or launch estimates alone (estimates); absent until the \
+         slice has launched work",
         None,
         Gauge,
         meter,

@@ -156,8 +156,9 @@ pub fn render(node: &Node) -> String {
     out
 }
 
-/// The marks after SHARE 1s of a slice whose device time is not the driver's per-process
-/// samples, each explained in a line under the tables where it is shown.
+/// The marks after SHARE 1s of a slice of the previous release whose device time is not the
+/// driver's per-process samples, each explained in a line under the tables where it is shown (a
+/// slice of this release is metered by its turns: no mark).
 const MARKS: [(&str, &str); 2] = [
     (
         "(timed)",
@@ -170,8 +171,8 @@ const MARKS: [(&str, &str); 2] = [
     ),
 ];
 
-/// " (timed)" for self-timing, " (est.)" for launch estimates, nothing for the driver's samples
-/// (or before the slice launched any work).
+/// " (timed)" for self-timing, " (est.)" for launch estimates, nothing for turns or the driver's
+/// samples (or before the slice launched any work).
 fn meter_mark(c: &Compute) -> &'static str {
     match c.metered_by.as_deref() {
         Some("self-timing") => " (timed)",

@@ -94,13 +94,14 @@ pub struct Compute {
     /// over launching threads).
     pub device_seconds: f64,
     pub throttled_seconds: f64,
-    /// The latest device time was launch estimates: NVML did not report the process (see
-    /// docs/status.md). The same as `metered_by` being `estimates`, for readers written before it.
+    /// The latest device time was launch estimates (a slice of the previous release whose
+    /// process NVML did not report; docs/status.md). The same as `metered_by` being `estimates`,
+    /// for readers written before it.
     pub estimated: bool,
-    /// What the slice's device time is measured by: `samples` (the driver's per-process
-    /// utilisation), `self-timing` (the library's own timing with CUDA events, where the driver
-    /// gives no per-process samples) or `estimates` (launch estimates alone); None before the
-    /// slice launched any work under a meter.
+    /// What the slice's device time is measured by: `turns` (its turns' spans); for a slice of
+    /// an earlier release `samples` (the driver's per-process utilisation), `self-timing` (the
+    /// library's own timing with CUDA events) or `estimates` (launch estimates alone); None before
+    /// the slice launched any work under a meter.
     pub metered_by: Option<String>,
     /// The core request and limit were changed while the slice ran (`cuslice set`).
     pub set_live: bool,

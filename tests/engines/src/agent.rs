@@ -298,8 +298,9 @@ pub fn agent_tells_host_pids(engine: &dyn Engine) {
 }
 
 /// With no agent on the node, a container with caps still starts and is held to its memory cap
-/// (the simulator's count); its workload says once, at `CUSLICE_LOG=warn`, that the compute
-/// meter uses launch estimates until the agent runs; `cuslice status` has a note saying so.
+/// (the simulator's count); its workload says once, at `CUSLICE_LOG=warn`, that nothing checks
+/// its slice against the driver's count until the agent runs; `cuslice status` has a note saying
+/// so.
 pub fn without_agent(engine: &dyn Engine) {
     let _turn = agent_turn();
     if cuslice_state::agent::ask(&agent_socket(), Duration::from_secs(1)).is_ok() {
@@ -338,7 +339,7 @@ pub fn without_agent(engine: &dyn Engine) {
     let w = warnings[0];
     assert!(
         w.starts_with("cuslice: no cuslice agent at /run/cuslice/agent/agent.sock")
-            && w.contains("compute meter uses launch estimates until the agent runs")
+            && w.contains("nothing checks this container's slice against the driver's count")
             && w.contains("`cuslice agent`"),
         "{w}"
     );
@@ -364,7 +365,7 @@ pub fn without_agent(engine: &dyn Engine) {
         notes[0].starts_with(&format!(
             "note: no cuslice agent at {}",
             agent_socket().display()
-        )) && notes[0].contains("compute meters of container slices use launch estimates")
+        )) && notes[0].contains("nothing checks container slices against the driver's count")
             && notes[0].contains("`cuslice agent`"),
         "{}",
         notes[0]

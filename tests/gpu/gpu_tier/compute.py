@@ -27,13 +27,13 @@ from . import nvml
 
 GROUP = "compute"
 TOLERANCE = 2.0  # points, over the settled window
-SCENARIOS = ["30/70", "alone 30", "alone 30 (spin)", "graph alone 30", "req 30/lim 100 + req 70/lim 70",
-             "req 30/lim 100, other idle", "best-effort + 30", "best-effort + req 60"]
+# share.py's scenarios whose loops keep the device busy alone (so the rate alone of the 1 ms work
+# kernel back to back is theirs too): the light probe, the 10 us loop and the synchronised matmul
+# loop are left to the simulator; the PyTorch pair below is the real synchronised loop.
+SCENARIOS = ["30/70", "20/30/50", "25x4", "alone 30", "alone 30 (spin)", "two processes 30/70", "graph alone 30",
+             "req 30/lim 100 + req 70/lim 70", "req 30/lim 100, other idle", "best-effort + 30",
+             "best-effort + req 60", "50us 30/70", "10ms 30/70", "graph 30/70", "4 streams 30/70"]
 TORCH = "PyTorch bf16 matmul loops at 30/70"
-# The same with the driver's samples ignored on purpose (CUSLICE_CORE_METER=self-timing): how
-# limits hold where the driver gives none (MIG instances, some virtual GPUs; docs/compute.md).
-SELF_TIMING = " (self-timing)"
-TIMED_SCENARIOS = ["30/70", "best-effort + 30"]
 # The work kernel's length in every scenario here, and what the rate alone is measured with.
 KERNEL_US = 1000
 REFERENCE = "work kernel alone, without the library"
@@ -51,27 +51,17 @@ def run(tier):
     secs, settle = (6.0, 2.5) if tier.quick else (10.0, 3.0)
     share = _share_py()
     checks = []
-    wanted = [n for n in SCENARIOS if tier.wanted(n)] + \
-        [n + SELF_TIMING for n in TIMED_SCENARIOS if tier.wanted(n + SELF_TIMING)]
+    wanted = [n for n in SCENARIOS if tier.wanted(n)]
     ref = None
-    if any(share.SCENARIOS[scenario(n)][0][0]["kernel"] == "work" for n in wanted):
+    if any(share.SCENARIOS[n][0][0]["kernel"] == "work" for n in wanted):
         ref, ref_checks = reference(tier, share, secs)
         checks.extend(ref_checks)
     for name in wanted:
-        slices, expected = share.SCENARIOS[scenario(name)]
-        if name.endswith(SELF_TIMING):
-            slices = [dict(s, env=dict(s["env"], CUSLICE_CORE_METER="self-timing")) for s in slices]
+        slices, expected = share.SCENARIOS[name]
         checks.extend(shares(tier, share, name, slices, expected, secs, settle, ref))
     if tier.wanted(TORCH):
         checks.extend(torch_pair(tier, secs, settle))
-    if tier.wanted(TORCH + SELF_TIMING):
-        checks.extend(torch_pair(tier, secs, settle, timed=True))
     return checks
-
-
-def scenario(name):
-    """share.py's scenario a check is named after."""
-    return name[:-len(SELF_TIMING)] if name.endswith(SELF_TIMING) else name
 
 
 def reference(tier, share, secs):
@@ -260,10 +250,9 @@ def shares(tier, share, name, slices, expected, secs, settle, ref):
     return judge_shares(name, labels, pids, expected, util, t0, t1, through, together, truth, worst)
 
 
-def torch_pair(tier, secs, settle, timed=False):
-    """bf16 matmul loops: alone without limits for the reference rate, then two at 30 and 70
-    (`timed`: the library's own timing, the driver's samples ignored)."""
-    name = TORCH + (SELF_TIMING if timed else "")
+def torch_pair(tier, secs, settle):
+    """bf16 matmul loops: alone without limits for the reference rate, then two at 30 and 70."""
+    name = TORCH
     if tier.sim:
         return [Check(GROUP, name, "needs a real GPU (PyTorch)", "", NOT_RUN)]
     if importlib.util.find_spec("torch") is None:
@@ -274,12 +263,9 @@ def torch_pair(tier, secs, settle, timed=False):
     if base is None:
         return [Check(GROUP, name, failed([alone]) or "no result alone", "", FAIL)]
     specs = [Spec([tier.python, tier.probe, "torch-matmul", str(secs)],
-                  tier.cuslice(tier.scratch(f"torch-{lim}{'-timed' if timed else ''}"), core_limit=str(lim)),
+                  tier.cuslice(tier.scratch(f"torch-{lim}"), core_limit=str(lim)),
                   f"limit {lim}")
              for lim in (30, 70)]
-    if timed:
-        for sp in specs:
-            sp.env["CUSLICE_CORE_METER"] = "self-timing"
     procs = tier.run(GROUP, name, specs, timeout=300)
     results = [p.event("result") for p in procs]
     started = [p.event("started") for p in procs]
