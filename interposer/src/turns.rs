@@ -40,7 +40,7 @@ pub const INITIAL_COST_NS: u64 = 100_000;
 /// A holder that launched nothing and has nothing left to run for this long passes the turn on
 /// to a slice that waits (shorter gaps keep it), or longer where the slice's own gaps between
 /// bursts of work proved longer (`Turns::after_lull`).
-const QUIET_NS: u64 = 200_000;
+const QUIET_NS: u64 = 50_000;
 /// A slice that comes to want the turn this long after its last turn ended with nothing left to
 /// run comes after a lull: it waits urgently. Sooner, the gap was its own between bursts.
 const LULL_NS: u64 = 2_000_000;
@@ -564,6 +564,14 @@ impl Turns {
                 } else {
                     turn::length(allot, tokens)
                 };
+                // After a lull, work comes in bursts: the turn is planned short (the slices that
+                // wait look often near its end), and renewed while the burst goes on and nobody
+                // waits.
+                let len = if class == Class::Normal {
+                    len
+                } else {
+                    len.min(LULL_NS)
+                };
                 Some(self.take(s, posted, len, now))
             }
             Next::HeldUntil(until) => {
@@ -571,7 +579,12 @@ impl Turns {
                 // slice the holder gives way to (urgent, or waiting long) looks often at once.
                 let early = until.saturating_sub(WAIT_POLL_SLOW_NS);
                 let near = until.saturating_sub(WAIT_POLL_NS * 3);
-                let first = class != Class::Normal;
+                // A holder whose turn is planned short took it after a lull: it will likely be
+                // done before its end.
+                let short = rivals.iter().any(|r| {
+                    matches!(r.turn, Turn::Holding { since, until } if until.saturating_sub(since) <= LULL_NS + turn::MIN_TURN_NS)
+                });
+                let first = class != Class::Normal || short;
                 Some(if first {
                     now + HANDOFF_POLL_NS
                 } else if now < early {
