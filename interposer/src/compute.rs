@@ -351,14 +351,6 @@ impl Meter {
         turns::refill(&t, now);
         let gated = allot < FULL || now < p.others_until;
         let was = self.turns.gated.swap(gated, Ordering::Relaxed);
-        if std::env::var_os("CUSLICETRACE_TURNS").is_some() {
-            eprintln!(
-                "{} tick: allot {allot} usage {usage} views {} waiting {waiting} gated {gated} turn {:?}",
-                now / 1000,
-                views.len(),
-                b.turn(self.index)
-            );
-        }
         if !gated {
             self.hold_free(b, now);
         } else if !was {

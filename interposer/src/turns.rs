@@ -20,6 +20,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence};
 use std::time::Duration;
 
+use crate::log::debug;
 use cuda_abi::*;
 use cuslice_policy::priority::Priority;
 use cuslice_policy::share::{self, FULL};
@@ -457,6 +458,7 @@ impl Turns {
         let open = g.open.load(Ordering::Acquire) == 1;
         match s.board.turn(s.d) {
             Turn::Holding { since, until } => {
+                self.observer.lock().own_turn();
                 if open && self.leads.load(Ordering::Relaxed) == n {
                     return Some(self.lead(s, now));
                 }
@@ -538,12 +540,12 @@ impl Turns {
         // for a whole turn (it is within its allotment: busier, it queues like the others).
         let high_ready = s.priority == Priority::High
             && turn::ready_at(allot, bank(allot), false).is_none_or(|need| tokens >= need);
-        let urgent = high_ready
-            || match turn {
-                Turn::Urgent { .. } => true,
-                Turn::Waiting { .. } => false,
-                _ => self.after_lull(s.gate, now),
-            };
+        let lull = match turn {
+            Turn::Urgent { .. } => true,
+            Turn::Waiting { .. } => false,
+            _ => self.after_lull(s.gate, now),
+        };
+        let urgent = high_ready || lull;
         let posted = if urgent {
             Turn::Urgent { since }
         } else {
@@ -566,11 +568,12 @@ impl Turns {
                 };
                 // After a lull, work comes in bursts: the turn is planned short (the slices that
                 // wait look often near its end), and renewed while the burst goes on and nobody
-                // waits.
-                let len = if class == Class::Normal {
-                    len
-                } else {
+                // waits. A high-priority slice within its allotment, or one that waited long, has
+                // its whole turn.
+                let len = if lull && !high_ready {
                     len.min(LULL_NS)
+                } else {
+                    len
                 };
                 Some(self.take(s, posted, len, now))
             }
@@ -600,17 +603,22 @@ impl Turns {
     }
 
     /// Whether the slice's work now comes after a lull: its last turn ended with nothing left to
-    /// run at least `LULL_NS` ago (or it had none). A slice that wants the turn again sooner ended
-    /// it in a gap of its own between bursts of work (a synchronisation): its holder waits that
-    /// long for it from now on before passing the turn on (`Gate::quiet_ns`, at most
-    /// `LULL_NS`).
+    /// run, and nothing ran for at least `LULL_NS` since its last work (the quiet its holder
+    /// waited for, then the time since the close), or it had no turn yet. A slice that wants the
+    /// turn again sooner ended it in a gap of its own between bursts of work (a
+    /// synchronisation): its holder waits that long for it from now on before passing the turn
+    /// on (`Gate::quiet_ns`, at most `LULL_NS`); after a lull that wait halves again.
     fn after_lull(&self, g: &Gate, now: u64) -> bool {
         if g.cut.load(Ordering::Relaxed) != 0 {
             return false;
         }
         let closed = g.closed_ns.load(Ordering::Relaxed);
-        let gap = now.saturating_sub(closed);
+        let waited = g.quiet_ns.load(Ordering::Relaxed).max(QUIET_NS);
+        let gap = now.saturating_sub(closed).saturating_add(waited);
         if closed == 0 || gap >= LULL_NS {
+            let _ = g
+                .quiet_ns
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |q| Some(q / 2));
             return true;
         }
         let longer = (gap + gap / 2).clamp(QUIET_NS, LULL_NS);
@@ -678,22 +686,13 @@ impl Turns {
         self.leads.store(n, Ordering::Relaxed);
         g.open.store(1, Ordering::Release);
         futex::wake_all(&g.open);
-        if std::env::var_os("CUSLICETRACE_TURNS").is_some() {
-            eprintln!(
-                "{} take turn {n}: len {} us, as {waiting:?} raw {:?} seen {:?}",
-                now / 1000,
-                len / 1000,
-                s.board
-                    .rivals(s.d, s.uuid)
-                    .iter()
-                    .map(|r| (r.slice & 0xffff, r.turn))
-                    .collect::<Vec<_>>(),
-                rivals
-                    .iter()
-                    .map(|r| (r.slice & 0xffff, r.turn))
-                    .collect::<Vec<_>>()
-            );
-        }
+        debug!(
+            "{} device {}: turn {n} taken for {} us (as {waiting:?}, {} rivals)",
+            now / 1000,
+            s.d,
+            len / 1000,
+            rivals.len()
+        );
         now + LEAD_POLL_NS
     }
 
@@ -722,7 +721,11 @@ impl Turns {
         } else {
             self.probe(g, &mut l, launched || blocked)
         };
-        if blocked && drained == Probe::Done {
+        let ahead = ahead(s.priority, &rivals);
+        // Beside a high-priority slice the queue runs dry by design (nothing is queued ahead):
+        // the next launch goes as soon as the last is done.
+        let release = blocked && drained == Probe::Done && ahead == 0;
+        if blocked && drained == Probe::Done && ahead > 0 {
             // The queue ran dry while launches waited for the allowance: `cost` is too high, the
             // device idles in the turn, and what was queued is set back to what has run.
             g.dry
@@ -790,28 +793,30 @@ impl Turns {
                 return self.close(s, now);
             }
         }
-        let ahead = ahead(s.priority, &rivals);
         // Counted from the first launch, as the turn's end is.
         let from = if started != 0 {
             started.max(l.since)
         } else {
             now
         };
-        g.allowed.store(
-            turn::allowed(
-                now.saturating_sub(from),
-                l.until.saturating_sub(from),
-                ahead,
-            ),
-            Ordering::Relaxed,
-        );
+        let length = l.until.saturating_sub(from);
+        let allowed = turn::allowed(now.saturating_sub(from), length, ahead);
+        let allowed = if release {
+            allowed.max(queued.saturating_add(1).min(length))
+        } else {
+            allowed
+        };
+        g.allowed.store(allowed, Ordering::Relaxed);
         // Often beside a high-priority slice, or while a slice waits for this one to go quiet.
-        let poll = if ahead == 0 || waiters.higher || (waiters.any && !launched) {
+        // Launches held back with nothing queued ahead: look as often as a drain does.
+        let poll = if ahead == 0 && queued >= allowed {
+            DRAIN_POLL_NS
+        } else if ahead == 0 || waiters.higher || (waiters.any && !launched) {
             LEAD_POLL_HIGH_NS
         } else {
             LEAD_POLL_NS
         };
-        (now + poll).min(l.until.max(now + LEAD_POLL_HIGH_NS))
+        (now + poll).min(l.until.max(now + DRAIN_POLL_NS))
     }
 
     /// The holder's probe of its queue: whether the events recorded on this process's streams at
@@ -1042,18 +1047,15 @@ fn settle(s: &Slot<'_>, n: u64, now: u64) {
     });
     refill(&s.tokens, now);
     let reserved = g.reserved.swap(0, Ordering::Relaxed);
-    if std::env::var_os("CUSLICETRACE_TURNS").is_some() {
-        eprintln!(
-            "{} settle turn {n}: span {} us, queued {} us, cost {} us, tokens {} us, allot {}, closed +{} us",
-            now / 1000,
-            span / 1000,
-            g.queued.load(Ordering::Relaxed) / 1000,
-            g.cost.load(Ordering::Relaxed) / 1000,
-            s.tokens.tokens.load(Ordering::Relaxed) / 1000,
-            s.allot(),
-            g.closed_ns.load(Ordering::Relaxed).saturating_sub(since) / 1000
-        );
-    }
+    debug!(
+        "{} device {}: turn {n} settled: {} us from first launch to last work, {} us queued, {} us per launch, {} us of tokens",
+        now / 1000,
+        s.d,
+        span / 1000,
+        g.queued.load(Ordering::Relaxed) / 1000,
+        g.cost.load(Ordering::Relaxed) / 1000,
+        s.tokens.tokens.load(Ordering::Relaxed) / 1000
+    );
     // What the turn used beyond what was taken ahead (or given back, if less). A slice with the
     // whole device owes nothing.
     if reserved > 0 || s.allot() < FULL {

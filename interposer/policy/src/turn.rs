@@ -166,7 +166,8 @@ impl Class {
 pub const AGE_NS: u64 = 50_000_000;
 
 /// A slice seen holding the turn for this long while a reader waited, without being seen not
-/// holding for `SEEN_NS` in between (the reader's own turns do not count, nor break the count),
+/// holding for `SEEN_NS` in between (the reader's own turns do not count; one of them is a
+/// break for a slice still believed, not for one already passed over),
 /// passes it on no more: an honest holder passes it on within its turn (at most a round), the
 /// period in which it learns that another waits, and its drain.
 pub const OVERHOLD_NS: u64 = 150_000_000;
@@ -312,6 +313,20 @@ impl Observer {
             }
         }
         out
+    }
+
+    /// This reader's own slice holds the turn (another process of it may lead, so this reader
+    /// does not look at the others meanwhile): the time until its next look is nobody else's
+    /// holding or stalling, and a slice it still believed gave way, as a break would show. One
+    /// already passed over stays so until a break is seen.
+    pub fn own_turn(&mut self) {
+        for s in &mut self.seen {
+            s.last_look = 0;
+            s.first_look = 0;
+            if s.held_while_waiting <= OVERHOLD_NS {
+                s.held_while_waiting = 0;
+            }
+        }
     }
 }
 
@@ -689,6 +704,7 @@ mod tests {
         assert_eq!(next(1, t0, Class::Normal, &r, t), Next::Take);
         // This reader's own turn in between does not start the count again.
         o.filter(&forged(t + MS / 2), None, t + MS / 2);
+        o.own_turn();
         let r = o.filter(&forged(t + MS), Some((1, t0, Class::Normal)), t + MS);
         assert_eq!(r[0].turn, Turn::Idle);
         // Seen not holding for a moment only: still counted as the same hold.
@@ -701,6 +717,30 @@ mod tests {
         o.filter(&[rival(2, Turn::Idle)], None, t + SEEN_NS);
         let r = o.filter(&forged(t + SEEN_NS + 1), None, t + SEEN_NS + 1);
         assert!(r[0].holds(t + SEEN_NS + 1));
+    }
+
+    #[test]
+    fn a_turn_of_its_own_slice_between_two_looks_is_not_counted_as_anothers_hold() {
+        // A reader that waits, then finds its slice holding (led by another process of it, so it
+        // does not look at the others), then waits again: an honest slice that held before and
+        // after each of those turns is never an overholder.
+        let mut o = Observer::default();
+        let mut t = 1_000 * MS;
+        for _ in 0..20 {
+            let held = [rival(
+                2,
+                Turn::Holding {
+                    since: t,
+                    until: t + 30 * MS,
+                },
+            )];
+            let r = o.filter(&held, Some((1, t, Class::Normal)), t);
+            assert!(r[0].holds(t));
+            let r = o.filter(&held, Some((1, t, Class::Normal)), t + 29 * MS);
+            assert!(r[0].holds(t + 29 * MS), "passed over at {} ms", t / MS);
+            o.own_turn();
+            t += 42 * MS;
+        }
     }
 
     #[test]
