@@ -10,8 +10,8 @@ without the library (once per kind of loop; SHARE_ALONE_CACHE names a file that 
 between runs). On the simulator a work kernel takes the device time it is launched with, so a
 rate is the device time its completed kernels asked for over wall time; a loop that keeps the
 device busy alone has a rate alone near 100%, one whose launches cost the CPU more than its
-kernels take, or that synchronises every few launches, less ("rate alone" in the table). Beside it, the simulator's own count of each process's device
-time over the same window (`simgpu show` every 250 ms; a slice of two processes: their sum).
+kernels take, or that synchronises every few launches, less ("rate alone" in the table). Beside
+it, the simulator's own count of each process's device time over the same window (`simgpu show` every 250 ms; a slice of two processes: their sum).
 Fixed work is what makes throughput a measure of the device time a slice got when slices run at
 once; the spin kernel waits for the clock and ends on time whatever ran in between (as on
 hardware, docs/gpu.md), so it may judge a slice alone only: "alone 30 (spin)" is judged by the
@@ -25,6 +25,8 @@ points of its configured share and stayed there. `tests/tools/share.py [NAME...]
                            configured share, or any 1 s window after SETTLE more than the
                            window limit (tests/run: --check 2)
     --window-check POINTS  the window limit (default 5)
+    --aggregate            instead: two busy loops' throughput together at 30/70 against the same
+                           two without the library (tests/bench; goal >= 97%)
 
 SHARE_SAMPLES picks how the simulator's NVML gives per-process samples: one-per-period (default),
 per-process, or none. SHARE_SECS (default 8) and SHARE_SETTLE (default 3) set the run and the
@@ -37,7 +39,7 @@ SIMGPU, WORKLOAD, LIB = (os.path.join(BIN, n) for n in ("simgpu", "cuda-workload
 SECS = float(os.environ.get("SHARE_SECS", "8"))
 SETTLE = float(os.environ.get("SHARE_SETTLE", "3"))
 # "one-per-period" (the simulator's default, as real drivers give them), "per-process", or "none"
-# (no per-process samples, as on MIG: the library times launches itself)
+# (no per-process samples, as on MIG); turns read none of them, so the shares should not change
 SAMPLES = os.environ.get("SHARE_SAMPLES", "one-per-period")
 WINDOW_CHECK = 5.0  # points: every 1 s window after SETTLE, with --check
 SETTLED = 2.0  # points: a slice has settled once its 1 s windows stay this close to its share
@@ -181,7 +183,8 @@ def rate_alone(s):
     return RATES_ALONE[key]
 
 
-def run(name, slices, expected):
+def run(name, slices, expected, bare=False):
+    """One scenario's slices at once; `bare`: without the library and any cuslice setting."""
     work = tempfile.mkdtemp(prefix="cuslice-share-")
     state = os.path.join(work, "state")
     how = ["--no-process-samples"] if SAMPLES == "none" else ["--process-samples", SAMPLES]
@@ -189,7 +192,9 @@ def run(name, slices, expected):
     procs = []  # (slice index, Popen)
     for i, s in enumerate(slices):
         env = dict(os.environ, LD_PRELOAD=LIB, CUSLICE_NODE_DIR=os.path.join(work, "node"), **s["env"])
-        if s["procs"] > 1:
+        if bare:
+            env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD" and not k.startswith("CUSLICE_")}
+        elif s["procs"] > 1:
             env["CUSLICE_STATE_DIR"] = os.path.join(work, f"slice-{i}")
         secs = s["secs"] if s["secs"] is not None else SECS
         for _ in range(s["procs"]):
@@ -260,7 +265,7 @@ def run(name, slices, expected):
 SAMPLES_SAID = {
     "one-per-period": "NVML samples every 100 ms, one a period naming one process (simgpu default)",
     "per-process": "NVML samples every 100 ms, one per process",
-    "none": "no per-process NVML samples (as on MIG): the library times launches itself",
+    "none": "no per-process NVML samples (as on MIG)",
 }
 
 
@@ -313,8 +318,24 @@ def main(names, check=None, window_check=WINDOW_CHECK):
     return ok
 
 
+def aggregate():
+    """Two busy loops of 1 ms kernels at once: their throughput together (percent of one loop's rate
+    alone) at limits 30 and 70, against the same two loops without the library."""
+    slices, expected = SCENARIOS["30/70"]
+    with_ = sum(r["throughput"] for r in run("30/70", slices, expected))
+    without = sum(r["throughput"] for r in run("30/70 without the library", slices, expected, bare=True))
+    ratio = 100.0 * with_ / without
+    print(f"aggregate throughput of two 1 ms loops: at 30/70 with cuslice {with_:.1f}%, without the library "
+          f"{without:.1f}% (of one loop's rate alone): {ratio:.1f}% (target >= 97%): "
+          f"{'meets' if ratio >= 97.0 else 'MISSES'}")
+    return ratio >= 97.0
+
+
 if __name__ == "__main__":
     args = sys.argv[1:]
+    if args == ["--aggregate"]:
+        # tests/bench: what sharing costs the two loops together
+        sys.exit(0 if aggregate() else 1)
     check, window_check = None, WINDOW_CHECK
     while args[:1] in (["--check"], ["--window-check"]):
         if args[0] == "--check":

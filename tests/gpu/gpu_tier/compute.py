@@ -7,7 +7,7 @@ which waits for the clock and ends on time whatever ran in between, so it measur
 only.
 
 A real driver gives one utilisation sample a period, naming one process, with the device's
-utilisation (docs/compute.md, "The meter"): NVML cannot say what each of several processes running
+utilisation (docs/compute.md, "Why turns"): NVML cannot say what each of several processes running
 at once used. A slice alone in the settled window is judged by NVML's per-process samples, with
 its throughput beside. Slices that ran at once are judged by **throughput**: the work their
 kernels completed over the settled window (the workload's `progress` lines) against the same
