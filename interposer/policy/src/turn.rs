@@ -279,32 +279,34 @@ impl Observer {
         let free = me.is_some() && !out.iter().any(|r| r.holds(now));
         let me = me.map(|(slice, since, class)| (class, since, slice));
         let mut first_now = None;
-        while free {
-            let first = out
-                .iter()
-                .filter_map(|r| Some((r.class(now)?, r.waits_since(now)?, r.slice)))
-                .fold(me, |a, b| match a {
-                    Some(a) if before(a, b) => Some(a),
-                    _ => Some(b),
-                });
-            let Some((_, _, slice)) = first else { break };
-            if me.is_some_and(|(.., m)| m == slice) {
-                break;
-            }
-            let Some(s) = self.seen.iter_mut().find(|s| s.slice == slice) else {
-                break;
-            };
-            if s.first_look != 0 {
-                s.stalled += now.saturating_sub(s.first_look);
-            }
-            s.first_look = now;
-            if s.stalled <= TAKE_GRACE_NS {
-                first_now = Some(slice);
-                break;
-            }
-            // First for too long in all without taking a free turn: passed over.
-            if let Some(r) = out.iter_mut().find(|r| r.slice == slice) {
-                r.turn = Turn::Idle;
+        if free {
+            loop {
+                let first = out
+                    .iter()
+                    .filter_map(|r| Some((r.class(now)?, r.waits_since(now)?, r.slice)))
+                    .fold(me, |a, b| match a {
+                        Some(a) if before(a, b) => Some(a),
+                        _ => Some(b),
+                    });
+                let Some((_, _, slice)) = first else { break };
+                if me.is_some_and(|(.., m)| m == slice) {
+                    break;
+                }
+                let Some(s) = self.seen.iter_mut().find(|s| s.slice == slice) else {
+                    break;
+                };
+                if s.first_look != 0 {
+                    s.stalled += now.saturating_sub(s.first_look);
+                }
+                s.first_look = now;
+                if s.stalled <= TAKE_GRACE_NS {
+                    first_now = Some(slice);
+                    break;
+                }
+                // First for too long in all without taking a free turn: passed over.
+                if let Some(r) = out.iter_mut().find(|r| r.slice == slice) {
+                    r.turn = Turn::Idle;
+                }
             }
         }
         for s in &mut self.seen {
