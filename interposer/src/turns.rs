@@ -776,14 +776,18 @@ impl Turns {
                 s.board.renew_turn(s.d, until);
             }
             Step::Close => {
-                let cut = quiet < g.quiet_ns.load(Ordering::Relaxed).max(QUIET_NS);
+                // Ended with launches held back (at the gate, or by the allowance) by its round,
+                // its tokens or someone first: the slice wants more than it got. One that ends
+                // with its last launches still running, none held back, was done launching.
+                let held_back = self.waiting.load(Ordering::Relaxed) > 0
+                    || g.queued.load(Ordering::Relaxed) >= g.allowed.load(Ordering::Relaxed);
+                let cut = held_back && quiet < g.quiet_ns.load(Ordering::Relaxed).max(QUIET_NS);
                 g.cut.store(u32::from(cut), Ordering::Relaxed);
                 if cut {
-                    // Ended with work left (its round, its tokens, or someone first): the slice
-                    // wants more than it got.
                     self.throttled.fetch_add(1, Ordering::Relaxed);
                 } else {
-                    // It idled at the end: its span says nothing of what a launch costs.
+                    // It idled, or was done launching, at the end: its span says nothing of what
+                    // a launch costs.
                     g.dry
                         .store(g.number.load(Ordering::Relaxed), Ordering::Relaxed);
                 }
