@@ -263,8 +263,8 @@ def run(name, slices, expected, bare=False):
 
 
 SAMPLES_SAID = {
-    "one-per-period": "NVML samples every 100 ms, one a period naming one process (simgpu default)",
-    "per-process": "NVML samples every 100 ms, one per process",
+    "one-per-period": "NVML samples every 200 ms, one a period naming one process (simgpu default)",
+    "per-process": "NVML samples every 200 ms, one per process",
     "none": "no per-process NVML samples (as on MIG)",
 }
 

@@ -289,6 +289,9 @@ impl Dev<'_> {
         if self.b.engine.current != NONE && self.b.engine.current as usize >= MAX_CTXS {
             self.b.engine.current = NONE;
         }
+        if self.b.engine.loaded != NONE && self.b.engine.loaded as usize >= MAX_CTXS {
+            self.b.engine.loaded = NONE;
+        }
     }
 
     // ---- contexts -------------------------------------------------------------------------
@@ -346,6 +349,9 @@ impl Dev<'_> {
         self.set_active(c, false);
         if self.b.engine.current == c {
             self.b.engine.current = NONE;
+        }
+        if self.b.engine.loaded == c {
+            self.b.engine.loaded = NONE;
         }
         if overhead != NONE {
             let generation = self.allocs[overhead as usize].generation;
@@ -428,6 +434,7 @@ pub(crate) mod testdev {
             // SAFETY: block was just allocated and zeroed, and is exclusively ours.
             let b = unsafe { &mut *block };
             b.engine.current = NONE;
+            b.engine.loaded = NONE;
             for c in b.ctxs.iter_mut() {
                 c.overhead = NONE;
             }

@@ -9,6 +9,13 @@
 //! [`Dev::advance`] with the current time, which replays exactly what the engine did since the
 //! last call. Every launch advances before it queues, so the replay never misses a submission.
 //!
+//! Changing contexts takes engine time: a **switch** (saving one context's state, loading the
+//! next one's) runs no kernel, so it is nobody's device time, but the driver's utilisation
+//! counters (NVML) count it as busy, with the incoming context; it counts in the incoming
+//! context's time slice. How long each switch takes is drawn from the switch count, between 0 and twice the mean
+//! (`Sched::switch_ns`), so where a time slice ends in a context's kernels varies as it does on a
+//! GPU, where kernels and switches never take exactly the same time twice.
+//!
 //! Kernels come in two kinds. A **working** kernel (`ITEM_KERNEL`) needs a fixed amount of engine
 //! time: preempted, it resumes where it stopped, and its wall time stretches. A **waiting** kernel
 //! (`ITEM_WAIT`, a spin on the GPU's global timer) needs the clock to reach its deadline, which is
@@ -19,6 +26,43 @@
 
 use crate::dev::Dev;
 use crate::layout::*;
+
+/// How the engine arbitrates between contexts (fixed when the state was made).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sched {
+    /// How long a context runs while others wait.
+    pub timeslice_ns: u64,
+    /// The mean length of a switch from one context to another.
+    pub switch_ns: u64,
+}
+
+impl From<u64> for Sched {
+    /// Time slices of `timeslice_ns`, switches that take no time.
+    fn from(timeslice_ns: u64) -> Sched {
+        Sched {
+            timeslice_ns,
+            switch_ns: 0,
+        }
+    }
+}
+
+/// The length of switch number `n` when switches take `mean` on average: uniform in
+/// `[0, 2 * mean]`, a fixed function of `n` (so a run replays alike).
+pub fn switch_length(mean: u64, n: u64) -> u64 {
+    if mean == 0 {
+        return 0;
+    }
+    ((splitmix64(n) as u128 * (2 * mean as u128 + 1)) >> 64) as u64
+}
+
+/// A well-mixed 64-bit function of `x` (SplitMix64's output step): numbers in a row give draws
+/// that look independent.
+pub fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
 
 /// Why an item could not be queued.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -161,9 +205,23 @@ impl Dev<'_> {
         self.b.engine.current == NONE && self.b.engine.active.iter().all(|w| *w == 0)
     }
 
+    /// Makes `c` the context on the engine, with a fresh time slice; if another context's state
+    /// is loaded, a switch starts (the engine runs nobody until it is over).
+    fn switch_to(&mut self, c: u32, switch_ns: u64) {
+        let e = &mut self.b.engine;
+        e.current = c;
+        e.slice_used = 0;
+        if e.loaded != c {
+            e.loaded = c;
+            e.switches += 1;
+            e.switch_left = switch_length(switch_ns, e.switches);
+        }
+    }
+
     /// Replays the engine up to `now` (monotonic ns).
-    pub fn advance(&mut self, now: u64, timeslice_ns: u64) {
-        let timeslice = timeslice_ns.max(1);
+    pub fn advance(&mut self, now: u64, sched: impl Into<Sched>) {
+        let sched = sched.into();
+        let timeslice = sched.timeslice_ns.max(1);
         let mut t = self.b.engine.sim_time;
         if self.engine_idle() {
             // Idle: nothing to replay.
@@ -176,15 +234,33 @@ impl Dev<'_> {
                 match self.next_runnable(cur) {
                     Some(c) => {
                         cur = c;
-                        self.b.engine.current = c;
-                        self.b.engine.slice_used = 0;
+                        self.switch_to(c, sched.switch_ns);
                     }
                     None => {
                         self.b.engine.current = NONE;
+                        self.b.engine.switch_left = 0;
                         t = t.max(now);
                         break;
                     }
                 }
+            }
+            if self.b.engine.switch_left > 0 {
+                // Switching: no kernel runs, so nobody is credited device time, but the
+                // driver's utilisation counters see the engine busy (with the incoming context),
+                // and the incoming context's slice runs.
+                if t >= now {
+                    break;
+                }
+                let e = &mut self.b.engine;
+                let d = e.switch_left.min(now - t);
+                t += d;
+                e.sim_time = t;
+                e.slice_used += d;
+                e.switch_left -= d;
+                add_busy(&mut e.util, t - d, t);
+                let owner = self.b.ctxs[cur as usize].owner as usize;
+                add_busy(&mut self.b.procs[owner].util, t - d, t);
+                continue;
             }
             let Some(item) = self.head(cur) else { continue };
             match item.kind {
@@ -211,8 +287,8 @@ impl Dev<'_> {
             }
             let others = self.others_runnable(cur);
             if others && self.b.engine.slice_used >= timeslice {
-                self.b.engine.current = self.next_runnable(cur).unwrap_or(cur);
-                self.b.engine.slice_used = 0;
+                let next = self.next_runnable(cur).unwrap_or(cur);
+                self.switch_to(next, sched.switch_ns);
                 continue;
             }
             let slot = ((self.b.ctxs[cur as usize].completed + 1) % RING as u64) as usize;
@@ -556,6 +632,126 @@ mod tests {
         assert!((0..3).all(|o| d.b.procs[o].device_time_ns == MS));
         d.advance(10 * MS, MS);
         assert!((0..3).all(|o| d.b.procs[o].device_time_ns == 3 * MS));
+    }
+
+    #[test]
+    fn switch_lengths_are_uniform_up_to_twice_the_mean_and_replay_alike() {
+        assert_eq!(switch_length(0, 7), 0);
+        let n = 100_000u64;
+        let lens: Vec<u64> = (1..=n).map(|k| switch_length(50_000, k)).collect();
+        assert!(lens.iter().all(|&l| l <= 100_000));
+        let mean = lens.iter().sum::<u64>() / n;
+        assert!((49_000..=51_000).contains(&mean), "mean {mean}");
+        // A quarter of them are under 25 us.
+        let short = lens.iter().filter(|&&l| l < 25_000).count() as f64 / n as f64;
+        assert!((0.24..0.26).contains(&short), "{short}");
+        assert_eq!(switch_length(50_000, 42), switch_length(50_000, 42));
+    }
+
+    #[test]
+    fn a_switch_runs_no_kernel_reads_busy_and_counts_in_the_incoming_slice() {
+        let mut t = TestDevice::new(64 << 20);
+        let mut d = t.dev();
+        let (a, _) = d.create_ctx(1, 0, 0).unwrap();
+        let (b, _) = d.create_ctx(2, 0, 0).unwrap();
+        let sched = Sched {
+            timeslice_ns: 2 * MS,
+            switch_ns: 100_000,
+        };
+        let start = 10 * MS;
+        d.advance(start, sched);
+        for _ in 0..100 {
+            d.push(a, kernel(MS)).unwrap();
+            d.push(b, kernel(MS)).unwrap();
+        }
+        d.advance(start + 50 * MS, sched);
+        let e = &d.b.engine;
+        // A switch before each slice, the first loading A: 2 ms slices of which the switch takes
+        // its part.
+        assert!((24..=27).contains(&e.switches), "{} switches", e.switches);
+        let switching: u64 = (1..=e.switches).map(|k| switch_length(100_000, k)).sum();
+        assert_eq!(
+            e.busy_ns + switching - e.switch_left,
+            50 * MS,
+            "the engine either ran a kernel or switched"
+        );
+        assert_eq!(
+            d.b.procs[1].device_time_ns + d.b.procs[2].device_time_ns,
+            e.busy_ns,
+            "nobody is credited for a switch"
+        );
+        assert_eq!(
+            busy_between(&d.b.engine.util, start, start + 50 * MS),
+            50 * MS,
+            "the driver's counters see the engine busy throughout, switches too"
+        );
+        // Each got half of what ran, within a switch.
+        let diff = d.b.procs[1]
+            .device_time_ns
+            .abs_diff(d.b.procs[2].device_time_ns);
+        assert!(diff <= 2 * MS, "{diff}");
+    }
+
+    #[test]
+    fn a_context_alone_switches_once_to_load_and_never_again() {
+        let mut t = TestDevice::new(64 << 20);
+        let mut d = t.dev();
+        let (c, _) = d.create_ctx(0, 0, 0).unwrap();
+        let sched = Sched {
+            timeslice_ns: MS,
+            switch_ns: 100_000,
+        };
+        d.advance(MS, sched);
+        for _ in 0..20 {
+            d.push(c, kernel(MS)).unwrap();
+        }
+        d.advance(5 * MS, sched);
+        // Idle for a while, then more work: its state is still on the engine.
+        d.advance(40 * MS, sched);
+        d.push(c, kernel(MS)).unwrap();
+        d.advance(60 * MS, sched);
+        assert_eq!(d.b.engine.switches, 1);
+        assert_eq!(d.completed(c), 21);
+        assert_eq!(d.b.procs[0].device_time_ns, 21 * MS);
+    }
+
+    /// Two contexts each keeping 1 ms waiting kernels queued for 200 ms with time slices of
+    /// 1024 us: what their kernels asked for over the engine time they ran.
+    fn asked_over_ran(switch_ns: u64) -> f64 {
+        let mut t = TestDevice::new(64 << 20);
+        let mut d = t.dev();
+        let (a, _) = d.create_ctx(1, 0, 0).unwrap();
+        let (b, _) = d.create_ctx(2, 0, 0).unwrap();
+        let sched = Sched {
+            timeslice_ns: 1_024_000,
+            switch_ns,
+        };
+        d.advance(MS, sched);
+        let mut now = MS;
+        while now < 201 * MS {
+            for c in [a, b] {
+                while d.submitted(c) - d.completed(c) < 4 {
+                    d.push(c, waiting(MS)).unwrap();
+                }
+            }
+            now += 100_000;
+            d.advance(now, sched);
+        }
+        let asked = (d.completed(a) + d.completed(b)) * MS;
+        asked as f64 / d.b.engine.busy_ns as f64
+    }
+
+    #[test]
+    fn a_waiting_kernel_switched_out_just_after_it_started_is_credited_its_whole_wait() {
+        // Slices a little longer than the kernels: each slice runs one kernel and starts the
+        // next, which is past its deadline when its context is back: two asked for each slice.
+        let r = asked_over_ran(0);
+        assert!((1.9..2.0).contains(&r), "{r}");
+        // Switches of 0-100 us eat into the slice: the second kernel starts in a quarter of the
+        // slices (those whose switch took under 24 us); in the others the first is switched out
+        // just before its end.
+        let r = asked_over_ran(50_000);
+        assert!((1.2..1.35).contains(&r), "{r}");
     }
 
     fn ring() -> UtilRing {

@@ -15,7 +15,9 @@ pub const MAGIC: [u8; 8] = *b"SIMGPU\0\0";
 /// owner's pid namespace; the header has the lockers' generations.
 /// 9: the header says whether the devices are linked by NVLink (`Header::nvlink`).
 /// 10: kernels that wait for the clock (`ITEM_WAIT`, their deadline in `Item::arg`).
-pub const LAYOUT_VERSION: u32 = 10;
+/// 11: context switches take engine time (`SimConfig::switch_ns`, `EngineState::loaded`,
+/// `switch_left`, `switches`).
+pub const LAYOUT_VERSION: u32 = 11;
 
 /// Allocation granularity: every allocation takes whole 2 MiB granules.
 pub const GRANULE: u64 = 2 << 20;
@@ -48,6 +50,10 @@ pub const MAX_LOCKERS: usize = 2048;
 pub struct SimConfig {
     pub context_overhead: u64,
     pub timeslice_ns: u64,
+    /// Mean engine time a switch from one context to another takes (no kernel runs; NVML's
+    /// counters see it busy; it counts in the incoming context's time slice); each switch takes
+    /// between 0 and twice this.
+    pub switch_ns: u64,
     /// How often the simulated driver takes a per-process utilisation sample (NVML).
     pub util_sample_ns: u64,
     /// Wall-clock microseconds at monotonic 0, fixed at creation: NVML sample time stamps are
@@ -208,8 +214,14 @@ pub struct Event {
 pub struct EngineState {
     pub sim_time: u64,
     pub current: u32,
-    pub _pad: u32,
+    /// The context whose state is on the engine (the last one that ran), NONE at first: running
+    /// another takes a switch.
+    pub loaded: u32,
     pub slice_used: u64,
+    /// Engine time left of the switch to `current` under way.
+    pub switch_left: u64,
+    /// Switches so far (each one's length is drawn from this count).
+    pub switches: u64,
     pub busy_ns: u64,
     pub last_scan_ns: u64,
     pub active: [u64; MAX_CTXS / 64],

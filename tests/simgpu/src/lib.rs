@@ -18,7 +18,7 @@ pub mod state;
 pub use dev::{AllocId, Dev, OutOfMemory};
 pub use layout::{AllocKind, GRANULE};
 pub use snapshot::{DeviceSnap, ProcSnap, Snapshot};
-pub use state::{CreateOptions, DevGuard, ProcessSamples, ProcsGuard, State, StateError};
+pub use state::{CreateOptions, DevGuard, GpuKind, ProcessSamples, ProcsGuard, State, StateError};
 
 /// The variable through which the simulated driver finds its state file.
 pub const STATE_ENV: &str = "SIMGPU_STATE";

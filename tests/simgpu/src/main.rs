@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicI32, Ordering};
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
-use simgpu::{CreateOptions, ProcessSamples, STATE_ENV, State};
+use simgpu::{CreateOptions, GpuKind, ProcessSamples, STATE_ENV, State};
 
 #[derive(Parser)]
 #[command(
@@ -70,6 +70,10 @@ enum Cmd {
 
 #[derive(Args)]
 struct DeviceArgs {
+    /// A device of this kind: `h100` (NVIDIA H100 80GB HBM3, 79.2 GiB) or `h200` (NVIDIA H200,
+    /// 139.8 GiB), each with a 518 MiB context; the options below change it further
+    #[arg(long, value_name = "h100|h200", value_parser = GpuKind::parse)]
+    gpu: Option<GpuKind>,
     /// Number of devices [default: 1]
     #[arg(long)]
     devices: Option<u32>,
@@ -79,11 +83,15 @@ struct DeviceArgs {
     /// Hidden device memory each context takes, e.g. 300MiB [default: 300MiB]
     #[arg(long, value_parser = size)]
     context_overhead: Option<u64>,
-    /// Engine time slice between contexts, in microseconds [default: 2000]
+    /// Engine time slice between contexts, in microseconds [default: 1024]
     #[arg(long)]
     timeslice_us: Option<u64>,
-    /// How often the driver samples per-process utilisation for NVML, in milliseconds (a
-    /// multiple of 10, at most 1000) [default: 100]
+    /// Mean length of a switch between contexts, in microseconds (each takes 0 to twice this)
+    /// [default: 50]
+    #[arg(long)]
+    switch_us: Option<u64>,
+    /// How often the driver samples utilisation for NVML, in milliseconds (a multiple of 10, at
+    /// most 1000) [default: 200]
     #[arg(long)]
     util_sample_ms: Option<u64>,
     /// Streaming multiprocessors per device [default: 132]
@@ -120,16 +128,22 @@ fn size(s: &str) -> Result<u64, String> {
 
 impl DeviceArgs {
     fn explicit(&self) -> bool {
-        self.devices.is_some() || self.memory.is_some() || self.context_overhead.is_some()
+        self.gpu.is_some()
+            || self.devices.is_some()
+            || self.memory.is_some()
+            || self.context_overhead.is_some()
     }
 
     fn options(&self) -> CreateOptions {
-        let d = CreateOptions::default();
+        let d = self
+            .gpu
+            .map_or_else(CreateOptions::default, GpuKind::options);
         CreateOptions {
             devices: self.devices.unwrap_or(d.devices),
             memory: self.memory.unwrap_or(d.memory),
             context_overhead: self.context_overhead.unwrap_or(d.context_overhead),
             timeslice_ns: self.timeslice_us.map_or(d.timeslice_ns, |us| us * 1000),
+            switch_ns: self.switch_us.map_or(d.switch_ns, |us| us * 1000),
             util_sample_ns: self
                 .util_sample_ms
                 .map_or(d.util_sample_ns, |ms| ms.saturating_mul(1_000_000)),
@@ -284,11 +298,12 @@ fn show(state: &Path, json: bool) -> Result<()> {
     }
     use cuslice_policy::format_size as fs;
     println!(
-        "simgpu state {} (simulated; context overhead {}, time slice {} us, NVML utilisation \
-         sampled every {} ms)",
+        "simgpu state {} (simulated; context overhead {}, time slice {} us, switches {} us on \
+         average, NVML utilisation sampled every {} ms)",
         snap.state,
         fs(snap.context_overhead),
         snap.timeslice_ns / 1000,
+        snap.switch_ns / 1000,
         snap.util_sample_ns / 1_000_000
     );
     for d in &snap.devices {

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crate::clock::{self, MS};
-use crate::engine::busy_between;
+use crate::engine::{busy_between, splitmix64};
 use crate::layout::*;
 use crate::state::{ProcessSamples, State};
 
@@ -15,6 +15,7 @@ pub struct Snapshot {
     pub state: String,
     pub context_overhead: u64,
     pub timeslice_ns: u64,
+    pub switch_ns: u64,
     pub util_sample_ns: u64,
     pub devices: Vec<DeviceSnap>,
 }
@@ -76,6 +77,7 @@ impl State {
             state: self.path().display().to_string(),
             context_overhead: c.context_overhead,
             timeslice_ns: c.timeslice_ns,
+            switch_ns: c.switch_ns,
             util_sample_ns: c.util_sample_ns,
             devices,
         }
@@ -193,12 +195,16 @@ impl State {
         )
     }
 
-    /// Percent of the last second device `d` was busy.
+    /// Percent of the driver's last sample period (`util_sample_ns`, ended at a multiple of it)
+    /// device `d` was busy: what `nvmlDeviceGetUtilizationRates` reports, "over the past sample
+    /// period". The per-process samples of the same period carry the same figure.
     pub fn utilization(&self, d: u32) -> u32 {
+        let period = self.config().util_sample_ns.max(UTIL_BUCKET_NS);
         let mut g = self.lock_device(d);
         let now = g.advance_now();
-        let busy = busy_between(&g.dev().b.engine.util, now.saturating_sub(1000 * MS), now);
-        (busy * 100 / (1000 * MS)).min(100) as u32
+        let end = now / period * period;
+        let busy = busy_between(&g.dev().b.engine.util, end.saturating_sub(period), end);
+        (busy * 100 / period).min(100) as u32
     }
 
     pub fn now_wall_us() -> u64 {
@@ -226,15 +232,6 @@ fn one_per_period(busy: &[(u32, u64)], device: u64, period_no: u64) -> Vec<(u32,
         at -= b;
     }
     unreachable!("the draw is below the sum of the busy times")
-}
-
-/// A well-mixed 64-bit function of `x` (SplitMix64's output step): period numbers in a row
-/// give draws that look independent.
-fn splitmix64(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
 }
 
 #[cfg(test)]

@@ -66,9 +66,10 @@ pub enum StateError {
 pub enum ProcessSamples {
     /// NOT_SUPPORTED, as on MIG instances and some vGPU profiles.
     Off = 0,
-    /// What a real driver does (measured on an NVIDIA H200, driver 580): one sample per sample
-    /// period, naming one process (the one with the most busy time in the period) and giving
-    /// the device's utilisation over the period, not that process's own share.
+    /// What a real driver does (measured on an NVIDIA H200 and an H100, driver 580): one sample
+    /// per sample period, naming one process that ran (each with a chance in proportion to its
+    /// busy time in the period) and giving the device's utilisation over the period, not that
+    /// process's own share.
     OnePerPeriod = 1,
     /// One sample per process that ran in the period, each with that process's own share.
     PerProcess = 2,
@@ -104,6 +105,8 @@ pub struct CreateOptions {
     pub context_overhead: u64,
     pub sm_count: u32,
     pub timeslice_ns: u64,
+    /// Mean length of a context switch (see `SimConfig::switch_ns`).
+    pub switch_ns: u64,
     pub util_sample_ns: u64,
     /// How NVML gives per-process utilisation samples (see `Header::process_samples`).
     pub process_samples: ProcessSamples,
@@ -120,12 +123,54 @@ impl Default for CreateOptions {
             memory: 16 << 30,
             context_overhead: 300 << 20,
             sm_count: 132,
-            timeslice_ns: 2 * MS,
-            util_sample_ns: 100 * MS,
+            // The hardware's, as the calibration against H100 and H200 runs found them
+            // (docs/simgpu.md, "Calibration against hardware").
+            timeslice_ns: 1_024_000,
+            switch_ns: 50_000,
+            util_sample_ns: 200 * MS,
             process_samples: ProcessSamples::OnePerPeriod,
             nvlink: false,
             name: "SimGPU (simulated)".into(),
             driver_version: 13000,
+        }
+    }
+}
+
+/// A GPU whose runs on hardware simgpu was calibrated against (docs/simgpu.md, "Calibration
+/// against hardware"): `simgpu init --gpu KIND` makes a device that says what that GPU says of
+/// itself (name, memory as `cuMemGetInfo` gives it, a context's memory as NVML lists it). The
+/// engine's and NVML's timing are the defaults for every device: both kinds showed the same.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpuKind {
+    /// NVIDIA H100 80GB HBM3 (SXM), driver 580.159.04.
+    H100,
+    /// NVIDIA H200 (SXM), driver 580.159.04.
+    H200,
+}
+
+impl GpuKind {
+    pub fn parse(s: &str) -> Result<GpuKind, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "h100" => Ok(GpuKind::H100),
+            "h200" => Ok(GpuKind::H200),
+            _ => Err(format!("{s:?} is neither `h100` nor `h200`")),
+        }
+    }
+
+    /// The options of a device of this kind (the others as by default).
+    pub fn options(self) -> CreateOptions {
+        let (name, memory) = match self {
+            // cuMemGetInfo's total on the hardware (85017493504 and 150109880320 bytes), to
+            // whole granules.
+            GpuKind::H100 => ("NVIDIA H100 80GB HBM3", 40_539 * GRANULE),
+            GpuKind::H200 => ("NVIDIA H200", 71_577 * GRANULE),
+        };
+        CreateOptions {
+            memory,
+            // What NVML listed for a process with one context and nothing allocated.
+            context_overhead: 518 << 20,
+            name: name.into(),
+            ..CreateOptions::default()
         }
     }
 }
@@ -152,7 +197,7 @@ impl CreateOptions {
             return bad("--context-overhead must be smaller than --memory, e.g. 300MiB".into());
         }
         if self.timeslice_ns == 0 {
-            return bad("--timeslice must be positive, e.g. 2ms".into());
+            return bad("--timeslice-us must be positive, e.g. 1024".into());
         }
         if !self.util_sample_ns.is_multiple_of(UTIL_BUCKET_NS)
             || !(UTIL_BUCKET_NS..=1000 * MS).contains(&self.util_sample_ns)

@@ -86,8 +86,9 @@ fn two_processes_launching_1ms_kernels_get_half_the_device_each() {
 #[test]
 fn beside_another_process_spin_kernels_end_on_time_and_work_kernels_stretch() {
     let _turn = serial();
-    let sim = Sim::new(&[]);
-    // 3 ms kernels and 2 ms time slices: each kernel is switched out once, mid-way.
+    // 3 ms kernels and 2 ms time slices that switch at no cost: each kernel is switched out
+    // once, mid-way. (The default device's slices and switches are the hardware's: docs/simgpu.md.)
+    let sim = Sim::new(&["--timeslice-us", "2000", "--switch-us", "0"]);
     let run = |kernel| {
         let args = [
             "launch",

@@ -100,8 +100,9 @@ fn nvml_lists_versions_and_process_utilisation() {
             (1, std::process::id(), 300 << 20)
         );
 
-        // Busy for 400 ms: the process's SM utilisation over the last window is high.
-        let image = CString::new("kernel k 400000000\n").unwrap();
+        // Busy for 800 ms: the process's SM utilisation over the last sample period (200 ms)
+        // is high once a whole period has passed since the launch.
+        let image = CString::new("kernel k 800000000\n").unwrap();
         let (mut module, mut f) = (std::ptr::null_mut(), std::ptr::null_mut());
         assert_eq!(load(&mut module, image.as_ptr() as *const c_void), 0);
         assert_eq!(get_fn(&mut f, module, c"k".as_ptr()), 0);
@@ -121,7 +122,7 @@ fn nvml_lists_versions_and_process_utilisation() {
             ),
             0
         );
-        std::thread::sleep(std::time::Duration::from_millis(300));
+        std::thread::sleep(std::time::Duration::from_millis(500));
         let mut samples = [nvmlProcessUtilizationSample_t::default(); 4];
         let mut n: c_uint = 0;
         assert_eq!(util(dev, std::ptr::null_mut(), &mut n, 0), 7);

@@ -91,7 +91,8 @@ pub enum Scenario {
     #[command(long_about = "Launch the spin or work kernel for a while.\n\n\
         Launches --kernel (spin: waits on the device's clock; work: a fixed amount of arithmetic) \
         of --ns-per-block x --blocks ns each through --via, round-robin over --streams, with at \
-        most --depth in flight per stream, or --sync-every K: K launched, then all waited for. \
+        most --depth in flight per stream, or --sync-every K: K launched, then all waited for; \
+        with --idle-secs S, the first launch waits S seconds after the context is made. \
         With --progress-ms MS, every MS a `progress` line: mono_ns (CLOCK_MONOTONIC), completed \
         (kernels known done), launches, work_ns (completed x the ns each asks for); one more at \
         the end. \
@@ -493,8 +494,8 @@ mod tests {
             panic!()
         };
         assert_eq!(
-            (l.via, l.streams, l.depth, l.count),
-            (scenarios::Via::Kernel, 1, 4, Some(5))
+            (l.via, l.streams, l.depth, l.count, l.idle_secs),
+            (scenarios::Via::Kernel, 1, 4, Some(5), 0.0)
         );
     }
 

@@ -218,6 +218,11 @@ pub struct LaunchArgs {
     /// reader must then drain stdout as the run goes, or the workload blocks on a full pipe)
     #[arg(long, default_value_t = 0)]
     pub progress_ms: u64,
+    /// Seconds to wait, the context made and the kernel loaded, before the first launch (as a
+    /// framework does between making its context and its first kernels); --secs counts from the
+    /// first launch
+    #[arg(long, value_parser = parse_secs, default_value_t = 0.0)]
+    pub idle_secs: f64,
 }
 
 #[derive(Clone, Debug, Args)]

@@ -24,7 +24,7 @@ pub unsafe extern "C" fn nvmlSystemGetNVMLVersion(out: *mut c_char, len: c_uint)
     }))
 }
 
-/// Engine utilisation (percent of the last second busy) of device `i`.
+/// Engine utilisation (percent of the last sample period busy) of device `i`.
 fn busy(s: &State, i: u32) -> u32 {
     s.utilization(i).min(100)
 }

@@ -87,6 +87,7 @@ unsafe fn init_file(
         h.config = SimConfig {
             context_overhead: o.context_overhead,
             timeslice_ns: o.timeslice_ns,
+            switch_ns: o.switch_ns,
             util_sample_ns: o.util_sample_ns,
             wall_at_mono_zero_us: crate::clock::wall_us() - crate::clock::now_ns() / 1000,
             memory: o.memory,
@@ -122,6 +123,7 @@ unsafe fn init_file(
                 data_off: o.memory * d as u64,
             };
             b.engine.current = NONE;
+            b.engine.loaded = NONE;
             for c in b.ctxs.iter_mut() {
                 c.overhead = NONE;
             }

@@ -84,13 +84,17 @@ impl DevGuard<'_> {
     /// Returns now.
     pub fn advance_now(&mut self) -> u64 {
         let now = clock::now_ns();
-        let timeslice = self.state.config().timeslice_ns;
+        let c = self.state.config();
+        let sched = crate::engine::Sched {
+            timeslice_ns: c.timeslice_ns,
+            switch_ns: c.switch_ns,
+        };
         let last_scan = self.dev().b.engine.last_scan_ns;
         if now.saturating_sub(last_scan) >= SCAN_INTERVAL_NS && !self.dev().engine_idle() {
             self.dev().b.engine.last_scan_ns = now;
             self.reclaim_dead();
         }
-        self.dev().advance(now, timeslice);
+        self.dev().advance(now, sched);
         now
     }
 

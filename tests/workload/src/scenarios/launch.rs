@@ -163,6 +163,9 @@ pub fn launch(s: &Session, a: &LaunchArgs) -> Result<(), Failure> {
     let exec = graph.map_or(null_mut(), |(_, exec)| exec);
     let start = create_event(d, CU_EVENT_DEFAULT)?;
     let end = create_event(d, CU_EVENT_DEFAULT)?;
+    if a.idle_secs > 0.0 {
+        std::thread::sleep(Duration::from_secs_f64(a.idle_secs));
+    }
 
     // SAFETY: live event and stream.
     unsafe { d.cuEventRecord(start, streams[0]) }?;
