@@ -314,6 +314,25 @@ fn slice<'a>(view: &'a Value, id: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("{id} not in cuslice status: {view}"))
 }
 
+/// Two busy slices limited to 30, the previous release's (metered by NVML's samples) and this
+/// release's (taking turns), side by side: the previous one within 3 points of its limit; this
+/// one never more than 3 over it, and at least half of it (its turns are charged whole, and the
+/// driver time-slices the previous release's work into them).
+fn mixed_shares_hold(ids: &[&String; 2], got: &[f64], report: &[String]) {
+    assert!(
+        (got[0] - 30.0).abs() <= 3.0,
+        "{} got {:.1}%, limit 30: {report:?}",
+        ids[0],
+        got[0]
+    );
+    assert!(
+        (15.0..=33.0).contains(&got[1]),
+        "{} got {:.1}%, limit 30 (at least 15 beside the previous release's slice): {report:?}",
+        ids[1],
+        got[1]
+    );
+}
+
 /// Device time share (percent) of each host pid over `secs`, by the simulator's clock.
 fn shares(sim: &Sim, pids: &[i32], secs: u64) -> Vec<f64> {
     let a = (Instant::now(), device_times(sim));
@@ -457,19 +476,17 @@ fn an_upgrade_keeps_the_previous_releases_containers_capped_beside_new_ones() {
         assert!(held > GIB - 64 * MIB, "{id} refused early: it holds {held}");
     }
 
-    // Shares: each busy slice gets its limit, 30% of the device.
+    // Shares: the previous release's busy slice gets its limit, 30% of the device. This
+    // release's takes turns, which the previous release's work does not: the driver time-slices
+    // that work into its turns, which are charged whole (docs/upgrades.md). It never gets more
+    // than its limit, and at least half of it.
     let busy = [b.host_pid(), d.host_pid()];
     let got = shares(&sim, &busy, 6);
     report.push(format!(
         "{old_busy}: {:.1}%, {new_busy}: {:.1}% of device time (limit 30)",
         got[0], got[1]
     ));
-    for (id, s) in [&old_busy, &new_busy].iter().zip(&got) {
-        assert!(
-            (s - 30.0).abs() <= 3.0,
-            "{id} got {s:.1}%, limit 30: {report:?}"
-        );
-    }
+    mixed_shares_hold(&[&old_busy, &new_busy], &got, &report);
 
     // What this build's status says of both, and that the old one says which release it runs.
     let view = node.status(&sim);
@@ -611,12 +628,7 @@ fn an_upgrade_keeps_the_previous_releases_containers_capped_beside_new_ones() {
         "after the downgrade: {old_busy}: {:.1}%, {new_busy}: {:.1}% of device time (limit 30)",
         got[0], got[1]
     ));
-    for (id, s) in [&old_busy, &new_busy].iter().zip(&got) {
-        assert!(
-            (s - 30.0).abs() <= 3.0,
-            "{id} got {s:.1}%, limit 30: {report:?}"
-        );
-    }
+    mixed_shares_hold(&[&old_busy, &new_busy], &got, &report);
     // What the previous release's tools make of this release's slices: recorded, not judged
     // (that release is what it is; docs/upgrades.md says what to expect).
     let old_status = sim
