@@ -776,21 +776,24 @@ impl Turns {
                 s.board.renew_turn(s.d, until);
             }
             Step::Close => {
-                // Ended with launches held back (at the gate, or by the allowance) by its round,
-                // its tokens or someone first: the slice wants more than it got. One that ends
-                // with its last launches still running, none held back, was done launching.
-                let held_back = self.waiting.load(Ordering::Relaxed) > 0
-                    || g.queued.load(Ordering::Relaxed) >= g.allowed.load(Ordering::Relaxed);
-                let cut = held_back && quiet < g.quiet_ns.load(Ordering::Relaxed).max(QUIET_NS);
-                g.cut.store(u32::from(cut), Ordering::Relaxed);
-                if cut {
-                    self.throttled.fetch_add(1, Ordering::Relaxed);
-                } else {
-                    // It idled, or was done launching, at the end: its span says nothing of what
-                    // a launch costs.
+                // Ended with work left: its span is its launches' device time.
+                let cut = quiet < g.quiet_ns.load(Ordering::Relaxed).max(QUIET_NS);
+                if !cut {
+                    // It idled at the end: its span says nothing of what a launch costs.
                     g.dry
                         .store(g.number.load(Ordering::Relaxed), Ordering::Relaxed);
                 }
+                // Ended with launches held back (at the gate, or by the allowance) by its round,
+                // its tokens or someone first: the slice wants more than it got. One that ended
+                // with its last launches still running, none held back, was done launching: it
+                // is not throttled, and its next work may come after a lull.
+                let held_back = self.waiting.load(Ordering::Relaxed) > 0
+                    || g.queued.load(Ordering::Relaxed) >= g.allowed.load(Ordering::Relaxed);
+                let wanted_more = cut && held_back;
+                if wanted_more {
+                    self.throttled.fetch_add(1, Ordering::Relaxed);
+                }
+                g.cut.store(u32::from(wanted_more), Ordering::Relaxed);
                 let probe = std::mem::take(&mut l.probe);
                 drop(l);
                 self.streams.lock().free.extend(probe);

@@ -158,6 +158,9 @@ def settled_at(windows, want):
 
 
 ALONE_SECS = 4.0
+# A simulated H200: the time slicing, context switches and NVML sample period the hardware showed
+# (docs/simgpu.md, "Calibration against hardware").
+MODEL = ["--gpu", "h200"]
 ALONE_CACHE = os.environ.get("SHARE_ALONE_CACHE")
 RATES_ALONE = {}
 if ALONE_CACHE and os.path.exists(ALONE_CACHE):
@@ -174,7 +177,7 @@ def rate_alone(s):
     if key not in RATES_ALONE:
         work = tempfile.mkdtemp(prefix="cuslice-share-alone-")
         state = os.path.join(work, "state")
-        subprocess.run([SIMGPU, "init", "--state", state], check=True, capture_output=True)
+        subprocess.run([SIMGPU, "init", "--state", state, *MODEL], check=True, capture_output=True)
         env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD" and not k.startswith("CUSLICE_")}
         t0 = time.monotonic()
         ps = [subprocess.Popen([SIMGPU, "run", "--state", state, "--", *command(s, ALONE_SECS)], env=env,
@@ -200,7 +203,7 @@ def run(name, slices, expected, bare=False):
     work = tempfile.mkdtemp(prefix="cuslice-share-")
     state = os.path.join(work, "state")
     how = ["--no-process-samples"] if SAMPLES == "none" else ["--process-samples", SAMPLES]
-    subprocess.run([SIMGPU, "init", "--state", state, *how], check=True, capture_output=True)
+    subprocess.run([SIMGPU, "init", "--state", state, *MODEL, *how], check=True, capture_output=True)
     procs = []  # (slice index, Popen)
     for i, s in enumerate(slices):
         env = dict(os.environ, LD_PRELOAD=LIB, CUSLICE_NODE_DIR=os.path.join(work, "node"), **s["env"])
@@ -286,7 +289,7 @@ def fmt(x):
 
 
 def main(names, check=None, window_check=WINDOW_CHECK):
-    print(f"simulated device; {SAMPLES_SAID[SAMPLES]}; {SECS:g} s per scenario, shares over {SETTLE:g} s "
+    print(f"simulated H200 (1024 us slices, switches of 0-100 us); {SAMPLES_SAID[SAMPLES]}; {SECS:g} s per scenario, shares over {SETTLE:g} s "
           f"to the end; 1 ms fixed-work kernels unless named")
     print("judged: throughput (work completed over wall time, against the same loop's rate alone); the "
           "simulator's count of device time beside it (spin: judged by that count)")

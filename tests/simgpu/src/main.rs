@@ -71,7 +71,8 @@ enum Cmd {
 #[derive(Args)]
 struct DeviceArgs {
     /// A device of this kind: `h100` (NVIDIA H100 80GB HBM3, 79.2 GiB) or `h200` (NVIDIA H200,
-    /// 139.8 GiB), each with a 518 MiB context; the options below change it further
+    /// 139.8 GiB), each with a 518 MiB context and the hardware's timing (1024 us slices, 50 us
+    /// switches, 200 ms samples); the options below change it further
     #[arg(long, value_name = "h100|h200", value_parser = GpuKind::parse)]
     gpu: Option<GpuKind>,
     /// Number of devices [default: 1]
@@ -83,15 +84,15 @@ struct DeviceArgs {
     /// Hidden device memory each context takes, e.g. 300MiB [default: 300MiB]
     #[arg(long, value_parser = size)]
     context_overhead: Option<u64>,
-    /// Engine time slice between contexts, in microseconds [default: 1024]
+    /// Engine time slice between contexts, in microseconds [default: 2000; 1024 with --gpu]
     #[arg(long)]
     timeslice_us: Option<u64>,
     /// Mean length of a switch between contexts, in microseconds (each takes 0 to twice this)
-    /// [default: 50]
+    /// [default: 0; 50 with --gpu]
     #[arg(long)]
     switch_us: Option<u64>,
     /// How often the driver samples utilisation for NVML, in milliseconds (a multiple of 10, at
-    /// most 1000) [default: 200]
+    /// most 1000) [default: 100; 200 with --gpu]
     #[arg(long)]
     util_sample_ms: Option<u64>,
     /// Streaming multiprocessors per device [default: 132]

@@ -123,11 +123,11 @@ impl Default for CreateOptions {
             memory: 16 << 30,
             context_overhead: 300 << 20,
             sm_count: 132,
-            // The hardware's, as the calibration against H100 and H200 runs found them
-            // (docs/simgpu.md, "Calibration against hardware").
-            timeslice_ns: 1_024_000,
-            switch_ns: 50_000,
-            util_sample_ns: 200 * MS,
+            // The bare default's timing: 2 ms slices, switches that take nothing, samples every
+            // 100 ms. `--gpu h100|h200` gives the hardware's (HARDWARE_TIMING).
+            timeslice_ns: 2_000_000,
+            switch_ns: 0,
+            util_sample_ns: 100 * MS,
             process_samples: ProcessSamples::OnePerPeriod,
             nvlink: false,
             name: "SimGPU (simulated)".into(),
@@ -136,10 +136,15 @@ impl Default for CreateOptions {
     }
 }
 
+/// The engine's and NVML's timing as the calibration against H100 and H200 runs found them
+/// (docs/simgpu.md, "Calibration against hardware"): time slice, mean context switch, sample
+/// period. Both kinds showed the same.
+pub const HARDWARE_TIMING: (u64, u64, u64) = (1_024_000, 50_000, 200 * MS);
+
 /// A GPU whose runs on hardware simgpu was calibrated against (docs/simgpu.md, "Calibration
 /// against hardware"): `simgpu init --gpu KIND` makes a device that says what that GPU says of
-/// itself (name, memory as `cuMemGetInfo` gives it, a context's memory as NVML lists it). The
-/// engine's and NVML's timing are the defaults for every device: both kinds showed the same.
+/// itself (name, memory as `cuMemGetInfo` gives it, a context's memory as NVML lists it), with
+/// the hardware's timing (`HARDWARE_TIMING`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GpuKind {
     /// NVIDIA H100 80GB HBM3 (SXM), driver 580.159.04.
@@ -170,6 +175,9 @@ impl GpuKind {
             // What NVML listed for a process with one context and nothing allocated.
             context_overhead: 518 << 20,
             name: name.into(),
+            timeslice_ns: HARDWARE_TIMING.0,
+            switch_ns: HARDWARE_TIMING.1,
+            util_sample_ns: HARDWARE_TIMING.2,
             ..CreateOptions::default()
         }
     }
