@@ -278,7 +278,7 @@ def run(name, slices, expected, bare=False):
 
 
 SAMPLES_SAID = {
-    "one-per-period": "NVML samples every 200 ms, one a period naming one process (simgpu default)",
+    "one-per-period": "NVML samples every 200 ms, one a period naming one process (as a real driver gives them)",
     "per-process": "NVML samples every 200 ms, one per process",
     "none": "no per-process NVML samples (as on MIG)",
 }
