@@ -149,8 +149,11 @@ struct Lead {
     queued_seen: u64,
     quiet_since: u64,
     /// Events recorded on this process's streams at the last look while launches waited for the
-    /// allowance: all reached by the next look means the queue ran dry meanwhile.
+    /// allowance: all reached by the next look, with nothing launched since, means the queue ran
+    /// dry meanwhile.
     probe: Vec<Event>,
+    /// What the turn had queued when `probe` was recorded.
+    probed_queued: u64,
     /// Whether the turn's end counts from its first launch yet.
     anchored: bool,
 }
@@ -680,6 +683,7 @@ impl Turns {
                 queued_seen: 0,
                 quiet_since: now,
                 probe: Vec::new(),
+                probed_queued: 0,
                 anchored: false,
             };
         }
@@ -719,7 +723,7 @@ impl Turns {
             self.streams.lock().free.append(&mut l.probe);
             Probe::Pending
         } else {
-            self.probe(g, &mut l, launched || blocked)
+            self.probe(g, &mut l, queued, launched || blocked)
         };
         let ahead = ahead(s.priority, &rivals);
         // Beside a high-priority slice the queue runs dry by design (nothing is queued ahead):
@@ -827,10 +831,11 @@ impl Turns {
     }
 
     /// The holder's probe of its queue: whether the events recorded on this process's streams at
-    /// the last look are all reached (everything queued before then is done). `again`: record a
-    /// new probe (something was launched since, or launches wait for the allowance), else keep
-    /// watching the last one (or record one if there is none).
-    fn probe(&self, g: &Gate, l: &mut Lead, again: bool) -> Probe {
+    /// the last look are all reached and nothing was launched since (everything queued is done;
+    /// `queued`: what the turn has queued now). `again`: record a new probe (something was
+    /// launched since, or launches wait for the allowance), else keep watching the last one (or
+    /// record one if there is none).
+    fn probe(&self, g: &Gate, l: &mut Lead, queued: u64, again: bool) -> Probe {
         let mut st = self.streams.lock();
         let reached = (!l.probe.is_empty()).then(|| {
             let query = real::cuEventQuery();
@@ -851,8 +856,11 @@ impl Turns {
             // Nothing of this process's to watch in this turn, or work it cannot watch.
             return Probe::Unknown;
         }
+        // A launch since the last probe was recorded may have gone after its events.
+        let ran_dry = reached == Some(true) && l.probed_queued == queued;
         relax_capture_mode();
         let list = st.list.clone();
+        l.probed_queued = queued;
         for t in &list {
             match record_on(&mut st.free, t) {
                 Some(Recorded::Event(e)) => l.probe.push(e),
@@ -863,10 +871,11 @@ impl Turns {
                 }
             }
         }
-        match reached {
-            Some(true) => Probe::Done,
+        if ran_dry {
+            Probe::Done
+        } else {
             // Just recorded: its answer comes at the next look.
-            _ => Probe::Pending,
+            Probe::Pending
         }
     }
 
