@@ -247,8 +247,9 @@ impl Turns {
                     break;
                 }
                 if self.joined.load(Ordering::Relaxed) == n {
-                    // The turn's allowance is used up: its leader raises it as the turn runs.
-                    std::thread::sleep(Duration::from_nanos(LEAD_POLL_NS / 2));
+                    // The turn's allowance is used up: its leader raises it as the turn runs, and
+                    // wakes the gate's waiters when launches were held back.
+                    futex::wait(&g.open, 1, Duration::from_nanos(LEAD_POLL_NS / 2));
                     continue;
                 }
             }
@@ -818,6 +819,10 @@ impl Turns {
             allowed
         };
         g.allowed.store(allowed, Ordering::Relaxed);
+        if blocked && allowed > queued {
+            // Launches waited for the allowance: they go now, not at their next look.
+            futex::wake_all(&g.open);
+        }
         // Often beside a high-priority slice, or while a slice waits for this one to go quiet.
         // Launches held back with nothing queued ahead: look as often as a drain does.
         let poll = if ahead == 0 && queued >= allowed {
