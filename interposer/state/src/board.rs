@@ -141,6 +141,17 @@ impl Entry {
     }
 }
 
+/// A slice's claim on device `w` as others read it at `now`: the first entry of its claims file
+/// naming the device that a process of it refreshed within `STALE_NS`, with its index. An honest
+/// slice has one entry per device; a second naming the same device counts for nothing, so one
+/// claim is counted once by every reader, whatever the slice wrote.
+fn entry_on(c: &Claims, w: (u64, u64), now: u64) -> Option<(usize, &Entry)> {
+    c.entries
+        .iter()
+        .enumerate()
+        .find(|(_, e)| e.is(w) && recent(e.beat_ns.load(Ordering::Relaxed), now, STALE_NS))
+}
+
 /// Whether a time another process posted is recent at `now`: not older than `age`, and not
 /// further ahead than `AHEAD_NS`.
 fn recent(t: u64, now: u64, age: u64) -> bool {
@@ -588,20 +599,18 @@ impl Board {
     fn requests_on(&self, w: (u64, u64), now: u64) -> (u32, u32) {
         let (mut held, mut pending) = (0u32, 0u32);
         self.each_other(now, |o, c| {
-            for e in c.entries.iter() {
-                if !e.is(w) || !recent(e.beat_ns.load(Ordering::Relaxed), now, STALE_NS) {
-                    continue;
-                }
-                let (request, _, _) = o.grant.bound(
-                    e.request.load(Ordering::Relaxed),
-                    e.limit.load(Ordering::Relaxed),
-                    Priority::Low,
-                );
-                match e.state.load(Ordering::Relaxed) {
-                    HELD => held = held.saturating_add(request),
-                    PENDING => pending = pending.saturating_add(request),
-                    _ => {}
-                }
+            let Some((_, e)) = entry_on(c, w, now) else {
+                return;
+            };
+            let (request, _, _) = o.grant.bound(
+                e.request.load(Ordering::Relaxed),
+                e.limit.load(Ordering::Relaxed),
+                Priority::Low,
+            );
+            match e.state.load(Ordering::Relaxed) {
+                HELD => held = held.saturating_add(request),
+                PENDING => pending = pending.saturating_add(request),
+                _ => {}
             }
         });
         (held, pending)
@@ -790,13 +799,9 @@ impl Board {
         }
         let mut rivals = Vec::new();
         self.each_other(now, |o, c| {
-            for (i, e) in c.entries.iter().enumerate() {
-                if !e.is(w)
-                    || e.state.load(Ordering::Relaxed) != HELD
-                    || !recent(e.beat_ns.load(Ordering::Relaxed), now, STALE_NS)
-                {
-                    continue;
-                }
+            if let Some((i, e)) = entry_on(c, w, now)
+                && e.state.load(Ordering::Relaxed) == HELD
+            {
                 let (request, limit, priority) = o.grant.bound(
                     e.request.load(Ordering::Relaxed),
                     e.limit.load(Ordering::Relaxed),
@@ -827,8 +832,6 @@ impl Board {
                         priority,
                     });
                 }
-                // One entry per device is a slice's; a second one naming the same device is not.
-                break;
             }
         });
         let mut r = self.rivals.lock();
@@ -888,25 +891,94 @@ pub fn claims_on(node: &Path, uuid: &[u8; 16], except: u64) -> Vec<ClaimOn> {
             continue;
         }
         let grant = read_grant(&place.join(GRANT));
-        for e in c.entries.iter() {
-            let state = e.state.load(Ordering::Relaxed);
-            if e.is(w)
-                && (state == HELD || state == PENDING)
-                && recent(e.beat_ns.load(Ordering::Relaxed), now, STALE_NS)
-            {
-                let (request, _, _) = grant.bound(
-                    e.request.load(Ordering::Relaxed),
-                    e.limit.load(Ordering::Relaxed),
-                    Priority::Low,
-                );
-                out.push(ClaimOn {
-                    slice: id,
-                    request,
-                    grant,
-                });
-                break;
+        if let Some((_, e)) = entry_on(&c, w, now)
+            && matches!(e.state.load(Ordering::Relaxed), HELD | PENDING)
+        {
+            let (request, _, _) = grant.bound(
+                e.request.load(Ordering::Relaxed),
+                e.limit.load(Ordering::Relaxed),
+                Priority::Low,
+            );
+            out.push(ClaimOn {
+                slice: id,
+                request,
+                grant,
+            });
+        }
+    }
+    out
+}
+
+/// What is wrong in slice `slice`'s claims file at `path` (the slice writes it alone, so this is
+/// its own processes' doing), one line each: entries naming a device that an earlier entry names
+/// (they count for nothing), figures past the whole device or past the slice's grant (cut to it),
+/// a state no process posts, or a file that is not the slice's claims file (none of it counts).
+/// Entries nobody refreshed for `STALE_NS` are passed over. Empty when there is nothing to say
+/// or the file cannot be read.
+pub fn faults(path: &Path, slice: u64, grant: &Grant) -> Vec<String> {
+    let Some(f) = open_theirs(path) else {
+        return Vec::new();
+    };
+    let c = read_claims(&f);
+    if !valid(&c, slice) {
+        return vec![format!(
+            "{} is not a claims file of version {VERSION} for slice {slice:016x}: none of its claims count",
+            path.display()
+        )];
+    }
+    let now = now_ns();
+    let mut out = Vec::new();
+    let mut named: Vec<((u64, u64), usize, Vec<usize>)> = Vec::new();
+    for (i, e) in c.entries.iter().enumerate() {
+        if !recent(e.beat_ns.load(Ordering::Relaxed), now, STALE_NS) {
+            continue;
+        }
+        let w = (
+            e.uuid[0].load(Ordering::Relaxed),
+            e.uuid[1].load(Ordering::Relaxed),
+        );
+        match named.iter_mut().find(|(u, ..)| *u == w) {
+            Some((_, _, later)) => later.push(i),
+            None => named.push((w, i, Vec::new())),
+        }
+        let state = e.state.load(Ordering::Relaxed);
+        if !matches!(state, FREE | PENDING | HELD) {
+            out.push(format!(
+                "entry {i} is in state {state}, which no process posts"
+            ));
+        }
+        for (what, v, bound) in [
+            ("request", e.request.load(Ordering::Relaxed), grant.request),
+            ("limit", e.limit.load(Ordering::Relaxed), grant.limit),
+        ] {
+            if v > FULL {
+                out.push(format!(
+                    "entry {i} claims a core {what} of {} ppm, more than the whole device ({FULL})",
+                    v
+                ));
+            } else if v > bound {
+                out.push(format!(
+                    "entry {i} claims a core {what} of {}%, more than the {}% granted (counted as {}%)",
+                    pct(v),
+                    pct(bound),
+                    pct(bound)
+                ));
             }
         }
+    }
+    for ((a, b), first, later) in named {
+        if later.is_empty() {
+            continue;
+        }
+        let mut uuid = [0u8; 16];
+        uuid[..8].copy_from_slice(&a.to_be_bytes());
+        uuid[8..].copy_from_slice(&b.to_be_bytes());
+        let list: Vec<String> = later.iter().map(|i| i.to_string()).collect();
+        out.push(format!(
+            "entries {} name device {} as entry {first} does: only entry {first} counts",
+            list.join(", "),
+            crate::uuid_string(&uuid)
+        ));
     }
     out
 }

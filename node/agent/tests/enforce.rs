@@ -670,6 +670,80 @@ fn files_grown_past_their_size_are_found_and_cut_back() {
     Box::new(c).remove();
 }
 
+/// A tenant posts its one granted core request (20%) in five entries of its claims file: it
+/// counts once, so a container asking for 70% more is still admitted (with five counted it would
+/// be refused at `cuInit`), and the agent reports the claims, naming the container.
+#[test]
+fn a_claim_posted_five_times_counts_once_and_is_found() {
+    root_required();
+    let _serial = cuslice_test_harness::serial();
+    let sim = Sim::new(&["--memory", "8GiB"]);
+    let root = state_root();
+    let agent = Agent::start(&sim, root.path(), &["--enforce", "report"]);
+    let n = name("dupclaim");
+    let mut c = runc(
+        &sim,
+        root.path(),
+        &Spec {
+            name: &n,
+            env: &["CUSLICE_CORE_REQUEST=20"],
+            cmd: &[
+                "cuda-workload",
+                "tamper",
+                "--duplicate-claims",
+                "5",
+                "--secs",
+                "60",
+            ],
+            read_only: false,
+        },
+    );
+    let (tried, _) = engines::lines_until(&mut c, "ready");
+    let posted = tried
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["what"] == "duplicate-claim" && v["ok"] == true)
+        .count();
+    assert_eq!(posted, 5, "{tried:?}");
+    let other = name("after-dup");
+    let mut b = runc(
+        &sim,
+        root.path(),
+        &Spec {
+            name: &other,
+            env: &["CUSLICE_CORE_REQUEST=70"],
+            cmd: &[
+                "cuda-workload",
+                "launch",
+                "--ns-per-block",
+                "1000",
+                "--blocks",
+                "1",
+                "--secs",
+                "30",
+            ],
+            read_only: false,
+        },
+    );
+    engines::wait_for(&mut b, "start");
+    let f = poll("a claims finding", 15, || {
+        finding_of(root.path(), &n, "claims")
+    });
+    let m = f["message"].as_str().unwrap();
+    assert!(
+        m.contains("entries 1, 2, 3, 4 name device GPU-") && m.contains("only entry 0 counts"),
+        "{f}"
+    );
+    let line = agent.wait_log(
+        "claims on the compute board are not as cuslice posts them",
+        5,
+    );
+    assert!(line.contains(&n[..12]), "{line}");
+    assert!(finding_of(root.path(), &other, "claims").is_none());
+    Box::new(b).remove();
+    Box::new(c).remove();
+}
+
 /// `--enforce stop` leaves alone a slice the library already holds to its core limit: the
 /// driver's count agrees with the library's, so the agent finds nothing and freezes nothing.
 #[test]

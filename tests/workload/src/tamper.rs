@@ -28,6 +28,10 @@ pub struct TamperArgs {
     /// apportioned by, where the driver names one process a sample), instead of none
     #[arg(long)]
     pub forge_launched: bool,
+    /// Post the slice's one granted core request on its first device in this many entries of
+    /// its claims file, and keep them fresh
+    #[arg(long, default_value_t = 0)]
+    pub duplicate_claims: u32,
     /// Start this many more processes that initialise CUDA and stay (each takes whatever place
     /// a process takes in the node's compute arbitration)
     #[arg(long, default_value_t = 0)]
@@ -293,6 +297,71 @@ fn forge(
     })]
 }
 
+/// Posts the slice's granted request on its first device in `n` entries of its claims file,
+/// through the board's own door (each entry is admitted alone), and keeps them fresh.
+fn duplicate(
+    s: &Session<'_>,
+    root: &Path,
+    n: u32,
+    until: Instant,
+) -> Vec<std::thread::JoinHandle<()>> {
+    use cuslice_policy::priority::Priority;
+    use cuslice_state::board::{Board, Maker, Post, read_grant};
+    let ledger = root.join("slice/ledger");
+    let slice = match cuslice_state::ledger::Ledger::read(&ledger) {
+        Ok(l) => l.slice_id,
+        Err(e) => {
+            attempt(
+                "duplicate",
+                &ledger,
+                Err(std::io::Error::other(e.to_string())),
+            );
+            return Vec::new();
+        }
+    };
+    let board = match Board::open(&root.join("node"), slice, Maker::Hooked) {
+        Ok(b) => b,
+        Err(e) => {
+            attempt(
+                "duplicate",
+                &root.join("node"),
+                Err(std::io::Error::other(e.to_string())),
+            );
+            return Vec::new();
+        }
+    };
+    let Some(uuid) = devices(s).first().copied() else {
+        return Vec::new();
+    };
+    let grant = read_grant(&board.dir().join("grant"));
+    let place = board.dir().join("claims");
+    for d in 0..n {
+        let r = board.claim(d, &uuid, grant.request, grant.limit, Priority::Normal);
+        attempt(
+            "duplicate-claim",
+            &place,
+            r.map_err(|e| std::io::Error::other(e.to_string())),
+        );
+    }
+    vec![std::thread::spawn(move || {
+        while Instant::now() < until {
+            let now = crate::scenarios::monotonic_ns();
+            for d in 0..n {
+                let post = Post {
+                    request: grant.request,
+                    limit: grant.limit,
+                    priority: Priority::Normal,
+                    usage: 0,
+                    hungry_until: 0,
+                    active_ns: now,
+                };
+                board.post(d, &uuid, &post, now);
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    })]
+}
+
 /// The UUIDs of the devices the process sees.
 fn devices(s: &Session<'_>) -> Vec<[u8; 16]> {
     let d = s.d;
@@ -367,11 +436,14 @@ pub fn tamper(s: &Session<'_>, a: &TamperArgs) {
         survey(&a.root);
     }
     let mut held = Vec::new();
-    let forgers = if a.forge {
+    let mut forgers = if a.forge {
         forge(s, &a.root, until, a.forge_launched)
     } else {
         Vec::new()
     };
+    if a.duplicate_claims > 0 {
+        forgers.extend(duplicate(s, &a.root, a.duplicate_claims, until));
+    }
     let mut kids = if a.flood > 0 {
         flood(a.flood, a.secs + 5.0)
     } else {

@@ -260,3 +260,60 @@ fn a_standalone_slice_leaves_and_its_leftovers_are_swept() {
     );
     assert!(!c.exists());
 }
+
+#[test]
+fn a_claim_written_several_times_counts_once_and_is_reported() {
+    let node = tempfile::tempdir().unwrap();
+    let a = standalone(node.path(), 1, grant(200_000, FULL, Priority::Normal));
+    // A posts its one granted request of 20% in five entries naming the same device.
+    for d in 0..5 {
+        a.claim(d, &UUID, 200_000, FULL, Priority::Normal).unwrap();
+    }
+    let claims = slice_dir(node.path(), 1).join(CLAIMS);
+    let faults = faults(&claims, 1, &grant(200_000, FULL, Priority::Normal));
+    assert_eq!(
+        faults,
+        vec![format!(
+            "entries 1, 2, 3, 4 name device {} as entry 0 does: only entry 0 counts",
+            crate::uuid_string(&UUID)
+        )]
+    );
+    // Every reader counts it once: `cuslice set`'s sum, admission and the views.
+    assert_eq!(requested(node.path(), &UUID, 0), 200_000);
+    let b = standalone(node.path(), 2, grant(FULL, FULL, Priority::Normal));
+    b.claim(0, &UUID, 800_000, FULL, Priority::Normal).unwrap();
+    post(&a, 200_000, FULL, Priority::Normal, 100_000);
+    let now = now_ns();
+    let views = b.views(0, &UUID, now, 0);
+    assert_eq!(views.iter().filter(|v| v.slice == 1).count(), 1);
+    assert_eq!(b.rivals(0, &UUID).len(), 1);
+}
+
+#[test]
+fn figures_past_the_grant_and_a_foreign_file_are_reported() {
+    let node = tempfile::tempdir().unwrap();
+    let g = grant(200_000, 500_000, Priority::Normal);
+    let a = standalone(node.path(), 1, g.clone());
+    a.claim(0, &UUID, 200_000, 500_000, Priority::Normal)
+        .unwrap();
+    let claims = slice_dir(node.path(), 1).join(CLAIMS);
+    assert!(faults(&claims, 1, &g).is_empty());
+    post(&a, 300_000, 2 * FULL, Priority::Normal, 0);
+    assert_eq!(
+        faults(&claims, 1, &g),
+        vec![
+            "entry 0 claims a core request of 30%, more than the 20% granted (counted as 20%)"
+                .to_string(),
+            format!(
+                "entry 0 claims a core limit of {} ppm, more than the whole device ({FULL})",
+                2 * FULL
+            ),
+        ]
+    );
+    let e = faults(&claims, 2, &g);
+    assert_eq!(e.len(), 1);
+    assert!(
+        e[0].contains("is not a claims file of version 1 for slice 0000000000000002"),
+        "{e:?}"
+    );
+}

@@ -447,6 +447,7 @@ impl Verifier {
                 Kind::Compute => "back within its core limit",
                 Kind::Ledger => "ledger matches the driver again",
                 Kind::Files => "its files are their size again",
+                Kind::Claims => "its claims on the compute board are as cuslice posts them again",
             };
             log(&format!(
                 "slice {} on {}: {what} (after {:.1} s)",
@@ -459,4 +460,45 @@ impl Verifier {
             f.since = self.tracker.since(k).unwrap_or(now);
         }
     }
+}
+
+/// A slice whose claims on the compute board say what no honest process of it posts (a device
+/// claimed in several entries, figures past its grant, a file not its own): reported, nothing
+/// done. Every reader counts such claims once or not at all (`cuslice_state::board::faults`), so
+/// they harm nobody; the finding names the container that wrote them.
+pub(super) fn check_claims(
+    state_root: &std::path::Path,
+    slices: &BTreeMap<String, Arc<Slice>>,
+) -> Vec<(Key, Finding)> {
+    use cuslice_state::board;
+    let mut found = Vec::new();
+    for (id, s) in slices {
+        let Some(slice) = s.place else { continue };
+        let Ok(p) = fs::read(Root::new(state_root).dir(id).join("board")) else {
+            continue;
+        };
+        let place = PathBuf::from(std::ffi::OsString::from_vec(p));
+        let grant = board::read_grant(&place.join(board::GRANT));
+        let faults = board::faults(&place.join(board::CLAIMS), slice, &grant);
+        if faults.is_empty() {
+            continue;
+        }
+        found.push((
+            Key {
+                slice: id.clone(),
+                uuid: "-".into(),
+                kind: Kind::Claims,
+            },
+            Finding {
+                message: format!(
+                    "{}'s claims on the compute board are not as cuslice posts them (they count \
+                     once or not at all): {}",
+                    s.label(),
+                    faults.join("; ")
+                ),
+                ..finding(s, "-", Kind::Claims, Vec::new(), "none".into())
+            },
+        ));
+    }
+    found
 }

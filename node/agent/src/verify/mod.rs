@@ -63,6 +63,9 @@ enum Kind {
     /// A file of the slice's that its processes write (its ledger, its claims on the compute
     /// board) larger than cuslice makes it: written past its end, using the host's memory.
     Files,
+    /// The slice's claims on the compute board say what no honest process posts: a device claimed
+    /// twice, figures past its grant, a file not its own. Readers count them once or not at all.
+    Claims,
 }
 
 impl Kind {
@@ -72,6 +75,7 @@ impl Kind {
             Kind::Compute => "compute",
             Kind::Ledger => "ledger",
             Kind::Files => "files",
+            Kind::Claims => "claims",
         }
     }
 }
@@ -486,6 +490,7 @@ impl Verifier {
         };
         let mut found = self.check_memory(&slices, &holders.held, &ledger_used, &limits, at);
         found.extend(self.check_files(&slices));
+        found.extend(check::check_claims(&self.cfg.state_root, &slices));
         self.forget(&slices, &holders, at);
         found.extend(self.check_compute(&slices, &usage, &limits, at.now));
         self.log_changes(&mut found, at.now);
