@@ -670,6 +670,85 @@ fn files_grown_past_their_size_are_found_and_cut_back() {
     Box::new(c).remove();
 }
 
+/// A tenant reserves space past the end of its files without changing their sizes (`fallocate`
+/// keeping the size: on a tmpfs `/run` that is the host's memory, and a size check sees nothing):
+/// the agent finds it by the blocks the files hold and, under `--enforce stop`, frees it (the
+/// kernel's count of the files' blocks).
+#[test]
+fn space_reserved_past_the_end_of_files_is_found_and_freed() {
+    use std::os::unix::fs::MetadataExt;
+    root_required();
+    let _serial = cuslice_test_harness::serial();
+    let sim = Sim::new(&["--memory", "8GiB"]);
+    let root = state_root();
+    let agent = Agent::start(&sim, root.path(), &["--enforce", "stop"]);
+    let n = name("falloc");
+    let mut c = runc(
+        &sim,
+        root.path(),
+        &Spec {
+            name: &n,
+            env: &["CUSLICE_MEMORY_LIMIT=1GiB"],
+            cmd: &[
+                "cuda-workload",
+                "tamper",
+                "--fallocate-mib",
+                "64",
+                "--secs",
+                "60",
+            ],
+            read_only: false,
+        },
+    );
+    let (tried, _) = engines::lines_until(&mut c, "ready");
+    let reserved = tried
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["what"] == "fallocate" && v["ok"] == true)
+        .count();
+    assert_eq!(
+        reserved, 3,
+        "it reserves past its ledger, its claims and its turns: {tried:?}"
+    );
+    let state = root.path().join("containers").join(&n);
+    let place = PathBuf::from(std::fs::read_to_string(state.join("board")).unwrap());
+    let files = [
+        (
+            state.join("mnt/slice/ledger"),
+            cuslice_state::ledger::file_size(),
+        ),
+        (
+            place.join(cuslice_state::board::CLAIMS),
+            cuslice_state::board::SIZE as u64,
+        ),
+        (
+            place.join(cuslice_state::board::turns::FILE),
+            cuslice_state::board::turns::SIZE as u64,
+        ),
+    ];
+    let f = poll("a files finding", 15, || {
+        finding_of(root.path(), &n, "files")
+    });
+    assert!(
+        f["message"].as_str().unwrap().contains("allocated for"),
+        "{f}"
+    );
+    assert_eq!(f["action"], "cut back to their size", "{f}");
+    // By the kernel's count: the sizes never changed, and what was reserved is freed.
+    poll("the reserved space freed", 10, || {
+        files
+            .iter()
+            .all(|(path, size)| {
+                let m = std::fs::metadata(path).unwrap();
+                m.len() == *size && m.blocks() * 512 <= size.next_multiple_of(1 << 20)
+            })
+            .then_some(())
+    });
+    let line = agent.wait_log("wrote past the end of their files", 5);
+    assert!(line.contains(&n[..12]), "{line}");
+    Box::new(c).remove();
+}
+
 /// A tenant posts its one granted core request (20%) in five entries of its claims file: it
 /// counts once, so a container asking for 70% more is still admitted (with five counted it would
 /// be refused at `cuInit`), and the agent reports the claims, naming the container.

@@ -44,6 +44,10 @@ pub struct TamperArgs {
     /// its claims): the host's memory, where those files live
     #[arg(long, default_value_t = 0)]
     pub grow_mib: u64,
+    /// Allocate this many MiB past the end of every file it can write under --root without
+    /// changing the file's size (`fallocate` with `FALLOC_FL_KEEP_SIZE`)
+    #[arg(long, default_value_t = 0)]
+    pub fallocate_mib: u64,
     /// How long to keep it up after `ready`
     #[arg(long, value_parser = parse_secs, default_value = "0")]
     pub secs: f64,
@@ -179,6 +183,37 @@ fn grow(root: &Path, mib: u64) {
             .open(&path)
             .and_then(|f| (0..mib).try_for_each(|i| f.write_all_at(&chunk, m.len() + (i << 20))));
         attempt("grow", &path, r);
+    }
+}
+
+/// Allocates `mib` MiB past the end of every regular file under `root` this process can write,
+/// keeping each file's size.
+fn fallocate_past_end(root: &Path, mib: u64) {
+    use std::os::fd::AsRawFd;
+    for (path, m) in everything(root) {
+        if !m.is_file() || !can_write(&path, &m) {
+            continue;
+        }
+        let r = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .and_then(|f| {
+                // SAFETY: fallocate on a file descriptor we own, with plain integer arguments.
+                let rc = unsafe {
+                    libc::fallocate(
+                        f.as_raw_fd(),
+                        libc::FALLOC_FL_KEEP_SIZE,
+                        m.len() as libc::off_t,
+                        (mib << 20) as libc::off_t,
+                    )
+                };
+                if rc == 0 {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::last_os_error())
+                }
+            });
+        attempt("fallocate", &path, r);
     }
 }
 
@@ -454,6 +489,9 @@ pub fn tamper(s: &Session<'_>, a: &TamperArgs) {
     }
     if a.grow_mib > 0 {
         grow(&a.root, a.grow_mib);
+    }
+    if a.fallocate_mib > 0 {
+        fallocate_past_end(&a.root, a.fallocate_mib);
     }
     emit("ready", json!({}));
     std::thread::sleep(until.saturating_duration_since(Instant::now()));

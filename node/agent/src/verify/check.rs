@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fs;
 use std::os::unix::ffi::OsStringExt;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -16,6 +16,10 @@ use cuslice_policy::format_size;
 use cuslice_state::host::Root;
 
 use super::holders::{Holders, Measured};
+
+/// What a slice's file may hold beyond its size rounded up to this, before it counts as grown:
+/// file systems allocate in blocks and may keep a little ahead.
+const ALLOCATED_SLACK: u64 = 1 << 20;
 use super::slices::short;
 use super::{CapState, Key, Kind, Slice, Verifier, finding, join, log, round1};
 use crate::Enforce;
@@ -165,8 +169,10 @@ impl Verifier {
         found
     }
 
-    // The files a slice's processes may write: no larger than cuslice makes them. Under
-    // `stop`, cut back to that size (the slice's own mappings never reach past it).
+    // The files a slice's processes may write: no larger than cuslice makes them, by their size
+    // and by the space they hold. Under `stop`, cut back to that size (the slice's own mappings
+    // never reach past it; truncating to the size a file has also frees what was reserved past
+    // its end, on tmpfs as on ext4).
     pub(super) fn check_files(
         &mut self,
         slices: &BTreeMap<String, Arc<Slice>>,
@@ -197,10 +203,22 @@ impl Verifier {
                 let Ok(m) = fs::symlink_metadata(&path) else {
                     continue;
                 };
-                if !m.is_file() || m.len() <= want {
+                // Space allocated past the end (`fallocate` keeping the size) is the host's
+                // memory too, though the size does not show it: by the blocks the file holds.
+                let allocated = m.blocks().saturating_mul(512);
+                let room = want.next_multiple_of(ALLOCATED_SLACK) + ALLOCATED_SLACK;
+                if !m.is_file() || (m.len() <= want && allocated <= room) {
                     continue;
                 }
-                let mut what = format!("{} is {} bytes, not {want}", path.display(), m.len());
+                let mut what = if m.len() > want {
+                    format!("{} is {} bytes, not {want}", path.display(), m.len())
+                } else {
+                    format!(
+                        "{} holds {} allocated for {want} bytes (space reserved past its end)",
+                        path.display(),
+                        format_size(allocated)
+                    )
+                };
                 if self.cfg.enforce == Enforce::Stop && !known {
                     what.push_str(" (not cut: a ledger format this release does not read)");
                 } else if self.cfg.enforce == Enforce::Stop {
