@@ -277,6 +277,9 @@ pub fn create(opts: &Options, state_json: &str) -> Result<Outcome, String> {
         ledger_version: Some(cuslice_state::ledger::VERSION),
     };
     root.write_record(&record).map_err(|e| {
+        // Without its record no later hook knows what this one made in the rootfs (which other
+        // containers may share): it goes now, with the rest.
+        unmake(&record.rootfs, &record.created);
         root.remove(id, &[], &unmake);
         format!("cannot write {}: {e}", root.dir(id).display())
     })?;

@@ -102,6 +102,102 @@ fn rootfs_left_as_it_was() {
     assert!(!b.path.join("rootfs/etc").exists());
 }
 
+/// A start that fails after the hook made its mount points in the image (its state root full,
+/// so that its record cannot be written) leaves the image as it was: nothing stays behind in a
+/// rootfs other containers may share. The state root is a tmpfs of its own whose inodes run out
+/// one step later at each start, until a start succeeds.
+#[test]
+fn a_start_that_fails_late_leaves_the_rootfs_as_it_was() {
+    root_required();
+    let sim = Sim::new(&["--memory", "8GiB"]);
+    let state = tempfile::tempdir().unwrap();
+    let dir = state.path().to_str().unwrap().to_string();
+    let sh = |args: &[&str]| {
+        let out = Command::new(args[0]).args(&args[1..]).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    sh(&[
+        "mount",
+        "-t",
+        "tmpfs",
+        "-o",
+        "size=64m",
+        "cuslice-test",
+        &dir,
+    ]);
+    struct Unmount(String);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").args(["-l", &self.0]).status();
+        }
+    }
+    let _unmount = Unmount(dir.clone());
+    let run = |n: &str| {
+        let b = bundle(
+            &sim,
+            &Spec {
+                name: n,
+                env: &["CUSLICE_MEMORY_LIMIT=1GiB"],
+                cmd: &["true"],
+                read_only: false,
+            },
+            &["--state-root", &dir],
+        );
+        let before = listing(&b.path.join("rootfs"));
+        let out = Command::new("runc")
+            .args(["run", n])
+            .current_dir(&b.path)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let _ = Command::new("runc").args(["delete", "--force", n]).output();
+        let extra = not_runcs(&sim, &before, &listing(&b.path.join("rootfs")));
+        (out, extra)
+    };
+    // One start first, so that what every container shares is made.
+    let (out, _) = run(&name("late-first"));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let used = || {
+        let f = sh(&["stat", "-f", "-c", "%c %d", &dir]);
+        let (total, free) = f.split_once(' ').unwrap();
+        total.parse::<u64>().unwrap() - free.parse::<u64>().unwrap()
+    };
+    let mut late = 0;
+    for more in 0..24 {
+        let n = name("late");
+        sh(&[
+            "mount",
+            "-o",
+            &format!("remount,nr_inodes={}", used() + more),
+            &dir,
+        ]);
+        let (out, extra) = run(&n);
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(
+            extra.is_empty(),
+            "with {more} inodes free: left in the image: {extra:?}; {err}"
+        );
+        if out.status.success() {
+            break;
+        }
+        assert!(err.contains("No space left on device"), "{err}");
+        // Its record, the last thing a start writes.
+        if err.contains(&format!("cannot write {dir}/containers/{n}:")) {
+            late += 1;
+        }
+    }
+    assert!(late > 0, "no start failed writing its record");
+}
+
 /// An image's own /etc/ld.so.preload entries are kept, after the interposer, which comes first.
 #[test]
 fn image_preload_entries_kept() {
