@@ -1,7 +1,10 @@
 //! Makes the slice visible inside the container: bind mounts made in the container's mount
 //! namespace (which the hook enters with setns, and leaves again), before the runtime pivots into
-//! the rootfs and before it remounts a read-only rootfs read-only. Nothing is mounted in the
-//! host's namespace, so nothing needs unmounting: the mounts die with the container.
+//! the rootfs and before it remounts a read-only rootfs read-only. The mounts die with the
+//! container. On the host there is one: the container's `mnt/slice` is a tmpfs of its own
+//! (`Root::create`, `host::slice_space`), made after the container's mount namespace was, so it
+//! is not seen there: a clone of it (`open_tree`, taken in the host's namespace) is attached in
+//! the container's, and a clone of its ledger over the ledger.
 //!
 //! | in the container | from the host | |
 //! |---|---|---|
@@ -84,10 +87,16 @@ pub fn image_preload(pid: i32, rootfs: &Path) -> Result<String, String> {
 /// Makes the mounts. Returns the mount points it had to create in the rootfs (relative to it,
 /// outermost first). On failure it removes those again and says what failed.
 pub fn inject(plan: &Plan<'_>) -> Result<Vec<String>, String> {
+    // The slice's own space, and its ledger, as the host's namespace has them.
+    let own = [plan.mnt.join("slice"), plan.mnt.join("slice/ledger")];
+    let [space, ledger] = own.map(|p| {
+        clone_tree(&p).map_err(|e| format!("cannot take the slice's state at {}: {e}", p.display()))
+    });
+    let trees = (space?, ledger?);
     in_container(plan.pid, || {
         let r = Rootfs::open(plan.rootfs).map_err(|e| format!("{}: {e}", plan.rootfs.display()))?;
         let mut created = Vec::new();
-        match mount_all(&r, plan, &mut created) {
+        match mount_all(&r, plan, trees, &mut created) {
             Ok(()) => Ok(created),
             Err(e) => {
                 for rel in created.iter().rev() {
@@ -99,7 +108,12 @@ pub fn inject(plan: &Plan<'_>) -> Result<Vec<String>, String> {
     })
 }
 
-fn mount_all(r: &Rootfs, plan: &Plan<'_>, created: &mut Vec<String>) -> Result<(), String> {
+fn mount_all(
+    r: &Rootfs,
+    plan: &Plan<'_>,
+    (space, ledger): (OwnedFd, OwnedFd),
+    created: &mut Vec<String>,
+) -> Result<(), String> {
     let cant_make = |what: &str, e: std::io::Error| {
         format!(
             "cannot make the mount point /{what} in the container's rootfs {} ({e}); an image with an empty /{what} would not need it",
@@ -125,14 +139,31 @@ fn mount_all(r: &Rootfs, plan: &Plan<'_>, created: &mut Vec<String>) -> Result<(
     };
     let own_claims = own(cuslice_state::board::CLAIMS);
     let own_turns = own(cuslice_state::board::turns::FILE);
-    let binds: [(PathBuf, &str, bool); 10] = [
-        (plan.skeleton.to_path_buf(), in_rootfs(CONTAINER_DIR), true),
-        (plan.mnt.join("slice"), in_rootfs(CONTAINER_SLICE_DIR), true),
+    bind(r, plan.skeleton, in_rootfs(CONTAINER_DIR), true).map_err(|e| {
+        format!(
+            "cannot mount {} at /{}: {e}",
+            plan.skeleton.display(),
+            in_rootfs(CONTAINER_DIR)
+        )
+    })?;
+    for (tree, what, target, read_only) in [
         (
+            space,
+            plan.mnt.join("slice"),
+            in_rootfs(CONTAINER_SLICE_DIR),
+            true,
+        ),
+        (
+            ledger,
             plan.mnt.join("slice/ledger"),
             in_rootfs(CONTAINER_LEDGER),
             false,
         ),
+    ] {
+        attach(r, tree, target, read_only)
+            .map_err(|e| format!("cannot mount {} at /{target}: {e}", what.display()))?;
+    }
+    let binds: [(PathBuf, &str, bool); 7] = [
         // Read-only: every slice reads the board; the files of it this container writes are its
         // own claims and turns, mounted read-write over their place in it.
         (
@@ -183,6 +214,57 @@ fn bind(r: &Rootfs, source: &Path, target: &str, read_only: bool) -> std::io::Re
         MsFlags::MS_BIND,
         None::<&str>,
     )?;
+    limit(r, target, read_only)
+}
+
+/// A detached clone of the mount at `path` (a bind mount of it, for a file), as the caller's
+/// mount namespace has it: to be attached in another (`attach`).
+fn clone_tree(path: &Path) -> std::io::Result<OwnedFd> {
+    use std::ffi::CString;
+    use std::os::fd::FromRawFd;
+    use std::os::unix::ffi::OsStrExt;
+    let p = CString::new(path.as_os_str().as_bytes()).map_err(std::io::Error::other)?;
+    // SAFETY: open_tree(2) with a NUL-terminated path that outlives the call; it returns a new
+    // file descriptor, or -1.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_open_tree,
+            libc::AT_FDCWD,
+            p.as_ptr(),
+            libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor open_tree just returned, owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Attaches the detached mount `tree` (`clone_tree`) at `target` in the rootfs.
+fn attach(r: &Rootfs, tree: OwnedFd, target: &str, read_only: bool) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let at: OwnedFd = r.target(target)?;
+    // SAFETY: move_mount(2) between two descriptors we hold, with empty paths (the descriptors
+    // themselves), which outlive the call.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            at.as_raw_fd(),
+            c"".as_ptr(),
+            libc::MOVE_MOUNT_F_EMPTY_PATH | libc::MOVE_MOUNT_T_EMPTY_PATH,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    limit(r, target, read_only)
+}
+
+/// Makes the mount at `target` nosuid, nodev and, where asked, read-only.
+fn limit(r: &Rootfs, target: &str, read_only: bool) -> std::io::Result<()> {
     // Open the target again: the new handle is on the mount just made, not what it covers.
     let at = r.target(target)?;
     let mut flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;

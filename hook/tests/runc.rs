@@ -198,6 +198,94 @@ fn a_start_that_fails_late_leaves_the_rootfs_as_it_was() {
     assert!(late > 0, "no start failed writing its record");
 }
 
+/// A tenant that writes far past its ledger's end fills its own space (a tmpfs of
+/// `slice_space()`), not the state root's: with the state root a 64 MiB tmpfs (as `/run` is a
+/// tmpfs on most hosts), containers started beside it all start and run.
+#[test]
+fn a_tenant_filling_its_ledger_leaves_room_for_other_containers() {
+    root_required();
+    let sim = Sim::new(&["--memory", "8GiB"]);
+    let state = tempfile::tempdir().unwrap();
+    let dir = state.path().to_str().unwrap().to_string();
+    let out = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=64m", "cuslice-test", &dir])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    struct Unmount(String);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").args(["-l", &self.0]).status();
+        }
+    }
+    let _unmount = Unmount(dir.clone());
+    let n = name("fill-ledger");
+    let mut c = RuncContainer::start(
+        &sim,
+        &Spec {
+            name: &n,
+            env: &["CUSLICE_MEMORY_LIMIT=1GiB"],
+            cmd: &[
+                "cuda-workload",
+                "tamper",
+                "--grow-mib",
+                "96",
+                "--secs",
+                "60",
+            ],
+            read_only: false,
+        },
+        &["--state-root", &dir],
+    );
+    let (tried, _) = engines::lines_until(&mut c, "ready");
+    let ledger = tried
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v["what"] == "grow" && v["path"] == "/run/cuslice/slice/ledger")
+        .unwrap_or_else(|| panic!("{tried:?}"));
+    assert_eq!(ledger["ok"], false, "{ledger}");
+    assert!(
+        ledger["error"]
+            .as_str()
+            .unwrap()
+            .contains("No space left on device"),
+        "{ledger}"
+    );
+    for i in 0..5 {
+        let other = name(&format!("beside-fill-{i}"));
+        let b = bundle(
+            &sim,
+            &Spec {
+                name: &other,
+                env: &["CUSLICE_MEMORY_LIMIT=1GiB"],
+                cmd: &["cat", "/run/cuslice/slice/config"],
+                read_only: false,
+            },
+            &["--state-root", &dir],
+        );
+        let out = Command::new("runc")
+            .args(["run", &other])
+            .current_dir(&b.path)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let _ = Command::new("runc")
+            .args(["delete", "--force", &other])
+            .output();
+        assert!(
+            out.status.success()
+                && String::from_utf8_lossy(&out.stdout).contains("CUSLICE_MEMORY_LIMIT=1GiB"),
+            "container {i} beside the filled ledger: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Box::new(c).remove();
+}
+
 /// An image's own /etc/ld.so.preload entries are kept, after the interposer, which comes first.
 #[test]
 fn image_preload_entries_kept() {

@@ -23,7 +23,8 @@
 //!   <id>/board                               the path of the container's place on the node's
 //!                                            compute board (below), removed with the container
 //!   <id>/mnt/                       (0755)
-//!     slice/                        (0755)   mounted read-only at /run/cuslice/slice
+//!     slice/                        (0755)   a tmpfs of its own (`slice_space`), mounted
+//!                                            read-only at /run/cuslice/slice
 //!       config                      (0644)   the authoritative limits
 //!       ledger                      (0666)   the slice's memory ledger (the one writable file)
 //!     ld.so.preload                 (0644)   bind-mounted read-only at /etc/ld.so.preload
@@ -89,6 +90,60 @@ pub type Unmake<'a> = &'a dyn Fn(&Path, &[String]);
 const RECORD: &str = "record.json";
 /// In a container's directory: the path of its place on the compute board.
 const BOARD: &str = "board";
+
+/// How much of the host's memory a container's own directory `mnt/slice` (its config and its
+/// ledger, the one file of it the container writes) may take: it is a tmpfs of its own this
+/// large, the ledger's size rounded up to a MiB and a MiB more. A tenant that writes past its
+/// ledger's end, or reserves space past it, fills its own space and nobody else's: the state
+/// root's file system, which the agent and every new container's start use, is not touched.
+pub fn slice_space() -> u64 {
+    const MIB: u64 = 1 << 20;
+    crate::ledger::file_size().next_multiple_of(MIB) + MIB
+}
+
+/// Mounts a tmpfs of `slice_space()` at `dir` (the container's `mnt/slice`).
+fn mount_space(dir: &Path) -> io::Result<()> {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let target = CString::new(dir.as_os_str().as_bytes()).map_err(io::Error::other)?;
+    let options = CString::new(format!("size={},nr_inodes=16,mode=0755", slice_space()))
+        .map_err(io::Error::other)?;
+    // SAFETY: NUL-terminated strings that outlive the call; no data pointer beyond the options.
+    let rc = unsafe {
+        libc::mount(
+            c"cuslice-slice".as_ptr(),
+            target.as_ptr(),
+            c"tmpfs".as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            options.as_ptr().cast(),
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        let e = io::Error::last_os_error();
+        Err(io::Error::new(
+            e.kind(),
+            format!(
+                "cannot mount the slice's own space (a tmpfs) at {}: {e}",
+                dir.display()
+            ),
+        ))
+    }
+}
+
+/// Detaches whatever is mounted at `dir` (a container's `mnt/slice`), if anything: before its
+/// directory is deleted or moved.
+fn unmount_space(dir: &Path) {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(target) = CString::new(dir.as_os_str().as_bytes()) else {
+        return;
+    };
+    // SAFETY: a NUL-terminated path that outlives the call. Not a mount point (a container of a
+    // release before the slice's own space), or gone: EINVAL or ENOENT, and nothing to do.
+    unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH | libc::UMOUNT_NOFOLLOW) };
+}
 
 /// What `Root::create` made for a container.
 pub struct Made {
@@ -289,10 +344,11 @@ impl Root {
     /// `grant`, replacing any leftover of the same id. Requires the lock.
     pub fn create(&self, id: &str, config: &str, node: &Path, grant: &Grant) -> io::Result<Made> {
         let dir = self.dir(id);
+        let mnt = self.mnt(id);
         if dir.exists() {
+            unmount_space(&mnt.join("slice"));
             fs::remove_dir_all(&dir)?;
         }
-        let mnt = self.mnt(id);
         // Each path is made once with its final mode, and written once: nothing else can see
         // the directory before its record exists (a directory without one is a hook's half-made
         // work, see `sweep`), so no temporary files and renames are needed until the record.
@@ -302,6 +358,7 @@ impl Root {
             make_dir(&dir, 0o755)?;
             make_dir(&mnt, 0o755)?;
             make_dir(&mnt.join("slice"), 0o755)?;
+            mount_space(&mnt.join("slice"))?;
             write_new(&mnt.join("slice/config"), config.as_bytes(), 0o644)?;
             // ld.so.preload is written when the mounts are made, from the image's own file
             // (the hook's inject.rs). Every process in the container updates the ledger and its claims,
@@ -328,6 +385,7 @@ impl Root {
             Ok((slice, claims)) => Ok(Made { mnt, slice, claims }),
             Err(e) => {
                 self.remove_place(id);
+                unmount_space(&mnt.join("slice"));
                 let _ = fs::remove_dir_all(&dir);
                 Err(e)
             }
@@ -352,6 +410,7 @@ impl Root {
     pub fn remove(&self, id: &str, live: &[Record], unmake: Unmake<'_>) {
         self.remove_mount_points(id, live, unmake);
         self.remove_place(id);
+        unmount_space(&self.mnt(id).join("slice"));
         let _ = fs::remove_dir_all(self.dir(id));
     }
 
@@ -365,6 +424,7 @@ impl Root {
         self.remove_mount_points(id, live, unmake);
         // At once: the other slices stop counting its claims.
         self.remove_place(id);
+        unmount_space(&self.mnt(id).join("slice"));
         let dir = self.dir(id);
         let to = self.trash().join(format!("{id}.{}", std::process::id()));
         let moved = make_dir(&self.trash(), 0o700)
@@ -385,6 +445,7 @@ impl Root {
             return;
         };
         for e in dir.flatten() {
+            unmount_space(&e.path().join("mnt/slice"));
             let _ = fs::remove_dir_all(e.path());
         }
     }
