@@ -282,6 +282,57 @@ pub fn forged_claims_take_nothing(engine: &dyn Engine) {
     );
 }
 
+/// A tenant granted a core request of 20% posts it in five entries of its claims file (each
+/// admitted alone): it counts once, so a container asking for 70% more is admitted and runs
+/// (with every entry counted, the device was 100% requested and it was refused at `cuInit`).
+pub fn duplicate_claims_count_once(engine: &dyn Engine) {
+    let sim = Sim::new(&["--memory", "8GiB"]);
+    let mut tenant = spawn(
+        engine,
+        &sim,
+        "dupclaims",
+        &["CUSLICE_CORE_REQUEST=20"],
+        "exec cuda-workload tamper --duplicate-claims 5 --secs 60",
+    );
+    let (tried, _) = within(tenant.as_mut(), "ready", 60)
+        .unwrap_or_else(|| panic!("the tenant did not get ready: {}", tenant.stderr()));
+    let posted = tried
+        .iter()
+        .filter(|v| v["what"] == "duplicate-claim" && v["ok"] == true)
+        .count();
+    let other = engine.run(
+        &sim,
+        &Spec {
+            name: &name("after-dup"),
+            env: &["CUSLICE_CORE_REQUEST=70"],
+            cmd: &[
+                "cuda-workload",
+                "launch",
+                "--ns-per-block",
+                "1000",
+                "--blocks",
+                "10",
+                "--secs",
+                "0",
+                "--count",
+                "10",
+            ],
+            read_only: false,
+        },
+    );
+    tenant.remove();
+    assert_eq!(
+        posted, 5,
+        "the tenant posted its claim in {posted} entries: {tried:?}"
+    );
+    assert!(
+        other.status.success(),
+        "a container with CUSLICE_CORE_REQUEST=70 beside a request of 20 posted five times was \
+         not admitted: {}",
+        String::from_utf8_lossy(&other.stderr)
+    );
+}
+
 /// A tenant with only a memory cap claims the whole of every device, always wanting more, and says
 /// its launches took the whole device too (the figure by which a period the driver names one
 /// process for is shared out). Two slices at core limits 30 and 70 beside it, both busy, with the
@@ -699,6 +750,11 @@ macro_rules! hostile_scenarios {
         fn hostile_forged_time_in_flight_lowers_no_neighbours_cost() {
             $crate::root_required();
             $crate::hostile::forged_time_in_flight_beside_long_kernels($engine);
+        }
+        #[test]
+        fn hostile_a_claim_posted_five_times_counts_once() {
+            $crate::root_required();
+            $crate::hostile::duplicate_claims_count_once($engine);
         }
         #[test]
         fn hostile_replaced_or_locked_state_hangs_nobody() {
