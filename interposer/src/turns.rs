@@ -249,7 +249,9 @@ impl Turns {
                 if self.joined.load(Ordering::Relaxed) == n {
                     // The turn's allowance is used up: its leader raises it as the turn runs, and
                     // wakes the gate's waiters when launches were held back.
+                    g.held.fetch_add(1, Ordering::AcqRel);
                     futex::wait(&g.open, 1, Duration::from_nanos(LEAD_POLL_NS / 2));
+                    g.held.fetch_sub(1, Ordering::AcqRel);
                     continue;
                 }
             }
@@ -788,12 +790,13 @@ impl Turns {
                     g.dry
                         .store(g.number.load(Ordering::Relaxed), Ordering::Relaxed);
                 }
-                // Ended with launches held back (at the gate, or by the allowance) by its round,
-                // its tokens or someone first: the slice wants more than it got. One that ended
-                // with its last launches still running, none held back, was done launching: it
-                // is not throttled, and its next work may come after a lull.
-                let held_back = self.waiting.load(Ordering::Relaxed) > 0
-                    || g.queued.load(Ordering::Relaxed) >= g.allowed.load(Ordering::Relaxed);
+                // Ended with launches held back (at the gate, or waiting for the allowance) by its
+                // round, its tokens or someone first: the slice wants more than it got. One that
+                // ended with its last launches still running, none held back, was done launching
+                // (a turn planned short after a lull may end before a kernel of its does): it is
+                // not throttled, and its next work may come after a lull.
+                let held_back =
+                    self.waiting.load(Ordering::Relaxed) > 0 || g.held.load(Ordering::Relaxed) > 0;
                 let wanted_more = cut && held_back;
                 if wanted_more {
                     self.throttled.fetch_add(1, Ordering::Relaxed);

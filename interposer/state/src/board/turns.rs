@@ -79,6 +79,9 @@ pub struct Gate {
     /// gives way to), 0 when it ended with nothing left to run: then its next wait comes after a
     /// lull, and is urgent (`turn::Class`).
     pub cut: AtomicU32,
+    /// Launching threads of the slice's processes that wait for the open turn's allowance to be
+    /// raised (in what was padding: a file of an earlier build has 0 there).
+    pub held: AtomicU32,
     /// When turn `number` was closed (0 while open).
     pub closed_ns: AtomicU64,
     /// How long the slice's gaps between bursts of work have proved (ns): its holder waits that
@@ -88,6 +91,9 @@ pub struct Gate {
     /// the take (the launching threads' wake-up is nobody's device time).
     pub started_ns: AtomicU64,
 }
+
+// The words fill two cache lines; a new one takes padding, never the size (the file's format).
+const _: () = assert!(std::mem::size_of::<Gate>() == 128);
 
 #[repr(C)]
 pub(super) struct Turns {
