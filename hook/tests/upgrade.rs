@@ -652,6 +652,33 @@ fn an_upgrade_keeps_the_previous_releases_containers_capped_beside_new_ones() {
         Box::new(k).remove();
     }
     f.remove();
+    // This release's containers stopped under the previous release: its poststop does not know
+    // to detach their own space, so each leaves its directory with that tmpfs in it
+    // (docs/upgrades.md, "Downgrade"). This release's sweep detaches and removes them.
+    let spaces = || -> Vec<String> {
+        let root = node.root.canonicalize().unwrap().display().to_string();
+        std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4))
+            .filter(|m| m.starts_with(&root))
+            .map(str::to_string)
+            .collect()
+    };
+    report.push(format!(
+        "own spaces left by the previous release's poststop: {:?}",
+        spaces()
+    ));
+    output_of(
+        Command::new(bin_dir().join("cuslice-hook"))
+            .args(["sweep", "--state-root", Node::arg(&node.root)])
+            .args(["--node-dir", Node::arg(&node.node_dir)]),
+    );
+    assert!(
+        spaces().is_empty(),
+        "left mounted after this release's sweep: {:?}",
+        spaces()
+    );
     let out = output_of(
         Command::new(bin_dir().join("cuslice"))
             .args(["uninstall", "--engine", "podman", "--prefix"])
