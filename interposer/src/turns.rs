@@ -937,15 +937,18 @@ impl Turns {
         }
         st.list = list;
         let query = real::cuEventQuery();
-        while !recorded.is_empty() && now_ns() < deadline {
-            recorded.retain(|e| {
+        // The events not reached yet (indices into `recorded`, which keeps them all: every one
+        // goes back to the free list, reached or not).
+        let mut waiting: Vec<usize> = (0..recorded.len()).collect();
+        while !waiting.is_empty() && now_ns() < deadline {
+            waiting.retain(|&i| {
                 let Some(q) = query else { return false };
                 // SAFETY: an event this library created and recorded; a context destroyed
                 // meanwhile (`forget_ctx` waits for this drain) is not.
-                let r = unsafe { q(e.event as CUevent) };
+                let r = unsafe { q(recorded[i].event as CUevent) };
                 r == CUresult::CUDA_ERROR_NOT_READY
             });
-            if !recorded.is_empty() {
+            if !waiting.is_empty() {
                 std::thread::sleep(Duration::from_nanos(DRAIN_POLL_NS));
             }
         }

@@ -52,6 +52,8 @@ pub struct ProcSnap {
     /// Engine time the process's work used.
     pub device_time_ns: u64,
     pub contexts: u32,
+    /// Events the process has created and not destroyed (the device has `MAX_EVENTS` in all).
+    pub events: u32,
     pub oom_refusals: u64,
     /// `held` split by what holds it ("mem", "context", "pool", ...).
     pub by_kind: BTreeMap<&'static str, u64>,
@@ -112,6 +114,12 @@ impl State {
                     peak: p.peak,
                     device_time_ns: p.device_time_ns,
                     contexts: p.contexts,
+                    events: dev
+                        .b
+                        .events
+                        .iter()
+                        .filter(|e| e.state != EVENT_FREE && e.owner == s)
+                        .count() as u32,
                     oom_refusals: p.oom_refusals,
                     by_kind: by_owner.remove(&s).unwrap_or_default(),
                 }
