@@ -102,6 +102,37 @@ fn rootfs_left_as_it_was() {
     assert!(!b.path.join("rootfs/etc").exists());
 }
 
+/// A state root of its own: a 64 MiB tmpfs (as `/run` is on most hosts) on a temporary
+/// directory, detached again when dropped.
+struct TmpfsRoot(tempfile::TempDir);
+
+impl TmpfsRoot {
+    fn new() -> TmpfsRoot {
+        let dir = tempfile::tempdir().unwrap();
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=64m", "cuslice-test"])
+            .arg(dir.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        TmpfsRoot(dir)
+    }
+
+    fn path(&self) -> String {
+        self.0.path().to_str().unwrap().to_string()
+    }
+}
+
+impl Drop for TmpfsRoot {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(self.0.path()).status();
+    }
+}
+
 /// A start that fails after the hook made its mount points in the image (its state root full,
 /// so that its record cannot be written) leaves the image as it was: nothing stays behind in a
 /// rootfs other containers may share. The state root is a tmpfs of its own whose inodes run out
@@ -110,8 +141,8 @@ fn rootfs_left_as_it_was() {
 fn a_start_that_fails_late_leaves_the_rootfs_as_it_was() {
     root_required();
     let sim = Sim::new(&["--memory", "8GiB"]);
-    let state = tempfile::tempdir().unwrap();
-    let dir = state.path().to_str().unwrap().to_string();
+    let state = TmpfsRoot::new();
+    let dir = state.path();
     let sh = |args: &[&str]| {
         let out = Command::new(args[0]).args(&args[1..]).output().unwrap();
         assert!(
@@ -121,22 +152,6 @@ fn a_start_that_fails_late_leaves_the_rootfs_as_it_was() {
         );
         String::from_utf8_lossy(&out.stdout).trim().to_string()
     };
-    sh(&[
-        "mount",
-        "-t",
-        "tmpfs",
-        "-o",
-        "size=64m",
-        "cuslice-test",
-        &dir,
-    ]);
-    struct Unmount(String);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = Command::new("umount").args(["-l", &self.0]).status();
-        }
-    }
-    let _unmount = Unmount(dir.clone());
     let run = |n: &str| {
         let b = bundle(
             &sim,
@@ -205,24 +220,8 @@ fn a_start_that_fails_late_leaves_the_rootfs_as_it_was() {
 fn a_tenant_filling_its_ledger_leaves_room_for_other_containers() {
     root_required();
     let sim = Sim::new(&["--memory", "8GiB"]);
-    let state = tempfile::tempdir().unwrap();
-    let dir = state.path().to_str().unwrap().to_string();
-    let out = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=64m", "cuslice-test", &dir])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    struct Unmount(String);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = Command::new("umount").args(["-l", &self.0]).status();
-        }
-    }
-    let _unmount = Unmount(dir.clone());
+    let state = TmpfsRoot::new();
+    let dir = state.path();
     let n = name("fill-ledger");
     let mut c = RuncContainer::start(
         &sim,

@@ -273,22 +273,9 @@ fn forge(
     use cuslice_policy::priority::Priority;
     use cuslice_policy::share::FULL;
     use cuslice_policy::turn::{self, Turn};
-    use cuslice_state::board::{Board, Maker, Post};
-    let ledger = root.join("slice/ledger");
-    let slice = match cuslice_state::ledger::Ledger::read(&ledger) {
-        Ok(l) => l.slice_id,
-        Err(e) => {
-            attempt("forge", &ledger, Err(std::io::Error::other(e.to_string())));
-            return Vec::new();
-        }
-    };
-    let node = root.join("node");
-    let board = match Board::open(&node, slice, Maker::Hooked) {
-        Ok(b) => b,
-        Err(e) => {
-            attempt("forge", &node, Err(std::io::Error::other(e.to_string())));
-            return Vec::new();
-        }
+    use cuslice_state::board::Post;
+    let Some(board) = own_board(root, "forge") else {
+        return Vec::new();
     };
     let uuids = devices(s);
     let place = board.dir().join("claims");
@@ -332,6 +319,28 @@ fn forge(
     })]
 }
 
+/// The container's own place on the node's board, as its processes open it (its slice's id from
+/// its ledger); None, reported as attempt `what`, when it cannot be opened.
+fn own_board(root: &Path, what: &str) -> Option<cuslice_state::board::Board> {
+    use cuslice_state::board::{Board, Maker};
+    let ledger = root.join("slice/ledger");
+    let slice = match cuslice_state::ledger::Ledger::read(&ledger) {
+        Ok(l) => l.slice_id,
+        Err(e) => {
+            attempt(what, &ledger, Err(std::io::Error::other(e.to_string())));
+            return None;
+        }
+    };
+    let node = root.join("node");
+    match Board::open(&node, slice, Maker::Hooked) {
+        Ok(b) => Some(b),
+        Err(e) => {
+            attempt(what, &node, Err(std::io::Error::other(e.to_string())));
+            None
+        }
+    }
+}
+
 /// Posts the slice's granted request on its first device in `n` entries of its claims file,
 /// through the board's own door (each entry is admitted alone), and keeps them fresh.
 fn duplicate(
@@ -341,29 +350,9 @@ fn duplicate(
     until: Instant,
 ) -> Vec<std::thread::JoinHandle<()>> {
     use cuslice_policy::priority::Priority;
-    use cuslice_state::board::{Board, Maker, Post, read_grant};
-    let ledger = root.join("slice/ledger");
-    let slice = match cuslice_state::ledger::Ledger::read(&ledger) {
-        Ok(l) => l.slice_id,
-        Err(e) => {
-            attempt(
-                "duplicate",
-                &ledger,
-                Err(std::io::Error::other(e.to_string())),
-            );
-            return Vec::new();
-        }
-    };
-    let board = match Board::open(&root.join("node"), slice, Maker::Hooked) {
-        Ok(b) => b,
-        Err(e) => {
-            attempt(
-                "duplicate",
-                &root.join("node"),
-                Err(std::io::Error::other(e.to_string())),
-            );
-            return Vec::new();
-        }
+    use cuslice_state::board::{Post, read_grant};
+    let Some(board) = own_board(root, "duplicate") else {
+        return Vec::new();
     };
     let Some(uuid) = devices(s).first().copied() else {
         return Vec::new();
