@@ -560,6 +560,85 @@ impl Window {
     }
 }
 
+// ---- compute: what the driver's one sample a period names -----------------------------------
+
+/// Under one sample a period the driver names one process a stamp, each in proportion to its
+/// busy time (as an H200 on driver 580 did, docs/gpu/), with the device's figure. A slice's
+/// named share (the busy time of the stamps naming its processes, over the time the stamps
+/// stand for) is then an unbiased estimate of its share of the device, which nobody else can
+/// raise: a tenant's processes are named only for their own busy time. Its error is that of a
+/// proportion over the stamps counted (at most 0.5 / sqrt(stamps)), so it is judged over a
+/// long window, with at least `NAMED_MIN_STAMPS`, and only far beyond the limit.
+pub const NAMED_WINDOW_NS: u64 = 30 * S;
+/// Stamps the window needs before its estimate is judged: its error is then at most 5 points
+/// (one standard deviation; 4.1 at 150 stamps, a full window at a stamp every 200 ms), so
+/// `NAMED_OVER_PCT` is 4 to 5 of them.
+pub const NAMED_MIN_STAMPS: u64 = 100;
+/// A slice is over its limit by the samples that name it when its named share exceeds the limit
+/// by more than this (points)...
+pub const NAMED_OVER_PCT: f64 = 20.0;
+/// ...and no longer once it is back within this.
+pub const NAMED_BACK_PCT: f64 = 10.0;
+
+/// The stamps of one device that named a slice, over the last `NAMED_WINDOW_NS`.
+#[derive(Debug, Clone, Default)]
+pub struct Named {
+    /// (end of the step, ns; busy time of the stamps that named the slice; the time the
+    /// device's stamps stand for; how many stamps the device gave), oldest first.
+    steps: VecDeque<(u64, u64, u64, u64)>,
+}
+
+/// What the named stamps say of a slice.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct NamedShare {
+    /// The slice's named share of the device (0-1).
+    pub share: f64,
+    /// Stamps counted, and the time they stand for (ns).
+    pub stamps: u64,
+    pub cover_ns: u64,
+}
+
+impl Named {
+    /// Adds the step ending at `now_ns`: `named_ns` of busy time in stamps that named the
+    /// slice, out of `stamps` stamps standing for `cover_ns`.
+    pub fn add(&mut self, now_ns: u64, named_ns: u64, cover_ns: u64, stamps: u64) {
+        self.steps.push_back((now_ns, named_ns, cover_ns, stamps));
+        while let Some(&(end, ..)) = self.steps.front() {
+            if now_ns.saturating_sub(end) < NAMED_WINDOW_NS {
+                break;
+            }
+            self.steps.pop_front();
+        }
+    }
+
+    /// The slice's named share over the window; None while the stamps are too few to judge.
+    pub fn share(&self) -> Option<NamedShare> {
+        let (named, cover, stamps) = self
+            .steps
+            .iter()
+            .fold((0u64, 0u64, 0u64), |(n, c, k), s| (n + s.1, c + s.2, k + s.3));
+        (stamps >= NAMED_MIN_STAMPS && cover > 0).then(|| NamedShare {
+            share: (named as f64 / cover as f64).min(1.0),
+            stamps,
+            cover_ns: cover,
+        })
+    }
+}
+
+/// Whether the stamps that name a slice put it over its core limit `limit_pct`, given whether
+/// they did at the last look.
+pub fn named_over(named: Option<NamedShare>, limit_pct: f64, was_over: bool) -> bool {
+    let Some(n) = named else {
+        return was_over;
+    };
+    let share = n.share * 100.0;
+    if was_over {
+        share > limit_pct + NAMED_BACK_PCT
+    } else {
+        share > limit_pct + NAMED_OVER_PCT
+    }
+}
+
 /// Whether a slice with core limit `limit_pct` is over it, given what its window says and
 /// whether it was over at the last look (so a slice near the line does not flap).
 pub fn compute_over(usage: Option<Usage>, limit_pct: f64, was_over: bool) -> bool {

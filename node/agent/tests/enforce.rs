@@ -1714,6 +1714,116 @@ fn stop_holds_a_bypass_beside_an_honest_slice_by_the_bound() {
     }
 }
 
+/// One sample a period (simgpu's default, as a real driver): a slice with a core limit of 30
+/// whose workload goes around the library, flat out beside two honest slices at 30 and 20
+/// taking turns through it, and a slice with only a memory cap holding memory. The bounds
+/// cannot say anything (a slice without a core limit is on the device, and may have used any
+/// of its busy time); the stamps that name the bypass's process can: the driver names it in
+/// proportion to its busy time, far beyond its limit. It is found and held by freezing; the
+/// honest slices get no finding, and more of the device than beside it unheld.
+#[test]
+fn stop_holds_a_bypass_beside_honest_slices_taking_turns_by_the_stamps_that_name_it() {
+    root_required();
+    let _serial = cuslice_test_harness::serial();
+    let sim = Sim::new(&["--memory", "8GiB"]);
+    let root = state_root();
+    let agent = Agent::start(&sim, root.path(), &["--enforce", "stop"]);
+    let start = |n: &str, limit: &str, around: bool| {
+        let mut cmd = vec!["cuda-workload"];
+        if around {
+            cmd.extend(["--route", "bypass"]);
+        }
+        cmd.extend(["launch", "--ns-per-block", "1000000", "--blocks", "1", "--secs", "120"]);
+        runc(
+            &sim,
+            root.path(),
+            &Spec {
+                name: n,
+                env: &[limit],
+                cmd: &cmd,
+                read_only: false,
+            },
+        )
+    };
+    let (bad, h30, h20, mem) = (
+        name("bypass30"),
+        name("honest30"),
+        name("honest20"),
+        name("memonly"),
+    );
+    let mut m = runc(
+        &sim,
+        root.path(),
+        &Spec {
+            name: &mem,
+            env: &["CUSLICE_MEMORY_LIMIT=1GiB"],
+            cmd: &["cuda-workload", "hold", "--bytes", "256MiB", "--secs", "120"],
+            read_only: false,
+        },
+    );
+    engines::wait_for(&mut m, "holding");
+    let mut a = start(&h30, "CUSLICE_CORE_LIMIT=30", false);
+    let mut c = start(&h20, "CUSLICE_CORE_LIMIT=20", false);
+    let mut b = start(&bad, "CUSLICE_CORE_LIMIT=30", true);
+    for x in [&mut a, &mut c, &mut b] {
+        engines::wait_for(x, "start");
+    }
+    let pids = [b.host_pid(), a.host_pid(), c.host_pid()];
+    // Each share (%) by the simulator's count over `secs`, with the findings against the
+    // honest slices meanwhile (every 0.5 s).
+    let mut against_honest = Vec::new();
+    let mut shares = |secs: u64| {
+        let before = pids.map(|p| truth(&sim, p).1);
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(secs) {
+            for x in findings(root.path())
+                .and_then(|f| f["findings"].as_array().cloned())
+                .unwrap_or_default()
+            {
+                if x["slice"] != bad.as_str() {
+                    against_honest.push(x);
+                }
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        let ns = t0.elapsed().as_nanos() as f64;
+        let after = pids.map(|p| truth(&sim, p).1);
+        [0, 1, 2].map(|i| (after[i] - before[i]) as f64 / ns * 100.0)
+    };
+    // Unheld while the stamps are too few to judge (the window needs 100 at a stamp every
+    // 100 ms).
+    let unheld = shares(6);
+    let line = agent.wait_log("over its core limit", 60);
+    eprintln!("{line}");
+    assert!(
+        line.contains(&bad[..12]) && line.contains("samples that name it"),
+        "{line}"
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let held = shares(10);
+    let f = findings(root.path()).unwrap();
+    eprintln!(
+        "bypass (limit 30) / honest (limit 30) / honest (limit 20) by the simulator's count: \
+         {:.1} / {:.1} / {:.1}% unheld over 6 s, {:.1} / {:.1} / {:.1}% held over 10 s; \
+         actions {}",
+        unheld[0],
+        unheld[1],
+        unheld[2],
+        held[0],
+        held[1],
+        held[2],
+        f["actions"]
+    );
+    assert!(against_honest.is_empty(), "{:#?}", against_honest.first());
+    assert!(f["actions"]["freezes"].as_u64().unwrap() > 0, "{f}");
+    assert!(held[0] < unheld[0], "the bypass was not held: {held:?} {unheld:?}");
+    assert!(held[1] + held[2] > unheld[1] + unheld[2], "{held:?} {unheld:?}");
+    drop(agent);
+    for x in [a, b, c, m] {
+        Box::new(x).remove();
+    }
+}
+
 fn bypass_beside_honest(model: &str) {
     let samples: &[&str] = if model == "none" {
         &["--no-process-samples"]

@@ -314,7 +314,7 @@ impl Verifier {
             // guessed.
             let span_s = u.span_ns as f64 / 1e9;
             match bounded.map(|b| b.last) {
-                Some(judge::Bound::Unbounded) => {
+                Some(judge::Bound::Unbounded) if bounded.is_some_and(|b| b.named.is_none()) => {
                     notes.insert(
                         (id.clone(), uuid.clone()),
                         format!(
@@ -328,6 +328,9 @@ impl Verifier {
                 }
                 Some(judge::Bound::Shared(_))
                     if bounded.is_some_and(|b| b.beyond * 100.0 > judge::BACK_PCT)
+                        && !usage.values().any(|m| {
+                            m.3.is_some_and(|b| b.named.is_some())
+                        })
                         && u.span_ns >= judge::MIN_HISTORY_NS =>
                 {
                     let b = bounded.expect("matched");
@@ -352,6 +355,7 @@ impl Verifier {
             }
             let by = match bounded {
                 None => "by the driver's count".to_string(),
+                Some(b) if b.named.is_some() => "by the driver's samples that name it".to_string(),
                 Some(_) => "by the lower bound the driver establishes".to_string(),
             };
             // Only figures measured: the driver's device time (or the bound it establishes),
@@ -390,6 +394,26 @@ impl Verifier {
                             u.demand * 100.0,
                             join(pids)
                         ),
+                        Some(b) if b.named.is_some() => {
+                            let n = b.named.expect("matched");
+                            format!(
+                                "{} used {:.1}% of {uuid} over the last {span_s:.1} s by the \
+                                 driver's samples that name it, over its core limit of \
+                                 {limit:.0}% ({:.1}% of the time it was not frozen; pids {}): \
+                                 its processes were named in stamps standing for {:.1}% of the \
+                                 device over the last {:.0} s ({} stamps; the driver names one \
+                                 process a stamp, in proportion to its busy time), more than \
+                                 {:.0} points over its limit",
+                                s.label(),
+                                u.share * 100.0,
+                                u.demand * 100.0,
+                                join(pids),
+                                n.share * 100.0,
+                                n.cover_ns as f64 / 1e9,
+                                n.stamps,
+                                judge::NAMED_OVER_PCT
+                            )
+                        }
                         Some(b) => format!(
                             "{} used at least {:.1}% of {uuid} over the last {span_s:.1} s, \
                              over its core limit of {limit:.0}% ({:.1}% of the time it was not \

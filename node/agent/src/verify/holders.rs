@@ -325,6 +325,7 @@ impl Verifier {
                             last: b,
                             busy: m.busy.usage().map_or(0.0, |u| u.share),
                             beyond: m.beyond.usage().map_or(0.0, |u| u.share),
+                            named: m.named_over.then(|| m.named.share()).flatten(),
                         }),
                     ),
                 ))

@@ -117,6 +117,10 @@ pub(super) fn poll(shared: &Shared) {
     // busy time in it, and the slices (None: processes in no slice) the samples named.
     let mut one_per_period: BTreeMap<String, (u64, u64, BTreeSet<Option<String>>)> =
         BTreeMap::new();
+    // Per device under one sample a period: the stamps it gave in the step; per slice and
+    // device, the busy time of the stamps that named it (`judge::Named`).
+    let mut stamps: BTreeMap<String, u64> = BTreeMap::new();
+    let mut named_busy: BTreeMap<(String, String), u64> = BTreeMap::new();
     for (uuid, mut list) in samples {
         list.sort_by_key(|x| (x.time_us, x.pid));
         let clock = st
@@ -148,6 +152,12 @@ pub(super) fn poll(shared: &Shared) {
                 busy += b;
                 named.insert(slice.clone());
                 part = b;
+                if c > 0 {
+                    *stamps.entry(uuid.clone()).or_default() += 1;
+                    if let Some(id) = &slice {
+                        *named_busy.entry((id.clone(), uuid.clone())).or_default() += b;
+                    }
+                }
             }
             if let Some(id) = &slice {
                 *seen_busy.entry(id.clone()).or_default() += part;
@@ -243,6 +253,24 @@ pub(super) fn poll(shared: &Shared) {
         };
         let (frozen, just_thawed) = (st.frozen.contains_key(&key.0), thawed.contains_key(&key.0));
         let m = st.meters.get_mut(&key).expect("listed above");
+        // Under one sample a period, the stamps that named the slice: far over its limit by
+        // them, its device time in a step is what they name (the bounds cannot say whose the
+        // busy time was beside other slices).
+        let mut u = u;
+        if let Some((cover, _, _)) = one_per_period.get(&key.1) {
+            let mine = named_busy.get(&key).copied().unwrap_or(0);
+            m.named
+                .add(now_ns, mine, *cover, stamps.get(&key.1).copied().unwrap_or(0));
+            m.named_over = m.limit_pct.is_some_and(|limit| {
+                judge::named_over(m.named.share(), limit, m.named_over)
+            });
+            if m.named_over {
+                u = u.max(mine.min(i64::MAX as u64) as i64);
+            }
+        } else {
+            m.named = judge::Named::default();
+            m.named_over = false;
+        }
         m.window.add_signed(now_ns, u, f);
         m.bound = b.map(|b| b.0);
         if let Some((b, busy)) = b {

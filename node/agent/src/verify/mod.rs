@@ -161,6 +161,10 @@ struct Meter {
     /// driver established (`judge::Bound::Shared`).
     busy: Window,
     beyond: Window,
+    /// Under one sample a period: the stamps that named the slice, and whether they put it far
+    /// over its limit (`judge::named_over`).
+    named: judge::Named,
+    named_over: bool,
 }
 
 /// What the meter established for a slice under one sample a period, over its window.
@@ -173,6 +177,9 @@ struct Bounded {
     /// How far the device was busy beyond what the limits of the slices on it allow, as a
     /// share of the window (0-1), in steps where that was all that could be established.
     beyond: f64,
+    /// The stamps that named the slice, when they put it far over its limit: its device time
+    /// is then what they name.
+    named: Option<judge::NamedShare>,
 }
 
 /// A kill for device time owed (`judge::Hold::Kill`).
