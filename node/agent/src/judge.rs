@@ -575,10 +575,10 @@ pub const NAMED_WINDOW_NS: u64 = 30 * S;
 /// `NAMED_OVER_PCT` is 4 to 5 of them.
 pub const NAMED_MIN_STAMPS: u64 = 100;
 /// A slice is over its limit by the samples that name it when its named share exceeds the limit
-/// by more than this (points)...
+/// by more than this (points). Found so, it went around the library, or rewrote what the library
+/// keeps of its turns: from then on its device time is what its stamps name (held to its limit
+/// so, it would soon look within it again, and was let go at once).
 pub const NAMED_OVER_PCT: f64 = 20.0;
-/// ...and no longer once it is back within this.
-pub const NAMED_BACK_PCT: f64 = 10.0;
 
 /// The stamps of one device that named a slice, over the last `NAMED_WINDOW_NS`.
 #[derive(Debug, Clone, Default)]
@@ -613,10 +613,9 @@ impl Named {
 
     /// The slice's named share over the window; None while the stamps are too few to judge.
     pub fn share(&self) -> Option<NamedShare> {
-        let (named, cover, stamps) = self
-            .steps
-            .iter()
-            .fold((0u64, 0u64, 0u64), |(n, c, k), s| (n + s.1, c + s.2, k + s.3));
+        let (named, cover, stamps) = self.steps.iter().fold((0u64, 0u64, 0u64), |(n, c, k), s| {
+            (n + s.1, c + s.2, k + s.3)
+        });
         (stamps >= NAMED_MIN_STAMPS && cover > 0).then(|| NamedShare {
             share: (named as f64 / cover as f64).min(1.0),
             stamps,
@@ -625,18 +624,9 @@ impl Named {
     }
 }
 
-/// Whether the stamps that name a slice put it over its core limit `limit_pct`, given whether
-/// they did at the last look.
-pub fn named_over(named: Option<NamedShare>, limit_pct: f64, was_over: bool) -> bool {
-    let Some(n) = named else {
-        return was_over;
-    };
-    let share = n.share * 100.0;
-    if was_over {
-        share > limit_pct + NAMED_BACK_PCT
-    } else {
-        share > limit_pct + NAMED_OVER_PCT
-    }
+/// Whether the stamps that name a slice put it far over its core limit `limit_pct`.
+pub fn named_over(named: Option<NamedShare>, limit_pct: f64) -> bool {
+    named.is_some_and(|n| n.share * 100.0 > limit_pct + NAMED_OVER_PCT)
 }
 
 /// Whether a slice with core limit `limit_pct` is over it, given what its window says and

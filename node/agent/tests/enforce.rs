@@ -1733,7 +1733,15 @@ fn stop_holds_a_bypass_beside_honest_slices_taking_turns_by_the_stamps_that_name
         if around {
             cmd.extend(["--route", "bypass"]);
         }
-        cmd.extend(["launch", "--ns-per-block", "1000000", "--blocks", "1", "--secs", "120"]);
+        cmd.extend([
+            "launch",
+            "--ns-per-block",
+            "1000000",
+            "--blocks",
+            "1",
+            "--secs",
+            "120",
+        ]);
         runc(
             &sim,
             root.path(),
@@ -1757,7 +1765,14 @@ fn stop_holds_a_bypass_beside_honest_slices_taking_turns_by_the_stamps_that_name
         &Spec {
             name: &mem,
             env: &["CUSLICE_MEMORY_LIMIT=1GiB"],
-            cmd: &["cuda-workload", "hold", "--bytes", "256MiB", "--secs", "120"],
+            cmd: &[
+                "cuda-workload",
+                "hold",
+                "--bytes",
+                "256MiB",
+                "--secs",
+                "120",
+            ],
             read_only: false,
         },
     );
@@ -1806,18 +1821,18 @@ fn stop_holds_a_bypass_beside_honest_slices_taking_turns_by_the_stamps_that_name
         "bypass (limit 30) / honest (limit 30) / honest (limit 20) by the simulator's count: \
          {:.1} / {:.1} / {:.1}% unheld over 6 s, {:.1} / {:.1} / {:.1}% held over 10 s; \
          actions {}",
-        unheld[0],
-        unheld[1],
-        unheld[2],
-        held[0],
-        held[1],
-        held[2],
-        f["actions"]
+        unheld[0], unheld[1], unheld[2], held[0], held[1], held[2], f["actions"]
     );
     assert!(against_honest.is_empty(), "{:#?}", against_honest.first());
     assert!(f["actions"]["freezes"].as_u64().unwrap() > 0, "{f}");
-    assert!(held[0] < unheld[0], "the bypass was not held: {held:?} {unheld:?}");
-    assert!(held[1] + held[2] > unheld[1] + unheld[2], "{held:?} {unheld:?}");
+    assert!(
+        held[0] < unheld[0],
+        "the bypass was not held: {held:?} {unheld:?}"
+    );
+    assert!(
+        held[1] + held[2] > unheld[1] + unheld[2],
+        "{held:?} {unheld:?}"
+    );
     drop(agent);
     for x in [a, b, c, m] {
         Box::new(x).remove();

@@ -4,12 +4,14 @@
 //! figures, which docs/agent.md records. Judged by the simulator's count and the kernel's:
 //!
 //! - two honest containers held to core limits 30 and 20 launch 1 ms kernels all along: every
-//!   10 s window of each (after the first 10 s) within 3 points of its limit;
+//!   10 s window of each (after the first 10 s) within 3 points of its limit, but for those that
+//!   start less than `FIND_S` after a compute bypass did (the agent needs 100 of the driver's
+//!   stamps to find it: those windows are reported);
 //! - every bypass that holds 2 GiB under a 1 GiB cap is gone (nothing held by the simulator's
 //!   count) within the grace (2 s) plus one period (1 s) plus 1 s for the driver to release;
-//! - a bypass launching kernels under a 20% limit is held near it or killed, or, where the
-//!   agent cannot bound its use (one utilisation sample a period, slices without a core limit
-//!   beside it: a residual risk in docs/agent.md), the agent says so;
+//! - a bypass launching kernels under a 20% limit (replaced every 60 s) is found by the stamps
+//!   that name it and held within 5 points of its limit from `FIND_S` after its start, or
+//!   killed;
 //! - honest short-lived containers (churning allocations under a cap, SIGKILLed at random) are
 //!   never killed by the agent;
 //! - the agent's memory and open descriptors stay flat;
@@ -32,6 +34,9 @@ use cuslice_test_harness::{GIB, Sim, bin_dir};
 
 const GRACE_S: f64 = 2.0;
 const PERIOD_S: f64 = 1.0;
+/// How long the agent may take to find a compute bypass beside other slices by the stamps that
+/// name it (100 of them, a stamp every 100 ms; its window then fills), from its start.
+const FIND_S: f64 = 25.0;
 
 struct Agent {
     child: Child,
@@ -194,6 +199,7 @@ fn soak() {
     let mut footprints: Vec<(u64, u64, usize)> = Vec::new();
     let mut bypasses: Vec<Bypass> = Vec::new();
     let mut compute_bypass: Option<(RuncContainer, i64, u64, Instant)> = None;
+    let mut compute_bypass_starts: Vec<Instant> = Vec::new();
     let mut compute_bypass_shares: Vec<f64> = Vec::new();
     let mut churners: Vec<(RuncContainer, Instant)> = Vec::new();
     let mut churners_started = 0;
@@ -285,8 +291,9 @@ fn soak() {
                 t0.elapsed().as_secs_f64()
             );
             compute_bypass = Some((c, pid, 0, Instant::now()));
+            compute_bypass_starts.push(Instant::now());
         }
-        if round % 120 == 30
+        if round % 120 == 10 + 2 * FIND_S as u64
             && let Some((_, pid, used, at)) = compute_bypass.as_mut()
         {
             *used = truth(&sim).get(pid).map_or(0, |x| x.1);
@@ -386,6 +393,8 @@ fn soak() {
     for (k, limit) in [30.0, 20.0].iter().enumerate() {
         let mut worst: (f64, f64) = (f64::MAX, f64::MIN);
         let mut low_at = 0.0;
+        // Windows starting while the latest compute bypass was being found.
+        let mut finding: (f64, f64) = (f64::MAX, f64::MIN);
         let start = samples
             .iter()
             .position(|(t, _)| t.duration_since(t0) >= window)
@@ -399,6 +408,14 @@ fn soak() {
             };
             let (a, b) = (&samples[j], &samples[i]);
             let share = 100.0 * (b.1[k] - a.1[k]) as f64 / (b.0 - a.0).as_nanos() as f64;
+            let found = compute_bypass_starts
+                .iter()
+                .rfind(|s| **s <= a.0)
+                .is_none_or(|s| a.0.duration_since(*s).as_secs_f64() >= FIND_S);
+            if !found {
+                finding = (finding.0.min(share), finding.1.max(share));
+                continue;
+            }
             if share < worst.0 {
                 low_at = b.0.duration_since(t0).as_secs_f64();
             }
@@ -406,8 +423,9 @@ fn soak() {
         }
         eprintln!(
             "honest, core limit {limit}%: 10 s windows {:.1}% to {:.1}% (the lowest ending at \
-             {low_at:.0} s)",
-            worst.0, worst.1
+             {low_at:.0} s); starting within {FIND_S} s of a compute bypass's start, {:.1}% to \
+             {:.1}%",
+            worst.0, worst.1, finding.0, finding.1
         );
         if worst.0 < limit - 3.0 || worst.1 > limit + 3.0 {
             problems.push(format!(
@@ -434,12 +452,18 @@ fn soak() {
         ));
     }
     eprintln!(
-        "bypasses launching under a 20% limit, shares over their last 50 s: {compute_bypass_shares:.1?}"
+        "bypasses launching under a 20% limit, shares from {FIND_S} s after their start: \
+         {compute_bypass_shares:.1?}"
     );
+    if compute_bypass_shares.iter().any(|s| *s > 25.0) {
+        problems.push(format!(
+            "a compute bypass under a 20% limit got {compute_bypass_shares:.1?} once found"
+        ));
+    }
     // Under one utilisation sample a period (the simulator's default, as a real driver), a bypass
     // beside slices without a core limit (the churners, the memory bypasses) cannot be bounded:
-    // they may have used any part of the device (docs/agent.md, residual risks). The agent must
-    // then say so; a bypass it neither holds nor reports is a problem.
+    // they may have used any part of the device (docs/agent.md, residual risks); the stamps
+    // that name it find it all the same.
     let unbounded = log
         .iter()
         // The agent names a runc container by its id's first 12 characters: "cuslice-comp".
@@ -449,12 +473,11 @@ fn soak() {
     for l in log.iter().filter(|l| l.contains("cuslice-comp")).take(4) {
         eprintln!("  agent: {l}");
     }
-    if compute_bypass_shares.iter().any(|s| *s > 25.0) && unbounded == 0 {
-        problems.push(format!(
-            "a compute bypass under a 20% limit got {compute_bypass_shares:.1?}, and the agent \
-             neither held it nor said it could not bound it"
-        ));
-    }
+    let named = log
+        .iter()
+        .filter(|l| l.contains("cuslice-comp") && l.contains("samples that name it"))
+        .count();
+    eprintln!("the agent found a compute bypass by the stamps that name it {named} times");
     // Honest churners: never killed by the agent.
     let killed_honest: Vec<&String> = log
         .iter()

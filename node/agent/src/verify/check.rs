@@ -328,8 +328,8 @@ impl Verifier {
                 }
                 Some(judge::Bound::Shared(_))
                     if bounded.is_some_and(|b| b.beyond * 100.0 > judge::BACK_PCT)
-                        && !usage.values().any(|m| {
-                            m.3.is_some_and(|b| b.named.is_some())
+                        && !usage.iter().any(|((_, u), m)| {
+                            u == uuid && m.3.is_some_and(|b| b.named.is_some())
                         })
                         && u.span_ns >= judge::MIN_HISTORY_NS =>
                 {

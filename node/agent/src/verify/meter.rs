@@ -253,17 +253,21 @@ pub(super) fn poll(shared: &Shared) {
         };
         let (frozen, just_thawed) = (st.frozen.contains_key(&key.0), thawed.contains_key(&key.0));
         let m = st.meters.get_mut(&key).expect("listed above");
-        // Under one sample a period, the stamps that named the slice: far over its limit by
-        // them, its device time in a step is what they name (the bounds cannot say whose the
-        // busy time was beside other slices).
+        // Under one sample a period, the stamps that named the slice: once far over its limit
+        // by them, its device time in a step is what they name (the bounds cannot say whose
+        // the busy time was beside other slices), from then on.
         let mut u = u;
         if let Some((cover, _, _)) = one_per_period.get(&key.1) {
             let mine = named_busy.get(&key).copied().unwrap_or(0);
-            m.named
-                .add(now_ns, mine, *cover, stamps.get(&key.1).copied().unwrap_or(0));
-            m.named_over = m.limit_pct.is_some_and(|limit| {
-                judge::named_over(m.named.share(), limit, m.named_over)
-            });
+            m.named.add(
+                now_ns,
+                mine,
+                *cover,
+                stamps.get(&key.1).copied().unwrap_or(0),
+            );
+            m.named_over |= m
+                .limit_pct
+                .is_some_and(|limit| judge::named_over(m.named.share(), limit));
             if m.named_over {
                 u = u.max(mine.min(i64::MAX as u64) as i64);
             }

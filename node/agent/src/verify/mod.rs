@@ -161,8 +161,8 @@ struct Meter {
     /// driver established (`judge::Bound::Shared`).
     busy: Window,
     beyond: Window,
-    /// Under one sample a period: the stamps that named the slice, and whether they put it far
-    /// over its limit (`judge::named_over`).
+    /// Under one sample a period: the stamps that named the slice, and whether they ever put it
+    /// far over its limit (`judge::named_over`).
     named: judge::Named,
     named_over: bool,
 }
