@@ -36,6 +36,14 @@ fn hostile_a_grace_bounds_the_total_time_over_the_cap() {
     engines::hostile::a_grace_bounds_the_total_time_over(engine());
 }
 
+/// A tenant filling every file it can write fills only its own space (runc's own tests run it
+/// with the state root on a small tmpfs).
+#[test]
+fn hostile_a_tenant_filling_its_state_fills_only_its_own() {
+    root_required();
+    engines::hostile::a_tenant_filling_its_state_fills_only_its_own(engine());
+}
+
 /// Two claims' CDI devices on one simulated device, each container held to its claim's cap.
 #[test]
 fn cdi_two_claims_on_one_device() {

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io::BufRead;
 use std::os::fd::AsRawFd;
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use cuslice_test_harness::{Sim, bin_dir};
@@ -715,6 +715,60 @@ pub fn a_grace_bounds_the_total_time_over(engine: &dyn Engine) {
         "stopped {stopped:?} after its first episode over its cap; agent: {log}"
     );
     assert_eq!(held, 0, "the simulator still counts {held} bytes held");
+}
+
+/// A tenant writes 96 MiB past the end of every file it can write, then reserves 96 MiB past
+/// each with `fallocate` keeping the size. Its ledger is in a tmpfs of its own (3 MiB), which
+/// refuses both ("No space left on device"); three containers started beside it start, read
+/// their config and exit 0.
+pub fn a_tenant_filling_its_state_fills_only_its_own(engine: &dyn Engine) {
+    let sim = Sim::new(&["--memory", "8GiB"]);
+    let mut tenant = spawn(
+        engine,
+        &sim,
+        "fillstate",
+        &["CUSLICE_MEMORY_LIMIT=1GiB"],
+        "exec cuda-workload tamper --grow-mib 96 --fallocate-mib 96 --secs 60",
+    );
+    let (tried, _) = within(tenant.as_mut(), "ready", 60)
+        .unwrap_or_else(|| panic!("the tenant did not get ready: {}", tenant.stderr()));
+    let ledger: Vec<&Value> = tried
+        .iter()
+        .filter(|v| v["path"] == "/run/cuslice/slice/ledger")
+        .collect();
+    let others: Vec<Output> = (0..3)
+        .map(|i| {
+            engine.run(
+                &sim,
+                &Spec {
+                    name: &name(&format!("beside-fill-{i}")),
+                    env: &["CUSLICE_MEMORY_LIMIT=1GiB"],
+                    cmd: &["cat", "/run/cuslice/slice/config"],
+                    read_only: false,
+                },
+            )
+        })
+        .collect();
+    tenant.remove();
+    let whats: Vec<&str> = ledger.iter().filter_map(|v| v["what"].as_str()).collect();
+    assert_eq!(whats, ["grow", "fallocate"], "{tried:?}");
+    for v in &ledger {
+        assert!(
+            v["ok"] == false
+                && v["error"]
+                    .as_str()
+                    .is_some_and(|e| e.contains("No space left on device")),
+            "{v}"
+        );
+    }
+    for (i, out) in others.iter().enumerate() {
+        assert!(
+            out.status.success()
+                && String::from_utf8_lossy(&out.stdout).contains("CUSLICE_MEMORY_LIMIT=1GiB"),
+            "container {i} beside the filled state: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }
 
 /// The scenarios as `#[test]`s of an engine's test binary.
