@@ -251,7 +251,12 @@ impl Turns {
                     // wakes the gate's waiters when launches were held back.
                     g.held.fetch_add(1, Ordering::AcqRel);
                     futex::wait(&g.open, 1, Duration::from_nanos(LEAD_POLL_NS / 2));
-                    g.held.fetch_sub(1, Ordering::AcqRel);
+                    // Never below 0: each take starts the count afresh (below).
+                    let _ = g
+                        .held
+                        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |h| {
+                            Some(h.saturating_sub(1))
+                        });
                     continue;
                 }
             }
@@ -674,6 +679,9 @@ impl Turns {
         }
         g.pending.store(0, Ordering::Relaxed);
         g.reserved.store(0, Ordering::Relaxed);
+        // Held back in the last turn counts for that turn only: a thread killed while it waited
+        // for the allowance leaves its count behind.
+        g.held.store(0, Ordering::Relaxed);
         s.reserve(len);
         g.number.store(n, Ordering::Release);
         {
