@@ -302,6 +302,8 @@ impl Verifier {
                 // Judged afresh against the new limit (`cuslice set`).
                 m.window = Window::default();
                 m.bucket = Bucket::default();
+                m.named = judge::Named::default();
+                m.named_over = false;
                 m.settle_until = now_ns + judge::LIMIT_SETTLE_NS;
             }
             m.limit_seen = true;
