@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use cuslice_test_harness::{GIB, MIB, Running, Sim, libcuslice, poll, workload};
+use cuslice_test_harness::{GIB, MIB, Running, Sim, libcuslice, poll, serial, workload};
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_cuslice");
@@ -650,6 +650,7 @@ fn top_redraws_the_table() {
 /// a slice is metered as anywhere: by its turns, which status shows as the simulator counts it.
 #[test]
 fn status_shows_a_slice_metered_by_turns_without_per_process_samples() {
+    let _turn = serial();
     let sim = Sim::new(&["--no-process-samples"]);
     let dir = tempfile::tempdir().unwrap();
     let s = dir.path().join("s");
@@ -691,5 +692,85 @@ fn status_shows_a_slice_metered_by_turns_without_per_process_samples() {
     assert!(
         (45.0..=55.0).contains(&share),
         "share over 1 s {share}: {c}"
+    );
+}
+
+/// On a busy host (two loops per core beside it) a slice alone under a limit is charged what
+/// the device ran for it, and gets its limit: its turns end when the device finished their work
+/// by the device's own clock, not when a thread the host was slow to run noticed it, and it
+/// queues its whole turn, so the device does not wait for its launching thread either.
+#[test]
+fn on_a_busy_host_a_slice_is_charged_what_the_device_ran_and_gets_its_limit() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Instant;
+
+    // The loops would slow the other tests' slices that measure shares.
+    let _turn = serial();
+    let sim = Sim::new(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let s = dir.path().join("s");
+    let mut launch = start(
+        &sim,
+        &s,
+        &dir.path().join("node"),
+        &["CUSLICE_CORE_LIMIT=30"],
+        &[
+            "launch",
+            "--kernel",
+            "spin",
+            "--ns-per-block",
+            "1000",
+            "--blocks",
+            "1000",
+            "--secs",
+            "14",
+        ],
+    );
+    launch.wait_for("start", Duration::from_secs(30));
+    let stop = Arc::new(AtomicBool::new(false));
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let hogs: Vec<_> = (0..2 * cores)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs(3));
+    let measure = || {
+        let view = status(&sim, &[&s]);
+        let truth = truth(&sim);
+        let device: f64 = pids(slice(&view, &s)).iter().map(|p| truth[p].1).sum();
+        let charged = slice(&view, &s)["compute"]["device_seconds"]
+            .as_f64()
+            .unwrap();
+        (Instant::now(), device, charged)
+    };
+    let (t0, device0, charged0) = measure();
+    std::thread::sleep(Duration::from_secs(8));
+    let (t1, device1, charged1) = measure();
+    stop.store(true, Ordering::Relaxed);
+    for h in hogs {
+        h.join().unwrap();
+    }
+    launch.wait_for("launched", Duration::from_secs(30));
+    let (device, charged) = (device1 - device0, charged1 - charged0);
+    let share = 100.0 * device / (t1 - t0).as_secs_f64();
+    eprintln!(
+        "beside {} loops: device {device:.3} s, charged {charged:.3} s, {share:.1}% of the device",
+        2 * cores
+    );
+    assert!(
+        (charged - device).abs() <= 0.1 * device,
+        "charged {charged:.3} s for {device:.3} s of device time by the simulator's count"
+    );
+    assert!(
+        (share - 30.0).abs() <= 3.0,
+        "a slice limited to 30% had {share:.1}% of the device beside {} busy loops",
+        2 * cores
     );
 }

@@ -186,6 +186,7 @@ table! {
     Cuda cuEventRecord(CUevent, CUstream) -> CUresult;
     Cuda cuEventRecord_ptsz(CUevent, CUstream) -> CUresult;
     Cuda cuEventQuery(CUevent) -> CUresult;
+    Cuda cuEventElapsedTime(*mut f32, CUevent, CUevent) -> CUresult;
     Cuda cuThreadExchangeStreamCaptureMode(*mut c_uint) -> CUresult;
     // --- what applications read back
     Cuda cuMemGetInfo(*mut c_uint, *mut c_uint) -> CUresult;

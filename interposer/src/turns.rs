@@ -129,11 +129,23 @@ struct Event {
     event: usize,
 }
 
+/// An event recorded just before this process's first launch of a turn, and when (monotonic
+/// ns). The slice's earlier work is done by then, so the device reaches it at once: the time
+/// from it to a drain event is how long after `at` the turn's work was done, whenever the drain
+/// gets to ask (`Turns::work_done`).
+struct First {
+    event: Event,
+    at: u64,
+    turn: u64,
+}
+
 #[derive(Default)]
 struct Streams {
     /// The streams of turn `turn`, with their contexts.
     list: Vec<Tracked>,
     turn: u64,
+    /// This process's first launch of turn `turn`, timed.
+    first: Option<First>,
     /// A launch of the turn went to a stream only its own thread can name (the per-thread
     /// default stream), or to one the driver could not say the context of.
     unnamed: bool,
@@ -320,6 +332,10 @@ impl Turns {
             st.turn = n;
             st.list.clear();
             st.unnamed = false;
+            if let Some(f) = st.first.take() {
+                st.free.push(f.event);
+            }
+            st.first = time_first(&mut st.free, stream, ptsz, n);
         }
         if self.slots_turn.load(Ordering::Relaxed) == n
             && let Some(s) = self.slots.iter().find(|s| s.load(Ordering::Relaxed) == 0)
@@ -349,6 +365,9 @@ impl Turns {
         let mut st = self.streams.lock();
         if st.list.iter().any(|t| t.ctx == ctx) {
             st.unnamed = true;
+        }
+        if st.first.as_ref().is_some_and(|f| f.event.ctx == ctx) {
+            st.first = None;
         }
         st.list.retain(|t| t.ctx != ctx);
         st.free.retain(|e| e.ctx != ctx);
@@ -450,10 +469,15 @@ fn bank(share: u32) -> i64 {
 }
 
 /// How much work the holder may keep queued ahead: none beside a high-priority slice (its wait
-/// for the turn is then one kernel of the holder's at most).
+/// for the turn is then one kernel of the holder's at most); the whole turn where no other slice
+/// is on the device, so that a launching thread the host is slow to run again leaves the device
+/// idle no sooner than the slice's own queue runs out (a slice that comes waits for that turn's
+/// work once).
 fn ahead(priority: Priority, rivals: &[Rival]) -> u64 {
     if priority != Priority::High && rivals.iter().any(|r| r.priority == Priority::High) {
         0
+    } else if rivals.is_empty() {
+        u64::MAX
     } else {
         turn::AHEAD_NS
     }
@@ -674,6 +698,7 @@ impl Turns {
         );
         g.closed_ns.store(0, Ordering::Relaxed);
         g.started_ns.store(0, Ordering::Relaxed);
+        g.done_ns.store(0, Ordering::Relaxed);
         if g.cost.load(Ordering::Relaxed) == 0 {
             g.cost.store(INITIAL_COST_NS, Ordering::Relaxed);
         }
@@ -930,6 +955,7 @@ impl Turns {
         let n = g.number.load(Ordering::Acquire);
         if st.turn != n {
             // Nothing noted in this turn (its launches were all in the first slots, or none).
+            g.done_ns.fetch_max(now_ns(), Ordering::AcqRel);
             return;
         }
         let mut recorded = Vec::new();
@@ -948,7 +974,10 @@ impl Turns {
         // The events not reached yet (indices into `recorded`, which keeps them all: every one
         // goes back to the free list, reached or not).
         let mut waiting: Vec<usize> = (0..recorded.len()).collect();
+        // The last time a look began that found work not done yet.
+        let mut not_done = 0;
         while !waiting.is_empty() && now_ns() < deadline {
+            let look = now_ns();
             waiting.retain(|&i| {
                 let Some(q) = query else { return false };
                 // SAFETY: an event this library created and recorded; a context destroyed
@@ -957,9 +986,18 @@ impl Turns {
                 r == CUresult::CUDA_ERROR_NOT_READY
             });
             if !waiting.is_empty() {
+                not_done = look;
                 std::thread::sleep(Duration::from_nanos(DRAIN_POLL_NS));
             }
         }
+        let seen = now_ns();
+        // When the work was done: by the device's clock where it can say, within what the looks
+        // saw (not done at `not_done`, done by `seen`); else when this drain saw it done.
+        let done = if waiting.is_empty() && !unnamed {
+            work_done(&st, &recorded, n).map_or(seen, |d| d.clamp(not_done, seen))
+        } else {
+            seen
+        };
         st.free.append(&mut recorded);
         if unnamed {
             while now_ns() < by_estimate.min(deadline) {
@@ -967,6 +1005,10 @@ impl Turns {
                     (by_estimate - now_ns().min(by_estimate)).max(DRAIN_POLL_NS),
                 ));
             }
+        }
+        let done = if unnamed { now_ns() } else { done };
+        if g.number.load(Ordering::Acquire) == n {
+            g.done_ns.fetch_max(done, Ordering::AcqRel);
         }
     }
 
@@ -1012,6 +1054,69 @@ enum Recorded {
     Captured,
 }
 
+/// Records the event that times this process's first launch of turn `n` on `stream`, from the
+/// launching thread (its context current) just before the launch goes. None where it cannot (a
+/// stream being captured, or the driver refused): the turn's end is then when drains see it.
+fn time_first(free: &mut Vec<Event>, stream: CUstream, ptsz: bool, n: u64) -> Option<First> {
+    let ctx = current_ctx()?;
+    if crate::stream::capturing(stream, ptsz)? {
+        return None;
+    }
+    let event = take_event(free, ctx)?;
+    let rec = if ptsz {
+        real::cuEventRecord_ptsz()
+    } else {
+        real::cuEventRecord()
+    };
+    let at = now_ns();
+    // SAFETY: an event of this library's in the current context, on the stream the caller is
+    // about to launch on.
+    if rec.is_some_and(|f| unsafe { f(event.event as CUevent, stream) }.is_ok()) {
+        Some(First { event, at, turn: n })
+    } else {
+        free.push(event);
+        None
+    }
+}
+
+/// When the work of turn `n` that this process drained was done, by the device's clock: the
+/// time from its first launch's event to the latest of the drain events `recorded` (all
+/// reached, all in the first launch's context). None where the device cannot say.
+fn work_done(st: &Streams, recorded: &[Event], n: u64) -> Option<u64> {
+    let first = st.first.as_ref().filter(|f| f.turn == n)?;
+    let elapsed = real::cuEventElapsedTime()?;
+    let mut most = 0f32;
+    for e in recorded {
+        if e.ctx != first.event.ctx {
+            return None;
+        }
+        let mut ms = 0f32;
+        // SAFETY: two events of this library's in the same context, both recorded and reached;
+        // a valid out-pointer.
+        let r = unsafe { elapsed(&mut ms, first.event.event as CUevent, e.event as CUevent) };
+        if !r.is_ok() || !ms.is_finite() {
+            return None;
+        }
+        most = most.max(ms);
+    }
+    Some(first.at + (f64::from(most) * 1e6) as u64)
+}
+
+/// An event of this library's in context `ctx`, from `free` or new (timed: `work_done` measures
+/// between them). The context must be current.
+fn take_event(free: &mut Vec<Event>, ctx: usize) -> Option<Event> {
+    if let Some(i) = free.iter().position(|e| e.ctx == ctx) {
+        return Some(free.swap_remove(i));
+    }
+    let mut e: CUevent = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer; a timed event in the current context.
+    let r = unsafe { real::cuEventCreate()?(&mut e, CU_EVENT_DEFAULT) };
+    (r.is_ok() && !e.is_null()).then_some(Event {
+        ctx,
+        event: e as usize,
+    })
+}
+
 /// Records a drain event on tracked stream `t`, from the manager thread with `t`'s context
 /// current. None when it cannot (the driver refused, or cannot say whether it is captured).
 fn record_on(free: &mut Vec<Event>, t: &Tracked) -> Option<Recorded> {
@@ -1027,21 +1132,7 @@ fn record_on(free: &mut Vec<Event>, t: &Tracked) -> Option<Recorded> {
         Some(false) => {}
         None => return None,
     }
-    let event = match free.iter().position(|e| e.ctx == t.ctx) {
-        Some(i) => free.swap_remove(i),
-        None => {
-            let mut e: CUevent = std::ptr::null_mut();
-            // SAFETY: a valid out-pointer; an event without timing, in the current context.
-            let r = unsafe { real::cuEventCreate()?(&mut e, CU_EVENT_DISABLE_TIMING) };
-            if !r.is_ok() || e.is_null() {
-                return None;
-            }
-            Event {
-                ctx: t.ctx,
-                event: e as usize,
-            }
-        }
-    };
+    let event = take_event(free, t.ctx)?;
     let rec = if t.ptsz {
         real::cuEventRecord_ptsz()
     } else {
@@ -1073,13 +1164,19 @@ fn settle(s: &Slot<'_>, n: u64, now: u64) {
     let Turn::Holding { since, .. } = s.board.turn(s.d) else {
         return;
     };
-    // From its first launch (or the take, if nothing launched) to its last work done.
+    // From its first launch (or the take, if nothing launched) to its last work done: when its
+    // processes' drains measured it, else now.
     let started = g.started_ns.load(Ordering::Relaxed);
-    let span = now.saturating_sub(if started == 0 {
+    let from = if started == 0 {
         since
     } else {
         started.max(since)
-    });
+    };
+    let end = match g.done_ns.load(Ordering::Acquire) {
+        done if (from..=now).contains(&done) => done,
+        _ => now,
+    };
+    let span = end.saturating_sub(from);
     refill(&s.tokens, now);
     let reserved = g.reserved.swap(0, Ordering::Relaxed);
     debug!(

@@ -90,6 +90,10 @@ pub struct Gate {
     /// When the first launch of turn `number` went (0: none yet): its span starts there, not at
     /// the take (the launching threads' wake-up is nobody's device time).
     pub started_ns: AtomicU64,
+    /// When the work of turn `number` was done (0: not known yet): the latest that a process
+    /// of the slice measured, each after draining its own (in what was padding: a file of an
+    /// earlier build has 0 there). The turn's span ends there, not when a drain noticed it.
+    pub done_ns: AtomicU64,
 }
 
 // The words fill two cache lines; a new one takes padding, never the size (the file's format).
