@@ -21,7 +21,7 @@ use super::holders::{Holders, Measured};
 /// file systems allocate in blocks and may keep a little ahead.
 const ALLOCATED_SLACK: u64 = 1 << 20;
 use super::slices::short;
-use super::{CapState, Key, Kind, Slice, Verifier, finding, join, log, round1};
+use super::{CapState, Key, KillWhy, Kind, Slice, Verifier, finding, join, log, round1};
 use crate::Enforce;
 use crate::judge::{self, Held};
 
@@ -367,13 +367,24 @@ impl Verifier {
             );
             let action = match (self.cfg.enforce, &s.freezer, killed) {
                 (Enforce::Report, _, _) => "none (--enforce report)".to_string(),
-                (Enforce::Stop, _, Some(k)) if now - k.at < span_s => format!(
-                    "killed pids {} {:.0} s ago: it owed {:.2} s of device time beyond its \
-                     limit {by}, more than freezing holds",
-                    join(&k.pids),
-                    now - k.at,
-                    k.debt_ns as f64 / 1e9
-                ),
+                (Enforce::Stop, _, Some(k)) if now - k.at < span_s => match k.why {
+                    KillWhy::Debt(debt_ns) => format!(
+                        "killed pids {} {:.0} s ago: it owed {:.2} s of device time beyond its \
+                         limit {by}, more than freezing holds",
+                        join(&k.pids),
+                        now - k.at,
+                        debt_ns as f64 / 1e9
+                    ),
+                    KillWhy::Named(n) => format!(
+                        "killed pids {} {:.0} s ago: the driver's samples named them for \
+                         {:.1}% of the device, more than {:.0} points over its limit (its work \
+                         goes around the library)",
+                        join(&k.pids),
+                        now - k.at,
+                        n.share * 100.0,
+                        judge::NAMED_OVER_PCT
+                    ),
+                },
                 (Enforce::Stop, Ok(_), _) => format!(
                     "its cgroup is frozen while it owes device time {by} (frozen {:.0}% of \
                      the last {span_s:.1} s); {kill_past}",

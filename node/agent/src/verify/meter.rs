@@ -9,7 +9,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::slices::classify;
-use super::{ComputeKill, Frozen, POLL, Shared, State, join, log, unix_now, wall_us};
+use super::{ComputeKill, Frozen, KillWhy, POLL, Shared, State, join, log, unix_now, wall_us};
 use crate::Enforce;
 use crate::judge::{self, Bucket, Hold, SampleClock};
 use cuslice_node::nvml::ProcessSamples;
@@ -238,6 +238,8 @@ pub(super) fn poll(shared: &Shared) {
         (now_frozen.unwrap_or_default() + was_frozen.unwrap_or_default()).as_nanos() as u64
     };
     let mut holds: Vec<((String, String), Hold)> = Vec::new();
+    // Slices the stamps that name them found far over their limits at this step.
+    let mut named_found: Vec<((String, String), judge::NamedShare)> = Vec::new();
     let keys: Vec<(String, String)> = st.meters.keys().cloned().collect();
     for key in keys {
         let f = frozen_ns(&key.0);
@@ -265,9 +267,13 @@ pub(super) fn poll(shared: &Shared) {
                 *cover,
                 stamps.get(&key.1).copied().unwrap_or(0),
             );
+            let was = m.named_over;
             m.named_over |= m
                 .limit_pct
                 .is_some_and(|limit| judge::named_over(m.named.share(), limit));
+            if m.named_over && !was {
+                named_found.extend(m.named.share().map(|n| (key.clone(), n)));
+            }
             if m.named_over {
                 u = u.max(mine.min(i64::MAX as u64) as i64);
             }
@@ -312,7 +318,18 @@ pub(super) fn poll(shared: &Shared) {
                 let e = owed.entry(key.0.clone()).or_default();
                 *e = (*e).max(ns);
             }
-            Hold::Kill => kill_for_debt(st, &key, now, now_ns),
+            Hold::Kill => {
+                let why = KillWhy::Debt(st.meters.get(&key).map_or(0, |m| m.bucket.debt_ns()));
+                kill_ran(st, &key, now, now_ns, why);
+            }
+        }
+    }
+    // Found going around the library: its processes on the device are killed at once (frozen,
+    // the work it queued runs on, and it would soon look within its limit by the stamps of
+    // the time it waited).
+    for (key, named) in named_found {
+        if st.meters.get(&key).is_some_and(|m| m.rate.is_some()) {
+            kill_ran(st, &key, now, now_ns, KillWhy::Named(named));
         }
     }
     for (id, ns) in owed {
@@ -392,13 +409,18 @@ pub(super) fn poll(shared: &Shared) {
 /// device time than freezing holds (`judge::KILL_DEBT_NS`). Its cgroup is thawed first
 /// (SIGKILL stays pending on a process frozen by the v1 freezer); the debt stands, so the meter
 /// freezes what is left of the slice again until it is paid.
-pub(super) fn kill_for_debt(st: &mut State, key: &(String, String), now: Instant, now_ns: u64) {
+pub(super) fn kill_ran(
+    st: &mut State,
+    key: &(String, String),
+    now: Instant,
+    now_ns: u64,
+    why: KillWhy,
+) {
     let (id, uuid) = key;
     let Some(s) = st.slices.get(id).cloned() else {
         return;
     };
     let Some(m) = st.meters.get(key) else { return };
-    let debt_ns = m.bucket.debt_ns();
     let limit = m.limit_pct.unwrap_or(0.0);
     // Each checked to be the slice's still (not gone, not another process's pid now).
     let ran: Vec<i32> = m
@@ -428,18 +450,31 @@ pub(super) fn kill_for_debt(st: &mut State, key: &(String, String), now: Instant
         return;
     }
     st.actions.kills += killed.len() as u64;
-    log(&format!(
-        "killed pids {} of {}: by the driver's count it owed {:.2} s of device time on {uuid} \
-         beyond its core limit of {limit:.0}%, more than freezing holds ({:.1} s): work it \
-         queued ran on while it was frozen",
-        join(&killed),
-        s.label(),
-        debt_ns as f64 / 1e9,
-        judge::KILL_DEBT_NS as f64 / 1e9
-    ));
+    log(&match why {
+        KillWhy::Debt(debt_ns) => format!(
+            "killed pids {} of {}: by the driver's count it owed {:.2} s of device time on \
+             {uuid} beyond its core limit of {limit:.0}%, more than freezing holds ({:.1} s): \
+             work it queued ran on while it was frozen",
+            join(&killed),
+            s.label(),
+            debt_ns as f64 / 1e9,
+            judge::KILL_DEBT_NS as f64 / 1e9
+        ),
+        KillWhy::Named(n) => format!(
+            "killed pids {} of {}: the driver's samples named its processes for {:.1}% of \
+             {uuid} over the last {:.0} s ({} stamps), more than {:.0} points over its core \
+             limit of {limit:.0}%: its work goes around the library",
+            join(&killed),
+            s.label(),
+            n.share * 100.0,
+            n.cover_ns as f64 / 1e9,
+            n.stamps,
+            judge::NAMED_OVER_PCT
+        ),
+    });
     m.killed = Some(ComputeKill {
         at: unix_now(),
         pids: killed,
-        debt_ns,
+        why,
     });
 }

@@ -182,14 +182,24 @@ struct Bounded {
     named: Option<judge::NamedShare>,
 }
 
-/// A kill for device time owed (`judge::Hold::Kill`).
+/// A kill of the processes that ran a slice's work on a device.
 #[derive(Debug, Clone)]
 struct ComputeKill {
     /// Unix seconds.
     at: f64,
     pids: Vec<i32>,
-    /// Device time owed beyond the slice's share when it was killed (ns).
-    debt_ns: u64,
+    why: KillWhy,
+}
+
+/// Why `stop` killed them.
+#[derive(Debug, Clone, Copy)]
+enum KillWhy {
+    /// It owed more device time than freezing holds (`judge::Hold::Kill`; ns owed beyond the
+    /// slice's share).
+    Debt(u64),
+    /// The driver's samples that name it put it far over its limit (`judge::named_over`): its
+    /// work goes around the library, and freezing holds it only while it waits.
+    Named(judge::NamedShare),
 }
 
 /// A slice frozen now.
