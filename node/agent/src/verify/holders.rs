@@ -304,6 +304,7 @@ impl Verifier {
                 m.bucket = Bucket::default();
                 m.named = judge::Named::default();
                 m.named_over = false;
+                m.named_killed = false;
                 m.settle_until = now_ns + judge::LIMIT_SETTLE_NS;
             }
             m.limit_seen = true;

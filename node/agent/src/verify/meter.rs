@@ -267,11 +267,10 @@ pub(super) fn poll(shared: &Shared) {
                 *cover,
                 stamps.get(&key.1).copied().unwrap_or(0),
             );
-            let was = m.named_over;
             m.named_over |= m
                 .limit_pct
                 .is_some_and(|limit| judge::named_over(m.named.share(), limit));
-            if m.named_over && !was {
+            if m.named_over && !m.named_killed {
                 named_found.extend(m.named.share().map(|n| (key.clone(), n)));
             }
             if m.named_over {
@@ -280,6 +279,7 @@ pub(super) fn poll(shared: &Shared) {
         } else {
             m.named = judge::Named::default();
             m.named_over = false;
+            m.named_killed = false;
         }
         m.window.add_signed(now_ns, u, f);
         m.bound = b.map(|b| b.0);
@@ -450,6 +450,9 @@ pub(super) fn kill_ran(
         return;
     }
     st.actions.kills += killed.len() as u64;
+    if matches!(why, KillWhy::Named(_)) {
+        m.named_killed = true;
+    }
     log(&match why {
         KillWhy::Debt(debt_ns) => format!(
             "killed pids {} of {}: by the driver's count it owed {:.2} s of device time on \

@@ -165,6 +165,8 @@ struct Meter {
     /// far over its limit (`judge::named_over`).
     named: judge::Named,
     named_over: bool,
+    /// `stop` killed its processes on the device for it (`KillWhy::Named`).
+    named_killed: bool,
 }
 
 /// What the meter established for a slice under one sample a period, over its window.
