@@ -26,7 +26,8 @@ pub enum Enforce {
     /// Also: kill the processes of a slice over its memory cap for the grace in total within
     /// a window, and freeze the cgroup of a slice over its core limit while it owes device
     /// time (killing the processes that ran on the device once it owes more than freezing
-    /// holds, or at once when the driver's samples that name it put it far over its limit).
+    /// holds, or at once when the driver's samples that name it put it far over its limit and
+    /// nothing else bounds its use).
     Stop,
 }
 

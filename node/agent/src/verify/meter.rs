@@ -270,7 +270,14 @@ pub(super) fn poll(shared: &Shared) {
             m.named_over |= m
                 .limit_pct
                 .is_some_and(|limit| judge::named_over(m.named.share(), limit));
-            if m.named_over && !m.named_killed {
+            // Killed where nothing bounds its use beside the others (freezing it, the work it
+            // queued runs on beside them unpaid for); where the driver establishes its use,
+            // freezing holds it to its limit and its debt decides, as for any slice.
+            let unbounded = matches!(
+                b,
+                Some((judge::Bound::Unbounded | judge::Bound::Shared(_), _))
+            );
+            if m.named_over && !m.named_killed && unbounded {
                 named_found.extend(m.named.share().map(|n| (key.clone(), n)));
             }
             if m.named_over {
@@ -324,9 +331,9 @@ pub(super) fn poll(shared: &Shared) {
             }
         }
     }
-    // Found going around the library: its processes on the device are killed at once (frozen,
-    // the work it queued runs on, and it would soon look within its limit by the stamps of
-    // the time it waited).
+    // Found going around the library where nothing bounds it: its processes on the device are
+    // killed at once (frozen, the work it queued runs on, and it would soon look within its
+    // limit by the stamps of the time it waited).
     for (key, named) in named_found {
         if st.meters.get(&key).is_some_and(|m| m.rate.is_some()) {
             kill_ran(st, &key, now, now_ns, KillWhy::Named(named));
