@@ -593,11 +593,11 @@ impl Turns {
         let rivals = self.observed(&read, Some((s.slice, since, class)), now);
         match turn::next(s.slice, since, class, &rivals, now) {
             Next::Take => {
-                // Beside others a turn is its part of the round, whatever its tokens: what it uses
-                // beyond them it owes, and waits for; shortened, a slice would pay for the round's
-                // handoffs alone.
+                // Beside others a turn is its part of the round, lengthened by what it has banked
+                // (it got less than its allotment): what it uses beyond its tokens it owes, and
+                // waits for; shortened, a slice would pay for the round's handoffs alone.
                 let len = if contended {
-                    turn::quantum(allot)
+                    turn::contended_length(allot, tokens)
                 } else {
                     turn::length(allot, tokens)
                 };

@@ -446,6 +446,17 @@ pub fn ready_at(allot: u32, bank: i64, contended: bool) -> Option<i64> {
     })
 }
 
+/// How long a turn taken now lasts while others want the device: its quantum, and half of what
+/// its tokens hold beyond nothing (up to a quantum's worth) on top. A slice that got less than its
+/// allotment banks what it did not use, and makes it up over the next turns; one that got more
+/// owes, and gets its quantum (what it owes beyond a turn it waits for, `ready_at`). So what the
+/// round loses (its handoffs, a busy host's late wake-ups, turns given up early to a slice after
+/// a lull) is shared in proportion to the allotments, not left to whoever happened to lose it.
+pub fn contended_length(allot: u32, tokens: i64) -> u64 {
+    let q = quantum(allot);
+    q + (tokens.clamp(0, q as i64) as u64) / 2
+}
+
 /// Whether a slice with `tokens` may queue for a turn (`ready_at`).
 pub fn ready(allot: u32, tokens: i64, bank: i64, contended: bool) -> bool {
     ready_at(allot, bank, contended).is_none_or(|need| tokens >= need)
@@ -831,6 +842,17 @@ mod tests {
         assert_eq!(length(300_000, -5), 0);
         assert_eq!(paid_for(FULL, 0), None);
         assert_eq!(length(FULL, -5), CYCLE_NS);
+    }
+
+    #[test]
+    fn a_slice_behind_its_allotment_makes_it_up_in_longer_turns_and_one_ahead_gets_its_quantum() {
+        let q = quantum(300_000);
+        assert_eq!(q, 12 * MS);
+        assert_eq!(contended_length(300_000, -3 * MS as i64), q);
+        assert_eq!(contended_length(300_000, 0), q);
+        assert_eq!(contended_length(300_000, 4 * MS as i64), q + 2 * MS);
+        // at most half a quantum on top, however much it banked
+        assert_eq!(contended_length(300_000, 40 * MS as i64), q + q / 2);
     }
 
     #[test]
