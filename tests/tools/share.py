@@ -122,9 +122,8 @@ def show(state):
     out = subprocess.run([SIMGPU, "show", "--state", state, "--json"], check=True,
                          capture_output=True, text=True).stdout
     dev = json.loads(out)["devices"][0]
-    t = {p["pid"]: p["device_time_ns"] for p in dev["processes"]}
-    t.update({p["pid"]: p["device_time_ns"] for p in dev["exited"]})
-    return t
+    # A live process's own figure over any exited record of the same pid (oldest first).
+    return {p["pid"]: p["device_time_ns"] for p in dev["exited"] + dev["processes"]}
 
 
 def progress(stdout, t0):

@@ -50,10 +50,11 @@ const SLICES: [Slice; 3] = [
     },
 ];
 
-/// Device time (ns) per host pid, from the simulator.
+/// Device time (ns) per host pid, from the simulator (a live process's own figure over an
+/// exited record of the same pid).
 pub fn device_times(sim: &Sim) -> std::collections::HashMap<i64, u64> {
     let d = sim.device(0);
-    ["processes", "exited"]
+    ["exited", "processes"]
         .iter()
         .flat_map(|k| d[*k].as_array().cloned().unwrap_or_default())
         .map(|p| {

@@ -132,7 +132,8 @@ class SimTruth(threading.Thread):
                 out = subprocess.run([self.simgpu, "show", "--state", self.state, "--json"],
                                      check=True, capture_output=True, text=True).stdout
                 dev = json.loads(out)["devices"][0]
-                t = {p["pid"]: p["device_time_ns"] for p in dev["processes"] + dev["exited"]}
+                # A live process's own figure over any exited record of the same pid.
+                t = {p["pid"]: p["device_time_ns"] for p in dev["exited"] + dev["processes"]}
                 self.samples.append((time.time(), t))
             except (subprocess.CalledProcessError, ValueError, KeyError, IndexError):
                 pass
