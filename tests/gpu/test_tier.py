@@ -93,6 +93,17 @@ class Share(unittest.TestCase):
         self.assertIn("29.5% by NVML", check.figure)
         self.assertIn("by throughput 12.0%", check.figure)
 
+    def test_a_loop_bound_by_the_hosts_launches_is_judged_as_share_py_judges_it(self):
+        util = [(1 if t % 5 else 2, t * 200_000, 99) for t in range(1, 31)]
+        checks = compute.judge_shares("x", ["a", "b"], [1, 2], [30, 70], util, 0.0, 6.0, [27.5, 67.5],
+                                      together=True, tolerance=3.0)
+        self.assertEqual([c.status for c in checks], [PASS, PASS])
+        self.assertIn("70% +- 3 points", checks[1].expected)
+        self.assertEqual(compute._share_py().LAUNCH_BOUND_CHECK["50us 30/70"][0], 3.0)
+        checks = compute.judge_shares("x", ["a", "b"], [1, 2], [30, 70], util, 0.0, 6.0, [27.5, 67.5],
+                                      together=True)
+        self.assertEqual([c.status for c in checks], [FAIL, FAIL])
+
     def test_throughput_from_progress_lines(self):
         share = compute._share_py()
         out = "\n".join(json.dumps({"event": "progress", "mono_ns": int(t * 1e9), "work_ns": int(w * 1e9)})
