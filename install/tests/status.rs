@@ -176,6 +176,8 @@ fn two_slices() -> Two {
 
 #[test]
 fn status_json_shows_each_slice_as_the_simulator_does() {
+    // Device time is compared with the simulator's: not beside the busy-host test's loops.
+    let _turn = serial();
     let t = two_slices();
     let (a, b) = (t.a(), t.b());
     let view = status(&t.sim, &[&a, &b]);
@@ -342,6 +344,8 @@ impl Drop for Exporter {
 
 #[test]
 fn exporter_serves_the_slices_in_openmetrics_while_they_run() {
+    // Device time is compared with the simulator's: not beside the busy-host test's loops.
+    let _turn = serial();
     let t = two_slices();
     let (a, b) = (t.a(), t.b());
     let mut child = cuslice(
