@@ -20,6 +20,7 @@
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use cuslice_client_tests::{Slice, command, framework_python_or_skip};
@@ -34,13 +35,28 @@ fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../frameworks/nccl_check.py")
 }
 
-/// A free TCP port on the loopback for the ranks' rendezvous.
+/// A free TCP port on the loopback for the ranks' rendezvous, below the kernel's ephemeral range
+/// (`ip_local_port_range`, 32768 and up by default): a port the kernel hands out for outgoing
+/// connections (the ranks' own, or the other test's running beside) could be taken between this
+/// check and rank 0's listen, which then fails with EADDRINUSE (it did once on the 2-core
+/// machine). Each call in this process takes the next candidate.
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32_768);
+    let (low, span) = (10_000, ephemeral.saturating_sub(10_000).max(1));
+    let first = std::process::id() % span;
+    for _ in 0..span.min(1_000) {
+        let port = low + (first + NEXT.fetch_add(1, Ordering::Relaxed)) % span;
+        if let Ok(port) = u16::try_from(port)
+            && TcpListener::bind(("127.0.0.1", port)).is_ok()
+        {
+            return port;
+        }
+    }
+    panic!("no free port on 127.0.0.1 from {low} to {ephemeral}")
 }
 
 /// `cmd` under `timeout`, so that a rank that hangs is killed after `BOUND_SECS`.
