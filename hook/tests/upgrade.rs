@@ -17,7 +17,6 @@ use std::time::{Duration, Instant};
 
 use cuslice_test_engines::podman::{self, Podman};
 use cuslice_test_engines::runc::{RuncContainer, bundle};
-use cuslice_test_engines::shares::device_times;
 use cuslice_test_engines::*;
 use cuslice_test_harness::{GIB, MIB, Sim, bin_dir};
 use serde_json::Value;
@@ -335,9 +334,9 @@ fn mixed_shares_hold(ids: &[&String; 2], got: &[f64], report: &[String]) {
 
 /// Device time share (percent) of each host pid over `secs`, by the simulator's clock.
 fn shares(sim: &Sim, pids: &[i32], secs: u64) -> Vec<f64> {
-    let a = (Instant::now(), device_times(sim));
+    let a = (Instant::now(), sim.device_times(0));
     std::thread::sleep(Duration::from_secs(secs));
-    let b = (Instant::now(), device_times(sim));
+    let b = (Instant::now(), sim.device_times(0));
     let wall = (b.0 - a.0).as_nanos() as f64;
     pids.iter()
         .map(|&p| {

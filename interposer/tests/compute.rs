@@ -12,19 +12,6 @@ use std::time::{Duration, Instant};
 const SETTLE: Duration = Duration::from_secs(3);
 const WINDOW: Duration = Duration::from_secs(3);
 
-/// Device time per pid, live and exited (a live process's own figure over an exited record of
-/// the same pid).
-fn device_times(sim: &Sim) -> std::collections::HashMap<u64, u64> {
-    let d = sim.device(0);
-    let mut m = std::collections::HashMap::new();
-    for key in ["exited", "processes"] {
-        for p in d[key].as_array().into_iter().flatten() {
-            m.insert(u(&p["pid"]), u(&p["device_time_ns"]));
-        }
-    }
-    m
-}
-
 /// Starts one process per slice, each launching `kernel_us` fixed-work kernels back to back
 /// through `via`; returns each one's share (percent) of the device over WINDOW after SETTLE.
 fn shares(slices: &[Vec<(&str, &str)>], kernel_us: u32, via: &str) -> Vec<f64> {
@@ -126,9 +113,9 @@ fn shares_and_events(
         })
         .collect();
     std::thread::sleep(SETTLE);
-    let (t0, a) = (Instant::now(), device_times(&sim));
+    let (t0, a) = (Instant::now(), sim.device_times(0));
     std::thread::sleep(WINDOW);
-    let (t1, b) = (Instant::now(), device_times(&sim));
+    let (t1, b) = (Instant::now(), sim.device_times(0));
     let events: Vec<u64> = {
         let d = sim.device(0);
         pids.iter()
@@ -149,7 +136,10 @@ fn shares_and_events(
     let span = (t1 - t0).as_nanos() as f64;
     let shares = pids
         .iter()
-        .map(|pid| 100.0 * (b[pid] - a.get(pid).copied().unwrap_or(0)) as f64 / span)
+        .map(|&pid| {
+            let pid = pid as i64;
+            100.0 * (b[&pid] - a.get(&pid).copied().unwrap_or(0)) as f64 / span
+        })
         .collect();
     (shares, events)
 }

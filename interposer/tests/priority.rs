@@ -42,16 +42,6 @@ fn args(v: &[String]) -> Vec<&str> {
     v.iter().map(String::as_str).collect()
 }
 
-/// Device time per pid, live and exited.
-fn device_time(sim: &Sim, pid: u64) -> u64 {
-    let d = sim.device(0);
-    ["processes", "exited"]
-        .iter()
-        .flat_map(|k| d[*k].as_array().cloned().unwrap_or_default())
-        .find(|p| u(&p["pid"]) == pid)
-        .map_or(0, |p| u(&p["device_time_ns"]))
-}
-
 /// The probe's latencies (ns) beside a neighbour of 1 ms kernels, the probe and the neighbour
 /// with the given environments.
 fn probe_beside(probe_env: &[(&str, &str)], neighbour_env: &[(&str, &str)]) -> Vec<u64> {
@@ -129,14 +119,15 @@ fn a_high_priority_probe_waits_less_beside_a_low_priority_neighbour_than_beside_
 /// Device time of `pids` at each of `n` 1 s marks after `settle`.
 fn per_second(sim: &Sim, pids: &[u64], settle: Duration, n: usize) -> Vec<Vec<u64>> {
     std::thread::sleep(settle);
-    let mut marks = vec![
+    let at = |d: std::collections::HashMap<i64, u64>| -> Vec<u64> {
         pids.iter()
-            .map(|&p| device_time(sim, p))
-            .collect::<Vec<_>>(),
-    ];
+            .map(|&p| d.get(&(p as i64)).copied().unwrap_or(0))
+            .collect()
+    };
+    let mut marks = vec![at(sim.device_times(0))];
     for _ in 0..n {
         std::thread::sleep(Duration::from_secs(1));
-        marks.push(pids.iter().map(|&p| device_time(sim, p)).collect());
+        marks.push(at(sim.device_times(0)));
     }
     marks
 }

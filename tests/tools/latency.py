@@ -18,6 +18,8 @@ with a low-priority neighbour at most p99 alone + one neighbour kernel; the neig
 """
 import json, os, subprocess, sys, tempfile, threading, time
 
+from simtruth import device_times
+
 BIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "target", "release")
 SIMGPU, WORKLOAD, LIB = (os.path.join(BIN, n) for n in ("simgpu", "cuda-workload", "libcuslice.so"))
 SECS = float(os.environ.get("LATENCY_SECS", "6"))
@@ -32,11 +34,7 @@ MODES = {
 
 
 def show(state):
-    out = subprocess.run([SIMGPU, "show", "--state", state, "--json"], check=True,
-                         capture_output=True, text=True).stdout
-    dev = json.loads(out)["devices"][0]
-    # A live process's own figure over any exited record of the same pid (oldest first).
-    return {p["pid"]: p["device_time_ns"] for p in dev["exited"] + dev["processes"]}
+    return device_times(SIMGPU, state)
 
 
 def start(state, work, env, args):

@@ -35,6 +35,8 @@ settling time. Used by tests/bench (section 5) and tests/run.
 """
 import json, os, subprocess, sys, tempfile, time
 
+from simtruth import device_times
+
 BIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "target", "release")
 SIMGPU, WORKLOAD, LIB = (os.path.join(BIN, n) for n in ("simgpu", "cuda-workload", "libcuslice.so"))
 SECS = float(os.environ.get("SHARE_SECS", "8"))
@@ -119,11 +121,7 @@ def command(s, secs):
 
 
 def show(state):
-    out = subprocess.run([SIMGPU, "show", "--state", state, "--json"], check=True,
-                         capture_output=True, text=True).stdout
-    dev = json.loads(out)["devices"][0]
-    # A live process's own figure over any exited record of the same pid (oldest first).
-    return {p["pid"]: p["device_time_ns"] for p in dev["exited"] + dev["processes"]}
+    return device_times(SIMGPU, state)
 
 
 def progress(stdout, t0):

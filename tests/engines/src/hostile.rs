@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 use cuslice_test_harness::{Sim, bin_dir};
 use serde_json::Value;
 
-use super::shares::device_times;
 use super::{Container, Engine, Spec, name};
 
 /// 1 ms kernels back to back.
@@ -77,9 +76,9 @@ fn spawn<'e>(
 
 /// Each pid's share of the device (%) over `secs`, by the simulator's count.
 fn shares(sim: &Sim, pids: &[i32], secs: f64) -> Vec<f64> {
-    let (t0, a) = (Instant::now(), device_times(sim));
+    let (t0, a) = (Instant::now(), sim.device_times(0));
     std::thread::sleep(Duration::from_secs_f64(secs));
-    let (t1, b) = (Instant::now(), device_times(sim));
+    let (t1, b) = (Instant::now(), sim.device_times(0));
     let span = (t1 - t0).as_nanos() as f64;
     pids.iter()
         .map(|p| {

@@ -50,22 +50,6 @@ const SLICES: [Slice; 3] = [
     },
 ];
 
-/// Device time (ns) per host pid, from the simulator (a live process's own figure over an
-/// exited record of the same pid).
-pub fn device_times(sim: &Sim) -> std::collections::HashMap<i64, u64> {
-    let d = sim.device(0);
-    ["exited", "processes"]
-        .iter()
-        .flat_map(|k| d[*k].as_array().cloned().unwrap_or_default())
-        .map(|p| {
-            (
-                p["pid"].as_i64().unwrap(),
-                p["device_time_ns"].as_u64().unwrap(),
-            )
-        })
-        .collect()
-}
-
 pub fn shares_hold(engine: &dyn Engine) {
     let _turn = agent_turn();
     let sim = Sim::new(&["--memory", "8GiB"]);
@@ -121,7 +105,7 @@ pub fn shares_hold(engine: &dyn Engine) {
     // init: `exec`).
     let mut samples: Vec<(Instant, Vec<u64>)> = Vec::new();
     while t0.elapsed() < Duration::from_secs(secs as u64 - 1) {
-        let d = device_times(&sim);
+        let d = sim.device_times(0);
         samples.push((
             Instant::now(),
             pids.iter()

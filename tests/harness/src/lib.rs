@@ -147,6 +147,18 @@ impl Sim {
     pub fn device(&self, i: usize) -> Value {
         self.show()["devices"][i].clone()
     }
+
+    /// Device time (ns) per pid on device `i`, by the simulator's count: the live processes and
+    /// the exited records (oldest first), a live process's own figure over any exited record of
+    /// the same pid.
+    pub fn device_times(&self, i: usize) -> std::collections::HashMap<i64, u64> {
+        let d = self.device(i);
+        ["exited", "processes"]
+            .iter()
+            .flat_map(|k| d[*k].as_array().cloned().unwrap_or_default())
+            .filter_map(|p| Some((p["pid"].as_i64()?, p["device_time_ns"].as_u64()?)))
+            .collect()
+    }
 }
 
 /// A child's stderr, read on a thread of its own. Each line is passed to the test's output as it
