@@ -35,7 +35,10 @@ settling time. Used by tests/bench (section 5) and tests/run.
 """
 import json, os, subprocess, sys, tempfile, time
 
-from simtruth import device_times
+# The real-GPU tier loads this file by its path, not as a script: simtruth.py beside it is found
+# by path either way.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from simtruth import carried, device_times
 
 BIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "target", "release")
 SIMGPU, WORKLOAD, LIB = (os.path.join(BIN, n) for n in ("simgpu", "cuda-workload", "libcuslice.so"))
@@ -237,6 +240,7 @@ def run(name, slices, expected, bare=False):
         if not series[-1]:
             raise SystemExit(f"{name}: no progress lines: {out} {err}")
     samples.append((time.monotonic() - t0, show(state)))
+    samples = carried(samples)
     # The window ends when the first process that ran the whole time stopped (each slice's
     # processes ran till then); 1 s windows start once every process has reported.
     full = [sr for (i, _), sr in zip(procs, series) if slices[i]["secs"] is None]

@@ -10,3 +10,14 @@ def device_times(simgpu, state, device=0):
                          capture_output=True, text=True).stdout
     dev = json.loads(out)["devices"][device]
     return {p["pid"]: p["device_time_ns"] for p in dev["exited"] + dev["processes"]}
+
+
+def carried(samples):
+    """`samples`, [(t, device_times)], with each pid's figure carried on to the samples after it
+    where it is missing or lower: device time never goes down, yet a process that has given up
+    its last context and has not been reaped yet is in neither list of `simgpu show`."""
+    out, last = [], {}
+    for t, times in samples:
+        last = {**last, **{pid: max(ns, last.get(pid, 0)) for pid, ns in times.items()}}
+        out.append((t, dict(last)))
+    return out

@@ -134,6 +134,10 @@ class SimTruth(threading.Thread):
                 dev = json.loads(out)["devices"][0]
                 # A live process's own figure over any exited record of the same pid.
                 t = {p["pid"]: p["device_time_ns"] for p in dev["exited"] + dev["processes"]}
+                # Device time never goes down, yet a process that has given up its last
+                # context and has not been reaped yet is in neither list: it keeps its figure.
+                for pid, ns in (self.samples[-1][1] if self.samples else {}).items():
+                    t[pid] = max(ns, t.get(pid, 0))
                 self.samples.append((time.time(), t))
             except (subprocess.CalledProcessError, ValueError, KeyError, IndexError):
                 pass
