@@ -18,9 +18,6 @@ with a low-priority neighbour at most p99 alone + one neighbour kernel; the neig
 """
 import json, os, subprocess, sys, tempfile, threading, time
 
-# The real-GPU tier loads this file by its path, not as a script: simtruth.py beside it is found
-# by path either way.
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from simtruth import device_times
 
 BIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "target", "release")
