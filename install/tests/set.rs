@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use cuslice_test_harness::{GIB, MIB, Running, Sim, libcuslice, workload};
+use cuslice_test_harness::{GIB, MIB, Running, Sim, libcuslice, twice, workload};
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_cuslice");
@@ -233,23 +233,8 @@ fn a_cap_lowered_or_raised_while_running_holds_at_the_next_allocation() {
 }
 
 /// The simulator's device time (ns) of process `pid`.
-/// Runs a scenario judged by shares within 2 points; one that fails (its panic printed) is run
-/// once more, and the test fails when it fails twice running: on the 2-core machine a lone slice
-/// at 30 got 27.0 to 28.0% for an hour, where it got 29.2 to 29.8% earlier the same day.
-fn twice(scenario: fn()) {
-    if std::panic::catch_unwind(scenario).is_err() {
-        eprintln!("failed once (above): run once more");
-        scenario();
-    }
-}
-
 fn device_ns(sim: &Sim, pid: u64) -> u64 {
-    let d = sim.device(0);
-    ["processes", "exited"]
-        .iter()
-        .flat_map(|k| d[*k].as_array().cloned().unwrap_or_default())
-        .find(|p| p["pid"] == pid)
-        .map_or(0, |p| p["device_time_ns"].as_u64().unwrap())
+    sim.device_times(0).get(&(pid as i64)).copied().unwrap_or(0)
 }
 
 /// A busy workload: 1 ms kernels back to back for 30 s.
