@@ -232,11 +232,6 @@ fn a_cap_lowered_or_raised_while_running_holds_at_the_next_allocation() {
     w.wait_for("freed", Duration::from_secs(30));
 }
 
-/// The simulator's device time (ns) of process `pid`.
-fn device_ns(sim: &Sim, pid: u64) -> u64 {
-    sim.device_times(0).get(&(pid as i64)).copied().unwrap_or(0)
-}
-
 /// A busy workload: 1 ms kernels back to back for 30 s.
 const BUSY: &[&str] = &[
     "launch",
@@ -251,13 +246,15 @@ const BUSY: &[&str] = &[
 /// Each process's share of the device (percent) over a window of `secs` from now, by the
 /// simulator.
 fn shares(sim: &Sim, pids: &[u64], secs: f64) -> Vec<f64> {
-    let t0 = Instant::now();
-    let d0: Vec<u64> = pids.iter().map(|&p| device_ns(sim, p)).collect();
+    // One reading of the simulator for every pid at each end of the window.
+    let at =
+        |d: &std::collections::HashMap<i64, u64>, p: u64| d.get(&(p as i64)).copied().unwrap_or(0);
+    let (t0, d0) = (Instant::now(), sim.device_times(0));
     std::thread::sleep(Duration::from_secs_f64(secs));
-    let span = t0.elapsed().as_nanos() as f64;
+    let (t1, d1) = (Instant::now(), sim.device_times(0));
+    let span = (t1 - t0).as_nanos() as f64;
     pids.iter()
-        .zip(d0)
-        .map(|(&p, d)| 100.0 * (device_ns(sim, p) - d) as f64 / span)
+        .map(|&p| 100.0 * (at(&d1, p) - at(&d0, p)) as f64 / span)
         .collect()
 }
 
