@@ -515,10 +515,16 @@ impl Verifier {
     }
 }
 
+/// How long after its grant changed a slice's claims are not judged: `cuslice set` writes the
+/// grant before the ledger, and the slice's processes post the new figures at their meter's next
+/// period (50 ms), so for a moment an honest slice claims what its old grant allowed.
+const GRANT_SETTLE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// A slice whose claims on the compute board say what no honest process of it posts (a device
 /// claimed in several entries, figures past its grant, a file not its own): reported, nothing
 /// done. Every reader counts such claims once or not at all (`cuslice_state::board::faults`), so
-/// they harm nobody; the finding names the container that wrote them.
+/// they harm nobody; the finding names the container that wrote them. Not judged while its grant
+/// is fresh (`GRANT_SETTLE`).
 pub(super) fn check_claims(
     state_root: &std::path::Path,
     slices: &BTreeMap<String, Arc<Slice>>,
@@ -531,9 +537,13 @@ pub(super) fn check_claims(
             continue;
         };
         let place = PathBuf::from(std::ffi::OsString::from_vec(p));
-        let grant = board::read_grant(&place.join(board::GRANT));
+        let grant_path = place.join(board::GRANT);
+        let grant = board::read_grant(&grant_path);
         let faults = board::faults(&place.join(board::CLAIMS), slice, &grant);
-        if faults.is_empty() {
+        let fresh = fs::metadata(&grant_path)
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t.elapsed().is_ok_and(|age| age < GRANT_SETTLE));
+        if faults.is_empty() || fresh {
             continue;
         }
         found.push((
