@@ -179,27 +179,38 @@ def rate_alone(s):
     between them alone too, so the sum of their throughputs is the slice's rate alone."""
     key = (s["kernel"], s["kernel_us"], s["via"], s["streams"], s["sync_every"], s["procs"])
     if key not in RATES_ALONE:
-        work = tempfile.mkdtemp(prefix="cuslice-share-alone-")
-        state = os.path.join(work, "state")
-        subprocess.run([SIMGPU, "init", "--state", state, *MODEL], check=True, capture_output=True)
-        env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD" and not k.startswith("CUSLICE_")}
-        t0 = time.monotonic()
-        ps = [subprocess.Popen([SIMGPU, "run", "--state", state, "--", *command(s, ALONE_SECS)], env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-              for _ in range(s["procs"])]
-        series = []
-        for p in ps:
-            out, err = p.communicate()
-            if p.returncode != 0:
-                raise SystemExit(f"rate alone of {key}: exit {p.returncode}: {out} {err}")
-            series.append(progress(out, t0))
-        start = max(x[0][0] for x in series) + 1.0
-        end = min(x[-1][0] for x in series)
-        RATES_ALONE[key] = throughput(series, start, end)
+        # A loop that keeps the device busy alone has a rate near 100% every time. One the host
+        # holds back (its launches or its synchronising) varies with the host from one run to the
+        # next (93.0 to 95.8% for the matmul loop, minutes apart): the median of three runs.
+        rates = [alone_once(s, key)]
+        if rates[0] < 99.0:
+            rates += [alone_once(s, key), alone_once(s, key)]
+        RATES_ALONE[key] = sorted(rates)[len(rates) // 2]
         if ALONE_CACHE:
             with open(ALONE_CACHE, "w") as f:
                 json.dump({json.dumps(list(k)): v for k, v in RATES_ALONE.items()}, f)
     return RATES_ALONE[key]
+
+
+def alone_once(s, key):
+    """One run of slice `s`'s loop alone, without the library: its rate from 1 s to its end."""
+    work = tempfile.mkdtemp(prefix="cuslice-share-alone-")
+    state = os.path.join(work, "state")
+    subprocess.run([SIMGPU, "init", "--state", state, *MODEL], check=True, capture_output=True)
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD" and not k.startswith("CUSLICE_")}
+    t0 = time.monotonic()
+    ps = [subprocess.Popen([SIMGPU, "run", "--state", state, "--", *command(s, ALONE_SECS)], env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+          for _ in range(s["procs"])]
+    series = []
+    for p in ps:
+        out, err = p.communicate()
+        if p.returncode != 0:
+            raise SystemExit(f"rate alone of {key}: exit {p.returncode}: {out} {err}")
+        series.append(progress(out, t0))
+    start = max(x[0][0] for x in series) + 1.0
+    end = min(x[-1][0] for x in series)
+    return throughput(series, start, end)
 
 
 def run(name, slices, expected, bare=False):

@@ -172,7 +172,7 @@ fn stream_sync(s: CUstream, ptsz: bool) -> Res {
         }
         sync_target(&inner, sref)?
     };
-    wait_seq(d, dev, ctx, generation, seq);
+    wait_seq(d, dev, ctx, generation, seq, Wake::Spin);
     crate::pool::release_to_thresholds(d, dev);
     Ok(())
 }
@@ -293,7 +293,7 @@ fn stream_wait_event(s: CUstream, e: CUevent, ptsz: bool) -> Res {
             .get(sref_ctx)
             .is_some_and(|c| c.dev == dev && c.shared == ctx);
         if !same {
-            wait_seq(d, dev, ctx, generation, seq);
+            wait_seq(d, dev, ctx, generation, seq, Wake::Block);
         }
     }
     Ok(())
@@ -427,15 +427,18 @@ pub unsafe extern "C" fn cuEventQuery(e: CUevent) -> CUresult {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuEventSynchronize(e: CUevent) -> CUresult {
     status(drv().and_then(|d| {
-        let rec = d
-            .inner
-            .lock()
-            .events
-            .get(from_ptr(e))
-            .ok_or(E_INVALID_HANDLE)?
-            .recorded;
+        let (rec, flags) = {
+            let inner = d.inner.lock();
+            let ev = inner.events.get(from_ptr(e)).ok_or(E_INVALID_HANDLE)?;
+            (ev.recorded, ev.flags)
+        };
         if let Some((dev, ctx, generation, seq)) = rec {
-            wait_seq(d, dev, ctx, generation, seq);
+            let wake = if flags & CU_EVENT_BLOCKING_SYNC != 0 {
+                Wake::Block
+            } else {
+                Wake::Spin
+            };
+            wait_seq(d, dev, ctx, generation, seq, wake);
             crate::pool::release_to_thresholds(d, dev);
         }
         Ok(())
@@ -523,7 +526,14 @@ fn hostfn_worker(rx: std::sync::mpsc::Receiver<HostCall>) {
     for call in rx {
         // Run when everything queued before it has finished; the engine holds the context's
         // later work until we report the function returned.
-        wait_seq(d, call.dev, call.ctx, call.ctx_gen, call.seq - 1);
+        wait_seq(
+            d,
+            call.dev,
+            call.ctx,
+            call.ctx_gen,
+            call.seq - 1,
+            Wake::Block,
+        );
         // SAFETY: the application's callback with its own argument, as cuLaunchHostFunc promises.
         unsafe { (call.f)(call.data as *mut c_void) };
         let mut g = d.state.lock_device(call.dev);
