@@ -258,14 +258,29 @@ impl Slice {
         self.config.memory_spill.is_some()
     }
 
-    /// Checks and reserves `bytes` of spill (host memory past the cap) on device `ordinal`.
+    /// Checks and reserves `bytes` of spill (host memory past the cap) on device `ordinal`:
+    /// within what this process holds by its own count and its own `CUSLICE_MEMORY_SPILL`
+    /// (`MINE_SPILLED`), then within the slice's spill in the ledger.
     pub fn reserve_spill(&self, ordinal: usize, bytes: u64) -> Result<(), CUresult> {
-        let Some(d) = self.devs().get(ordinal) else {
+        let (Some(d), Some(mine)) = (self.devs().get(ordinal), MINE_SPILLED.get(ordinal)) else {
             return Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
         };
+        let own = self.config.memory_spill.unwrap_or(0);
+        if let Err(held) = mine.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |held| {
+            held.checked_add(bytes).filter(|&after| after <= own)
+        }) {
+            info!(
+                "cannot spill {} on device {ordinal}: this process holds {} of its {} spill",
+                cuslice_policy::format_size(bytes),
+                cuslice_policy::format_size(held),
+                cuslice_policy::format_size(own)
+            );
+            return Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+        }
         self.ledger
             .reserve_spill(self.slot, d.index, bytes)
             .map_err(|over| {
+                mine.fetch_sub(bytes, Ordering::Relaxed);
                 info!(
                     "cannot spill {} on device {ordinal}: the slice holds {} of its {} spill",
                     cuslice_policy::format_size(bytes),
@@ -280,6 +295,12 @@ impl Slice {
         if let Some(d) = self.devs().get(ordinal)
             && bytes > 0
         {
+            if let Some(mine) = MINE_SPILLED.get(ordinal) {
+                // Never below nothing: what this process reserved is all it gives back.
+                let _ = mine.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |held| {
+                    Some(held.saturating_sub(bytes))
+                });
+            }
             self.ledger.release_spill(self.slot, d.index, bytes);
         }
     }
@@ -491,6 +512,13 @@ pub static MANAGED: Mutex<Option<Managed>> = Mutex::new(None);
 /// spilled (`SPILL_USED`).
 pub static SPILLED: Mutex<Option<FxHashMap<u64, Charge>>> = Mutex::new(None);
 pub static SPILL_USED: AtomicBool = AtomicBool::new(false);
+/// What this process holds in host memory past the cap, per device ordinal, by its own count.
+/// The ledger's spill words (the slice's bound and what its processes hold) are in a file the
+/// tenant can write; this count and the process's configuration (root-owned in a container) are
+/// not, so a tenant who rewrites those words still spills at most its `CUSLICE_MEMORY_SPILL` in
+/// each process.
+pub static MINE_SPILLED: [AtomicU64; cuslice_state::ledger::MAX_DEVICES] =
+    [const { AtomicU64::new(0) }; cuslice_state::ledger::MAX_DEVICES];
 /// Whether the process ever made a managed allocation: a free the allocation table does not know
 /// looks in `MANAGED` only then.
 pub static MANAGED_USED: AtomicBool = AtomicBool::new(false);

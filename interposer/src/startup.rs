@@ -217,8 +217,8 @@ pub fn attach_devices() -> bool {
                     let slice = s.ledger.set_spill_limit(index, spill);
                     if slice != spill {
                         crate::log::warning!(
-                            "device {i}: the slice spills up to {}, as its first process said; \
-                             CUSLICE_MEMORY_SPILL={} here is not used",
+                            "device {i}: the slice spills up to {} in all, as its first process \
+                             said; CUSLICE_MEMORY_SPILL={} here bounds what this process spills",
                             cuslice_policy::format_size(slice),
                             cuslice_policy::format_size(spill)
                         );

@@ -40,6 +40,9 @@ pub fn child_after_fork() -> bool {
     MANAGED_USED.store(false, Ordering::Relaxed);
     *SPILLED.lock() = None;
     SPILL_USED.store(false, Ordering::Relaxed);
+    for mine in MINE_SPILLED.iter() {
+        mine.store(0, Ordering::Relaxed);
+    }
     for sh in ALLOCS.iter() {
         sh.with(|m| m.clear());
     }

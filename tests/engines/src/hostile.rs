@@ -770,6 +770,44 @@ pub fn a_tenant_filling_its_state_fills_only_its_own(engine: &dyn Engine) {
     }
 }
 
+/// A tenant allowed 776 MiB of spill past a 1 GiB cap keeps its ledger's spill bound at 1 TiB
+/// and the spilled count at 0 (rewriting both every millisecond) while another of its processes
+/// allocates 256 MiB chunks up to 2 GiB. That process still stops within the cap and the spill:
+/// it spills by its own count, against its own configuration, not the ledger's words.
+pub fn rewritten_spill_words_spill_no_further(engine: &dyn Engine) {
+    const MIB: u64 = 1 << 20;
+    let sim = Sim::new(&["--memory", "8GiB"]);
+    let mut c = spawn(
+        engine,
+        &sim,
+        "spillwords",
+        &["CUSLICE_MEMORY_LIMIT=1GiB", "CUSLICE_MEMORY_SPILL=776MiB"],
+        "cuda-workload tamper --spill-words-mib 776 --secs 60 & \
+         sleep 2; exec cuda-workload fill --family mem --chunk 256MiB --max-count 8 --hold 1",
+    );
+    let (tried, _) = within(c.as_mut(), "ready", 60)
+        .unwrap_or_else(|| panic!("the tenant did not get ready: {}", c.stderr()));
+    assert!(
+        tried
+            .iter()
+            .any(|v| v["what"] == "spill-words" && v["ok"] == true),
+        "{tried:?}"
+    );
+    let (_, refused) = within(c.as_mut(), "refused", 60)
+        .unwrap_or_else(|| panic!("the filler did not finish: {}", c.stderr()));
+    c.remove();
+    let allocated = refused["allocated"].as_u64().unwrap();
+    eprintln!("beside the rewritten spill words: {refused}");
+    // The device holds at most the cap (contexts included), host memory at most the spill.
+    assert_eq!(
+        refused["code"], 2,
+        "not stopped at cap and spill: {refused}"
+    );
+    assert!(allocated <= 1024 * MIB + 776 * MIB, "{refused}");
+    // It did spill: three chunks at least (768 MiB) beyond what the device held.
+    assert!(allocated >= 768 * MIB, "{refused}");
+}
+
 /// The scenarios as `#[test]`s of an engine's test binary.
 #[macro_export]
 macro_rules! hostile_scenarios {
@@ -808,6 +846,11 @@ macro_rules! hostile_scenarios {
         fn hostile_a_claim_posted_five_times_counts_once() {
             $crate::root_required();
             $crate::hostile::duplicate_claims_count_once($engine);
+        }
+        #[test]
+        fn hostile_rewritten_spill_words_spill_no_further() {
+            $crate::root_required();
+            $crate::hostile::rewritten_spill_words_spill_no_further($engine);
         }
         #[test]
         fn hostile_replaced_or_locked_state_hangs_nobody() {

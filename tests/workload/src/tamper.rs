@@ -48,6 +48,11 @@ pub struct TamperArgs {
     /// changing the file's size (`fallocate` with `FALLOC_FL_KEEP_SIZE`)
     #[arg(long, default_value_t = 0)]
     pub fallocate_mib: u64,
+    /// Find its slice's spill bound in its ledger (the 8-byte word holding this many MiB, the
+    /// slice's `CUSLICE_MEMORY_SPILL`) and keep it at 1 TiB, and the spilled count after it at 0,
+    /// rewriting both every millisecond
+    #[arg(long, default_value_t = 0)]
+    pub spill_words_mib: u64,
     /// How long to keep it up after `ready`
     #[arg(long, value_parser = parse_secs, default_value = "0")]
     pub secs: f64,
@@ -444,6 +449,42 @@ fn flood(n: u32, secs: f64) -> Vec<std::process::Child> {
     kids
 }
 
+/// Raises the slice's spill bound and clears its spilled count in the ledger, as one who has
+/// read the ledger's layout would: the bound is the word that holds the configured spill.
+fn spill_words(root: &Path, mib: u64, until: Instant) -> Option<std::thread::JoinHandle<()>> {
+    use std::os::unix::fs::FileExt;
+    let path = root.join("slice/ledger");
+    let found = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .and_then(|f| {
+            let bytes = std::fs::read(&path)?;
+            let want = (mib << 20).to_le_bytes();
+            let at = bytes
+                .chunks_exact(8)
+                .position(|w| w == want)
+                .ok_or_else(|| std::io::Error::other(format!("no word holds {mib} MiB")))?;
+            let at = at as u64 * 8;
+            f.write_at(&(1u64 << 40).to_le_bytes(), at)?;
+            f.write_at(&0u64.to_le_bytes(), at + 8)?;
+            Ok((f, at))
+        });
+    let ok = found
+        .as_ref()
+        .map(|_| ())
+        .map_err(|e| std::io::Error::other(e.to_string()));
+    attempt("spill-words", &path, ok);
+    let (f, at) = found.ok()?;
+    Some(std::thread::spawn(move || {
+        while Instant::now() < until {
+            let _ = f.write_at(&(1u64 << 40).to_le_bytes(), at);
+            let _ = f.write_at(&0u64.to_le_bytes(), at + 8);
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }))
+}
+
 /// A flood process: cuInit (which is where a process joins the compute arbitration), then wait.
 pub fn init_only(d: &crate::driver::Driver, secs: f64) -> u8 {
     // SAFETY: plain flags argument.
@@ -481,6 +522,9 @@ pub fn tamper(s: &Session<'_>, a: &TamperArgs) {
     }
     if a.fallocate_mib > 0 {
         fallocate_past_end(&a.root, a.fallocate_mib);
+    }
+    if a.spill_words_mib > 0 {
+        forgers.extend(spill_words(&a.root, a.spill_words_mib, until));
     }
     emit("ready", json!({}));
     std::thread::sleep(until.saturating_duration_since(Instant::now()));
