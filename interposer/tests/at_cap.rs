@@ -293,6 +293,60 @@ fn a_slice_spills_past_its_cap_into_host_memory_and_no_further() {
     assert_eq!(u(&status_memory(&slice)["spilled"]), 0);
 }
 
+/// A process started with a smaller `CUSLICE_MEMORY_SPILL` than the slice's first spills at
+/// most its own: the slice allows 512 MiB, the second process 128 MiB, and it stops there with
+/// 384 MiB of the slice's spill free.
+#[test]
+fn a_process_spills_at_most_its_own_setting() {
+    let _g = serial();
+    let sim = sim();
+    let slice = Slice::new(&[
+        ("CUSLICE_MEMORY_LIMIT", "1GiB"),
+        ("CUSLICE_MEMORY_SPILL", "512MiB"),
+    ]);
+    let mut first = slice.spawn(
+        &sim,
+        &[
+            "fill",
+            "--family",
+            "mem",
+            "--chunk",
+            "2MiB",
+            "--max-count",
+            "1",
+            "--hold",
+            "60",
+        ],
+    );
+    first.wait_for("holding", WAIT);
+    let mut c = slice.command(
+        &sim,
+        &workload(),
+        &[
+            "fill",
+            "--family",
+            "mem",
+            "--chunk",
+            "128MiB",
+            "--max-count",
+            "12",
+        ],
+    );
+    c.env("CUSLICE_MEMORY_SPILL", "128MiB")
+        .env("CUSLICE_LOG", "info");
+    let (lines, code, stderr) = split(c.output().unwrap());
+    assert_eq!(code, 0, "{stderr}");
+    let refused = event(&lines, "refused");
+    // Two contexts of 64 MiB and the first one's 2 MiB: 6 chunks under the cap, then one spilled.
+    assert_eq!(u(&refused["count"]), 7, "{refused} {stderr}");
+    assert_eq!(refused["code"], 2, "{refused}");
+    assert!(
+        stderr.contains("this process holds 128 MiB of its 128 MiB spill"),
+        "{stderr}"
+    );
+    drop(first);
+}
+
 /// The families that cannot spill (arrays, VMM, pools, managed memory) are refused at the cap
 /// with a spill set, as without it: nothing of theirs goes to host memory, and the device holds
 /// no more than the cap by the simulator's count.
