@@ -452,7 +452,6 @@ fn flood(n: u32, secs: f64) -> Vec<std::process::Child> {
 /// Raises the slice's spill bound and clears its spilled count in the ledger, as one who has
 /// read the ledger's layout would: the bound is the word that holds the configured spill.
 fn spill_words(root: &Path, mib: u64, until: Instant) -> Option<std::thread::JoinHandle<()>> {
-    use std::os::unix::fs::FileExt;
     let path = root.join("slice/ledger");
     let found = std::fs::OpenOptions::new()
         .read(true)
@@ -466,8 +465,7 @@ fn spill_words(root: &Path, mib: u64, until: Instant) -> Option<std::thread::Joi
                 .position(|w| w == want)
                 .ok_or_else(|| std::io::Error::other(format!("no word holds {mib} MiB")))?;
             let at = at as u64 * 8;
-            f.write_at(&(1u64 << 40).to_le_bytes(), at)?;
-            f.write_at(&0u64.to_le_bytes(), at + 8)?;
+            rewrite(&f, at)?;
             Ok((f, at))
         });
     let ok = found
@@ -478,11 +476,17 @@ fn spill_words(root: &Path, mib: u64, until: Instant) -> Option<std::thread::Joi
     let (f, at) = found.ok()?;
     Some(std::thread::spawn(move || {
         while Instant::now() < until {
-            let _ = f.write_at(&(1u64 << 40).to_le_bytes(), at);
-            let _ = f.write_at(&0u64.to_le_bytes(), at + 8);
+            let _ = rewrite(&f, at);
             std::thread::sleep(Duration::from_millis(1));
         }
     }))
+}
+
+/// The spill bound at `at` to 1 TiB, the spilled count after it to 0.
+fn rewrite(f: &std::fs::File, at: u64) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    f.write_all_at(&(1u64 << 40).to_le_bytes(), at)?;
+    f.write_all_at(&0u64.to_le_bytes(), at + 8)
 }
 
 /// A flood process: cuInit (which is where a process joins the compute arbitration), then wait.

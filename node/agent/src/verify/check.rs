@@ -540,10 +540,13 @@ pub(super) fn check_claims(
         let grant_path = place.join(board::GRANT);
         let grant = board::read_grant(&grant_path);
         let faults = board::faults(&place.join(board::CLAIMS), slice, &grant);
-        let fresh = fs::metadata(&grant_path)
-            .and_then(|m| m.modified())
-            .is_ok_and(|t| t.elapsed().is_ok_and(|age| age < GRANT_SETTLE));
-        if faults.is_empty() || fresh {
+        // The grant's age is looked at only for a slice with faults.
+        let fresh = || {
+            fs::metadata(&grant_path)
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| t.elapsed().is_ok_and(|age| age < GRANT_SETTLE))
+        };
+        if faults.is_empty() || fresh() {
             continue;
         }
         found.push((
