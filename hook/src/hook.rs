@@ -221,46 +221,6 @@ pub fn create(opts: &Options, state_json: &str) -> Result<Outcome, String> {
             opts.state_root.display()
         ));
     }
-    make_node_dir(&opts.node_dir)?;
-    make_agent_dir(&root.agent())?;
-    let skeleton = root.make_skeleton().map_err(|e| {
-        format!(
-            "cannot make the mount points under {}: {e}",
-            root.skeleton().display()
-        )
-    })?;
-    let made = root
-        .create(
-            id,
-            &found.config_file(id),
-            &opts.node_dir,
-            &found.grant(id, &opts.state_root),
-        )
-        .map_err(|e| {
-            format!(
-                "cannot write the slice state under {} and {}: {e}",
-                root.dir(id).display(),
-                opts.node_dir.display()
-            )
-        })?;
-    let created = match inject(&Plan {
-        pid,
-        rootfs: &rootfs,
-        skeleton: &skeleton,
-        mnt: &made.mnt,
-        node_dir: &opts.node_dir,
-        claims: &made.claims,
-        slice: made.slice,
-        agent_dir: &root.agent(),
-        library: &library,
-        preload: &preload,
-    }) {
-        Ok(c) => c,
-        Err(e) => {
-            root.remove(id, &[], &unmake);
-            return Err(e);
-        }
-    };
     let record = Record {
         id: id.to_string(),
         pid,
@@ -273,17 +233,74 @@ pub fn create(opts: &Options, state_json: &str) -> Result<Outcome, String> {
             &annotations,
         ),
         kubernetes,
-        created,
+        created: Vec::new(),
         ledger_version: Some(cuslice_state::ledger::VERSION),
+        slurm: None,
+    };
+    make(opts, &root, &found, record, &library, &preload)?;
+    Ok(Outcome::Sliced)
+}
+
+/// Makes a slice's state for `record` (its `created` still empty), mounts it into the mount
+/// namespace of `record.pid` with `preload` as its `/etc/ld.so.preload`, and writes the record.
+/// Requires the state root's lock. On failure nothing is left behind.
+pub(crate) fn make(
+    opts: &Options,
+    root: &Root,
+    found: &settings::Settings,
+    mut record: Record,
+    library: &Path,
+    preload: &str,
+) -> Result<(), String> {
+    let id = record.id.clone();
+    make_node_dir(&opts.node_dir)?;
+    make_agent_dir(&root.agent())?;
+    let skeleton = root.make_skeleton().map_err(|e| {
+        format!(
+            "cannot make the mount points under {}: {e}",
+            root.skeleton().display()
+        )
+    })?;
+    let made = root
+        .create(
+            &id,
+            &found.config_file(&id),
+            &opts.node_dir,
+            &found.grant(&id, &opts.state_root),
+        )
+        .map_err(|e| {
+            format!(
+                "cannot write the slice state under {} and {}: {e}",
+                root.dir(&id).display(),
+                opts.node_dir.display()
+            )
+        })?;
+    record.created = match inject(&Plan {
+        pid: record.pid,
+        rootfs: &record.rootfs,
+        skeleton: &skeleton,
+        mnt: &made.mnt,
+        node_dir: &opts.node_dir,
+        claims: &made.claims,
+        slice: made.slice,
+        agent_dir: &root.agent(),
+        library,
+        preload: Some(preload),
+    }) {
+        Ok(c) => c,
+        Err(e) => {
+            root.remove(&id, &[], &unmake);
+            return Err(e);
+        }
     };
     root.write_record(&record).map_err(|e| {
         // Without its record no later hook knows what this one made in the rootfs (which other
         // containers may share): it goes now, with the rest.
         unmake(&record.rootfs, &record.created);
-        root.remove(id, &[], &unmake);
-        format!("cannot write {}: {e}", root.dir(id).display())
+        root.remove(&id, &[], &unmake);
+        format!("cannot write {}: {e}", root.dir(&id).display())
     })?;
-    Ok(Outcome::Sliced)
+    Ok(())
 }
 
 /// The container's place in Kubernetes from its annotations, with the DRA claims the container
@@ -304,7 +321,7 @@ fn kubernetes(annotations: &[(&str, &str)], index: &Path) -> Option<settings::Ku
     Some(k)
 }
 
-fn make_node_dir(dir: &Path) -> Result<(), String> {
+pub(crate) fn make_node_dir(dir: &Path) -> Result<(), String> {
     use std::os::unix::fs::PermissionsExt;
     if !dir.is_dir() {
         std::fs::create_dir_all(dir)
@@ -342,7 +359,7 @@ pub fn poststop(opts: &Options, state_json: &str) -> Result<Outcome, String> {
     let live: Vec<Record> = root
         .records()
         .into_iter()
-        .filter(|r| &r.id != state.id() && start_time(r.pid) == Some(r.start))
+        .filter(|r| &r.id != state.id() && r.alive())
         .collect();
     root.discard(state.id(), &live, &unmake);
     root.sweep(&unmake);
@@ -400,7 +417,7 @@ pub fn sweep(opts: &Options) -> Result<Outcome, String> {
     let live: Vec<String> = root
         .records()
         .into_iter()
-        .filter(|r| start_time(r.pid) == Some(r.start))
+        .filter(|r| r.alive())
         .map(|r| r.id)
         .collect();
     cuslice_state::board::sweep(

@@ -49,8 +49,9 @@ pub struct Plan<'a> {
     /// `<state root>/agent`, the node agent's socket directory.
     pub agent_dir: &'a Path,
     pub library: &'a Path,
-    /// The container's `/etc/ld.so.preload` ([`image_preload`]).
-    pub preload: &'a str,
+    /// The container's `/etc/ld.so.preload` ([`image_preload`]), written into `mnt`; `None`
+    /// where it is there already (another task joining a Slurm job's slice).
+    pub preload: Option<&'a str>,
 }
 
 /// Paths in the rootfs the mounts need, and what must be there.
@@ -125,8 +126,10 @@ fn mount_all(
     }
     // Made here, once (not first empty at `Root::create`): readable by every user, since the
     // dynamic loader of every process in the container reads it.
-    cuslice_state::fsio::write_new(&plan.mnt.join(PRELOAD_FILE), plan.preload.as_bytes(), 0o644)
-        .map_err(|e| format!("{}: {e}", plan.mnt.join(PRELOAD_FILE).display()))?;
+    if let Some(preload) = plan.preload {
+        cuslice_state::fsio::write_new(&plan.mnt.join(PRELOAD_FILE), preload.as_bytes(), 0o644)
+            .map_err(|e| format!("{}: {e}", plan.mnt.join(PRELOAD_FILE).display()))?;
+    }
     if r.ensure_file(PRELOAD).map_err(|e| cant_make(PRELOAD, e))? {
         created.push(PRELOAD.to_string());
     }

@@ -16,4 +16,5 @@ pub mod inject;
 pub mod names;
 pub mod rootfs;
 pub mod settings;
+pub mod slurm;
 pub mod wrapper;

@@ -319,6 +319,7 @@ fn doctor_says_what_is_right_and_each_thing_broken() {
         kubernetes: None,
         created: Vec::new(),
         ledger_version: None,
+        slurm: None,
     })
     .unwrap();
     let sweep = format!("cuslice-hook sweep --state-root {}", node.state.display());

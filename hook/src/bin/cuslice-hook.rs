@@ -9,6 +9,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, ValueEnum};
 use cuslice_hook::hook::{self, DEFAULT_NODE_DIR, Options, Outcome};
+use cuslice_hook::slurm;
 use cuslice_state::host::DEFAULT_ROOT;
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -25,6 +26,13 @@ enum Stage {
     /// Not an OCI stage: removes the state of containers that are gone (no stdin).
     #[value(name = "sweep")]
     Sweep,
+    /// Not an OCI stage: cuslice's SPANK plugin, in a Slurm task's own mount namespace, before
+    /// the task execs (--job, --pid; no stdin).
+    #[value(name = "slurm-task")]
+    SlurmTask,
+    /// Not an OCI stage: cuslice's SPANK plugin, at a Slurm job's epilog (--job; no stdin).
+    #[value(name = "slurm-epilog")]
+    SlurmEpilog,
 }
 
 /// cuslice's OCI hook: holds a container to its CUSLICE_* limits.
@@ -46,6 +54,19 @@ struct Cli {
     /// uses (a label for the node tools).
     #[arg(long, default_value = cuslice_cdi::DEFAULT_CONTAINER_INDEX)]
     container_index: PathBuf,
+    /// slurm-task, slurm-epilog: the Slurm job.
+    #[arg(long)]
+    job: Option<u32>,
+    /// slurm-task: the task's process, in the mount namespace to mount the job's slice into.
+    #[arg(long)]
+    pid: Option<i32>,
+    /// slurm-task: a process in the node's mount namespace (slurmstepd), where the slice is
+    /// made [default: the hook's own namespace].
+    #[arg(long)]
+    host_pid: Option<i32>,
+    /// slurm-task: the node's name to Slurm [default: the host name up to its first dot].
+    #[arg(long)]
+    node: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -57,8 +78,10 @@ fn main() -> ExitCode {
         container_index: cli.container_index,
     };
     let mut state = String::new();
-    if !matches!(cli.stage, Stage::Sweep)
-        && let Err(e) = std::io::stdin().read_to_string(&mut state)
+    if matches!(
+        cli.stage,
+        Stage::Prestart | Stage::CreateRuntime | Stage::Poststop
+    ) && let Err(e) = std::io::stdin().read_to_string(&mut state)
     {
         eprintln!("cuslice-hook: cannot read the container state on stdin: {e}");
         return ExitCode::FAILURE;
@@ -69,6 +92,16 @@ fn main() -> ExitCode {
         }
         Stage::Poststop => hook::poststop(&opts, &state),
         Stage::Sweep => hook::sweep(&opts),
+        Stage::SlurmTask => match (cli.job, cli.pid) {
+            (Some(job), Some(pid)) => slurm::enter_host(cli.host_pid)
+                .and_then(|()| slurm::task(&opts, job, pid, cli.node.as_deref()))
+                .map_err(|e| format!("job {job}: {e}; the task is not started")),
+            _ => Err("slurm-task needs --job ID and --pid PID".to_string()),
+        },
+        Stage::SlurmEpilog => match cli.job {
+            Some(job) => slurm::epilog(&opts, job).map_err(|e| format!("job {job}: {e}")),
+            None => Err("slurm-epilog needs --job ID".to_string()),
+        },
     };
     match result {
         Ok(Outcome::Swept(ids)) => {

@@ -15,7 +15,8 @@ use crate::fsio;
 use crate::layout::{BINARIES, CLI_BIN, HOOK_BIN, LIBRARIES, Layout};
 use crate::plan::{self, Cmd, Engine, Options};
 use judge::{
-    AgentFacts, CgroupFacts, EngineFacts, Facts, FileFacts, GpuFacts, NvmlFacts, StateRootFacts,
+    AgentFacts, CgroupFacts, EngineFacts, Facts, FileFacts, GpuFacts, NvmlFacts, SlurmFacts,
+    StateRootFacts,
 };
 
 /// Where to look.
@@ -28,6 +29,7 @@ pub struct Places {
 
 pub fn gather(p: &Places) -> Facts {
     let engines = engines(p);
+    let slurm = slurm(p, &engines);
     let mut install_command = format!(
         "cuslice install --engine {}",
         match engines
@@ -36,7 +38,7 @@ pub fn gather(p: &Places) -> Facts {
             .map(|e| e.engine)
             .collect::<Vec<_>>()
         {
-            v if v.is_empty() => "docker|containerd|podman|crio|cdi".to_owned(),
+            v if v.is_empty() => "docker|containerd|podman|crio|cdi|slurm".to_owned(),
             v => v.join(","),
         }
     );
@@ -59,7 +61,24 @@ pub fn gather(p: &Places) -> Facts {
         cgroup: cgroup(),
         state_root: state_root(&p.state_root),
         stale: stale(&p.state_root),
+        slurm,
     }
+}
+
+/// The installed SPANK plugin and this node's slurmd, where cuslice is registered with Slurm.
+fn slurm(p: &Places, engines: &[EngineFacts]) -> Option<SlurmFacts> {
+    engines.iter().find(|e| e.engine == "slurm" && e.present)?;
+    let plugin = p.layout.spank_path();
+    let version = match std::fs::read(fsio::host(&p.root, &plugin)) {
+        Ok(b) => crate::elfsym::exported_u32(&b, "plugin_version"),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err("missing".to_owned()),
+        Err(e) => Err(format!("cannot read it ({e})")),
+    };
+    Some(SlurmFacts {
+        plugin,
+        version,
+        slurmd: plan::slurm::slurmd_release(),
+    })
 }
 
 fn nvml() -> Result<NvmlFacts, String> {
@@ -321,7 +340,7 @@ fn state_root(dir: &Path) -> StateRootFacts {
 /// Containers whose state the hook keeps but whose init is gone (what `cuslice-hook sweep`
 /// removes).
 fn stale(dir: &Path) -> Result<Vec<String>, String> {
-    use cuslice_state::host::{Root, start_time};
+    use cuslice_state::host::Root;
     let root = Root::new(dir);
     let containers = root.containers();
     if !containers.exists() {
@@ -331,7 +350,7 @@ fn stale(dir: &Path) -> Result<Vec<String>, String> {
     Ok(root
         .records()
         .into_iter()
-        .filter(|r| start_time(r.pid) != Some(r.start))
+        .filter(|r| !r.alive())
         .map(|r| r.id)
         .collect())
 }

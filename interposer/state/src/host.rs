@@ -181,6 +181,38 @@ pub struct Record {
     /// `ledger::PREVIOUS`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ledger_version: Option<u32>,
+    /// The Slurm job whose slice this is (the hook's `slurm-task` stage), where it is one: it
+    /// lives from the job's first task on the node to the job's epilog, not with a process.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slurm: Option<SlurmJob>,
+}
+
+/// A Slurm job's slice: part of its [`Record`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlurmJob {
+    pub job: u32,
+    pub user: String,
+    pub uid: u32,
+    /// The kernel's boot id when the slice was made: a slice of an earlier boot is gone.
+    pub boot: String,
+}
+
+/// This boot's id (`/proc/sys/kernel/random/boot_id`).
+pub fn boot_id() -> Option<String> {
+    fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .ok()
+        .map(|s| s.trim().to_string())
+}
+
+impl Record {
+    /// Whether the slice is still in use: a container's init process is the same process, a
+    /// Slurm job's slice was made in this boot (its epilog removes it).
+    pub fn alive(&self) -> bool {
+        match &self.slurm {
+            Some(j) => boot_id().as_deref() == Some(j.boot.as_str()),
+            None => start_time(self.pid) == Some(self.start),
+        }
+    }
 }
 
 /// Where a container belongs in Kubernetes, from the annotations its engine passes in the spec
@@ -480,7 +512,7 @@ impl Root {
         let mut dead = Vec::new();
         for id in ids {
             match self.read_record(&id) {
-                Some(r) if start_time(r.pid) == Some(r.start) => live.push(r),
+                Some(r) if r.alive() => live.push(r),
                 _ => dead.push(id),
             }
         }
@@ -599,6 +631,7 @@ mod tests {
                 rootfs: rootfs.path().into(),
                 created: vec!["made".into()],
                 ledger_version: None,
+                slurm: None,
             })
             .unwrap();
         }
@@ -640,6 +673,7 @@ mod tests {
             rootfs: rootfs.path().into(),
             created: vec!["made".into()],
             ledger_version: None,
+            slurm: None,
         })
         .unwrap();
         root.discard("c", &[], &unmake);

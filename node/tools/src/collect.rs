@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use cuslice_policy::priority::Priority;
 use cuslice_state::agent;
-use cuslice_state::host::{Kubernetes, Record, Root, start_time};
+use cuslice_state::host::{Kubernetes, Record, Root};
 use cuslice_state::ledger::{self, Ledger};
 use cuslice_state::snapshot::{MeteredBy, Snapshot};
 use cuslice_state::uuid_string;
@@ -217,7 +217,7 @@ fn live_containers(root: &Path, problems: &mut Vec<String>, untold_only: bool) -
                 continue;
             }
         };
-        if start_time(record.pid) != Some(record.start) {
+        if !record.alive() {
             // Gone without a poststop; the next hook (or `cuslice-hook sweep`) removes it.
             continue;
         }

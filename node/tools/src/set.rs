@@ -36,7 +36,7 @@ use cuslice_policy::priority::Priority;
 use cuslice_policy::share::FULL;
 use cuslice_state::board;
 use cuslice_state::fsio::{self, Durability};
-use cuslice_state::host::{Record, Root, start_time};
+use cuslice_state::host::{Record, Root};
 use cuslice_state::ledger::{self, Ledger, LiveChange};
 use cuslice_state::uuid_string;
 
@@ -88,11 +88,7 @@ pub struct Target {
 /// name, pod/container), else a standalone slice's state directory. Err: one line.
 pub fn resolve(target: &str, state_root: &Path) -> Result<Target, String> {
     let root = Root::new(state_root);
-    let mut live: Vec<Record> = root
-        .records()
-        .into_iter()
-        .filter(|r| start_time(r.pid) == Some(r.start))
-        .collect();
+    let mut live: Vec<Record> = root.records().into_iter().filter(|r| r.alive()).collect();
     live.sort_by(|a, b| a.id.cmp(&b.id));
     let exact: Vec<&Record> = live
         .iter()
@@ -577,12 +573,13 @@ mod tests {
             root.write_record(&Record {
                 id: id.to_string(),
                 pid,
-                start: start_time(pid).unwrap(),
+                start: cuslice_state::host::start_time(pid).unwrap(),
                 rootfs: PathBuf::from("/"),
                 name: name.map(str::to_string),
                 kubernetes: None,
                 created: Vec::new(),
                 ledger_version: None,
+                slurm: None,
             })
             .unwrap();
         }

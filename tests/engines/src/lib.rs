@@ -31,6 +31,7 @@ pub mod rootfs;
 pub mod runc;
 pub mod scenarios;
 pub mod shares;
+pub mod slurm;
 
 pub use agent::*;
 pub use daemon::*;

@@ -108,6 +108,10 @@ struct Slice {
     ledger_version: Option<u32>,
     /// Its place on the node's compute board (`<id>/board`), if it has one.
     place: Option<u64>,
+    /// A Slurm job's slice: its config file's text, which its processes see at
+    /// `/run/cuslice/slice/config` in their own mount namespaces (a job has no pid namespace or
+    /// cgroup of cuslice's to tell its processes by).
+    job_config: Option<String>,
 }
 
 /// A slice's cap on one device as the agent last saw it, and what it may hold over it since

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use cuslice_policy::config::Config as SliceConfig;
-use cuslice_state::host::{Record, Root, start_time};
+use cuslice_state::host::{Record, Root};
 
 use super::{Slice, Verifier};
 use crate::cgroup::{self, Freezer, Scope};
@@ -33,7 +33,7 @@ impl Verifier {
         records.sort_by(|a, b| a.id.cmp(&b.id));
         let old = self.shared.lock().slices.clone();
         for r in records {
-            if start_time(r.pid) != Some(r.start) {
+            if !r.alive() {
                 continue; // gone; the next hook or `cuslice-hook sweep` removes it
             }
             let config_path = root.mnt(&r.id).join("slice/config");
@@ -61,8 +61,16 @@ impl Verifier {
                     continue;
                 }
             };
-            let init = cgroup::placement(r.pid).unwrap_or_default();
-            let scope = Scope::of(&init, &self.shared.agent);
+            // A Slurm job's tasks sit in slurmd's cgroups (or in a step's): none of them is
+            // the job's alone, so its processes are told by their mount namespace's slice.
+            let scope = if r.slurm.is_some() {
+                Scope::default()
+            } else {
+                Scope::of(
+                    &cgroup::placement(r.pid).unwrap_or_default(),
+                    &self.shared.agent,
+                )
+            };
             let own_ns = fs::read_link("/proc/self/ns/pid").ok();
             let pidns = fs::read_link(format!("/proc/{}/ns/pid", r.pid))
                 .ok()
@@ -83,6 +91,10 @@ impl Verifier {
             out.insert(
                 r.id.clone(),
                 Arc::new(Slice {
+                    job_config: r
+                        .slurm
+                        .as_ref()
+                        .and_then(|_| fs::read_to_string(&config_path).ok()),
                     place,
                     ledger_version: r.ledger_version,
                     ledger: root
@@ -126,10 +138,21 @@ pub(super) fn classify(pid: i32, slices: &BTreeMap<String, Arc<Slice>>) -> Optio
     if let Some(s) = slices.values().find(|s| s.pidns.as_ref() == Some(&ns)) {
         return Some(s.id.clone());
     }
-    let p = cgroup::placement(pid).ok()?;
+    if let Some(s) = cgroup::placement(pid)
+        .ok()
+        .and_then(|p| slices.values().find(|s| s.scope.contains(&p)))
+    {
+        return Some(s.id.clone());
+    }
+    // A Slurm job's process: the slice mounted in its mount namespace (read-only to it).
+    let seen = fs::read_to_string(format!(
+        "/proc/{pid}/root/{}/config",
+        cuslice_state::paths::CONTAINER_SLICE_DIR.trim_start_matches('/')
+    ))
+    .ok()?;
     slices
         .values()
-        .find(|s| s.scope.contains(&p))
+        .find(|s| s.job_config.as_deref() == Some(seen.as_str()))
         .map(|s| s.id.clone())
 }
 

@@ -1,0 +1,31 @@
+//! The Slurm release the plugin is built for: slurmd loads a SPANK plugin only when its
+//! `plugin_version` is its own release (major and minor), so it comes from the headers of the
+//! Slurm the plugin will be loaded by: `$SLURM_VERSION_H`, else
+//! `/usr/include/slurm/slurm_version.h` (Debian's `libslurm-dev`). Without headers it is 0,
+//! which `cuslice install --engine slurm` refuses to install.
+
+use std::path::PathBuf;
+
+fn main() {
+    let header = std::env::var_os("SLURM_VERSION_H")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/usr/include/slurm/slurm_version.h"));
+    println!("cargo:rerun-if-env-changed=SLURM_VERSION_H");
+    println!("cargo:rerun-if-changed={}", header.display());
+    let version = std::fs::read_to_string(&header)
+        .ok()
+        .and_then(|text| {
+            text.lines().find_map(|l| {
+                let rest = l.trim().strip_prefix("#define")?.trim();
+                let value = rest.strip_prefix("SLURM_VERSION_NUMBER")?.trim();
+                let hex = value
+                    .strip_prefix("0x")
+                    .or_else(|| value.strip_prefix("0X"))?;
+                u32::from_str_radix(hex, 16).ok()
+            })
+        })
+        .unwrap_or(0);
+    let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
+    std::fs::write(out.join("slurm_version.rs"), format!("{version:#x}\n"))
+        .expect("OUT_DIR is writable");
+}
