@@ -17,6 +17,10 @@ pub const CORE_LIBRARY: &str = cuslice_state::paths::CORE_FILE;
 pub const LIBRARIES: &[&str] = &[LIBRARY, CORE_LIBRARY];
 /// Every executable installed into PREFIX/bin.
 pub const BINARIES: &[&str] = &[HOOK_BIN, RUNTIME_BIN, CLI_BIN];
+/// The SPANK plugin (Slurm), installed with the slurm engine: its name in a build
+/// (target/release) and in PREFIX/lib/cuslice, where slurmd's plugstack line names it.
+pub const SPANK_BUILT: &str = "libcuslice_spank.so";
+pub const SPANK_PLUGIN: &str = "cuslice_spank.so";
 
 /// Where units the administrator installs live (systemd reads it before /usr/lib/systemd).
 pub const SYSTEMD_UNIT_DIR: &str = "/etc/systemd/system";
@@ -99,6 +103,11 @@ impl Layout {
         )
     }
 
+    /// The SPANK plugin: PREFIX/lib/cuslice/cuslice_spank.so.
+    pub fn spank_path(&self) -> String {
+        self.lib(SPANK_PLUGIN)
+    }
+
     /// The agent's systemd unit: `NAME-agent.service` (`cuslice-agent.service`).
     pub fn agent_unit(&self) -> String {
         format!("{}-agent.service", self.name)
@@ -162,6 +171,7 @@ mod tests {
         assert_eq!(l.runtime_path(), "/usr/local/bin/cuslice-runtime");
         assert_eq!(l.cli_path(), "/usr/local/bin/cuslice");
         assert_eq!(l.library_path(), "/usr/local/lib/cuslice/libcuslice.so");
+        assert_eq!(l.spank_path(), "/usr/local/lib/cuslice/cuslice_spank.so");
         assert_eq!(
             l.hook_args("poststop"),
             [

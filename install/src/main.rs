@@ -1,7 +1,9 @@
 //! `cuslice install` / `cuslice uninstall`: copy cuslice's binaries into PREFIX and register the
-//! hook with Docker, containerd, Podman, CRI-O or CDI. See docs/install.md.
+//! hook with Docker, containerd, Podman, CRI-O or CDI, or its SPANK plugin with Slurm. See
+//! docs/install.md.
 
 mod doctor;
+mod elfsym;
 mod fsio;
 mod layout;
 mod plan;
@@ -33,7 +35,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Copy the hook, the wrapper runtime, this command and libcuslice.so into PREFIX, and
-    /// register them with the container engines
+    /// register them with the container engines (slurm: the SPANK plugin, in plugstack.conf)
     Install(InstallArgs),
     /// Remove what install added (configuration entries, files), leaving everything else as it was
     Uninstall(UninstallArgs),
@@ -311,8 +313,8 @@ fn exporter(a: ExporterArgs) -> Result<(), Failure> {
 
 #[derive(Args, Debug)]
 struct Common {
-    /// The container engines: install registers cuslice with them, uninstall removes it from
-    /// them (repeat the flag, or separate with commas)
+    /// The container engines (and Slurm): install registers cuslice with them, uninstall removes
+    /// it from them (repeat the flag, or separate with commas)
     #[arg(long = "engine", value_enum, required = true, value_delimiter = ',')]
     engines: Vec<Engine>,
     /// Where the files go: PREFIX/bin/cuslice-hook, PREFIX/bin/cuslice-runtime, PREFIX/bin/cuslice,
@@ -324,7 +326,9 @@ struct Common {
     #[arg(long, default_value = "/", value_name = "DIR")]
     root: PathBuf,
     /// The file the engine's registration edits (docker: daemon.json; containerd: config.toml;
-    /// podman: the hooks.d directory; crio: the drop-in; cdi: the spec), on the target system
+    /// podman: the hooks.d directory; crio: the drop-in; cdi: the spec; slurm: the plugstack file
+    /// [default: slurm.conf's PlugStackConfig, else plugstack.conf beside slurm.conf]), on the
+    /// target system
     #[arg(long, value_name = "PATH")]
     config: Option<PathBuf>,
     /// The runtime name engines know cuslice by
@@ -339,8 +343,8 @@ struct Common {
 struct InstallArgs {
     #[command(flatten)]
     common: Common,
-    /// Where cuslice-hook, cuslice-runtime, cuslice and libcuslice.so are [default: the directory
-    /// holding this executable]
+    /// Where cuslice-hook, cuslice-runtime, cuslice and libcuslice.so are (and, for slurm,
+    /// libcuslice_spank.so) [default: the directory holding this executable]
     #[arg(long, value_name = "DIR")]
     from: Option<PathBuf>,
     /// docker: also make cuslice dockerd's default runtime

@@ -3,13 +3,15 @@
 //! write them, each atomically.
 //!
 //! This file: the options, the plan's types, the engines' registrations and the order of the
-//! changes; `files`: the installed files; `agent`: the node agent's systemd unit; `notes`: what
-//! to tell the user afterwards; `apply`: the dry run and the writing.
+//! changes; `files`: the installed files; `agent`: the node agent's systemd unit; `slurm`: Slurm's
+//! plugstack line and the checks before it; `notes`: what to tell the user afterwards; `apply`:
+//! the dry run and the writing.
 
 mod agent;
 mod apply;
 mod files;
 mod notes;
+pub mod slurm;
 
 use std::path::{Path, PathBuf};
 
@@ -38,6 +40,8 @@ pub enum Engine {
     Crio,
     /// a CDI spec in /etc/cdi
     Cdi,
+    /// Slurm: the SPANK plugin cuslice_spank.so, loaded by a line in plugstack.conf
+    Slurm,
 }
 
 impl Engine {
@@ -48,15 +52,17 @@ impl Engine {
             Engine::Podman => "podman",
             Engine::Crio => "crio",
             Engine::Cdi => "cdi",
+            Engine::Slurm => "slurm",
         }
     }
 
-    pub const ALL: [Engine; 5] = [
+    pub const ALL: [Engine; 6] = [
         Engine::Docker,
         Engine::Containerd,
         Engine::Podman,
         Engine::Crio,
         Engine::Cdi,
+        Engine::Slurm,
     ];
 }
 
@@ -371,6 +377,7 @@ pub fn registrations(o: &Options, plan: &mut Plan) -> Result<Vec<Change>, Failur
                 config_changes.push(cx.owned(&target, &owned::cdi_spec(l))?);
                 plan.notes.extend(cdi_notes(o));
             }
+            Engine::Slurm => config_changes.push(slurm::registration(&cx, plan)?),
         }
     }
     Ok(config_changes)
@@ -384,15 +391,21 @@ fn finish(cx: &Ctx<'_>, mut config_changes: Vec<Change>, mut plan: Plan) -> Resu
         Cmd::Uninstall => {
             let elsewhere = still_registered(o);
             if elsewhere.is_empty() {
-                uninstall_files(cx)?
+                uninstall_files(cx, true)?
             } else {
+                // The SPANK plugin serves Slurm alone: it goes with Slurm's registration.
+                let plugin = if o.engines.contains(&Engine::Slurm) {
+                    uninstall_files(cx, false)?
+                } else {
+                    Vec::new()
+                };
                 plan.warnings.push(format!(
                     "kept the files under {}: cuslice is still registered with {}; uninstall \
                      those engines too to remove them",
                     o.layout.prefix(),
                     elsewhere.join(", ")
                 ));
-                Vec::new()
+                plugin
             }
         }
     };
@@ -452,6 +465,7 @@ pub fn registered(o: &Options, engine: Engine) -> bool {
             .any(|s| exists(&join(HOOKS_DIR, &owned::podman_hook_file(l.name(), s)))),
         Engine::Crio => exists(&join(CRIO_DIR, &owned::crio_file(l.name()))),
         Engine::Cdi => exists(&join(CDI_DIR, &owned::cdi_file(l.name()))),
+        Engine::Slurm => slurm::registered(o),
     }
 }
 

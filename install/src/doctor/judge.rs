@@ -4,6 +4,8 @@
 use cuslice_node::nvml::ProcessSamples;
 use serde::Serialize;
 
+use crate::transform::slurm;
+
 /// How an item stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -149,6 +151,19 @@ pub struct Facts {
     pub state_root: StateRootFacts,
     /// Containers whose init is gone but whose state is kept (ids), or why it cannot tell.
     pub stale: Result<Vec<String>, String>,
+    /// The SPANK plugin, where cuslice is registered with Slurm.
+    pub slurm: Option<SlurmFacts>,
+}
+
+/// The installed SPANK plugin and this node's slurmd.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlurmFacts {
+    /// PREFIX/lib/cuslice/cuslice_spank.so (target path).
+    pub plugin: String,
+    /// Its `plugin_version` (SLURM_VERSION_NUMBER it was built for); Err: missing or unreadable.
+    pub version: Result<u32, String>,
+    /// `slurmd -V`: None: no slurmd; Err: what it said instead of a release.
+    pub slurmd: Option<Result<slurm::Release, String>>,
 }
 
 /// The simulated GPU's device name (tests/simgpu).
@@ -160,6 +175,9 @@ pub fn judge(f: &Facts) -> Vec<Item> {
     let mut out = Vec::new();
     nvml(f, &mut out);
     engines(f, &mut out);
+    if let Some(s) = &f.slurm {
+        out.push(slurm_plugin(s));
+    }
     files(f, &mut out);
     agent(f, &mut out);
     cgroup(&f.cgroup, &mut out);
@@ -350,8 +368,49 @@ fn engines(f: &Facts, out: &mut Vec<Item>) {
                 Status::Problem,
                 "cuslice is registered with no container engine: no container gets a slice",
             )
-            .fix("cuslice install --engine docker|containerd|podman|crio|cdi"),
+            .fix("cuslice install --engine docker|containerd|podman|crio|cdi|slurm"),
         );
+    }
+}
+
+/// The SPANK plugin slurmd loads: there, and built for slurmd's release.
+fn slurm_plugin(s: &SlurmFacts) -> Item {
+    let check = format!("slurm plugin {}", s.plugin);
+    let version = match &s.version {
+        Ok(v) => *v,
+        Err(e) => {
+            return Item::new(
+                check,
+                Status::Problem,
+                format!("{e}; plugstack.conf requires it, so slurmd and srun fail to load it"),
+            )
+            .fix("cuslice install --engine slurm");
+        }
+    };
+    let node = s.slurmd.as_ref().and_then(|r| r.as_ref().ok().copied());
+    if let Err(p) = slurm::version_problem(version, node) {
+        return Item::new(check, Status::Problem, p.what).fix(p.fix);
+    }
+    let built = slurm::show(slurm::release_of(version));
+    match &s.slurmd {
+        Some(Ok(_)) => Item::new(
+            check,
+            Status::Ok,
+            format!("built for Slurm {built}, this node's slurmd's release"),
+        ),
+        None => Item::new(
+            check,
+            Status::Note,
+            format!(
+                "built for Slurm {built}; no slurmd found to compare (slurmd starts only with a \
+                 SPANK plugin of its own release)"
+            ),
+        ),
+        Some(Err(why)) => Item::new(
+            check,
+            Status::Note,
+            format!("built for Slurm {built}; this node's release is unknown ({why})"),
+        ),
     }
 }
 
@@ -579,7 +638,67 @@ mod tests {
                 fs: Some((true, 1 << 30)),
             },
             stale: Ok(vec![]),
+            slurm: None,
         }
+    }
+
+    #[test]
+    fn the_slurm_plugin_matches_slurmd() {
+        let mut f = healthy_facts();
+        let plugin = "/usr/local/lib/cuslice/cuslice_spank.so".to_owned();
+        let item = |f: &Facts| {
+            judge(f)
+                .into_iter()
+                .find(|i| i.check.starts_with("slurm plugin "))
+                .map(|i| i.line())
+        };
+        assert_eq!(item(&f), None, "not registered with Slurm: no item");
+        f.slurm = Some(SlurmFacts {
+            plugin: plugin.clone(),
+            version: Ok(0x160508),
+            slurmd: Some(Ok((22, 5))),
+        });
+        assert_eq!(
+            item(&f).as_deref(),
+            Some(
+                "ok      slurm plugin /usr/local/lib/cuslice/cuslice_spank.so: built for Slurm \
+                 22.05, this node's slurmd's release"
+            )
+        );
+        f.slurm = Some(SlurmFacts {
+            plugin: plugin.clone(),
+            version: Ok(0x160508),
+            slurmd: Some(Ok((23, 2))),
+        });
+        assert_eq!(
+            problems(&f),
+            [
+                "PROBLEM slurm plugin /usr/local/lib/cuslice/cuslice_spank.so: was built for Slurm \
+              22.05 but this node's slurmd is 23.02 (slurmd -V); fix: slurmd refuses to start \
+              with a SPANK plugin of another release: build cuslice where Slurm 23.02's headers \
+              are installed (libslurm-dev) and install again"
+            ]
+        );
+        f.slurm = Some(SlurmFacts {
+            plugin: plugin.clone(),
+            version: Err("missing".into()),
+            slurmd: None,
+        });
+        assert_eq!(
+            problems(&f),
+            [
+                "PROBLEM slurm plugin /usr/local/lib/cuslice/cuslice_spank.so: missing; \
+              plugstack.conf requires it, so slurmd and srun fail to load it; fix: cuslice \
+              install --engine slurm"
+            ]
+        );
+        f.slurm = Some(SlurmFacts {
+            plugin,
+            version: Ok(0x160508),
+            slurmd: None,
+        });
+        assert!(problems(&f).is_empty());
+        assert!(item(&f).is_some_and(|l| l.starts_with("note    ")));
     }
 
     fn problems(f: &Facts) -> Vec<String> {

@@ -1,11 +1,11 @@
 //! The installed files in a plan: the binaries and the libraries from `--from` (each stripped,
-//! its debug info beside it), or their removal.
+//! its debug info beside it), with the slurm engine the SPANK plugin too, or their removal.
 
 use std::path::{Path, PathBuf};
 
-use super::{Change, Ctx, Failure};
+use super::{Change, Ctx, Engine, Failure, slurm};
 use crate::fsio;
-use crate::layout::{BINARIES, LIBRARIES, Layout};
+use crate::layout::{BINARIES, LIBRARIES, Layout, SPANK_PLUGIN};
 use crate::strip;
 
 /// The installed files: (file name in --from, target path, mode). Each also gets its debug
@@ -59,10 +59,18 @@ pub(super) fn install_files(
             missing.join(", ")
         )));
     }
+    let mut sources: Vec<(PathBuf, &str, String, u32)> = artefacts(&o.layout)
+        .into_iter()
+        .map(|(file, target, mode)| (source(file), file, target, mode))
+        .collect();
+    if o.engines.contains(&Engine::Slurm) {
+        // Checked against this node's slurmd before anything is written.
+        let src = slurm::plugin_source(cx, &from, warnings)?;
+        sources.push((src, SPANK_PLUGIN, o.layout.spank_path(), 0o644));
+    }
     let mut out = Vec::new();
     let mut kept = Vec::new();
-    for (file, target, mode) in artefacts(&o.layout) {
-        let src = source(file);
+    for (src, file, target, mode) in sources {
         let (split, why) = strip::split(&src, file)
             .map_err(|e| Failure::Failed(format!("cuslice {}: {e}", o.cmd.word())))?;
         match why {
@@ -103,15 +111,26 @@ pub(super) fn install_files(
     Ok(out)
 }
 
-pub(super) fn uninstall_files(cx: &Ctx<'_>) -> Result<Vec<Change>, Failure> {
+/// The installed files' removal: every file (`everything`), or the SPANK plugin alone. The
+/// plugin (installed with the slurm engine only) goes where it is there.
+pub(super) fn uninstall_files(cx: &Ctx<'_>, everything: bool) -> Result<Vec<Change>, Failure> {
     let o = cx.o;
     let mut out = Vec::new();
+    let plugin = (o.layout.spank_path(), 0o644, false);
+    let listed = match everything {
+        true => artefacts(&o.layout)
+            .into_iter()
+            .map(|(_, target, mode)| (target, mode, true))
+            .collect(),
+        false => Vec::new(),
+    };
     // Each file, and its debug info where install put some beside it.
-    let files = artefacts(&o.layout)
+    let files = listed
         .into_iter()
-        .flat_map(|(_, target, mode)| {
+        .chain([plugin])
+        .flat_map(|(target, mode, always)| {
             let debug = strip::debug_path(&target);
-            [(target, mode, true), (debug, 0o644, false)]
+            [(target, mode, always), (debug, 0o644, false)]
         });
     for (target, mode, always) in files {
         let path = fsio::host(&o.root, &target);

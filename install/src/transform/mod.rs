@@ -6,3 +6,4 @@ pub mod docker;
 pub mod glob;
 pub mod jsonedit;
 pub mod owned;
+pub mod slurm;
