@@ -189,6 +189,7 @@ fn shard_jobs_get_their_share_of_compute() {
     let wall = w0.elapsed().as_nanos() as f64;
     let share = |pid: i64| (t1[&pid] - t0.get(&pid).copied().unwrap_or(0)) as f64 / wall * 100.0;
     let (s25, s75) = (share(small), share(big));
+    eprintln!("25 and 75 shards: {s25:.1}% and {s75:.1}% of the device");
     let _ = srun.wait();
     let batch = batch.join().unwrap();
     assert!(batch.status.success(), "sbatch: {batch:?}");
@@ -337,5 +338,140 @@ fn status_names_the_job_and_scancel_leaves_nothing() {
         c.slices().is_empty() == board.is_empty(),
         "slices {:?}, board {board:?}",
         c.slices()
+    );
+}
+
+/// A job that hides /etc/ld.so.preload from its program (a user namespace of its own, with an
+/// empty file mounted over it) runs without the library and takes 4 GiB under its 2 GiB cap.
+/// The node agent under `--enforce stop` tells the job's processes by the slice mounted in their
+/// mount namespace, and kills it by the driver's count.
+#[test]
+fn the_agent_stops_a_job_that_drops_the_library() {
+    root_required();
+    let c = cluster();
+    let agent = cuslice_test_engines::NodeAgent::start_at_args(
+        &c.sim,
+        &c.state_root,
+        &["--enforce", "stop"],
+    );
+    let mut job = c
+        .srun(
+            &["--gres=shard:25"],
+            &[
+                "drop-preload",
+                "--",
+                &wl(),
+                "hold",
+                "--bytes",
+                "4GiB",
+                "--secs",
+                "60",
+            ],
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(job.stdout.take().unwrap());
+    let mut lines = Vec::new();
+    let held = loop {
+        let mut line = String::new();
+        if out.read_line(&mut line).unwrap() == 0 {
+            panic!(
+                "the job ended before holding its memory: {lines:?}; agent: {}",
+                agent.log()
+            );
+        }
+        let v: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
+        if v["event"] == "holding" {
+            break v;
+        }
+        lines.push(v);
+    };
+    assert!(
+        lines
+            .iter()
+            .all(|v| v["event"] != "dropped" || v["ok"] == true),
+        "the job could not hide the preload file: {lines:?}"
+    );
+    // The library did not load: the process sees the whole device.
+    assert_eq!(u(&held["total"]), GPU_MEMORY, "{held}");
+    let pid = held["pid"].clone();
+    let t0 = Instant::now();
+    let gone = loop {
+        let now = c.sim.device(0)["processes"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .iter()
+            .find(|p| p["pid"] == pid)
+            .map_or(0, |p| u(&p["held"]));
+        if now <= GPU_MEMORY / 4 {
+            break Some(t0.elapsed());
+        }
+        if t0.elapsed() > Duration::from_secs(20) {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let _ = job.kill();
+    let _ = job.wait();
+    let log = agent.log();
+    let gone = gone.unwrap_or_else(|| {
+        panic!("the job's process holding 4 GiB under a 2 GiB cap was not stopped in 20 s; agent: {log}")
+    });
+    assert!(
+        gone <= Duration::from_secs(5),
+        "stopped after {gone:?}; agent: {log}"
+    );
+    assert!(
+        log.contains("killed pid") && log.contains("slurm-"),
+        "{log}"
+    );
+}
+
+/// The batch script and both tasks of a step inside it share the job's one slice: while one
+/// task holds 1 GiB of the job's 2 GiB, the other is refused at what is left.
+#[test]
+fn the_steps_and_tasks_of_a_job_share_one_slice() {
+    root_required();
+    let c = cluster();
+    let script = format!(
+        "srun -n2 --quiet sh -c 'if [ $SLURM_PROCID = 0 ]; then exec {wl} hold --bytes 1GiB --secs 6; \
+         else sleep 2; exec {wl} fill --family mem --chunk 64m; fi'",
+        wl = wl()
+    );
+    let mut cmd = c.command("sbatch");
+    cmd.args([
+        "--wait",
+        "-n2",
+        "--parsable",
+        "--gres=shard:25",
+        "--export=ALL",
+    ])
+    .arg(format!(
+        "--output={}/steps-{}.out",
+        out_dir(c).display(),
+        std::process::id()
+    ))
+    .arg(format!("--wrap={script}"));
+    let out = cmd.output().unwrap();
+    let text =
+        std::fs::read_to_string(out_dir(c).join(format!("steps-{}.out", std::process::id())))
+            .unwrap_or_default();
+    assert!(out.status.success(), "sbatch: {out:?}; job output: {text}");
+    let lines = parse_lines(&text);
+    let refused = the(&lines, "refused", &text);
+    let holder = the(&lines, "holding", &text);
+    let (a, b) = (
+        peak(c, 0, u(&refused["pid"])),
+        peak(c, 0, u(&holder["pid"])),
+    );
+    let cap = GPU_MEMORY / 4;
+    assert!(
+        a + b <= cap && a + b + 64 * MIB > cap,
+        "the two tasks held {} and {} MiB at their peaks under one 2048 MiB cap",
+        a / MIB,
+        b / MIB
     );
 }

@@ -610,6 +610,41 @@ mod tests {
     }
 
     #[test]
+    fn a_slurm_jobs_slice_lives_for_its_boot_whatever_its_first_task() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = Root::new(tmp.path());
+        let _l = root.lock().unwrap();
+        let node = tempfile::tempdir().unwrap();
+        for (id, boot) in [
+            ("slurm-1", boot_id().unwrap()),
+            ("slurm-2", "earlier".into()),
+        ] {
+            make(&root, id, "CUSLICE_MEMORY_LIMIT=1GiB\n", node.path());
+            root.write_record(&Record {
+                name: None,
+                kubernetes: None,
+                id: id.into(),
+                // Its first task, long gone.
+                pid: std::process::id() as i32,
+                start: 1,
+                rootfs: "/".into(),
+                created: Vec::new(),
+                ledger_version: None,
+                slurm: Some(SlurmJob {
+                    job: 1,
+                    user: "nobody".into(),
+                    uid: 65534,
+                    boot,
+                }),
+            })
+            .unwrap();
+        }
+        assert_eq!(root.sweep(&unmake), ["slurm-2"]);
+        assert!(root.read_record("slurm-1").unwrap().alive());
+        root.remove("slurm-1", &[], &unmake);
+    }
+
+    #[test]
     fn sweep_removes_the_dead_and_the_half_made() {
         let tmp = tempfile::tempdir().unwrap();
         let root = Root::new(tmp.path());

@@ -49,6 +49,11 @@ impl NodeAgent {
         NodeAgent::start_at_with(sim, Path::new(STATE_ROOT), args)
     }
 
+    /// The agent on state root `root` with more arguments.
+    pub fn start_at_args(sim: &Sim, root: &Path, args: &[&str]) -> NodeAgent {
+        NodeAgent::start_at_with(sim, root, args)
+    }
+
     /// What it has logged so far.
     pub fn log(&self) -> String {
         self.err.text()
