@@ -325,6 +325,17 @@ fn status_names_the_job_and_scancel_leaves_nothing() {
         std::thread::sleep(Duration::from_millis(200));
     };
     assert_eq!(status["name"], format!("job {job} (nobody)"), "{status}");
+    // The exporter labels its series the same way.
+    let metrics = cuslice_test_engines::scrape(&c.sim, &c.state_root);
+    let label = format!("name=\"job {job} (nobody)\"");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("cuslice_slice_memory_used_bytes")
+                && l.contains(&label)
+                && l.contains(&slice)),
+        "no cuslice_slice_memory_used_bytes series for {slice} with {label}: {metrics}"
+    );
     let scancel = c.command("scancel").arg(&job).output().unwrap();
     assert!(scancel.status.success(), "{scancel:?}");
     poll("the cancelled job's slice removed", 30, || {
