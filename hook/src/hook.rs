@@ -286,6 +286,7 @@ pub(crate) fn make(
         agent_dir: &root.agent(),
         library,
         preload: Some(preload),
+        cover: (record.slurm.is_some()).then_some(opts.node_dir.as_path()),
     }) {
         Ok(c) => c,
         Err(e) => {
@@ -321,7 +322,7 @@ fn kubernetes(annotations: &[(&str, &str)], index: &Path) -> Option<settings::Ku
     Some(k)
 }
 
-pub(crate) fn make_node_dir(dir: &Path) -> Result<(), String> {
+fn make_node_dir(dir: &Path) -> Result<(), String> {
     use std::os::unix::fs::PermissionsExt;
     if !dir.is_dir() {
         std::fs::create_dir_all(dir)

@@ -52,6 +52,10 @@ pub struct Plan<'a> {
     /// The container's `/etc/ld.so.preload` ([`image_preload`]), written into `mnt`; `None`
     /// where it is there already (another task joining a Slurm job's slice).
     pub preload: Option<&'a str>,
+    /// A path of the node's own to mount read-only over itself: a Slurm task sees the node's
+    /// file system, the compute board's real path (`node_dir`) included, where every slice's
+    /// claims and turns are writable by any account.
+    pub cover: Option<&'a Path>,
 }
 
 /// Paths in the rootfs the mounts need, and what must be there.
@@ -204,6 +208,12 @@ fn mount_all(
     for (source, target, read_only) in &binds {
         bind(r, source, target, *read_only)
             .map_err(|e| format!("cannot mount {} at /{target}: {e}", source.display()))?;
+    }
+    if let Some(path) = plan.cover {
+        let target = path.to_string_lossy();
+        let target = target.trim_start_matches('/');
+        bind(r, path, target, true)
+            .map_err(|e| format!("cannot mount {} read-only: {e}", path.display()))?;
     }
     Ok(())
 }

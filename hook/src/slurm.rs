@@ -452,6 +452,7 @@ fn join(
         agent_dir: &root.agent(),
         library,
         preload: None,
+        cover: Some(&opts.node_dir),
     })?;
     if !created.is_empty() {
         r.created.extend(created);

@@ -201,18 +201,34 @@ fn shard_jobs_get_their_share_of_compute() {
 
 /// A job that unsets LD_PRELOAD, sets its own CUSLICE_* and starts its program with `env -i`
 /// (keeping only what the simulated driver needs) is still held to its 25 shards, and cannot
-/// unmount what holds it.
+/// unmount what holds it, nor write another job's claims and turns on the node's compute board
+/// (at its real path, which world-writable files would otherwise leave open to any account).
 #[test]
 fn a_job_that_tries_to_escape_is_held() {
     root_required();
     let c = cluster();
+    let mut neighbour = c
+        .srun(&["--gres=shard:10"], &["hold", "--bytes", "64m"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufReader::new(neighbour.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
     let script = format!(
         "unset LD_PRELOAD; export CUSLICE_MEMORY_LIMIT=8GiB CUSLICE_CORE_LIMIT=100; \
          umount /etc/ld.so.preload 2>/dev/null && echo '{{\"event\":\"unmounted\"}}'; \
+         n=0; for f in {board}/*/claims {board}/*/turns; do [ -f $f ] && n=$((n+1)); \
+         (echo x >> $f) 2>/dev/null && echo '{{\"event\":\"wrote\"}}'; done; \
+         echo '{{\"event\":\"board\",\"files\":'$n'}}'; \
          exec env -i SIMGPU_STATE={} LD_LIBRARY_PATH={} CUSLICE_MEMORY_LIMIT=8GiB {} fill --family mem --chunk 64m",
         c.sim.state.display(),
         c.libs.display(),
-        wl()
+        wl(),
+        board = c.node_dir.display()
     );
     let mut cmd = c.command("srun");
     cmd.args(["-n1", "--quiet", "--gres=shard:25"])
@@ -220,10 +236,15 @@ fn a_job_that_tries_to_escape_is_held() {
         .args(["sh", "-c", &script]);
     let (lines, stderr, ok) = output(cmd);
     assert!(ok, "srun failed: {stderr}; slurmd: {}", c.slurmd_log());
+    drop(neighbour.stdin.take());
+    let _ = neighbour.wait();
     assert!(
         !lines.iter().any(|l| l["event"] == "unmounted"),
         "{lines:?}"
     );
+    // Its own and its neighbour's places: four files, none written.
+    assert_eq!(the(&lines, "board", &stderr)["files"], 4, "{lines:?}");
+    assert!(!lines.iter().any(|l| l["event"] == "wrote"), "{lines:?}");
     let refused = the(&lines, "refused", &stderr);
     let cap = GPU_MEMORY / 4;
     let held = peak(c, 0, u(&refused["pid"]));
