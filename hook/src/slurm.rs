@@ -466,6 +466,8 @@ fn join(
 /// epilog that never ran, after slurmd was killed).
 pub fn epilog(opts: &Options, job: u32) -> Result<Outcome, String> {
     let root = Root::new(&opts.state_root);
+    // Only slices made before squeue answered: a job that started since is not in its list.
+    let asked = std::time::SystemTime::now();
     let running: Option<Vec<u32>> = run(
         Command::new("squeue").args(["-h", "-o", "%A", "-w", &node_name(None)]),
         "squeue",
@@ -483,7 +485,13 @@ pub fn epilog(opts: &Options, job: u32) -> Result<Outcome, String> {
         .iter()
         .filter(|r| {
             r.slurm.as_ref().is_some_and(|s| {
-                s.job == job || running.as_ref().is_some_and(|run| !run.contains(&s.job))
+                s.job == job
+                    || running.as_ref().is_some_and(|run| {
+                        !run.contains(&s.job)
+                            && std::fs::metadata(root.dir(&r.id))
+                                .and_then(|m| m.modified())
+                                .is_ok_and(|made| made < asked)
+                    })
             })
         })
         .collect();
