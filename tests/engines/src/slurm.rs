@@ -213,6 +213,13 @@ impl Cluster {
         // Whatever still runs, then the daemons, node first.
         let _ = self.command("scancel").args(["--user", "nobody"]).output();
         std::thread::sleep(std::time::Duration::from_secs(1));
+        // Clients of a test that failed half-way (an `sbatch --wait` would wait on for a
+        // controller that is gone): the tests' own, run as nobody.
+        for client in ["sbatch", "srun"] {
+            let _ = Command::new("pkill")
+                .args(["-KILL", "-u", "nobody", "-x", client])
+                .status();
+        }
         for d in self.daemons.iter().rev() {
             d.stop();
         }
