@@ -204,12 +204,7 @@ pub fn create(opts: &Options, state_json: &str) -> Result<Outcome, String> {
     let engine_name = crate::names::engine_name(&spec, bundle, id);
 
     let root = Root::new(&opts.state_root);
-    let _lock = root.lock().map_err(|e| {
-        format!(
-            "cannot use the state root {}: {e}",
-            opts.state_root.display()
-        )
-    })?;
+    let _lock = lock(&root, opts)?;
     root.sweep(&unmake);
     if let Some(r) = root.read_record(id) {
         if r.pid == pid && r.start == start {
@@ -322,6 +317,16 @@ fn kubernetes(annotations: &[(&str, &str)], index: &Path) -> Option<settings::Ku
     Some(k)
 }
 
+/// The state root's lock, or one line saying why it cannot be had.
+pub(crate) fn lock(root: &Root, opts: &Options) -> Result<cuslice_state::host::Locked, String> {
+    root.lock().map_err(|e| {
+        format!(
+            "cannot use the state root {}: {e}",
+            opts.state_root.display()
+        )
+    })
+}
+
 fn make_node_dir(dir: &Path) -> Result<(), String> {
     use std::os::unix::fs::PermissionsExt;
     if !dir.is_dir() {
@@ -351,12 +356,7 @@ pub fn poststop(opts: &Options, state_json: &str) -> Result<Outcome, String> {
     if !root.dir(state.id()).exists() {
         return Ok(Outcome::Untouched);
     }
-    let _lock = root.lock().map_err(|e| {
-        format!(
-            "cannot use the state root {}: {e}",
-            opts.state_root.display()
-        )
-    })?;
+    let _lock = lock(&root, opts)?;
     let live: Vec<Record> = root
         .records()
         .into_iter()
@@ -405,12 +405,7 @@ fn empty_trash_later(root: &Root) {
 /// `sweep`: for operators and tests; every hook also sweeps.
 pub fn sweep(opts: &Options) -> Result<Outcome, String> {
     let root = Root::new(&opts.state_root);
-    let _lock = root.lock().map_err(|e| {
-        format!(
-            "cannot use the state root {}: {e}",
-            opts.state_root.display()
-        )
-    })?;
+    let _lock = lock(&root, opts)?;
     let swept = root.sweep(&unmake);
     root.empty_trash();
     // Places on the compute board of this state root's containers that are gone (a directory

@@ -22,7 +22,7 @@ use std::process::Command;
 
 use cuslice_state::host::{Record, Root, SlurmJob, boot_id, start_time};
 
-use crate::hook::{Options, Outcome, find_library, make};
+use crate::hook::{Options, Outcome, find_library, lock, make};
 use crate::inject::{Plan, image_preload, inject};
 use crate::rootfs::unmake;
 use crate::settings;
@@ -368,16 +368,8 @@ pub fn task(opts: &Options, job: u32, pid: i32, node: Option<&str>) -> Result<Ou
     let root = Root::new(&opts.state_root);
     let library = find_library(opts.library.as_deref())?;
     let start = start_time(pid).ok_or_else(|| format!("the task's process {pid} is gone"))?;
-    let lock = || {
-        root.lock().map_err(|e| {
-            format!(
-                "cannot use the state root {}: {e}",
-                opts.state_root.display()
-            )
-        })
-    };
     {
-        let _lock = lock()?;
+        let _lock = lock(&root, opts)?;
         if let Some(r) = root.read_record(&id).filter(Record::alive) {
             return join(opts, &root, r, pid, &library).map(|()| Outcome::Sliced);
         }
@@ -391,7 +383,7 @@ pub fn task(opts: &Options, job: u32, pid: i32, node: Option<&str>) -> Result<Ou
         .ok_or("the job's settings came out empty")?;
     let preload = image_preload(pid, Path::new("/"))?;
     let boot = boot_id().ok_or("cannot read this boot's id (/proc/sys/kernel/random/boot_id)")?;
-    let _lock = lock()?;
+    let _lock = lock(&root, opts)?;
     root.sweep(&unmake);
     if let Some(r) = root.read_record(&id).filter(Record::alive) {
         return join(opts, &root, r, pid, &library).map(|()| Outcome::Sliced);
@@ -474,12 +466,7 @@ pub fn epilog(opts: &Options, job: u32) -> Result<Outcome, String> {
     )
     .ok()
     .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect());
-    let _lock = root.lock().map_err(|e| {
-        format!(
-            "cannot use the state root {}: {e}",
-            opts.state_root.display()
-        )
-    })?;
+    let _lock = lock(&root, opts)?;
     let records = root.records();
     let gone: Vec<&Record> = records
         .iter()

@@ -93,6 +93,22 @@ fn find_slice(v: &Value, id: &str) -> Option<Value> {
     }
 }
 
+/// A job holding 64 MiB until its stdin closes, once it has started.
+fn holding(c: &Cluster, gres: &str) -> std::process::Child {
+    let mut job = c
+        .srun(&[gres], &["hold", "--bytes", "64m"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufReader::new(job.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    job
+}
+
 fn wl() -> String {
     cuslice_test_harness::workload().display().to_string()
 }
@@ -207,17 +223,7 @@ fn shard_jobs_get_their_share_of_compute() {
 fn a_job_that_tries_to_escape_is_held() {
     root_required();
     let c = cluster();
-    let mut neighbour = c
-        .srun(&["--gres=shard:10"], &["hold", "--bytes", "64m"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut first = String::new();
-    std::io::BufReader::new(neighbour.stdout.take().unwrap())
-        .read_line(&mut first)
-        .unwrap();
+    let mut neighbour = holding(c, "--gres=shard:10");
     let script = format!(
         "unset LD_PRELOAD; export CUSLICE_MEMORY_LIMIT=8GiB CUSLICE_CORE_LIMIT=100; \
          umount /etc/ld.so.preload 2>/dev/null && echo '{{\"event\":\"unmounted\"}}'; \
@@ -281,17 +287,7 @@ fn multi_gpu_and_second_gpu_jobs_get_the_right_cap_on_each() {
         );
     }
     // 100 shards of GPU 0 held by one job: the next shard job is given GPU 1.
-    let mut holder = c
-        .srun(&["--gres=shard:100"], &["hold", "--bytes", "64m"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut first = String::new();
-    std::io::BufReader::new(holder.stdout.take().unwrap())
-        .read_line(&mut first)
-        .unwrap();
+    let mut holder = holding(c, "--gres=shard:100");
     let (lines, stderr, ok) = output(c.srun(
         &["--gres=shard:50"],
         &["fill", "--family", "mem", "--chunk", "64m"],
