@@ -126,8 +126,12 @@ pub struct ProcSnapshot {
     pub spilled: Vec<u64>,
 }
 
-/// How far a mark may sit from where a window should start, as a part of the window.
-const SLACK: f64 = 0.5;
+/// How far a mark may sit from where a window should start, as a part of the window: before it
+/// (the span measured is longer than the window) and after it (shorter). Marks are the first
+/// report in each second, so they are about a second apart, further where a process stalled
+/// across a second's start: a window may start up to about a gap's half from the nearest.
+const SLACK_BEFORE: f64 = 1.0;
+const SLACK_AFTER: f64 = 0.5;
 
 impl DeviceSnapshot {
     /// The share of the device (0.0-1.0) the slice used over about the last `window_ns` before
@@ -140,15 +144,19 @@ impl DeviceSnapshot {
             return Some(0.0);
         }
         let want = self.metered_ns.saturating_sub(window_ns);
-        let slack = (window_ns as f64 * SLACK) as u64;
+        let near = |m: &&Mark| {
+            if m.at_ns <= want {
+                (want - m.at_ns) as f64 <= window_ns as f64 * SLACK_BEFORE
+            } else {
+                (m.at_ns - want) as f64 <= window_ns as f64 * SLACK_AFTER
+            }
+        };
         let m = self
             .marks
             .iter()
             .filter(|m| m.at_ns < self.metered_ns)
+            .filter(near)
             .min_by_key(|m| m.at_ns.abs_diff(want))?;
-        if m.at_ns.abs_diff(want) > slack {
-            return None;
-        }
         let span = self.metered_ns - m.at_ns;
         let used = self.device_ns.saturating_sub(m.device_ns);
         Some((used as f64 / span as f64).min(1.0))
@@ -225,6 +233,22 @@ mod tests {
         let d = dev(&[(100 * S, 0), (101 * S, S / 2)], S, 102 * S);
         assert_eq!(d.share_over(S, 102 * S), Some(0.5));
         assert_eq!(d.share_over(10 * S, 102 * S), None);
+    }
+
+    #[test]
+    fn a_stall_across_a_seconds_start_still_leaves_a_window() {
+        // The process stalled 0.7 s into second 101: that second's mark is its latest report,
+        // and the one before is 1.7 s old. The share is over those 1.7 s.
+        let d = dev(
+            &[(100 * S, 0), (101 * S + 7 * S / 10, S / 2)],
+            S / 2,
+            101 * S + 7 * S / 10,
+        );
+        let one = d.share_over(S, 101 * S + 8 * S / 10).unwrap();
+        assert!((one - 0.5 / 1.7).abs() < 0.001, "{one}");
+        // A mark more than a window before the start is too far.
+        let d = dev(&[(100 * S, 0)], S / 2, 102 * S + S / 10);
+        assert_eq!(d.share_over(S, 102 * S + S / 5), None);
     }
 
     #[test]
