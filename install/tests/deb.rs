@@ -176,13 +176,66 @@ fn the_package_installs_runs_and_removes_without_a_trace() {
         println!("NOT RUN: the cdi registration ({} exists)", cdi.display());
     }
 
+    // Slurm, where the build had the SPANK plugin: registered from the package's own plugin (no
+    // file rewritten), in a plugstack file of the test's own (SLURM_CONF names its slurm.conf,
+    // as for Slurm's own commands), and undone by dpkg -r.
+    let spank = Path::new("/usr/lib/cuslice/cuslice_spank.so");
+    let slurm_dir = tempfile::tempdir().expect("tempdir");
+    let slurm_conf = slurm_dir.path().join("slurm.conf");
+    let plugstack = slurm_dir.path().join("plugstack.conf");
+    let slurm_env = [("SLURM_CONF", slurm_conf.as_os_str())];
+    let with_slurm = paths.iter().any(|p| Path::new(p) == spank);
+    assert_eq!(
+        with_slurm,
+        from.join("libcuslice_spank.so").is_file(),
+        "the package holds the SPANK plugin exactly where the build has it"
+    );
+    if with_slurm {
+        fs::write(
+            &slurm_conf,
+            format!("PlugStackConfig={}\n", plugstack.display()),
+        )
+        .unwrap();
+        let out = ok(&Command::new("/usr/bin/cuslice")
+            .args([
+                "install",
+                "--prefix",
+                "/usr",
+                "--no-agent",
+                "--engine",
+                "slurm",
+            ])
+            .envs(slurm_env)
+            .output()
+            .expect("cuslice install"));
+        assert!(
+            out.contains(&format!(
+                "{}: already installed, no change",
+                spank.display()
+            )),
+            "{out}"
+        );
+        let stack = fs::read_to_string(&plugstack).expect("the plugstack file");
+        assert!(
+            stack.contains("required /usr/lib/cuslice/cuslice_spank.so hook=/usr/bin/cuslice-hook"),
+            "{stack}"
+        );
+        ok(&sh("dpkg", &["--verify", "cuslice"]));
+    } else {
+        println!("NOT RUN: the slurm registration (this build has no libcuslice_spank.so)");
+    }
+
     if sh("/usr/bin/cuslice", &["doctor", "--help"])
         .status
         .success()
     {
         // No GPU and no agent here: it reports problems (exit 1), but none with the package's
         // files or the registration made from them.
-        let d = sh("/usr/bin/cuslice", &["doctor", "--prefix", "/usr"]);
+        let d = Command::new("/usr/bin/cuslice")
+            .args(["doctor", "--prefix", "/usr"])
+            .envs(slurm_env)
+            .output()
+            .expect("cuslice doctor");
         let text = String::from_utf8_lossy(&d.stdout);
         println!("cuslice doctor --prefix /usr ({}):\n{text}", d.status);
         assert!(
@@ -195,8 +248,17 @@ fn the_package_installs_runs_and_removes_without_a_trace() {
             assert!(
                 !(l.contains(" files:")
                     || l.contains(" file /")
-                    || register && l.contains(" engine cdi:")),
+                    || register && l.contains(" engine cdi:")
+                    || with_slurm && l.contains("slurm")),
                 "{l}"
+            );
+        }
+        if with_slurm {
+            let plugin = format!("slurm plugin {}:", spank.display());
+            assert!(
+                text.lines()
+                    .any(|l| l.starts_with("ok ") && l.contains(&plugin)),
+                "cuslice doctor does not find the package's plugin good:\n{text}"
             );
         }
         // Every file the package put under /usr is found, of this build's release (the hook
@@ -210,7 +272,7 @@ fn the_package_installs_runs_and_removes_without_a_trace() {
         let ours: Vec<&String> = paths
             .iter()
             .filter(|p| p.starts_with("/usr/bin/") || p.starts_with("/usr/lib/cuslice/"))
-            .filter(|p| Path::new(p).is_file())
+            .filter(|p| Path::new(p).is_file() && Path::new(p) != spank)
             .collect();
         assert_eq!(
             ours.len(),
@@ -231,7 +293,18 @@ fn the_package_installs_runs_and_removes_without_a_trace() {
         println!("NOT RUN: cuslice doctor (this cuslice has no such command)");
     }
 
-    let removed = ok(&sh("dpkg", &["-r", "cuslice"]));
+    let removed = ok(&Command::new("dpkg")
+        .args(["-r", "cuslice"])
+        .envs(slurm_env)
+        .output()
+        .expect("dpkg -r"));
+    if with_slurm {
+        // prerm undid the registration: the plugstack file install made is gone.
+        assert!(
+            !plugstack.exists(),
+            "prerm leaves the plugstack line: {removed}"
+        );
+    }
     if register {
         assert!(!cdi.exists(), "prerm leaves {}: {removed}", cdi.display());
         // `cuslice uninstall` keeps the directories install made (here /etc/cdi, left empty):

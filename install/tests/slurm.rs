@@ -230,6 +230,10 @@ fn round_trip(env: &Env, plugstack: &str, extra: &[&str], vars: &[(&str, &str)])
         again.contains("already installed: nothing to do for slurm"),
         "{again}"
     );
+    assert!(
+        !again.contains("restart slurmd"),
+        "nothing changed, nothing to restart: {again}"
+    );
     assert_eq!(
         env.snapshot(),
         installed,
@@ -242,7 +246,8 @@ fn round_trip(env: &Env, plugstack: &str, extra: &[&str], vars: &[(&str, &str)])
 
     let out = ok(&env.run_env("uninstall", extra, vars));
     assert!(
-        out.contains(&format!("{}: removed", plugin.display())),
+        out.contains(&format!("{}: removed", plugin.display()))
+            && out.contains("slurm: restart slurmd to unload the plugin"),
         "{out}"
     );
     assert_eq!(
@@ -254,6 +259,10 @@ fn round_trip(env: &Env, plugstack: &str, extra: &[&str], vars: &[(&str, &str)])
     assert!(
         again.contains("not installed: nothing to do for slurm"),
         "{again}"
+    );
+    assert!(
+        !again.contains("restart slurmd"),
+        "nothing changed, nothing to restart: {again}"
     );
 }
 

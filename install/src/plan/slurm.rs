@@ -107,7 +107,11 @@ pub(super) fn registration(cx: &Ctx<'_>, plan: &mut Plan) -> Result<Change, Fail
         }
         Cmd::Uninstall => slurm::uninstall(old.as_deref(), &spank),
     };
-    plan.notes.extend(notes(o, &target, named_by.is_some()));
+    // Nothing to restart slurmd for where the plugstack file stays as it was (None: the file
+    // install created goes).
+    let changed = new != old;
+    plan.notes
+        .extend(notes(o, &target, named_by.is_some(), changed));
     Ok(Ctx::text_change(path, old, mode, new))
 }
 
@@ -122,17 +126,20 @@ pub fn registered(o: &Options) -> bool {
         .is_ok_and(|b| slurm::loads(&String::from_utf8_lossy(&b), &o.layout.spank_path()))
 }
 
-fn notes(o: &Options, target: &str, named: bool) -> Vec<String> {
+fn notes(o: &Options, target: &str, named: bool, changed: bool) -> Vec<String> {
     match o.cmd {
         Cmd::Install => {
-            let mut v = vec![
-                "slurm: restart slurmd to load the plugin: systemctl restart slurmd".to_owned(),
-                format!(
-                    "slurm: the plugin is `required`: srun, salloc and sbatch read {target} too, \
-                     so every host that reads it (login nodes included) needs {} installed",
-                    o.layout.spank_path()
-                ),
-            ];
+            let mut v = Vec::new();
+            if changed {
+                v.push(
+                    "slurm: restart slurmd to load the plugin: systemctl restart slurmd".to_owned(),
+                );
+            }
+            v.push(format!(
+                "slurm: the plugin is `required`: srun, salloc and sbatch read {target} too, \
+                 so every host that reads it (login nodes included) needs {} installed",
+                o.layout.spank_path()
+            ));
             if o.config.is_some() && !named {
                 v.push(format!(
                     "slurm: slurmd reads {target} only where slurm.conf's PlugStackConfig names it"
@@ -140,9 +147,10 @@ fn notes(o: &Options, target: &str, named: bool) -> Vec<String> {
             }
             v
         }
-        Cmd::Uninstall => {
+        Cmd::Uninstall if changed => {
             vec!["slurm: restart slurmd to unload the plugin: systemctl restart slurmd".to_owned()]
         }
+        Cmd::Uninstall => Vec::new(),
     }
 }
 
