@@ -5,6 +5,9 @@
 //!   and the agent's unit is the one `cuslice install` writes, for /usr/bin/cuslice;
 //! - `cuslice install --prefix /usr --no-agent --engine cdi` (what postinst tells the user)
 //!   rewrites none of the package's files and registers /etc/cdi/cuslice.json;
+//! - where the build has the SPANK plugin, the package holds it, `cuslice install --prefix /usr
+//!   --no-agent --engine slurm` registers it without rewriting it, doctor finds it good, and
+//!   `dpkg -r` takes the plugstack line out again;
 //! - `cuslice doctor`, where the command has it, runs from the package;
 //! - removed and purged: every path the package listed is gone (directories too, except those
 //!   that were there before), the registration is undone, and dpkg knows nothing of it.
