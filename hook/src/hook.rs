@@ -419,6 +419,7 @@ pub fn sweep(opts: &Options) -> Result<Outcome, String> {
     cuslice_state::board::sweep(
         &opts.node_dir,
         Some((&opts.state_root, &|id: &str| live.iter().any(|l| l == id))),
+        &cuslice_state::host::take_off,
     );
     Ok(Outcome::Swept(swept))
 }

@@ -1,19 +1,21 @@
 //! Makes the slice visible inside the container: bind mounts made in the container's mount
 //! namespace (which the hook enters with setns, and leaves again), before the runtime pivots into
 //! the rootfs and before it remounts a read-only rootfs read-only. The mounts die with the
-//! container. On the host there is one: the container's `mnt/slice` is a tmpfs of its own
-//! (`Root::create`, `host::slice_space`), made after the container's mount namespace was, so it
-//! is not seen there: a clone of it (`open_tree`, taken in the host's namespace) is attached in
-//! the container's, and a clone of its ledger over the ledger.
+//! container. On the host there are the container's `mnt/slice`, a tmpfs of its own
+//! (`Root::create`, `host::slice_space`), and its place on the compute board, a read-only mount
+//! of `mnt/slice/board` there; both are made after the container's mount namespace was, so they
+//! are not seen there: clones of them (`open_tree`, taken in the host's namespace) are attached
+//! in the container's: the space, its ledger, claims and turns over their places, and the board
+//! with every place on it (a slave of the host's board, so places made later appear in it).
 //!
 //! | in the container | from the host | |
 //! |---|---|---|
 //! | `/run/cuslice` | `<state root>/skel`: the mount points below, shared by every container | read-only |
 //! | `/run/cuslice/slice` | `<state root>/containers/<id>/mnt/slice`: the limits and the ledger | read-only |
 //! | `/run/cuslice/slice/ledger` | the same file | read-write: the one thing processes update |
-//! | `/run/cuslice/node` | the node's compute board (`/dev/shm/cuslice`): every slice's grant and claims | read-only |
-//! | `/run/cuslice/node/<slice>/claims` | the container's own claims on the board | read-write |
-//! | `/run/cuslice/node/<slice>/turns` | the container's own turns on the board | read-write |
+//! | `/run/cuslice/node` | the node's compute board (`/dev/shm/cuslice`) with every slice's place on it, a slave of the host's: places of slices that come later appear in it | read-only |
+//! | `/run/cuslice/node/<slice>/claims` | the container's own claims (`mnt/slice/board/claims`) | read-write |
+//! | `/run/cuslice/node/<slice>/turns` | the container's own turns (`mnt/slice/board/turns`) | read-write |
 //! | `/run/cuslice/lib/libcuslice.so` | the interposer's loader | read-only |
 //! | `/run/cuslice/lib/libcuslice_core.so` | the interposer, which the loader opens beside itself | read-only |
 //! | `/run/cuslice/agent` | `<state root>/agent`: the node agent's socket | read-only (a socket still connects) |
@@ -43,7 +45,9 @@ pub struct Plan<'a> {
     /// `<state root>/containers/<id>/mnt`.
     pub mnt: &'a Path,
     pub node_dir: &'a Path,
-    /// The container's claims file on the board, and its slice's id (which names its place).
+    /// The claims file the slice's processes write (in its own space, `host::OWN_PLACE`; on the
+    /// board itself for a slice the previous release made), and its slice's id (which names
+    /// its place).
     pub claims: &'a Path,
     pub slice: u64,
     /// `<state root>/agent`, the node agent's socket directory.
@@ -53,8 +57,8 @@ pub struct Plan<'a> {
     /// where it is there already (another task joining a Slurm job's slice).
     pub preload: Option<&'a str>,
     /// A path of the node's own to mount read-only over itself: a Slurm task sees the node's
-    /// file system, the compute board's real path (`node_dir`) included, where every slice's
-    /// claims and turns are writable by any account.
+    /// file system, the compute board's real path (`node_dir`) included, where any account may
+    /// write (standalone slices' places are there).
     pub cover: Option<&'a Path>,
 }
 
@@ -92,12 +96,20 @@ pub fn image_preload(pid: i32, rootfs: &Path) -> Result<String, String> {
 /// Makes the mounts. Returns the mount points it had to create in the rootfs (relative to it,
 /// outermost first). On failure it removes those again and says what failed.
 pub fn inject(plan: &Plan<'_>) -> Result<Vec<String>, String> {
-    // The slice's own space, and its ledger, as the host's namespace has them.
-    let own = [plan.mnt.join("slice"), plan.mnt.join("slice/ledger")];
-    let [space, ledger] = own.map(|p| {
-        clone_tree(&p).map_err(|e| format!("cannot take the slice's state at {}: {e}", p.display()))
-    });
-    let trees = (space?, ledger?);
+    // The slice's own space, its ledger, claims and turns, and the board with every place on
+    // it, as the host's namespace has them.
+    let take = |p: &Path, recursive: bool| {
+        cuslice_state::host::clone_tree(p, recursive)
+            .map_err(|e| format!("cannot take the slice's state at {}: {e}", p.display()))
+    };
+    let trees = Trees {
+        space: take(&plan.mnt.join("slice"), false)?,
+        ledger: take(&plan.mnt.join("slice/ledger"), false)?,
+        claims: take(plan.claims, false)?,
+        turns: take(&turns_beside(plan.claims), false)?,
+        board: take(plan.node_dir, true)?,
+        cover: plan.cover.map(|p| take(p, true)).transpose()?,
+    };
     in_container(plan.pid, || {
         let r = Rootfs::open(plan.rootfs).map_err(|e| format!("{}: {e}", plan.rootfs.display()))?;
         let mut created = Vec::new();
@@ -113,10 +125,26 @@ pub fn inject(plan: &Plan<'_>) -> Result<Vec<String>, String> {
     })
 }
 
+/// Detached clones of what the container gets from the host's namespace (`host::clone_tree`).
+struct Trees {
+    space: OwnedFd,
+    ledger: OwnedFd,
+    claims: OwnedFd,
+    turns: OwnedFd,
+    /// The board, with every place mounted on it.
+    board: OwnedFd,
+    cover: Option<OwnedFd>,
+}
+
+/// The turns file beside a claims file.
+fn turns_beside(claims: &Path) -> PathBuf {
+    claims.with_file_name(cuslice_state::board::turns::FILE)
+}
+
 fn mount_all(
     r: &Rootfs,
     plan: &Plan<'_>,
-    (space, ledger): (OwnedFd, OwnedFd),
+    trees: Trees,
     created: &mut Vec<String>,
 ) -> Result<(), String> {
     let cant_make = |what: &str, e: std::io::Error| {
@@ -153,6 +181,26 @@ fn mount_all(
             in_rootfs(CONTAINER_DIR)
         )
     })?;
+    // Read-only: every slice reads the board; the files of it this container writes are its
+    // own claims and turns, mounted read-write over their place in it. The board is a slave of
+    // the host's before anything is mounted on it here: nothing mounted in the container goes
+    // back to the host or to other containers, while places made later come in.
+    let Trees {
+        space,
+        ledger,
+        claims,
+        turns,
+        board,
+        cover,
+    } = trees;
+    let node_target = in_rootfs(CONTAINER_NODE_DIR);
+    attach_slave(r, board, node_target).map_err(|e| {
+        format!(
+            "cannot mount {} at /{node_target}: {e}",
+            plan.node_dir.display()
+        )
+    })?;
+    let turns_path = turns_beside(plan.claims);
     for (tree, what, target, read_only) in [
         (
             space,
@@ -166,25 +214,18 @@ fn mount_all(
             in_rootfs(CONTAINER_LEDGER),
             false,
         ),
+        (
+            claims,
+            plan.claims.to_path_buf(),
+            own_claims.as_str(),
+            false,
+        ),
+        (turns, turns_path, own_turns.as_str(), false),
     ] {
         attach(r, tree, target, read_only)
             .map_err(|e| format!("cannot mount {} at /{target}: {e}", what.display()))?;
     }
-    let binds: [(PathBuf, &str, bool); 7] = [
-        // Read-only: every slice reads the board; the files of it this container writes are its
-        // own claims and turns, mounted read-write over their place in it.
-        (
-            plan.node_dir.to_path_buf(),
-            in_rootfs(CONTAINER_NODE_DIR),
-            true,
-        ),
-        (plan.claims.to_path_buf(), &own_claims, false),
-        (
-            plan.claims
-                .with_file_name(cuslice_state::board::turns::FILE),
-            &own_turns,
-            false,
-        ),
+    let binds: [(PathBuf, &str, bool); 4] = [
         // Read-only, yet the agent's socket in it still connects: connect(2) needs write
         // permission on the socket file, and read-only mounts spare sockets (as they spare
         // device nodes and fifos); it writes nothing to the file system.
@@ -209,13 +250,28 @@ fn mount_all(
         bind(r, source, target, *read_only)
             .map_err(|e| format!("cannot mount {} at /{target}: {e}", source.display()))?;
     }
-    if let Some(path) = plan.cover {
+    if let (Some(path), Some(tree)) = (plan.cover, cover) {
         let target = path.to_string_lossy();
         let target = target.trim_start_matches('/');
-        bind(r, path, target, true)
+        attach_slave(r, tree, target)
             .map_err(|e| format!("cannot mount {} read-only: {e}", path.display()))?;
     }
     Ok(())
+}
+
+/// Attaches `tree` (a recursive clone of the board) read-only at `target`, made a slave of the
+/// host's board first: mounts on the host's board come in, none made here go out.
+fn attach_slave(r: &Rootfs, tree: OwnedFd, target: &str) -> std::io::Result<()> {
+    move_into(r, tree, target)?;
+    let at = r.target(target)?;
+    mount(
+        None::<&str>,
+        fd_path(&at).as_str(),
+        None::<&str>,
+        MsFlags::MS_SLAVE | MsFlags::MS_REC,
+        None::<&str>,
+    )?;
+    limit(r, target, true)
 }
 
 fn bind(r: &Rootfs, source: &Path, target: &str, read_only: bool) -> std::io::Result<()> {
@@ -230,32 +286,14 @@ fn bind(r: &Rootfs, source: &Path, target: &str, read_only: bool) -> std::io::Re
     limit(r, target, read_only)
 }
 
-/// A detached clone of the mount at `path` (a bind mount of it, for a file), as the caller's
-/// mount namespace has it: to be attached in another (`attach`).
-fn clone_tree(path: &Path) -> std::io::Result<OwnedFd> {
-    use std::ffi::CString;
-    use std::os::fd::FromRawFd;
-    use std::os::unix::ffi::OsStrExt;
-    let p = CString::new(path.as_os_str().as_bytes()).map_err(std::io::Error::other)?;
-    // SAFETY: open_tree(2) with a NUL-terminated path that outlives the call; it returns a new
-    // file descriptor, or -1.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_open_tree,
-            libc::AT_FDCWD,
-            p.as_ptr(),
-            libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC,
-        )
-    };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: a descriptor open_tree just returned, owned by nobody else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+/// Attaches the detached mount `tree` (`host::clone_tree`) at `target` in the rootfs.
+fn attach(r: &Rootfs, tree: OwnedFd, target: &str, read_only: bool) -> std::io::Result<()> {
+    move_into(r, tree, target)?;
+    limit(r, target, read_only)
 }
 
-/// Attaches the detached mount `tree` (`clone_tree`) at `target` in the rootfs.
-fn attach(r: &Rootfs, tree: OwnedFd, target: &str, read_only: bool) -> std::io::Result<()> {
+/// Attaches the detached mount `tree` at `target` in the rootfs, as it is.
+fn move_into(r: &Rootfs, tree: OwnedFd, target: &str) -> std::io::Result<()> {
     use std::os::fd::AsRawFd;
     let at: OwnedFd = r.target(target)?;
     // SAFETY: move_mount(2) between two descriptors we hold, with empty paths (the descriptors
@@ -273,7 +311,7 @@ fn attach(r: &Rootfs, tree: OwnedFd, target: &str, read_only: bool) -> std::io::
     if rc != 0 {
         return Err(std::io::Error::last_os_error());
     }
-    limit(r, target, read_only)
+    Ok(())
 }
 
 /// Makes the mount at `target` nosuid, nodev and, where asked, read-only.

@@ -417,10 +417,8 @@ fn join(
     pid: i32,
     library: &Path,
 ) -> Result<(), String> {
-    let place = std::fs::read(root.dir(&r.id).join("board"))
-        .ok()
-        .and_then(|p| String::from_utf8(p).ok())
-        .map(|p| std::path::PathBuf::from(p.trim_end()))
+    let place = root
+        .place(&r.id)
         .ok_or_else(|| format!("the slice {} has no place on the compute board", r.id))?;
     let slice = place
         .file_name()
@@ -439,7 +437,10 @@ fn join(
         skeleton: &skeleton,
         mnt: &root.mnt(&r.id),
         node_dir: &opts.node_dir,
-        claims: &place.join(cuslice_state::board::CLAIMS),
+        claims: &root
+            .mnt(&r.id)
+            .join(cuslice_state::host::OWN_PLACE)
+            .join(cuslice_state::board::CLAIMS),
         slice,
         agent_dir: &root.agent(),
         library,

@@ -213,11 +213,11 @@ fn a_start_that_fails_late_leaves_the_rootfs_as_it_was() {
     assert!(late > 0, "no start failed writing its record");
 }
 
-/// A tenant that writes far past its ledger's end fills its own space (a tmpfs of
-/// `slice_space()`), not the state root's: with the state root a 64 MiB tmpfs (as `/run` is a
-/// tmpfs on most hosts), containers started beside it all start and run.
+/// A tenant that writes far past the end of its ledger, claims and turns fills its own space (a
+/// tmpfs of `slice_space()`), not the state root's nor the board's: with the state root a 64 MiB
+/// tmpfs (as `/run` is a tmpfs on most hosts), containers started beside it all start and run.
 #[test]
-fn a_tenant_filling_its_ledger_leaves_room_for_other_containers() {
+fn a_tenant_filling_its_state_leaves_room_for_other_containers() {
     root_required();
     let sim = Sim::new(&["--memory", "8GiB"]);
     let state = TmpfsRoot::new();
@@ -241,19 +241,27 @@ fn a_tenant_filling_its_ledger_leaves_room_for_other_containers() {
         &["--state-root", &dir],
     );
     let (tried, _) = engines::lines_until(&mut c, "ready");
-    let ledger = tried
+    let grown: Vec<Value> = tried
         .iter()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .find(|v| v["what"] == "grow" && v["path"] == "/run/cuslice/slice/ledger")
-        .unwrap_or_else(|| panic!("{tried:?}"));
-    assert_eq!(ledger["ok"], false, "{ledger}");
-    assert!(
-        ledger["error"]
-            .as_str()
-            .unwrap()
-            .contains("No space left on device"),
-        "{ledger}"
-    );
+        .filter(|v| v["what"] == "grow")
+        .collect();
+    let mut files: Vec<&str> = grown
+        .iter()
+        .filter_map(|v| v["path"].as_str()?.rsplit('/').next())
+        .collect();
+    files.sort();
+    assert_eq!(files, ["claims", "ledger", "turns"], "{tried:?}");
+    for v in &grown {
+        assert_eq!(v["ok"], false, "{v}");
+        assert!(
+            v["error"]
+                .as_str()
+                .unwrap()
+                .contains("No space left on device"),
+            "{v}"
+        );
+    }
     for i in 0..5 {
         let other = name(&format!("beside-fill-{i}"));
         let b = bundle(

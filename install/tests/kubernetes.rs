@@ -315,6 +315,19 @@ fn mount_of(pod: &Value, container: &Value, host_path: &str) -> Option<(String, 
     ))
 }
 
+/// The `mountPropagation` of `container`'s mount of the hostPath volume of `host_path`.
+fn propagation_of(pod: &Value, container: &Value, host_path: &str) -> Option<String> {
+    let volume = pod["volumes"]
+        .as_array()?
+        .iter()
+        .find(|v| v["hostPath"]["path"] == host_path)?;
+    let m = container["volumeMounts"]
+        .as_array()?
+        .iter()
+        .find(|m| m["name"] == volume["name"])?;
+    Some(m["mountPropagation"].as_str()?.to_owned())
+}
+
 /// The host path `container_path` is inside `container`, through the hostPath mount that covers
 /// it most closely, and whether that mount is read-only; None if no hostPath mount covers it.
 fn host_path_of(pod: &Value, container: &Value, container_path: &str) -> Option<(PathBuf, bool)> {
@@ -646,6 +659,20 @@ fn daemonset_runs_the_agent_with_the_hosts_pids_cgroups_and_state() {
         Some(("/run/cuslice".to_owned(), false)),
         "the hook's state root, writable (the agent's socket goes there)"
     );
+    assert_eq!(
+        mount_of(pod, agent, "/dev/shm/cuslice"),
+        Some(("/dev/shm/cuslice".to_owned(), true)),
+        "the compute board, read-only (the agent checks every slice's claims)"
+    );
+    // Slices' own spaces and places are mounts the hook makes on the host after the pod
+    // started: without propagation from the host the agent would see empty directories.
+    for path in ["/run/cuslice", "/dev/shm/cuslice"] {
+        assert_eq!(
+            propagation_of(pod, agent, path),
+            Some("HostToContainer".to_owned()),
+            "{path}"
+        );
+    }
     assert_eq!(
         mount_of(pod, agent, "/sys/fs/cgroup"),
         Some(("/sys/fs/cgroup".to_owned(), false)),

@@ -438,7 +438,7 @@ impl Board {
                     // Like /tmp: slices of different users share a node.
                     let _ = std::fs::set_permissions(node, std::fs::Permissions::from_mode(0o1777));
                 }
-                sweep(node, None);
+                sweep(node, None, &remove_place);
                 match std::fs::DirBuilder::new().create(&dir) {
                     Ok(()) => {}
                     Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
@@ -997,8 +997,9 @@ pub type HookRoot<'a> = (&'a Path, &'a dyn Fn(&str) -> bool);
 
 /// The places of standalone slices under `node` that no process refreshed for `LEFTOVER_NS`
 /// (their processes died without removing them), and those of containers of the hook's state
-/// root `root` for which `live` says no (the container is gone): removed where this process may.
-pub fn sweep(node: &Path, root: Option<HookRoot<'_>>) {
+/// root `root` for which `live` says no (the container is gone): removed where this process may,
+/// with `remove` (`remove_place`, or the hook's, which takes a mounted place off first).
+pub fn sweep(node: &Path, root: Option<HookRoot<'_>>, remove: &dyn Fn(&Path)) {
     let now = now_ns();
     let Some(places) = places(node) else {
         return;
@@ -1024,7 +1025,7 @@ pub fn sweep(node: &Path, root: Option<HookRoot<'_>>) {
             (Origin::Hook { .. }, None) => false,
         };
         if gone {
-            remove_place(&place);
+            remove(&place);
         }
     }
 }

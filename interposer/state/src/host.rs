@@ -26,21 +26,27 @@
 //!     slice/                        (0755)   a tmpfs of its own (`slice_space`), mounted
 //!                                            read-only at /run/cuslice/slice
 //!       config                      (0644)   the authoritative limits
-//!       ledger                      (0666)   the slice's memory ledger (the one writable file)
+//!       ledger                      (0666)   the slice's memory ledger (written by its processes)
+//!       board/                      (0755)   its place on the compute board (`OWN_PLACE`)
+//!         grant                     (0644)   what the container may claim (from its settings)
+//!         claims                    (0666)   what it claims and uses: mounted read-write at
+//!                                            /run/cuslice/node/<slice id>/claims in its own
+//!                                            container
+//!         turns                     (0666)   its turn on each device (`board::turns`), mounted
+//!                                            read-write beside its claims
 //!     ld.so.preload                 (0644)   bind-mounted read-only at /etc/ld.so.preload
 //!
 //! <node dir>/                                the node's compute board (`--node-dir`, default
-//!                                            /dev/shm/cuslice), mounted read-only at
-//!                                            /run/cuslice/node in every container
-//!   <slice id>/                     (0755)   the container's place on it (`cuslice_state::board`)
-//!     grant                         (0644)   what the container may claim (from its settings)
-//!     claims                        (0666)   what it claims and uses: mounted read-write at
-//!                                            /run/cuslice/node/<slice id>/claims in its own
-//!                                            container
-//!     turns                         (0666)   its turn on each device (`board::turns`), mounted
-//!                                            read-write beside its claims: with them, the only
-//!                                            writable files it shares
+//!                                            /dev/shm/cuslice): a shared mount (`share_board`),
+//!                                            mounted read-only at /run/cuslice/node in every
+//!                                            container as a slave of it
+//!   <slice id>/                              a container's place: its `mnt/slice/board`, mounted
+//!                                            read-only (`mount_place`); every container's view
+//!                                            of the board gets it, also one started before
 //! ```
+//!
+//! So every file a container's processes write is in its own space: what they write past the
+//! end of the ledger, the claims or the turns fills that space and no other.
 //!
 //! A record whose init process is gone (a container that vanished without `poststop`) is swept
 //! by the next hook that runs. A directory without a record is a hook that died half-way; since
@@ -91,11 +97,13 @@ const RECORD: &str = "record.json";
 /// In a container's directory: the path of its place on the compute board.
 const BOARD: &str = "board";
 
-/// How much of the host's memory a container's own directory `mnt/slice` (its config and its
-/// ledger, the one file of it the container writes) may take: it is a tmpfs of its own this
-/// large, the ledger's size rounded up to a MiB and a MiB more. A tenant that writes past its
-/// ledger's end, or reserves space past it, fills its own space and nobody else's: the state
-/// root's file system, which the agent and every new container's start use, is not touched.
+/// How much of the host's memory a container's own directory `mnt/slice` (its config, its
+/// ledger and its place on the compute board: every file of it the container writes) may take:
+/// it is a tmpfs of its own this large, the ledger's size rounded up to a MiB and a MiB more
+/// (the claims and the turns take a few pages of it). A tenant that writes past the end of its
+/// files, or reserves space past it, fills its own space and nobody else's: the state root's
+/// and the board's file systems, which the agent, every other slice and every new container's
+/// start use, are not touched.
 pub fn slice_space() -> u64 {
     const MIB: u64 = 1 << 20;
     crate::ledger::file_size().next_multiple_of(MIB) + MIB
@@ -132,17 +140,244 @@ fn mount_space(dir: &Path) -> io::Result<()> {
     }
 }
 
-/// Detaches whatever is mounted at `dir` (a container's `mnt/slice`), if anything: before its
-/// directory is deleted or moved.
-fn unmount_space(dir: &Path) {
+/// In a container's `mnt`: its place on the compute board (grant, claims and turns), in its
+/// own space, mounted read-only at `<node dir>/<slice id>`.
+pub const OWN_PLACE: &str = "slice/board";
+
+/// Makes the compute board `node` a mount of its own that propagates: each slice's place is a
+/// mount on it (`mount_place`), which every container's view of the board, a slave of it
+/// (the hook's `inject`), then shows, also for slices that come after the container. A
+/// directory that is not a mount yet is bound onto itself (`unshare_board_if_empty` takes that
+/// off again once the board is empty).
+fn share_board(node: &Path) -> io::Result<()> {
+    let fail = |what: &str, e: io::Error| {
+        io::Error::new(
+            e.kind(),
+            format!(
+                "cannot {what} the compute board {} ({e}): the hook makes it a mount of its \
+                 own that propagates to every container's view of it, which needs root",
+                node.display()
+            ),
+        )
+    };
+    if !mount_root(node).map_err(|e| fail("look at", e))? {
+        mount_at(Some(node), node, libc::MS_BIND).map_err(|e| fail("bind-mount", e))?;
+    }
+    if !shared(node).map_err(|e| fail("look at", e))? {
+        mount_at(None, node, libc::MS_SHARED).map_err(|e| fail("share", e))?;
+    }
+    Ok(())
+}
+
+/// Takes the place at `place` off the compute board (out of every container's view of it too),
+/// and the board's own mount once no place is left on it.
+pub fn take_off(place: &Path) {
+    detach(place);
+    board::remove_place(place);
+    if let Some(node) = place.parent() {
+        unshare_board_if_empty(node);
+    }
+}
+
+/// Takes the board's own mount off again once no place is left on it, where it is the
+/// directory bound onto itself (`share_board`): a mount an operator made there stays.
+fn unshare_board_if_empty(node: &Path) {
+    let empty = fs::read_dir(node).is_ok_and(|mut d| d.next().is_none());
+    let parent = node.join("..");
+    let same_fs = match (fs::metadata(node), fs::metadata(&parent)) {
+        (Ok(a), Ok(b)) => {
+            use std::os::unix::fs::MetadataExt;
+            a.dev() == b.dev()
+        }
+        _ => false,
+    };
+    if empty && same_fs && mount_root(node).unwrap_or(false) {
+        detach(node);
+    }
+}
+
+/// Mounts `own` (a slice's place in its own space) read-only at `place` on the board. Read-only
+/// from the start: the mount propagates to every container's view of the board as it is made,
+/// and a remount after it would change the host's mount alone, leaving the place writable in
+/// every other container. So it is made detached (`open_tree`), made read-only there
+/// (`mount_setattr`), and only then attached (`move_mount`).
+fn mount_place(own: &Path, place: &Path) -> io::Result<()> {
     use std::ffi::CString;
     use std::os::unix::ffi::OsStrExt;
-    let Ok(target) = CString::new(dir.as_os_str().as_bytes()) else {
+    /// `struct mount_attr` of <linux/mount.h>.
+    #[repr(C)]
+    struct MountAttr {
+        attr_set: u64,
+        attr_clr: u64,
+        propagation: u64,
+        userns_fd: u64,
+    }
+    const MOUNT_ATTR_RDONLY: u64 = 0x1;
+    const MOUNT_ATTR_NOSUID: u64 = 0x2;
+    const MOUNT_ATTR_NODEV: u64 = 0x4;
+    const MOUNT_ATTR_NOEXEC: u64 = 0x8;
+    let fail = |e: io::Error| {
+        let need = if e.raw_os_error() == Some(libc::ENOSYS) {
+            " (cuslice-hook needs Linux 5.12 or later: open_tree, mount_setattr, move_mount)"
+        } else {
+            ""
+        };
+        io::Error::new(
+            e.kind(),
+            format!(
+                "cannot mount the slice's place {} at {}: {e}{need}",
+                own.display(),
+                place.display()
+            ),
+        )
+    };
+    let target = CString::new(place.as_os_str().as_bytes()).map_err(io::Error::other)?;
+    let tree = clone_tree(own, false).map_err(fail)?;
+    let attr = MountAttr {
+        attr_set: MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    // SAFETY: mount_setattr(2) on a descriptor we hold, with an empty path (the descriptor
+    // itself) and a `struct mount_attr` of the size passed, all outliving the call.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            std::os::fd::AsRawFd::as_raw_fd(&tree),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    if rc != 0 {
+        return Err(fail(io::Error::last_os_error()));
+    }
+    // SAFETY: move_mount(2) from a descriptor we hold (empty path) to a NUL-terminated path,
+    // both outliving the call.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            std::os::fd::AsRawFd::as_raw_fd(&tree),
+            c"".as_ptr(),
+            libc::AT_FDCWD,
+            target.as_ptr(),
+            libc::MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    };
+    if rc != 0 {
+        return Err(fail(io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// A detached clone of the mount at `path` (a bind mount of it, for a file or a directory inside
+/// a mount), as the caller's mount namespace has it, with the mounts below it where `recursive`:
+/// to be attached elsewhere with `move_mount`, in this namespace or another.
+pub fn clone_tree(path: &Path, recursive: bool) -> io::Result<std::os::fd::OwnedFd> {
+    use std::ffi::CString;
+    use std::os::fd::{FromRawFd, OwnedFd};
+    use std::os::unix::ffi::OsStrExt;
+    let p = CString::new(path.as_os_str().as_bytes()).map_err(io::Error::other)?;
+    let flags = libc::OPEN_TREE_CLONE
+        | libc::OPEN_TREE_CLOEXEC
+        | if recursive {
+            libc::AT_RECURSIVE as libc::c_uint
+        } else {
+            0
+        };
+    // SAFETY: open_tree(2) with a NUL-terminated path that outlives the call; it returns a new
+    // file descriptor, or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, p.as_ptr(), flags) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor open_tree just returned, owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// mount(2) without a file system type or data: binds, remounts and propagation changes.
+fn mount_at(source: Option<&Path>, target: &Path, flags: libc::c_ulong) -> io::Result<()> {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let c = |p: &Path| CString::new(p.as_os_str().as_bytes()).map_err(io::Error::other);
+    let source = source.map(c).transpose()?;
+    let target = c(target)?;
+    // SAFETY: NUL-terminated strings (or NULL) that outlive the call; no type and no data.
+    let rc = unsafe {
+        libc::mount(
+            source.as_ref().map_or(std::ptr::null(), |s| s.as_ptr()),
+            target.as_ptr(),
+            std::ptr::null(),
+            flags,
+            std::ptr::null(),
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Detaches whatever is mounted at `path`, if anything (lazily: a reader's open file keeps its
+/// mount until it closes it).
+fn detach(path: &Path) {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(target) = CString::new(path.as_os_str().as_bytes()) else {
         return;
     };
-    // SAFETY: a NUL-terminated path that outlives the call. Not a mount point (a container of a
-    // release before the slice's own space), or gone: EINVAL or ENOENT, and nothing to do.
+    // SAFETY: a NUL-terminated path that outlives the call. Not a mount point, or gone: EINVAL
+    // or ENOENT, and nothing to do.
     unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH | libc::UMOUNT_NOFOLLOW) };
+}
+
+/// The id of the mount `path` is on (statx's `stx_mnt_id`).
+fn mount_id(path: &Path) -> io::Result<u64> {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let p = CString::new(path.as_os_str().as_bytes()).map_err(io::Error::other)?;
+    // SAFETY: statx is plain data; all-zero is a valid value for the kernel to fill in.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: a NUL-terminated path and a statx buffer, both outliving the call.
+    let rc = unsafe {
+        libc::statx(
+            libc::AT_FDCWD,
+            p.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+            libc::STATX_MNT_ID,
+            &mut stx,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if stx.stx_mask & libc::STATX_MNT_ID == 0 {
+        return Err(io::Error::other(
+            "the kernel gives no mount ids (Linux 5.8 or later does)",
+        ));
+    }
+    Ok(stx.stx_mnt_id)
+}
+
+/// Whether `path` is the root of a mount (a mount point), not a directory inside one.
+fn mount_root(path: &Path) -> io::Result<bool> {
+    Ok(mount_id(path)? != mount_id(&path.join(".."))?)
+}
+
+/// Whether the mount `path` is on propagates (`shared:` in its line of /proc/self/mountinfo).
+fn shared(path: &Path) -> io::Result<bool> {
+    let id = mount_id(path)?.to_string();
+    let info = fs::read_to_string("/proc/self/mountinfo")?;
+    Ok(info.lines().any(|l| {
+        let mut f = l.split(' ');
+        f.next() == Some(id.as_str())
+            && f.skip(5)
+                .take_while(|o| *o != "-")
+                .any(|o| o.starts_with("shared:"))
+    }))
 }
 
 /// What `Root::create` made for a container.
@@ -151,7 +386,8 @@ pub struct Made {
     pub mnt: PathBuf,
     /// The slice's id (its ledger's), which names its place on the compute board.
     pub slice: u64,
-    /// Its claims file on the board (mounted read-write in the container).
+    /// Its claims file, in its own space (mounted read-write at its place in the container's
+    /// view of the board).
     pub claims: PathBuf,
 }
 
@@ -378,7 +614,8 @@ impl Root {
         let dir = self.dir(id);
         let mnt = self.mnt(id);
         if dir.exists() {
-            unmount_space(&mnt.join("slice"));
+            self.remove_place(id);
+            detach(&mnt.join("slice"));
             fs::remove_dir_all(&dir)?;
         }
         // Each path is made once with its final mode, and written once: nothing else can see
@@ -397,6 +634,14 @@ impl Root {
             // whatever user it runs as.
             let slice = crate::ledger::Ledger::create_file(&mnt.join("slice/ledger"), 0o666)
                 .map_err(|e| io::Error::other(e.to_string()))?;
+            // Its place on the board, in its own space: what it writes past its claims and
+            // turns fills that space alone (`slice_space`).
+            let own = mnt.join(OWN_PLACE);
+            make_dir(&own, 0o755)?;
+            write_new(&own.join(board::GRANT), grant.format().as_bytes(), 0o644)?;
+            board::turns::create(&own.join(board::turns::FILE), slice, 0o666)?;
+            let claims = own.join(board::CLAIMS);
+            board::create_claims(&claims, slice, 0o666)?;
             // Where the place will be, before it is made: whoever removes the directory (this
             // container's poststop, or a sweep of a hook that died half-way) removes it too.
             let place = board::slice_dir(node, slice);
@@ -405,30 +650,35 @@ impl Root {
                 place.as_os_str().as_encoded_bytes(),
                 0o600,
             )?;
+            share_board(node)?;
             make_dir(&place, 0o755)?;
-            write_new(&place.join(board::GRANT), grant.format().as_bytes(), 0o644)?;
-            // The turns first: a slice that finds the claims finds the turns beside them.
-            board::turns::create(&place.join(board::turns::FILE), slice, 0o666)?;
-            let claims = place.join(board::CLAIMS);
-            board::create_claims(&claims, slice, 0o666)?;
+            // Its three files appear on the board at once, read-only there.
+            mount_place(&own, &place)?;
             Ok((slice, claims))
         })();
         match made {
             Ok((slice, claims)) => Ok(Made { mnt, slice, claims }),
             Err(e) => {
                 self.remove_place(id);
-                unmount_space(&mnt.join("slice"));
+                detach(&mnt.join("slice"));
                 let _ = fs::remove_dir_all(&dir);
                 Err(e)
             }
         }
     }
 
-    /// Takes container `id`'s place off the compute board.
+    /// Where container `id`'s place on the compute board is (`<node dir>/<slice id>`), as its
+    /// hook recorded it.
+    pub fn place(&self, id: &str) -> Option<PathBuf> {
+        let path = fs::read(self.dir(id).join(BOARD)).ok()?;
+        Some(PathBuf::from(std::ffi::OsString::from_vec(path)))
+    }
+
+    /// Takes container `id`'s place off the compute board (out of every container's view of
+    /// it too), and the board's own mount once no place is left on it.
     fn remove_place(&self, id: &str) {
-        if let Ok(path) = fs::read(self.dir(id).join(BOARD)) {
-            let path = PathBuf::from(std::ffi::OsString::from_vec(path));
-            board::remove_place(&path);
+        if let Some(path) = self.place(id) {
+            take_off(&path);
         }
     }
 
@@ -442,7 +692,7 @@ impl Root {
     pub fn remove(&self, id: &str, live: &[Record], unmake: Unmake<'_>) {
         self.remove_mount_points(id, live, unmake);
         self.remove_place(id);
-        unmount_space(&self.mnt(id).join("slice"));
+        detach(&self.mnt(id).join("slice"));
         let _ = fs::remove_dir_all(self.dir(id));
     }
 
@@ -456,7 +706,7 @@ impl Root {
         self.remove_mount_points(id, live, unmake);
         // At once: the other slices stop counting its claims.
         self.remove_place(id);
-        unmount_space(&self.mnt(id).join("slice"));
+        detach(&self.mnt(id).join("slice"));
         let dir = self.dir(id);
         let to = self.trash().join(format!("{id}.{}", std::process::id()));
         let moved = make_dir(&self.trash(), 0o700)
@@ -477,7 +727,7 @@ impl Root {
             return;
         };
         for e in dir.flatten() {
-            unmount_space(&e.path().join("mnt/slice"));
+            detach(&e.path().join("mnt/slice"));
             let _ = fs::remove_dir_all(e.path());
         }
     }
@@ -655,8 +905,8 @@ mod tests {
         let me = std::process::id() as i32;
         let mut places = Vec::new();
         for (id, pid, start) in [("live", me, start_time(me).unwrap()), ("dead", me, 1)] {
-            let made = make(&root, id, "CUSLICE_MEMORY_LIMIT=1GiB\n", node.path());
-            places.push(made.claims.parent().unwrap().to_path_buf());
+            make(&root, id, "CUSLICE_MEMORY_LIMIT=1GiB\n", node.path());
+            places.push(root.place(id).unwrap());
             root.write_record(&Record {
                 name: None,
                 kubernetes: None,
@@ -670,7 +920,8 @@ mod tests {
             })
             .unwrap();
         }
-        let half = make(&root, "half", "", node.path());
+        make(&root, "half", "", node.path());
+        let half = root.place("half").unwrap();
         let mut gone = root.sweep(&unmake);
         gone.sort();
         assert_eq!(gone, ["dead", "half"]);
@@ -679,7 +930,7 @@ mod tests {
         assert!(places[0].join("claims").is_file());
         assert!(places[0].join("grant").is_file());
         assert!(!places[1].exists());
-        assert!(!half.claims.parent().unwrap().exists());
+        assert!(!half.exists());
         // The live container shares the rootfs: it inherits the dead one's mount point.
         assert!(rootfs.path().join("made").exists());
         assert_eq!(root.read_record("live").unwrap().created, ["made", "made"]);
@@ -687,6 +938,8 @@ mod tests {
         assert!(!rootfs.path().join("made").exists());
         assert!(!root.dir("live").exists());
         assert!(!places[0].exists());
+        // The board's own mount went with its last place.
+        assert!(!mount_root(node.path()).unwrap());
     }
 
     #[test]
@@ -698,7 +951,8 @@ mod tests {
         std::fs::create_dir(rootfs.path().join("made")).unwrap();
         let me = std::process::id() as i32;
         let node = tempfile::tempdir().unwrap();
-        let made = make(&root, "c", "CUSLICE_MEMORY_LIMIT=1GiB\n", node.path());
+        make(&root, "c", "CUSLICE_MEMORY_LIMIT=1GiB\n", node.path());
+        let place = root.place("c").unwrap();
         root.write_record(&Record {
             name: None,
             kubernetes: None,
@@ -714,11 +968,62 @@ mod tests {
         root.discard("c", &[], &unmake);
         assert!(!root.dir("c").exists());
         // Off the board at once, not when the trash is emptied.
-        assert!(!made.claims.parent().unwrap().exists());
+        assert!(place.parent() == Some(node.path()) && !place.exists());
         assert!(!rootfs.path().join("made").exists());
         assert!(root.records().is_empty());
         assert_eq!(std::fs::read_dir(root.trash()).unwrap().count(), 1);
         root.empty_trash();
         assert_eq!(std::fs::read_dir(root.trash()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn a_place_is_the_slices_own_space_read_only_on_a_shared_board() {
+        use std::io::Write;
+        let tmp = tempfile::tempdir().unwrap();
+        let root = Root::new(tmp.path());
+        let _l = root.lock().unwrap();
+        let node = tempfile::tempdir().unwrap();
+        // A container's view of the board: a slave of it, made before the slice.
+        share_board(node.path()).unwrap();
+        let view = tempfile::tempdir().unwrap();
+        mount_at(Some(node.path()), view.path(), libc::MS_BIND).unwrap();
+        mount_at(None, view.path(), libc::MS_SLAVE).unwrap();
+        let made = make(&root, "c", "CUSLICE_MEMORY_LIMIT=1GiB\n", node.path());
+        let place = root.place("c").unwrap();
+        // The board is a mount of its own that propagates; the place is a mount on it.
+        assert!(mount_root(node.path()).unwrap() && shared(node.path()).unwrap());
+        assert!(mount_root(&place).unwrap());
+        let seen = view.path().join(place.file_name().unwrap());
+        for f in [board::GRANT, board::CLAIMS, board::turns::FILE] {
+            assert!(place.join(f).is_file(), "{f}");
+            // The view got the place as it was made: read-only there too.
+            let e = fs::OpenOptions::new()
+                .write(true)
+                .open(seen.join(f))
+                .unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(libc::EROFS), "{f} in the view: {e}");
+        }
+        // Read-only on the board; written where the slice's processes get it.
+        let e = fs::OpenOptions::new()
+            .write(true)
+            .open(place.join(board::CLAIMS))
+            .unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EROFS), "{e}");
+        assert!(!place.join("more").exists() && fs::write(place.join("more"), b"x").is_err());
+        // Past its end, its claims fill the slice's own space and no more.
+        let mut f = fs::OpenOptions::new()
+            .append(true)
+            .open(&made.claims)
+            .unwrap();
+        let mib = vec![0u8; 1 << 20];
+        let written = (0..64).take_while(|_| f.write_all(&mib).is_ok()).count() as u64;
+        assert!(written < slice_space() >> 20, "{written} MiB written");
+        drop(f);
+        root.remove("c", &[], &unmake);
+        assert!(!place.exists());
+        // Out of the view too.
+        assert!(!seen.exists());
+        detach(view.path());
+        assert!(!mount_root(node.path()).unwrap());
     }
 }

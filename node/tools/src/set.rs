@@ -442,7 +442,16 @@ pub fn set(target: &str, change: &Change, places: &Places) -> Result<String, Str
     }
     // What the other slices let it claim: for a container, what its new hook file sets; for a
     // standalone slice, its grant with the new values.
-    let place = board::slice_dir(&places.node_dir, snap.slice_id);
+    // A container's grant is written where the hook made it, in the slice's own space (the
+    // board shows it read-only); a standalone slice's, and one of the previous release, on the
+    // board itself.
+    let board_place = board::slice_dir(&places.node_dir, snap.slice_id);
+    let own = t
+        .dir
+        .as_ref()
+        .map(|d| d.join("mnt").join(cuslice_state::host::OWN_PLACE))
+        .filter(|p| p.is_dir());
+    let place = own.unwrap_or(board_place);
     let grant_path = place.join(board::GRANT);
     if place.is_dir() {
         let old = board::read_grant(&grant_path);

@@ -717,9 +717,9 @@ pub fn a_grace_bounds_the_total_time_over(engine: &dyn Engine) {
 }
 
 /// A tenant writes 96 MiB past the end of every file it can write, then reserves 96 MiB past
-/// each with `fallocate` keeping the size. Its ledger is in a tmpfs of its own (3 MiB), which
-/// refuses both ("No space left on device"); three containers started beside it start, read
-/// their config and exit 0.
+/// each with `fallocate` keeping the size. Its ledger, claims and turns are in a tmpfs of its own
+/// (3 MiB), which refuses all six ("No space left on device"); three containers started beside
+/// it start, read their config and exit 0.
 pub fn a_tenant_filling_its_state_fills_only_its_own(engine: &dyn Engine) {
     let sim = Sim::new(&["--memory", "8GiB"]);
     let mut tenant = spawn(
@@ -731,9 +731,9 @@ pub fn a_tenant_filling_its_state_fills_only_its_own(engine: &dyn Engine) {
     );
     let (tried, _) = within(tenant.as_mut(), "ready", 60)
         .unwrap_or_else(|| panic!("the tenant did not get ready: {}", tenant.stderr()));
-    let ledger: Vec<&Value> = tried
+    let files: Vec<&Value> = tried
         .iter()
-        .filter(|v| v["path"] == "/run/cuslice/slice/ledger")
+        .filter(|v| v["what"] == "grow" || v["what"] == "fallocate")
         .collect();
     let others: Vec<Output> = (0..3)
         .map(|i| {
@@ -749,9 +749,27 @@ pub fn a_tenant_filling_its_state_fills_only_its_own(engine: &dyn Engine) {
         })
         .collect();
     tenant.remove();
-    let whats: Vec<&str> = ledger.iter().filter_map(|v| v["what"].as_str()).collect();
-    assert_eq!(whats, ["grow", "fallocate"], "{tried:?}");
-    for v in &ledger {
+    let mut tries: Vec<(&str, &str)> = files
+        .iter()
+        .filter_map(|v| {
+            let file = v["path"].as_str()?.rsplit('/').next()?;
+            Some((file, v["what"].as_str()?))
+        })
+        .collect();
+    tries.sort();
+    assert_eq!(
+        tries,
+        [
+            ("claims", "fallocate"),
+            ("claims", "grow"),
+            ("ledger", "fallocate"),
+            ("ledger", "grow"),
+            ("turns", "fallocate"),
+            ("turns", "grow"),
+        ],
+        "{tried:?}"
+    );
+    for v in &files {
         assert!(
             v["ok"] == false
                 && v["error"]

@@ -249,7 +249,7 @@ fn a_standalone_slice_leaves_and_its_leftovers_are_swept() {
     // One being made: an empty directory, no grant yet.
     let making = slice_dir(node.path(), 4);
     std::fs::create_dir(&making).unwrap();
-    sweep(node.path(), None);
+    sweep(node.path(), None, &remove_place);
     assert!(!b.dir().exists());
     assert!(making.exists());
     assert!(c.exists());
@@ -257,6 +257,7 @@ fn a_standalone_slice_leaves_and_its_leftovers_are_swept() {
     sweep(
         node.path(),
         Some((Path::new("/run/cuslice"), &|id| id != "c1")),
+        &remove_place,
     );
     assert!(!c.exists());
 }

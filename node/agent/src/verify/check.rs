@@ -5,9 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs;
-use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use cuslice_node::findings::Finding;
@@ -179,9 +177,15 @@ impl Verifier {
     ) -> Vec<(Key, Finding)> {
         let mut found: Vec<(Key, Finding)> = Vec::new();
         for (id, s) in slices {
-            let place = fs::read(Root::new(&self.cfg.state_root).dir(id).join("board"))
-                .ok()
-                .map(|p| PathBuf::from(std::ffi::OsString::from_vec(p)));
+            // The claims and turns where the slice's processes write them: in its own space (a
+            // slice of the previous release: on the board itself), where they can be cut.
+            let root = Root::new(&self.cfg.state_root);
+            let own = root.mnt(id).join(cuslice_state::host::OWN_PLACE);
+            let place = if own.is_dir() {
+                Some(own)
+            } else {
+                root.place(id)
+            };
             let claims = place.as_ref().map(|p| p.join(cuslice_state::board::CLAIMS));
             let turns = place.map(|p| p.join(cuslice_state::board::turns::FILE));
             // The size of the ledger's own format, as the hook recorded it (a slice of the
@@ -533,10 +537,9 @@ pub(super) fn check_claims(
     let mut found = Vec::new();
     for (id, s) in slices {
         let Some(slice) = s.place else { continue };
-        let Ok(p) = fs::read(Root::new(state_root).dir(id).join("board")) else {
+        let Some(place) = Root::new(state_root).place(id) else {
             continue;
         };
-        let place = PathBuf::from(std::ffi::OsString::from_vec(p));
         let grant_path = place.join(board::GRANT);
         let grant = board::read_grant(&grant_path);
         let faults = board::faults(&place.join(board::CLAIMS), slice, &grant);

@@ -4,7 +4,6 @@
 use std::collections::BTreeMap;
 use std::fs;
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
 use std::sync::Arc;
 
 use cuslice_policy::config::Config as SliceConfig;
@@ -81,9 +80,8 @@ impl Verifier {
                 .and_then(|t| serde_json::from_str(&t).ok())
                 .unwrap_or_default();
             // Its place on the compute board: the last part of the path the hook recorded.
-            let place = fs::read(root.dir(&r.id).join("board")).ok().and_then(|p| {
-                let p = String::from_utf8(p).ok()?;
-                let name = Path::new(p.trim_end()).file_name()?.to_str()?.to_string();
+            let place = root.place(&r.id).and_then(|p| {
+                let name = p.file_name()?.to_str()?.to_string();
                 (name.len() == 16)
                     .then(|| u64::from_str_radix(&name, 16).ok())
                     .flatten()
