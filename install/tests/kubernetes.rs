@@ -299,16 +299,21 @@ fn container<'a>(pod: &'a Value, list: &str, name: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no {list} entry named {name:?}"))
 }
 
-/// Where `container` mounts the host path `host_path` (through a hostPath volume).
-fn mount_of(pod: &Value, container: &Value, host_path: &str) -> Option<(String, bool)> {
+/// `container`'s mount of the hostPath volume of `host_path`.
+fn volume_mount<'a>(pod: &Value, container: &'a Value, host_path: &str) -> Option<&'a Value> {
     let volume = pod["volumes"]
         .as_array()?
         .iter()
         .find(|v| v["hostPath"]["path"] == host_path)?;
-    let m = container["volumeMounts"]
+    container["volumeMounts"]
         .as_array()?
         .iter()
-        .find(|m| m["name"] == volume["name"])?;
+        .find(|m| m["name"] == volume["name"])
+}
+
+/// Where `container` mounts the host path `host_path` (through a hostPath volume).
+fn mount_of(pod: &Value, container: &Value, host_path: &str) -> Option<(String, bool)> {
+    let m = volume_mount(pod, container, host_path)?;
     Some((
         m["mountPath"].as_str()?.to_owned(),
         m["readOnly"].as_bool().unwrap_or(false),
@@ -317,15 +322,11 @@ fn mount_of(pod: &Value, container: &Value, host_path: &str) -> Option<(String, 
 
 /// The `mountPropagation` of `container`'s mount of the hostPath volume of `host_path`.
 fn propagation_of(pod: &Value, container: &Value, host_path: &str) -> Option<String> {
-    let volume = pod["volumes"]
-        .as_array()?
-        .iter()
-        .find(|v| v["hostPath"]["path"] == host_path)?;
-    let m = container["volumeMounts"]
-        .as_array()?
-        .iter()
-        .find(|m| m["name"] == volume["name"])?;
-    Some(m["mountPropagation"].as_str()?.to_owned())
+    Some(
+        volume_mount(pod, container, host_path)?["mountPropagation"]
+            .as_str()?
+            .to_owned(),
+    )
 }
 
 /// The host path `container_path` is inside `container`, through the hostPath mount that covers
