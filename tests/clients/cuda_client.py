@@ -14,6 +14,13 @@ prints (one JSON object a line) against the simulator's ground truth.
     cuda_client.py launch PTX NS SECS        load the PTX spin kernel (cuModuleLoadData) and
                                              launch 1-block kernels of NS ns for SECS seconds
     cuda_client.py null-outs                 cuMemGetInfo_v2(NULL, &total) and (&free, NULL)
+    cuda_client.py keep MIB [managed]        cuMemAlloc MIB (and 2 MiB of managed memory), write
+                                             random bytes at its start and end, then answer stdin
+                                             lines: "check" reads them back and compares
+    cuda_client.py scribble MIB              cuMemAlloc MIB, write 0xAB over all of it, free it
+    cuda_client.py checkpoint PID OP...      the checkpoint API on PID: lock[:MS], checkpoint,
+                                             restore, unlock, one JSON line each with the code
+                                             and the state after it
 """
 import ctypes
 import json
@@ -306,12 +313,71 @@ def null_outs():
         rc_free_only=rc_free, free=free.value)
 
 
+def keep(mib, *flags):
+    """A notebook's kernel between cells: memory on the device, idle until asked."""
+    cu, _, _ = setup()
+    size = int(mib) * MIB
+    p = ok(cu.cuMemAlloc(size))
+    if "managed" in flags:
+        ok(cu.cuMemAllocManaged(2 * MIB, cu.CUmemAttach_flags.CU_MEM_ATTACH_GLOBAL))
+    piece = min(MIB, size // 2)
+    head, tail = os.urandom(piece), os.urandom(piece)
+    ok(cu.cuMemcpyHtoD(p, head, piece))
+    ok(cu.cuMemcpyHtoD(int(p) + size - piece, tail, piece))
+    out(event="holding", pid=os.getpid(), ptr=int(p))
+    for line in sys.stdin:
+        if line.strip() == "check":
+            got_head, got_tail = bytearray(piece), bytearray(piece)
+            ok(cu.cuMemcpyDtoH(got_head, p, piece))
+            ok(cu.cuMemcpyDtoH(got_tail, int(p) + size - piece, piece))
+            out(event="checked", intact=bytes(got_head) == head and bytes(got_tail) == tail,
+                at=time.time())
+
+
+def scribble(mib):
+    """Another tenant writing over whatever device memory it gets."""
+    cu, _, _ = setup()
+    size = int(mib) * MIB
+    p = ok(cu.cuMemAlloc(size))
+    chunk = b"\xab" * (4 * MIB)
+    for off in range(0, size, len(chunk)):
+        n = min(len(chunk), size - off)
+        ok(cu.cuMemcpyHtoD(int(p) + off, chunk, n))
+    ok(cu.cuMemFree(p))
+    out(event="scribbled", bytes=size)
+
+
+def checkpoint(pid, *ops):
+    cu = cuda()
+    ok(cu.cuInit(0))
+    pid = int(pid)
+    for op in ops:
+        name, _, ms = op.partition(":")
+        if name == "lock":
+            args = cu.CUcheckpointLockArgs()
+            args.timeoutMs = int(ms or 0)
+            r = cu.cuCheckpointProcessLock(pid, args)
+        elif name == "checkpoint":
+            r = cu.cuCheckpointProcessCheckpoint(pid, None)
+        elif name == "restore":
+            r = cu.cuCheckpointProcessRestore(pid, None)
+        elif name == "unlock":
+            r = cu.cuCheckpointProcessUnlock(pid, None)
+        else:
+            raise SystemExit(f"unknown checkpoint step {op!r}; use lock[:MS], checkpoint, "
+                             "restore or unlock")
+        err, state = cu.cuCheckpointProcessGetState(pid)
+        out(event=name, code=int(r[0]), name=r[0].name,
+            state=state.name if int(err) == 0 else None)
+
+
 def main(argv):
     if len(argv) < 2:
         raise SystemExit(__doc__)
     cmd, args = argv[1], argv[2:]
     table = {"fill": fill, "async-free": async_free, "hold": hold, "nvml": nvml,
-             "topology": topology, "launch": launch, "null-outs": null_outs}
+             "topology": topology, "launch": launch, "null-outs": null_outs, "keep": keep,
+             "scribble": scribble, "checkpoint": checkpoint}
     if cmd not in table:
         raise SystemExit(f"unknown command {cmd!r}; use one of {', '.join(table)}")
     table[cmd](*args)

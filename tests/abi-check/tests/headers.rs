@@ -216,6 +216,7 @@ fn checks() -> Vec<Check> {
             CUDA_ERROR_INVALID_SOURCE,
             CUDA_ERROR_FILE_NOT_FOUND,
             CUDA_ERROR_INVALID_HANDLE,
+            CUDA_ERROR_ILLEGAL_STATE,
             CUDA_ERROR_NOT_FOUND,
             CUDA_ERROR_NOT_READY,
             CUDA_ERROR_ILLEGAL_ADDRESS,

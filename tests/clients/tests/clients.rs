@@ -517,3 +517,191 @@ fn nvml_peer_and_link_answers_pass_through_untouched() {
         }
     }
 }
+
+// ---- the checkpoint API through the bindings ----------------------------------------------
+
+/// `cuda_client.py checkpoint PID OPS...` (lock[:MS], checkpoint, restore, unlock): one line
+/// per step, with its code and the state after it.
+fn checkpoint(sim: &Sim, pid: u64, ops: &[&str]) -> Vec<Value> {
+    let mut args = vec!["checkpoint".to_string(), pid.to_string()];
+    args.extend(ops.iter().map(|o| o.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    run(sim, None, &args)
+}
+
+fn steps(lines: &[Value]) -> Vec<(String, String)> {
+    lines
+        .iter()
+        .map(|l| {
+            (
+                l["name"].as_str().unwrap().to_string(),
+                l["state"].as_str().unwrap_or("-").to_string(),
+            )
+        })
+        .collect()
+}
+
+fn step(name: &str, state: &str) -> (String, String) {
+    (name.to_string(), format!("CU_PROCESS_STATE_{state}"))
+}
+
+/// The simulator's record of a process the checkpoint API holds, if it holds it.
+fn checkpointed(sim: &Sim, pid: u64) -> Option<Value> {
+    sim.show()["checkpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["pid"] == pid)
+        .cloned()
+}
+
+fn keeper(r: &mut Running) -> u64 {
+    let v = r.wait_for("holding", Duration::from_secs(60));
+    u(&v["pid"])
+}
+
+fn check(r: &mut Running) -> Value {
+    use std::io::Write;
+    writeln!(r.child.stdin.as_mut().unwrap(), "check").unwrap();
+    r.wait_for("checked", Duration::from_secs(60))
+}
+
+#[test]
+fn a_checkpointed_process_lets_the_device_go_and_gets_its_bytes_back_at_the_same_addresses() {
+    if !have_python() {
+        return;
+    }
+    let sim = Sim::new(&["--memory", "1GiB"]);
+    let mut k = Running::start(client_cmd(&sim, None, &["keep", "64"]));
+    let pid = keeper(&mut k);
+    let before = held(&sim, pid);
+    assert_eq!(before, 64 * MIB + CTX);
+
+    let lines = checkpoint(&sim, pid, &["lock:5000", "checkpoint"]);
+    assert_eq!(
+        steps(&lines),
+        [
+            step("CUDA_SUCCESS", "LOCKED"),
+            step("CUDA_SUCCESS", "CHECKPOINTED")
+        ]
+    );
+    let dev = sim.device(0);
+    assert_eq!(u(&dev["used"]), 0, "the device let it all go: {dev}");
+    assert!(
+        dev["processes"].as_array().unwrap().is_empty(),
+        "no process on the device: {dev}"
+    );
+    let c = checkpointed(&sim, pid).expect("the simulator lists it as checkpointed");
+    assert_eq!(c["state"], "checkpointed");
+    assert_eq!(u(&c["host_bytes"]), before, "what it held is in its host memory");
+
+    // Another tenant writes over every byte of the device the first one had.
+    let free_mib = u(&sim.device(0)["free"]) / MIB - CTX / MIB;
+    let s = run(&sim, None, &["scribble", &free_mib.to_string()]);
+    assert_eq!(u(&event(&s, "scribbled")["bytes"]), free_mib * MIB);
+
+    let lines = checkpoint(&sim, pid, &["restore", "unlock"]);
+    assert_eq!(
+        steps(&lines),
+        [
+            step("CUDA_SUCCESS", "LOCKED"),
+            step("CUDA_SUCCESS", "RUNNING")
+        ]
+    );
+    assert_eq!(held(&sim, pid), before, "all of it is back on the device");
+    assert!(checkpointed(&sim, pid).is_none());
+    let v = check(&mut k);
+    assert_eq!(
+        v["intact"], true,
+        "the bytes it wrote read back the same through the same pointer"
+    );
+    assert_eq!(k.release(), 0);
+}
+
+#[test]
+fn a_locked_process_waits_in_its_next_call_until_it_is_unlocked() {
+    use std::io::Write;
+    if !have_python() {
+        return;
+    }
+    let sim = Sim::new(&["--memory", "1GiB"]);
+    let mut k = Running::start(client_cmd(&sim, None, &["keep", "16"]));
+    let pid = keeper(&mut k);
+    let lines = checkpoint(&sim, pid, &["lock:5000"]);
+    assert_eq!(steps(&lines), [step("CUDA_SUCCESS", "LOCKED")]);
+    writeln!(k.child.stdin.as_mut().unwrap(), "check").unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let unlocking = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let lines = checkpoint(&sim, pid, &["unlock"]);
+    assert_eq!(steps(&lines), [step("CUDA_SUCCESS", "RUNNING")]);
+    let v = k.wait_for("checked", Duration::from_secs(60));
+    assert_eq!(v["intact"], true);
+    assert!(
+        v["at"].as_f64().unwrap() >= unlocking,
+        "the copy asked for while locked ran only after the unlock: {v}"
+    );
+    assert_eq!(k.release(), 0);
+}
+
+#[test]
+fn the_checkpoint_api_refuses_what_the_driver_refuses() {
+    if !have_python() {
+        return;
+    }
+    let sim = Sim::new(&["--memory", "1GiB"]);
+    // Managed memory: not supported; the process stays locked, and unlocks.
+    let mut k = Running::start(client_cmd(&sim, None, &["keep", "16", "managed"]));
+    let pid = keeper(&mut k);
+    let held_before = held(&sim, pid);
+    let lines = checkpoint(&sim, pid, &["checkpoint", "lock", "checkpoint", "lock", "unlock"]);
+    assert_eq!(
+        steps(&lines),
+        [
+            step("CUDA_ERROR_ILLEGAL_STATE", "RUNNING"),
+            step("CUDA_SUCCESS", "LOCKED"),
+            step("CUDA_ERROR_NOT_SUPPORTED", "LOCKED"),
+            step("CUDA_ERROR_ILLEGAL_STATE", "LOCKED"),
+            step("CUDA_SUCCESS", "RUNNING"),
+        ]
+    );
+    assert_eq!(held(&sim, pid), held_before, "nothing left the device");
+    assert_eq!(check(&mut k)["intact"], true);
+    assert_eq!(k.release(), 0);
+
+    // A pid that is no CUDA process.
+    let me = std::process::id() as u64;
+    let lines = checkpoint(&sim, me, &["lock"]);
+    assert_eq!(lines[0]["name"], "CUDA_ERROR_INVALID_VALUE");
+}
+
+#[test]
+fn a_restore_without_room_fails_and_leaves_the_process_checkpointed_for_good() {
+    if !have_python() {
+        return;
+    }
+    let sim = Sim::new(&["--memory", "1GiB"]);
+    let mut k = Running::start(client_cmd(&sim, None, &["keep", "256"]));
+    let pid = keeper(&mut k);
+    let lines = checkpoint(&sim, pid, &["lock", "checkpoint"]);
+    assert_eq!(steps(&lines)[1], step("CUDA_SUCCESS", "CHECKPOINTED"));
+    // Another process takes the room while it is off the device.
+    let (other, _) = hold(&sim, None, &["hold", "512"]);
+    let lines = checkpoint(&sim, pid, &["restore"]);
+    assert_eq!(
+        steps(&lines),
+        [step("CUDA_ERROR_OUT_OF_MEMORY", "CHECKPOINTED")]
+    );
+    assert_eq!(other.release(), 0);
+    let lines = checkpoint(&sim, pid, &["restore"]);
+    assert_eq!(
+        steps(&lines),
+        [step("CUDA_ERROR_ILLEGAL_STATE", "CHECKPOINTED")],
+        "with room again, it still cannot come back"
+    );
+    let c = checkpointed(&sim, pid).unwrap();
+    assert_eq!(c["stuck"], true);
+    assert_eq!(u(&sim.device(0)["used"]), 0);
+}

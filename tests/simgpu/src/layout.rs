@@ -17,7 +17,8 @@ pub const MAGIC: [u8; 8] = *b"SIMGPU\0\0";
 /// 10: kernels that wait for the clock (`ITEM_WAIT`, their deadline in `Item::arg`).
 /// 11: context switches take engine time (`SimConfig::switch_ns`, `EngineState::loaded`,
 /// `switch_left`, `switches`).
-pub const LAYOUT_VERSION: u32 = 11;
+/// 12: processes can be checkpointed (`ProcSlot::ckpt_*`, the checkpoint API).
+pub const LAYOUT_VERSION: u32 = 12;
 
 /// Allocation granularity: every allocation takes whole 2 MiB granules.
 pub const GRANULE: u64 = 2 << 20;
@@ -120,11 +121,42 @@ pub struct ProcSlot {
     pub started_ns: AtomicU64,
     /// The command name; written under the process-table lock only.
     pub comm: std::cell::UnsafeCell<[u8; 16]>,
+    /// The process's checkpoint state (`CKPT_RUNNING` ...), as `cuCheckpointProcessGetState`
+    /// answers it; written by the process's own checkpoint thread.
+    pub ckpt_state: AtomicU32,
+    /// A request to the process's checkpoint thread (`CKPT_OP_*`), 0 when none is pending: a
+    /// caller holding the slot's checkpoint lock (byte `CKPT_LOCK_BASE + slot`) stores it and
+    /// wakes the thread (a futex on this word); the thread stores the result in `ckpt_result`,
+    /// then 0 here, and wakes the caller.
+    pub ckpt_req: AtomicU32,
+    /// The request's argument (the lock's timeout in ms, 0: none).
+    pub ckpt_arg: AtomicU32,
+    pub ckpt_result: AtomicI32,
+    /// The checkpoint thread's id, as the process sees it; 0 until it runs.
+    pub ckpt_tid: AtomicI32,
+    /// 1 once a restore failed for lack of device memory: the process stays CHECKPOINTED and
+    /// every later restore is refused (what driver 580 does).
+    pub ckpt_stuck: AtomicU32,
+    /// Device memory the process had when it was checkpointed, now held in its host memory.
+    pub ckpt_host_bytes: AtomicU64,
 }
+
+pub const CKPT_RUNNING: u32 = 0;
+pub const CKPT_LOCKED: u32 = 1;
+pub const CKPT_CHECKPOINTED: u32 = 2;
+pub const CKPT_FAILED: u32 = 3;
+
+pub const CKPT_OP_LOCK: u32 = 1;
+pub const CKPT_OP_CHECKPOINT: u32 = 2;
+pub const CKPT_OP_RESTORE: u32 = 3;
+pub const CKPT_OP_UNLOCK: u32 = 4;
 
 pub const LIVENESS_LOCK_BASE: i64 = 1 << 40;
 /// Locker `i`'s liveness lock is on byte `LOCKER_LOCK_BASE + i`.
 pub const LOCKER_LOCK_BASE: i64 = LIVENESS_LOCK_BASE + (1 << 20);
+/// Callers of the checkpoint API on the process in slot `s` take turns on byte
+/// `CKPT_LOCK_BASE + s` (an OFD write lock, dropped if the caller dies).
+pub const CKPT_LOCK_BASE: i64 = LIVENESS_LOCK_BASE + (2 << 20);
 
 /// Busy time per bucket of [`UTIL_BUCKET_NS`], for utilisation over a window.
 #[repr(C)]

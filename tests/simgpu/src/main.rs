@@ -349,6 +349,20 @@ fn show(state: &Path, json: bool) -> Result<()> {
             );
         }
     }
+    for c in &snap.checkpoints {
+        println!(
+            "{} pid {:>7} {:<16} device memory in host memory {}{}",
+            c.state,
+            c.pid,
+            c.comm,
+            fs(c.host_bytes),
+            if c.stuck {
+                "  (a restore failed for lack of device memory; it stays checkpointed)"
+            } else {
+                ""
+            }
+        );
+    }
     Ok(())
 }
 

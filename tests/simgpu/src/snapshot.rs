@@ -18,6 +18,21 @@ pub struct Snapshot {
     pub switch_ns: u64,
     pub util_sample_ns: u64,
     pub devices: Vec<DeviceSnap>,
+    /// Processes the checkpoint API has locked or checkpointed.
+    pub checkpoints: Vec<CheckpointSnap>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CheckpointSnap {
+    pub pid: i32,
+    pub ns_pid: i32,
+    pub comm: String,
+    /// "locked" or "checkpointed".
+    pub state: &'static str,
+    /// Device memory the process had when checkpointed, now in its host memory.
+    pub host_bytes: u64,
+    /// A restore failed for lack of device memory: the process stays checkpointed.
+    pub stuck: bool,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -75,7 +90,31 @@ impl State {
         self.resolve_host_pids();
         let c = self.config();
         let devices = (0..self.ndev()).map(|d| self.device_snapshot(d)).collect();
+        let checkpoints = (0..MAX_PROCS as u32)
+            .filter_map(|s| {
+                let slot = &self.header().procs[s as usize];
+                let state = match slot.ckpt_state.load(std::sync::atomic::Ordering::Acquire) {
+                    CKPT_LOCKED => "locked",
+                    CKPT_CHECKPOINTED => "checkpointed",
+                    CKPT_FAILED => "failed",
+                    _ => return None,
+                };
+                (slot.state.load(std::sync::atomic::Ordering::Acquire) == SLOT_LIVE).then(|| {
+                    CheckpointSnap {
+                        pid: self.reported_pid(s),
+                        ns_pid: self.slot_ns_pid(s),
+                        comm: self.slot_comm(s),
+                        state,
+                        host_bytes: slot
+                            .ckpt_host_bytes
+                            .load(std::sync::atomic::Ordering::Acquire),
+                        stuck: slot.ckpt_stuck.load(std::sync::atomic::Ordering::Acquire) != 0,
+                    }
+                })
+            })
+            .collect();
         Snapshot {
+            checkpoints,
             state: self.path().display().to_string(),
             context_overhead: c.context_overhead,
             timeslice_ns: c.timeslice_ns,

@@ -20,6 +20,7 @@ mod locker;
 mod processes;
 
 pub use device::DevGuard;
+pub use processes::CheckpointTurn;
 
 const _: () = assert!(MAX_LOCKERS <= TOKENS.slots() as usize);
 

@@ -6,10 +6,11 @@ use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
 use std::mem::ManuallyDrop;
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::{Duration, Instant};
 
 use cuda_abi::CUresult;
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex, MutexGuard};
 use simgpu::clock::{self, US};
 use simgpu::layout::GRANULE;
 use simgpu::{AllocId, State};
@@ -145,11 +146,120 @@ thread_local! {
         const { std::cell::Cell::new(cuda_abi::CU_STREAM_CAPTURE_MODE_GLOBAL) };
 }
 
+/// The lock on this process's objects, which every call that touches them takes. While the
+/// process is locked by the checkpoint API (`checkpoint.rs`), callers wait here until it is
+/// unlocked, as the real driver blocks a locked process's API calls; the process's checkpoint
+/// thread passes.
+pub struct Gate {
+    inner: Mutex<Inner>,
+    /// Threads holding the lock or on their way to it.
+    held: AtomicU32,
+    blocked: AtomicBool,
+    wait: Mutex<()>,
+    changed: Condvar,
+}
+
+thread_local! {
+    /// Set on the process's checkpoint thread, which the gate never stops.
+    pub static CHECKPOINT_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+pub struct GateGuard<'a> {
+    gate: &'a Gate,
+    guard: Option<MutexGuard<'a, Inner>>,
+}
+
+impl std::ops::Deref for GateGuard<'_> {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        self.guard.as_ref().expect("held until dropped")
+    }
+}
+
+impl std::ops::DerefMut for GateGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Inner {
+        self.guard.as_mut().expect("held until dropped")
+    }
+}
+
+impl Drop for GateGuard<'_> {
+    fn drop(&mut self) {
+        self.guard = None;
+        self.gate.held.fetch_sub(1, Ordering::SeqCst);
+        if self.gate.blocked.load(Ordering::SeqCst) {
+            let _w = self.gate.wait.lock();
+            self.gate.changed.notify_all();
+        }
+    }
+}
+
+impl Gate {
+    pub fn new(inner: Inner) -> Gate {
+        Gate {
+            inner: Mutex::new(inner),
+            held: AtomicU32::new(0),
+            blocked: AtomicBool::new(false),
+            wait: Mutex::new(()),
+            changed: Condvar::new(),
+        }
+    }
+
+    /// Takes the lock, first waiting while the process is locked for a checkpoint.
+    pub fn lock(&self) -> GateGuard<'_> {
+        let passes = CHECKPOINT_THREAD.with(|c| c.get());
+        loop {
+            if !passes && self.blocked.load(Ordering::SeqCst) {
+                let mut w = self.wait.lock();
+                while self.blocked.load(Ordering::SeqCst) {
+                    self.changed.wait_for(&mut w, Duration::from_millis(50));
+                }
+            }
+            // Counted before looking again, so that `block` sees either this thread or the
+            // thread sees the block.
+            self.held.fetch_add(1, Ordering::SeqCst);
+            if passes || !self.blocked.load(Ordering::SeqCst) {
+                break;
+            }
+            self.held.fetch_sub(1, Ordering::SeqCst);
+            let _w = self.wait.lock();
+            self.changed.notify_all();
+        }
+        GateGuard {
+            gate: self,
+            guard: Some(self.inner.lock()),
+        }
+    }
+
+    /// Stops new calls and waits until none is under way, for at most `timeout` (None: as long
+    /// as it takes). False if the time ran out; calls then go on.
+    pub fn block(&self, timeout: Option<Duration>) -> bool {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        self.blocked.store(true, Ordering::SeqCst);
+        let mut w = self.wait.lock();
+        while self.held.load(Ordering::SeqCst) != 0 {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                self.blocked.store(false, Ordering::SeqCst);
+                self.changed.notify_all();
+                return false;
+            }
+            self.changed.wait_for(&mut w, Duration::from_millis(5));
+        }
+        true
+    }
+
+    /// Lets calls in again.
+    pub fn unblock(&self) {
+        self.blocked.store(false, Ordering::SeqCst);
+        let _w = self.wait.lock();
+        self.changed.notify_all();
+    }
+}
+
 pub struct Driver {
     pub state: State,
     /// CUDA ordinal -> physical device.
     pub visible: Vec<u32>,
-    pub inner: Mutex<Inner>,
+    pub inner: Gate,
     pub hostfn: OnceLock<std::sync::mpsc::Sender<crate::stream::HostCall>>,
 }
 
@@ -225,7 +335,7 @@ pub fn init() -> CUresult {
         Ok(Driver {
             state,
             visible,
-            inner: Mutex::new(Inner {
+            inner: Gate::new(Inner {
                 ctxs: Registry::new(TAG_CTX),
                 primary: vec![(0, 0, 0); n],
                 streams: Registry::new(TAG_STREAM),
@@ -251,6 +361,9 @@ pub fn init() -> CUresult {
             hostfn: OnceLock::new(),
         })
     });
+    if let Ok(d) = r {
+        crate::checkpoint::start(d);
+    }
     match r {
         Ok(d) if d.visible.is_empty() => CUresult::CUDA_ERROR_NO_DEVICE,
         Ok(_) => CUresult::CUDA_SUCCESS,

@@ -51,6 +51,7 @@ pub unsafe extern "C" fn cuIpcGetMemHandle(
             .filter(|m| m.kind == MapKind::Owned && !m.host_mapped)
             .ok_or(E_INVALID_VALUE)?;
         let id = m.id.ok_or(E_INVALID_VALUE)?;
+        crate::checkpoint::EXPORTED.store(true, std::sync::atomic::Ordering::Relaxed);
         // SAFETY: out-pointer from the caller.
         unsafe { put(out, encode(d.state.header().machine_id, m.dev, id, m.len)) }
     }))

@@ -12,6 +12,7 @@ use std::sync::OnceLock;
 
 use cuda_abi::*;
 
+mod checkpoint;
 mod context;
 mod device;
 mod driver;
@@ -36,6 +37,7 @@ pub mod symbols;
 mod unsupported;
 mod vmm;
 
+use checkpoint::*;
 use context::*;
 use device::*;
 use graph::*;
@@ -456,6 +458,12 @@ export_table![
     cuGraphDestroy,
     cuGraphUpload,
     cuGraphUpload_ptsz,
+    cuCheckpointProcessGetRestoreThreadId,
+    cuCheckpointProcessGetState,
+    cuCheckpointProcessLock,
+    cuCheckpointProcessCheckpoint,
+    cuCheckpointProcessRestore,
+    cuCheckpointProcessUnlock,
 ];
 
 #[cfg(test)]

@@ -313,6 +313,12 @@ pub static VARIANTS: &[Variant] = &[
     v("cuGraphDestroy", 10000, Legacy, "cuGraphDestroy"),
     v("cuGraphUpload", 11010, Legacy, "cuGraphUpload"),
     v("cuGraphUpload", 11010, PerThread, "cuGraphUpload_ptsz"),
+    v("cuCheckpointProcessGetRestoreThreadId", 12080, Legacy, "cuCheckpointProcessGetRestoreThreadId"),
+    v("cuCheckpointProcessGetState", 12080, Legacy, "cuCheckpointProcessGetState"),
+    v("cuCheckpointProcessLock", 12080, Legacy, "cuCheckpointProcessLock"),
+    v("cuCheckpointProcessCheckpoint", 12080, Legacy, "cuCheckpointProcessCheckpoint"),
+    v("cuCheckpointProcessRestore", 12080, Legacy, "cuCheckpointProcessRestore"),
+    v("cuCheckpointProcessUnlock", 12080, Legacy, "cuCheckpointProcessUnlock"),
 ];
 
 /// The answer of [`lookup`].

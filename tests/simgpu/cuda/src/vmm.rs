@@ -686,6 +686,7 @@ pub unsafe extern "C" fn cuMemExportToShareableHandle(
             })?,
             Backing::Host(host) => host.export()?,
         };
+        crate::checkpoint::EXPORTED.store(true, std::sync::atomic::Ordering::Relaxed);
         // SAFETY: for POSIX fds the shareable handle is an int (cuda.h).
         unsafe { (out as *mut c_int).write(fd) };
         Ok(())

@@ -56,6 +56,11 @@ impl State {
             );
             slot.pidns.store(pidns, Ordering::Relaxed);
             slot.started_ns.store(clock::now_ns(), Ordering::Relaxed);
+            slot.ckpt_state.store(CKPT_RUNNING, Ordering::Relaxed);
+            slot.ckpt_req.store(0, Ordering::Relaxed);
+            slot.ckpt_tid.store(0, Ordering::Relaxed);
+            slot.ckpt_stuck.store(0, Ordering::Relaxed);
+            slot.ckpt_host_bytes.store(0, Ordering::Relaxed);
             // SAFETY: `comm` is written only under the process-table lock, which we hold.
             unsafe { *slot.comm.get() = cstr_field(&own_comm()) };
             slot.state.store(SLOT_LIVE, Ordering::Release);
@@ -155,6 +160,38 @@ impl State {
         }
     }
 
+    /// The live process that `pid` names as this process sees pids (its own PID namespace;
+    /// from the initial namespace, host pids name processes in containers too).
+    pub fn slot_of_pid(&self, pid: i32) -> Option<u32> {
+        if pid <= 0 {
+            return None;
+        }
+        let own = own_pidns();
+        let find = |st: &State| {
+            (0..MAX_PROCS as u32).find(|&s| {
+                let slot = &st.header().procs[s as usize];
+                slot.state.load(Ordering::Acquire) == SLOT_LIVE
+                    && ((slot.pidns.load(Ordering::Relaxed) == own
+                        && slot.ns_pid.load(Ordering::Relaxed) == pid)
+                        || (own == INIT_PIDNS_INO
+                            && slot.host_pid.load(Ordering::Relaxed) == pid))
+                    && st.slot_alive(s)
+            })
+        };
+        find(self).or_else(|| {
+            self.resolve_host_pids();
+            find(self)
+        })
+    }
+
+    /// Takes the turn of a caller of the checkpoint API on slot `s` (waiting for one under
+    /// way); the turn ends when the guard is dropped, or when its holder dies.
+    pub fn checkpoint_turn(&self, s: u32) -> std::io::Result<CheckpointTurn<'_>> {
+        let byte = CKPT_LOCK_BASE + s as i64;
+        liveness::wait_hold(self.file.as_raw_fd(), byte)?;
+        Ok(CheckpointTurn { state: self, byte })
+    }
+
     pub fn slot_comm(&self, s: u32) -> String {
         // SAFETY: see `exited_record`.
         field_str(unsafe { &*self.header().procs[s as usize].comm.get() })
@@ -200,4 +237,16 @@ fn innermost_pid(pid: i32) -> Option<i32> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let line = status.lines().find(|l| l.starts_with("NSpid:"))?;
     line.split_whitespace().last()?.parse().ok()
+}
+
+/// A caller's turn at the checkpoint API of one process (see [`State::checkpoint_turn`]).
+pub struct CheckpointTurn<'a> {
+    state: &'a State,
+    byte: i64,
+}
+
+impl Drop for CheckpointTurn<'_> {
+    fn drop(&mut self) {
+        let _ = liveness::release(self.state.file.as_raw_fd(), self.byte);
+    }
 }
