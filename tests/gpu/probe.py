@@ -192,6 +192,88 @@ def torch_start():
     emit("result", first_kernel_done=time.time())
 
 
+def torch_keep(mib):
+    """A notebook between cells: a tensor of random bytes on the device, a copy on the host; each
+    "check" line on stdin reads the tensor back and compares."""
+    import torch
+
+    host = torch.randint(0, 256, (int(mib) * MIB,), dtype=torch.uint8)
+    dev = host.to("cuda")
+    torch.cuda.synchronize()
+    emit("holding", bytes=host.numel())
+    for line in sys.stdin:
+        if line.strip() == "check":
+            t = time.perf_counter()
+            back = dev.cpu()
+            emit("checked", intact=bool(torch.equal(back, host)), read_back_s=time.perf_counter() - t)
+
+
+def torch_checkpoint(mib=512, frozen_s=1.5):
+    """The driver's checkpoint API on a PyTorch process (torch-keep, a child of this one): lock,
+    checkpoint, stay frozen `frozen_s`, restore, unlock; then the child reads its tensor back. This
+    process only calls the driver through ctypes (no framework, no context)."""
+    import ctypes
+    import subprocess
+
+    class Args(ctypes.Structure):
+        _fields_ = [("timeoutMs", ctypes.c_uint), ("reserved0", ctypes.c_uint),
+                    ("reserved1", ctypes.c_uint64 * 7)]
+
+    child = subprocess.Popen([sys.executable, os.path.abspath(__file__), "torch-keep", str(mib)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def read(event):
+        for line in child.stdout:
+            if line.startswith("{") and json.loads(line).get("event") == event:
+                return json.loads(line)
+        return None
+
+    held = read("holding")
+    if held is None:
+        emit("result", error=f"torch-keep exited {child.wait()} before holding its tensor")
+        return
+    cu = ctypes.CDLL("libcuda.so.1")
+    if not hasattr(cu, "cuCheckpointProcessLock"):
+        child.kill()
+        emit("result", error="this driver has no checkpoint API (cuCheckpointProcessLock: driver "
+                             "550 or later)")
+        return
+    steps, times, frozen_at, thawed_at = [], {}, None, None
+    init = cu.cuInit(0)
+
+    def state():
+        s = ctypes.c_int(-1)
+        rc = cu.cuCheckpointProcessGetState(child.pid, ctypes.byref(s))
+        return s.value if rc == 0 else f"GetState {rc}"
+
+    def step(name, call):
+        t = time.perf_counter()
+        rc = call()
+        times[name] = time.perf_counter() - t
+        steps.append({"step": name, "rc": rc, "state": state()})
+        return rc == 0
+
+    ok = (init == 0
+          and step("lock", lambda: cu.cuCheckpointProcessLock(child.pid, ctypes.byref(Args(10000))))
+          and step("checkpoint", lambda: cu.cuCheckpointProcessCheckpoint(child.pid, None)))
+    if ok:
+        frozen_at = time.time()
+        time.sleep(frozen_s)
+        thawed_at = time.time()
+        ok = step("restore", lambda: cu.cuCheckpointProcessRestore(child.pid, None))
+    # Whatever happened, the child is let go if it can be.
+    step("unlock", lambda: cu.cuCheckpointProcessUnlock(child.pid, None))
+    child.stdin.write("check\n")
+    child.stdin.flush()
+    checked = read("checked")
+    child.stdin.close()
+    rc = child.wait()
+    emit("result", init=init, child=child.pid, bytes=held["bytes"], steps=steps,
+         checkpoint_s=times.get("checkpoint"), restore_s=times.get("restore"),
+         frozen_at=frozen_at, thawed_at=thawed_at,
+         intact=checked["intact"] if checked else None, child_exit=rc)
+
+
 PROBES = {
     "torch-info": torch_info,
     "torch-fill": torch_fill,
@@ -201,6 +283,8 @@ PROBES = {
     "torch-matmul": torch_matmul,
     "torch-overhead": torch_overhead,
     "torch-start": torch_start,
+    "torch-keep": torch_keep,
+    "torch-checkpoint": torch_checkpoint,
 }
 
 if __name__ == "__main__":

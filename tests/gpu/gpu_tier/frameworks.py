@@ -22,7 +22,8 @@ TORCH_FILLS = [
     ("PyTorch fill (backend:cudaMallocAsync)", {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}),
 ]
 CHECKS = (["PyTorch mem_get_info", *[n for n, _ in TORCH_FILLS], "JAX default preallocation",
-           "CuPy memory pool", "PyTorch CUDA graph capture and replay", "nvidia-smi under the library"])
+           "CuPy memory pool", "PyTorch CUDA graph capture and replay", "nvidia-smi under the library",
+           "PyTorch checkpoint and restore"])
 NEEDS = {"PyTorch": "torch", "JAX": "jax", "CuPy": "cupy"}
 # What the simulated GPU cannot honour, and why.
 SIM_NOT_RUN = {
@@ -87,7 +88,8 @@ def run(tier):
     for name, fn in [("PyTorch mem_get_info", info), *[(n, fill_with(env)) for n, env in TORCH_FILLS],
                      ("JAX default preallocation", jax_prealloc), ("CuPy memory pool", cupy_fill),
                      ("PyTorch CUDA graph capture and replay", torch_graph),
-                     ("nvidia-smi under the library", nvidia_smi)]:
+                     ("nvidia-smi under the library", nvidia_smi),
+                     ("PyTorch checkpoint and restore", torch_checkpoint)]:
         if not tier.wanted(name):
             continue
         why = SIM_NOT_RUN.get(name) if tier.sim else None
@@ -169,3 +171,36 @@ def nvidia_smi(tier, name):
     return Check(GROUP, name, f"memory.total {total} MiB, used {used}, free {free} (without the library: {plain})",
                  "memory.total 8192 MiB", judged(total == CAP // MIB and used + free <= total),
                  {"total_mib": total, "used_mib": used, "free_mib": free, "without": plain})
+
+
+# CUprocessState
+RUNNING, LOCKED, CHECKPOINTED = 0, 1, 2
+
+
+def torch_checkpoint(tier, name):
+    """The driver's checkpoint API on a PyTorch process under the library (8 GiB cap): while
+    checkpointed NVML lists it no more and the device holds none of it; restored, its tensor reads
+    back the same. The figures are what freezing an idle slice costs: checkpoint and restore time
+    per GiB (docs/oversubscription.md)."""
+    size_mib = 512 if tier.sim else 4096
+    p, r, _, _ = probe(tier, name, "torch-checkpoint", size_mib)
+    expected = ("lock, checkpoint, restore, unlock succeed (LOCKED, CHECKPOINTED, LOCKED, RUNNING); "
+                "while checkpointed NVML lists no memory of it; the tensor reads back the same")
+    if r is None or "steps" not in r:
+        return Check(GROUP, name, failed([p]) or (r or {}).get("error", "no result"), expected, FAIL)
+    got = [(s["step"], s["rc"], s["state"]) for s in r["steps"]]
+    want = [("lock", 0, LOCKED), ("checkpoint", 0, CHECKPOINTED), ("restore", 0, LOCKED),
+            ("unlock", 0, RUNNING)]
+    held_while_frozen = None
+    if r["frozen_at"] and r["thawed_at"]:
+        # Samples well inside the frozen spell: the child's memory as NVML lists it (0: not listed).
+        samples = tier.nvml.memory(r["frozen_at"] + 0.3, r["thawed_at"] - 0.1)
+        if samples:
+            held_while_frozen = max(used.get(r["child"], 0) for _, _, used in samples)
+    gib = r["bytes"] / GIB
+    rate = (f"; checkpoint {r['checkpoint_s']:.2f} s, restore {r['restore_s']:.2f} s for "
+            f"{gib:.1f} GiB ({gib / r['restore_s']:.1f} GiB/s back)") if r["restore_s"] else ""
+    figure = (f"{', '.join(f'{s} {rc}/{st}' for s, rc, st in got)}; NVML while frozen "
+              f"{mib(held_while_frozen)}; intact {r['intact']}{rate}")
+    ok = got == want and held_while_frozen == 0 and r["intact"] is True
+    return Check(GROUP, name, figure, expected, judged(ok), r)

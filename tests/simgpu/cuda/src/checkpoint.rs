@@ -19,10 +19,11 @@
 use std::collections::HashMap;
 use std::ffi::c_int;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use cuda_abi::CUresult;
+use cuslice_shm::futex;
 use parking_lot::Mutex;
 use simgpu::layout::*;
 use simgpu::{AllocId, AllocKind};
@@ -74,29 +75,6 @@ fn slot(d: &Driver, s: u32) -> &ProcSlot {
     &d.state.header().procs[s as usize]
 }
 
-fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
-    let ts = libc::timespec {
-        tv_sec: timeout.as_secs() as libc::time_t,
-        tv_nsec: timeout.subsec_nanos() as libc::c_long,
-    };
-    // SAFETY: a futex wait on a word of the shared state mapping, which outlives the call; the
-    // kernel only reads it. Not FUTEX_PRIVATE: waiter and waker are different processes.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAIT,
-            expected,
-            &ts as *const libc::timespec,
-        )
-    };
-}
-
-fn futex_wake(word: &AtomicU32) {
-    // SAFETY: wakes waiters on a word of the shared mapping; no memory is written.
-    unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX) };
-}
-
 /// The checkpoint thread: answers requests posted in this process's slot.
 fn serve(d: &'static Driver, s: u32) {
     CHECKPOINT_THREAD.with(|c| c.set(true));
@@ -107,7 +85,7 @@ fn serve(d: &'static Driver, s: u32) {
     loop {
         let op = me.ckpt_req.load(Ordering::Acquire);
         if op == 0 {
-            futex_wait(&me.ckpt_req, 0, Duration::from_secs(1));
+            futex::wait(&me.ckpt_req, 0, Duration::from_secs(1));
             continue;
         }
         if d.state.my_slot() != Some(s) {
@@ -123,7 +101,7 @@ fn serve(d: &'static Driver, s: u32) {
         };
         me.ckpt_result.store(status(r).0, Ordering::Release);
         me.ckpt_req.store(0, Ordering::Release);
-        futex_wake(&me.ckpt_req);
+        futex::wake_all(&me.ckpt_req);
     }
 }
 
@@ -409,9 +387,9 @@ fn call(pid: c_int, op: u32, arg: u32) -> Res {
     }
     target.ckpt_arg.store(arg, Ordering::Release);
     target.ckpt_req.store(op, Ordering::Release);
-    futex_wake(&target.ckpt_req);
+    futex::wake_all(&target.ckpt_req);
     loop {
-        futex_wait(&target.ckpt_req, op, Duration::from_millis(100));
+        futex::wait(&target.ckpt_req, op, Duration::from_millis(100));
         if target.ckpt_req.load(Ordering::Acquire) == 0 {
             return status_of(target.ckpt_result.load(Ordering::Acquire));
         }
