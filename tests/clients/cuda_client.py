@@ -16,7 +16,8 @@ prints (one JSON object a line) against the simulator's ground truth.
     cuda_client.py null-outs                 cuMemGetInfo_v2(NULL, &total) and (&free, NULL)
     cuda_client.py keep MIB [managed]        cuMemAlloc MIB (and 2 MiB of managed memory), write
                                              random bytes at its start and end, then answer stdin
-                                             lines: "check" reads them back and compares
+                                             lines: "check" reads them back and compares, "count"
+                                             asks cuDeviceGetCount
     cuda_client.py scribble MIB              cuMemAlloc MIB, write 0xAB over all of it, free it
     cuda_client.py checkpoint PID OP...      the checkpoint API on PID: lock[:MS], checkpoint,
                                              restore, unlock, one JSON line each with the code
@@ -332,6 +333,8 @@ def keep(mib, *flags):
             ok(cu.cuMemcpyDtoH(got_tail, int(p) + size - piece, piece))
             out(event="checked", intact=bytes(got_head) == head and bytes(got_tail) == tail,
                 at=time.time())
+        elif line.strip() == "count":
+            out(event="counted", devices=ok(cu.cuDeviceGetCount()), at=time.time())
 
 
 def scribble(mib):

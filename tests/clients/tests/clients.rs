@@ -629,7 +629,8 @@ fn a_locked_process_waits_in_its_next_call_until_it_is_unlocked() {
     let pid = keeper(&mut k);
     let lines = checkpoint(&sim, pid, &["lock:5000"]);
     assert_eq!(steps(&lines), [step("CUDA_SUCCESS", "LOCKED")]);
-    writeln!(k.child.stdin.as_mut().unwrap(), "check").unwrap();
+    // A copy, which takes the process's objects, and a device count, which takes nothing.
+    writeln!(k.child.stdin.as_mut().unwrap(), "count\ncheck").unwrap();
     std::thread::sleep(Duration::from_millis(1500));
     let unlocking = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -637,12 +638,14 @@ fn a_locked_process_waits_in_its_next_call_until_it_is_unlocked() {
         .as_secs_f64();
     let lines = checkpoint(&sim, pid, &["unlock"]);
     assert_eq!(steps(&lines), [step("CUDA_SUCCESS", "RUNNING")]);
+    let c = k.wait_for("counted", Duration::from_secs(60));
+    assert_eq!(c["devices"], 1);
+    assert!(
+        c["at"].as_f64().unwrap() >= unlocking,
+        "the count asked for while locked was answered only after the unlock: {c}"
+    );
     let v = k.wait_for("checked", Duration::from_secs(60));
     assert_eq!(v["intact"], true);
-    assert!(
-        v["at"].as_f64().unwrap() >= unlocking,
-        "the copy asked for while locked ran only after the unlock: {v}"
-    );
     assert_eq!(k.release(), 0);
 }
 

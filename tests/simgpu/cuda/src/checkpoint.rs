@@ -361,7 +361,7 @@ fn relocate(inner: &mut Inner, moved: &HashMap<(u32, AllocId), AllocId>) {
 
 /// Posts `op` to the checkpoint thread of the process `pid` names and waits for its answer.
 fn call(pid: c_int, op: u32, arg: u32) -> Res {
-    let d = drv()?;
+    let d = driver()?;
     let s = d.state.slot_of_pid(pid).ok_or(E_INVALID_VALUE)?;
     // Threads of one process take turns here; processes on the slot's checkpoint lock.
     static TURN: Mutex<()> = Mutex::new(());
@@ -378,12 +378,16 @@ fn call(pid: c_int, op: u32, arg: u32) -> Res {
     if gone() {
         return Err(E_INVALID_VALUE);
     }
+    let since = std::time::Instant::now();
     while target.ckpt_tid.load(Ordering::Acquire) == 0 {
         // The process is still in cuInit; its thread is on its way.
-        std::thread::sleep(Duration::from_millis(1));
         if gone() {
             return Err(E_INVALID_VALUE);
         }
+        if since.elapsed() > Duration::from_secs(5) {
+            return Err(CUresult::CUDA_ERROR_NOT_READY);
+        }
+        std::thread::sleep(Duration::from_millis(1));
     }
     target.ckpt_arg.store(arg, Ordering::Release);
     target.ckpt_req.store(op, Ordering::Release);
@@ -467,7 +471,7 @@ pub unsafe extern "C" fn cuCheckpointProcessUnlock(pid: c_int, args: *const u64)
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCheckpointProcessGetState(pid: c_int, state: *mut c_int) -> CUresult {
-    status(drv().and_then(|d| {
+    status(driver().and_then(|d| {
         let s = d.state.slot_of_pid(pid).ok_or(E_INVALID_VALUE)?;
         let v = slot(d, s).ckpt_state.load(Ordering::Acquire) as c_int;
         // SAFETY: out-pointer from the caller.
@@ -480,7 +484,7 @@ pub unsafe extern "C" fn cuCheckpointProcessGetRestoreThreadId(
     pid: c_int,
     tid: *mut c_int,
 ) -> CUresult {
-    status(drv().and_then(|d| {
+    status(driver().and_then(|d| {
         let s = d.state.slot_of_pid(pid).ok_or(E_INVALID_VALUE)?;
         match slot(d, s).ckpt_tid.load(Ordering::Acquire) {
             0 => Err(CUresult::CUDA_ERROR_NOT_READY),

@@ -162,6 +162,8 @@ pub struct Gate {
 thread_local! {
     /// Set on the process's checkpoint thread, which the gate never stops.
     pub static CHECKPOINT_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// How many gate guards this thread holds: a thread inside a call is let finish it.
+    static HOLDING: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
 }
 
 pub struct GateGuard<'a> {
@@ -185,6 +187,7 @@ impl std::ops::DerefMut for GateGuard<'_> {
 impl Drop for GateGuard<'_> {
     fn drop(&mut self) {
         self.guard = None;
+        HOLDING.with(|h| h.set(h.get().saturating_sub(1)));
         self.gate.held.fetch_sub(1, Ordering::SeqCst);
         if self.gate.blocked.load(Ordering::SeqCst) {
             let _w = self.gate.wait.lock();
@@ -201,6 +204,21 @@ impl Gate {
             blocked: AtomicBool::new(false),
             wait: Mutex::new(()),
             changed: Condvar::new(),
+        }
+    }
+
+    /// Waits while the process is locked for a checkpoint, unless this thread is the
+    /// checkpoint thread or is inside a call (holds the lock).
+    pub fn wait_open(&self) {
+        if !self.blocked.load(Ordering::SeqCst)
+            || CHECKPOINT_THREAD.with(|c| c.get())
+            || HOLDING.with(|h| h.get()) > 0
+        {
+            return;
+        }
+        let mut w = self.wait.lock();
+        while self.blocked.load(Ordering::SeqCst) {
+            self.changed.wait_for(&mut w, Duration::from_millis(50));
         }
     }
 
@@ -224,10 +242,9 @@ impl Gate {
             let _w = self.wait.lock();
             self.changed.notify_all();
         }
-        GateGuard {
-            gate: self,
-            guard: Some(self.inner.lock()),
-        }
+        let guard = Some(self.inner.lock());
+        HOLDING.with(|h| h.set(h.get() + 1));
+        GateGuard { gate: self, guard }
     }
 
     /// Stops new calls and waits until none is under way, for at most `timeout` (None: as long
@@ -371,8 +388,18 @@ pub fn init() -> CUresult {
     }
 }
 
-/// The initialised driver, or CUDA_ERROR_NOT_INITIALIZED.
+/// The initialised driver, or CUDA_ERROR_NOT_INITIALIZED. While the process is locked by the
+/// checkpoint API, a call waits here until it is unlocked (every entry point goes through here,
+/// also those that never take the process's lock), as the real driver blocks every API call of
+/// a locked process.
 pub fn drv() -> Res<&'static Driver> {
+    let d = driver()?;
+    d.inner.wait_open();
+    Ok(d)
+}
+
+/// The initialised driver, for the checkpoint API itself, which a locked process may call.
+pub fn driver() -> Res<&'static Driver> {
     if FORKED.load(Ordering::Relaxed) {
         return Err(CUresult::CUDA_ERROR_NOT_INITIALIZED);
     }
