@@ -593,7 +593,11 @@ fn a_checkpointed_process_lets_the_device_go_and_gets_its_bytes_back_at_the_same
     );
     let c = checkpointed(&sim, pid).expect("the simulator lists it as checkpointed");
     assert_eq!(c["state"], "checkpointed");
-    assert_eq!(u(&c["host_bytes"]), before, "what it held is in its host memory");
+    assert_eq!(
+        u(&c["host_bytes"]),
+        before,
+        "what it held is in its host memory"
+    );
 
     // Another tenant writes over every byte of the device the first one had.
     let free_mib = u(&sim.device(0)["free"]) / MIB - CTX / MIB;
@@ -659,7 +663,11 @@ fn the_checkpoint_api_refuses_what_the_driver_refuses() {
     let mut k = Running::start(client_cmd(&sim, None, &["keep", "16", "managed"]));
     let pid = keeper(&mut k);
     let held_before = held(&sim, pid);
-    let lines = checkpoint(&sim, pid, &["checkpoint", "lock", "checkpoint", "lock", "unlock"]);
+    let lines = checkpoint(
+        &sim,
+        pid,
+        &["checkpoint", "lock", "checkpoint", "lock", "unlock"],
+    );
     assert_eq!(
         steps(&lines),
         [

@@ -156,7 +156,8 @@ fn checkpoint(d: &Driver, s: u32, me: &ProcSlot) -> Res {
         wait_seq(d, dev, ctx, generation, seq, Wake::Block);
     }
     let data = d.state.data().map_err(|_| CUresult::CUDA_ERROR_UNKNOWN)?;
-    let file = std::fs::File::open(d.state.data_fd_path()).map_err(|_| CUresult::CUDA_ERROR_UNKNOWN)?;
+    let file =
+        std::fs::File::open(d.state.data_fd_path()).map_err(|_| CUresult::CUDA_ERROR_UNKNOWN)?;
     let mut image = Image::default();
     let mut bytes = 0;
     for dev in 0..d.state.ndev() {
@@ -182,7 +183,10 @@ fn checkpoint(d: &Driver, s: u32, me: &ProcSlot) -> Res {
                     // which `data` maps whole; the allocation is this process's and no work of
                     // it is queued, so nothing writes it meanwhile.
                     let bytes = unsafe {
-                        std::slice::from_raw_parts(data.base.add(from as usize), (to - from) as usize)
+                        std::slice::from_raw_parts(
+                            data.base.add(from as usize),
+                            (to - from) as usize,
+                        )
                     };
                     runs.push((i as u64 * GRANULE + (from - at), bytes.to_vec()));
                 }
@@ -245,7 +249,9 @@ fn restore(d: &Driver, s: u32, me: &ProcSlot) -> Res {
     for sv in &image.saved {
         need[sv.dev as usize] += sv.size.max(1).div_ceil(GRANULE) as u32;
     }
-    let mut guards: Vec<_> = (0..d.state.ndev()).map(|dev| d.state.lock_device(dev)).collect();
+    let mut guards: Vec<_> = (0..d.state.ndev())
+        .map(|dev| d.state.lock_device(dev))
+        .collect();
     for (dev, g) in guards.iter_mut().enumerate() {
         if g.dev().free() / GRANULE < need[dev] as u64 {
             g.reclaim_dead();
@@ -308,7 +314,11 @@ fn restore(d: &Driver, s: u32, me: &ProcSlot) -> Res {
             // SAFETY: a run never crosses its granule (see `checkpoint`), and the granule is this
             // process's, inside the mapping of the memory file.
             unsafe {
-                std::ptr::copy_nonoverlapping(bytes.as_ptr(), data.base.add(at as usize), bytes.len())
+                std::ptr::copy_nonoverlapping(
+                    bytes.as_ptr(),
+                    data.base.add(at as usize),
+                    bytes.len(),
+                )
             };
         }
     }
@@ -372,9 +382,7 @@ fn call(pid: c_int, op: u32, arg: u32) -> Res {
         .map_err(|_| CUresult::CUDA_ERROR_UNKNOWN)?;
     let target = slot(d, s);
     let generation = target.generation.load(Ordering::Acquire);
-    let gone = || {
-        !d.state.slot_alive(s) || target.generation.load(Ordering::Acquire) != generation
-    };
+    let gone = || !d.state.slot_alive(s) || target.generation.load(Ordering::Acquire) != generation;
     if gone() {
         return Err(E_INVALID_VALUE);
     }

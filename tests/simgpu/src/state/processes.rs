@@ -173,8 +173,7 @@ impl State {
                 slot.state.load(Ordering::Acquire) == SLOT_LIVE
                     && ((slot.pidns.load(Ordering::Relaxed) == own
                         && slot.ns_pid.load(Ordering::Relaxed) == pid)
-                        || (own == INIT_PIDNS_INO
-                            && slot.host_pid.load(Ordering::Relaxed) == pid))
+                        || (own == INIT_PIDNS_INO && slot.host_pid.load(Ordering::Relaxed) == pid))
                     && st.slot_alive(s)
             })
         };
