@@ -261,12 +261,16 @@ def torch_checkpoint(mib=512, frozen_s=1.5):
         time.sleep(frozen_s)
         thawed_at = time.time()
         ok = step("restore", lambda: cu.cuCheckpointProcessRestore(child.pid, None))
-    # Whatever happened, the child is let go if it can be.
-    step("unlock", lambda: cu.cuCheckpointProcessUnlock(child.pid, None))
-    child.stdin.write("check\n")
-    child.stdin.flush()
-    checked = read("checked")
-    child.stdin.close()
+    # Whatever happened, the child is let go if it can be; one that cannot (a failed restore
+    # leaves it checkpointed, its calls waiting for good) is killed rather than asked.
+    checked = None
+    if step("unlock", lambda: cu.cuCheckpointProcessUnlock(child.pid, None)):
+        child.stdin.write("check\n")
+        child.stdin.flush()
+        checked = read("checked")
+        child.stdin.close()
+    else:
+        child.kill()
     rc = child.wait()
     emit("result", init=init, child=child.pid, bytes=held["bytes"], steps=steps,
          checkpoint_s=times.get("checkpoint"), restore_s=times.get("restore"),
