@@ -555,11 +555,6 @@ fn checkpointed(sim: &Sim, pid: u64) -> Option<Value> {
         .cloned()
 }
 
-fn keeper(r: &mut Running) -> u64 {
-    let v = r.wait_for("holding", Duration::from_secs(60));
-    u(&v["pid"])
-}
-
 fn check(r: &mut Running) -> Value {
     use std::io::Write;
     writeln!(r.child.stdin.as_mut().unwrap(), "check").unwrap();
@@ -572,8 +567,8 @@ fn a_checkpointed_process_lets_the_device_go_and_gets_its_bytes_back_at_the_same
         return;
     }
     let sim = Sim::new(&["--memory", "1GiB"]);
-    let mut k = Running::start(client_cmd(&sim, None, &["keep", "64"]));
-    let pid = keeper(&mut k);
+    let (mut k, held_line) = hold(&sim, None, &["keep", "64"]);
+    let pid = u(&held_line["pid"]);
     let before = held(&sim, pid);
     assert_eq!(before, 64 * MIB + CTX);
 
@@ -629,8 +624,8 @@ fn a_locked_process_waits_in_its_next_call_until_it_is_unlocked() {
         return;
     }
     let sim = Sim::new(&["--memory", "1GiB"]);
-    let mut k = Running::start(client_cmd(&sim, None, &["keep", "16"]));
-    let pid = keeper(&mut k);
+    let (mut k, held_line) = hold(&sim, None, &["keep", "16"]);
+    let pid = u(&held_line["pid"]);
     let lines = checkpoint(&sim, pid, &["lock:5000"]);
     assert_eq!(steps(&lines), [step("CUDA_SUCCESS", "LOCKED")]);
     // A copy, which takes the process's objects, and a device count, which takes nothing.
@@ -660,8 +655,8 @@ fn the_checkpoint_api_refuses_what_the_driver_refuses() {
     }
     let sim = Sim::new(&["--memory", "1GiB"]);
     // Managed memory: not supported; the process stays locked, and unlocks.
-    let mut k = Running::start(client_cmd(&sim, None, &["keep", "16", "managed"]));
-    let pid = keeper(&mut k);
+    let (mut k, held_line) = hold(&sim, None, &["keep", "16", "managed"]);
+    let pid = u(&held_line["pid"]);
     let held_before = held(&sim, pid);
     let lines = checkpoint(
         &sim,
@@ -694,8 +689,8 @@ fn a_restore_without_room_fails_and_leaves_the_process_checkpointed_for_good() {
         return;
     }
     let sim = Sim::new(&["--memory", "1GiB"]);
-    let mut k = Running::start(client_cmd(&sim, None, &["keep", "256"]));
-    let pid = keeper(&mut k);
+    let (_keeper, held_line) = hold(&sim, None, &["keep", "256"]);
+    let pid = u(&held_line["pid"]);
     let lines = checkpoint(&sim, pid, &["lock", "checkpoint"]);
     assert_eq!(steps(&lines)[1], step("CUDA_SUCCESS", "CHECKPOINTED"));
     // Another process takes the room while it is off the device.

@@ -2,6 +2,7 @@
 //! take as ground truth.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
 
 use serde::Serialize;
 
@@ -93,23 +94,19 @@ impl State {
         let checkpoints = (0..MAX_PROCS as u32)
             .filter_map(|s| {
                 let slot = &self.header().procs[s as usize];
-                let state = match slot.ckpt_state.load(std::sync::atomic::Ordering::Acquire) {
+                let state = match slot.ckpt_state.load(Ordering::Acquire) {
                     CKPT_LOCKED => "locked",
                     CKPT_CHECKPOINTED => "checkpointed",
                     CKPT_FAILED => "failed",
                     _ => return None,
                 };
-                (slot.state.load(std::sync::atomic::Ordering::Acquire) == SLOT_LIVE).then(|| {
-                    CheckpointSnap {
-                        pid: self.reported_pid(s),
-                        ns_pid: self.slot_ns_pid(s),
-                        comm: self.slot_comm(s),
-                        state,
-                        host_bytes: slot
-                            .ckpt_host_bytes
-                            .load(std::sync::atomic::Ordering::Acquire),
-                        stuck: slot.ckpt_stuck.load(std::sync::atomic::Ordering::Acquire) != 0,
-                    }
+                (slot.state.load(Ordering::Acquire) == SLOT_LIVE).then(|| CheckpointSnap {
+                    pid: self.reported_pid(s),
+                    ns_pid: self.slot_ns_pid(s),
+                    comm: self.slot_comm(s),
+                    state,
+                    host_bytes: slot.ckpt_host_bytes.load(Ordering::Acquire),
+                    stuck: slot.ckpt_stuck.load(Ordering::Acquire) != 0,
                 })
             })
             .collect();

@@ -43,6 +43,8 @@ struct Saved {
     dev: u32,
     kind: AllocKind,
     size: u64,
+    /// Granules it took (and takes again).
+    ngran: u32,
     old: AllocId,
     runs: Vec<(u64, Vec<u8>)>,
     /// The context whose hidden memory this is (Context allocations).
@@ -80,8 +82,8 @@ fn serve(d: &'static Driver, s: u32) {
     CHECKPOINT_THREAD.with(|c| c.set(true));
     let me = slot(d, s);
     // SAFETY: gettid has no preconditions.
-    me.ckpt_tid
-        .store(unsafe { libc::gettid() }, Ordering::Release);
+    let tid = unsafe { libc::gettid() };
+    me.ckpt_tid.store(tid, Ordering::Release);
     loop {
         let op = me.ckpt_req.load(Ordering::Acquire);
         if op == 0 {
@@ -126,7 +128,8 @@ fn unlock(d: &Driver, me: &ProcSlot) -> Res {
     Ok(())
 }
 
-/// Why this process cannot be checkpointed, if it cannot.
+/// Whether this process holds what the checkpoint API does not support (managed memory,
+/// memory shared with other processes).
 fn unsupported(inner: &Inner) -> bool {
     EXPORTED.load(Ordering::Relaxed)
         || inner.managed.values().any(|(sum, _)| *sum > 0)
@@ -196,6 +199,7 @@ fn checkpoint(d: &Driver, s: u32, me: &ProcSlot) -> Res {
                 dev,
                 kind: AllocKind::from_u32(rec.kind).unwrap_or(AllocKind::Mem),
                 size: rec.size,
+                ngran: rec.ngran,
                 old: id,
                 runs,
                 ctx: overheads.get(&id.head).copied(),
@@ -247,7 +251,7 @@ fn restore(d: &Driver, s: u32, me: &ProcSlot) -> Res {
     // Everything is taken at once, under every device's lock (in device order), or nothing.
     let mut need: Vec<u32> = vec![0; d.state.ndev() as usize];
     for sv in &image.saved {
-        need[sv.dev as usize] += sv.size.max(1).div_ceil(GRANULE) as u32;
+        need[sv.dev as usize] += sv.ngran;
     }
     let mut guards: Vec<_> = (0..d.state.ndev())
         .map(|dev| d.state.lock_device(dev))
@@ -294,7 +298,8 @@ fn restore(d: &Driver, s: u32, me: &ProcSlot) -> Res {
         for &gr in &granules {
             let at = data_off + gr as u64 * GRANULE;
             // What another process left there goes: the restored allocation holds only what
-            // was saved. SAFETY: fallocate on our own descriptor, inside the device's region.
+            // was saved.
+            // SAFETY: fallocate on our own descriptor, inside the device's region.
             let punched = unsafe {
                 libc::fallocate(
                     file.as_raw_fd(),

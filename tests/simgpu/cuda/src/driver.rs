@@ -207,18 +207,21 @@ impl Gate {
         }
     }
 
-    /// Waits while the process is locked for a checkpoint, unless this thread is the
-    /// checkpoint thread or is inside a call (holds the lock).
-    pub fn wait_open(&self) {
-        if !self.blocked.load(Ordering::SeqCst)
-            || CHECKPOINT_THREAD.with(|c| c.get())
-            || HOLDING.with(|h| h.get()) > 0
-        {
-            return;
-        }
+    fn sleep_while_blocked(&self) {
         let mut w = self.wait.lock();
         while self.blocked.load(Ordering::SeqCst) {
             self.changed.wait_for(&mut w, Duration::from_millis(50));
+        }
+    }
+
+    /// Waits while the process is locked for a checkpoint, unless this thread is the
+    /// checkpoint thread or is inside a call (holds the lock).
+    pub fn wait_open(&self) {
+        if self.blocked.load(Ordering::SeqCst)
+            && !CHECKPOINT_THREAD.with(|c| c.get())
+            && HOLDING.with(|h| h.get()) == 0
+        {
+            self.sleep_while_blocked();
         }
     }
 
@@ -227,10 +230,7 @@ impl Gate {
         let passes = CHECKPOINT_THREAD.with(|c| c.get());
         loop {
             if !passes && self.blocked.load(Ordering::SeqCst) {
-                let mut w = self.wait.lock();
-                while self.blocked.load(Ordering::SeqCst) {
-                    self.changed.wait_for(&mut w, Duration::from_millis(50));
-                }
+                self.sleep_while_blocked();
             }
             // Counted before looking again, so that `block` sees either this thread or the
             // thread sees the block.

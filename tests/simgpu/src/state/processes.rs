@@ -167,19 +167,19 @@ impl State {
             return None;
         }
         let own = own_pidns();
-        let find = |st: &State| {
+        let find = || {
             (0..MAX_PROCS as u32).find(|&s| {
-                let slot = &st.header().procs[s as usize];
+                let slot = &self.header().procs[s as usize];
                 slot.state.load(Ordering::Acquire) == SLOT_LIVE
                     && ((slot.pidns.load(Ordering::Relaxed) == own
                         && slot.ns_pid.load(Ordering::Relaxed) == pid)
                         || (own == INIT_PIDNS_INO && slot.host_pid.load(Ordering::Relaxed) == pid))
-                    && st.slot_alive(s)
+                    && self.slot_alive(s)
             })
         };
-        find(self).or_else(|| {
+        find().or_else(|| {
             self.resolve_host_pids();
-            find(self)
+            find()
         })
     }
 
