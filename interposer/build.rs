@@ -1,5 +1,6 @@
 //! Makes the core's wrapper registry (src/registry.rs) from src/wrapped.txt, the one list of the
-//! entry points cuslice wraps (the loader's build script reads the same list).
+//! entry points cuslice wraps (the loader's build script reads the same list), and the gate's
+//! stubs (src/gate.rs), one per driver function handed out.
 
 use std::fmt::Write as _;
 
@@ -38,4 +39,72 @@ fn main() {
     out.push_str("}\n");
     let dest = std::path::Path::new(&std::env::var("OUT_DIR").unwrap()).join("wrapped.rs");
     std::fs::write(dest, out).unwrap();
+    gate_stubs();
+}
+
+/// How many gate stubs there are; src/gate.rs reads the same number (`gate::STUBS`).
+const STUBS: usize = 2048;
+
+/// Writes `gate_stubs.s`: `STUBS` stubs for the target architecture and the table of their
+/// addresses (`cuslice_gate_table`). Stub `i` counts the call, and jumps through `TARGETS[i]`
+/// while the gate is open; while it is shut it jumps to the slow path with `i` in r11 (x86-64)
+/// or x17 (aarch64). `{calls}`, `{shut}`, `{targets}` and `{slow}` are the `global_asm!`
+/// operands of src/gate.rs.
+fn gate_stubs() {
+    let arch = std::env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
+    let mut s = String::new();
+    let (progbits, quad) = match arch.as_str() {
+        "x86_64" => ("@progbits", ".quad"),
+        "aarch64" => ("%progbits", ".xword"),
+        other => panic!("cuslice: no gate stubs for {other}"),
+    };
+    writeln!(s, ".pushsection .text.cuslice_gate,\"ax\",{progbits}").unwrap();
+    for i in 0..STUBS {
+        writeln!(s, ".p2align 4").unwrap();
+        writeln!(s, ".Lcuslice_gate_{i}:").unwrap();
+        if arch == "x86_64" {
+            // A locked add: a full barrier, so the load of `shut` below comes after the count
+            // (the freezer shuts, then reads the count: one of the two sees the other).
+            writeln!(s, "lock add qword ptr [rip + {{calls}}], 1").unwrap();
+            writeln!(s, "cmp byte ptr [rip + {{shut}}], 0").unwrap();
+            writeln!(s, "jne .Lcuslice_gate_shut_{i}").unwrap();
+            writeln!(s, "jmp qword ptr [rip + {{targets}} + {}]", i * 8).unwrap();
+            writeln!(s, ".Lcuslice_gate_shut_{i}:").unwrap();
+            writeln!(s, "mov r11d, {i}").unwrap();
+            writeln!(s, "jmp {{slow}}").unwrap();
+        } else {
+            // As on x86-64: an atomic add, then a full barrier (x9, a temporary, is free at a
+            // function's entry).
+            writeln!(s, "adrp x16, {{calls}}").unwrap();
+            writeln!(s, "add x16, x16, :lo12:{{calls}}").unwrap();
+            writeln!(s, ".Lcuslice_gate_count_{i}:").unwrap();
+            writeln!(s, "ldaxr x17, [x16]").unwrap();
+            writeln!(s, "add x17, x17, #1").unwrap();
+            writeln!(s, "stlxr w9, x17, [x16]").unwrap();
+            writeln!(s, "cbnz w9, .Lcuslice_gate_count_{i}").unwrap();
+            writeln!(s, "dmb ish").unwrap();
+            writeln!(s, "adrp x16, {{shut}}").unwrap();
+            writeln!(s, "ldrb w17, [x16, :lo12:{{shut}}]").unwrap();
+            writeln!(s, "cbnz w17, .Lcuslice_gate_shut_{i}").unwrap();
+            writeln!(s, "adrp x16, {{targets}}").unwrap();
+            writeln!(s, "add x16, x16, :lo12:{{targets}}").unwrap();
+            writeln!(s, "ldr x16, [x16, #{}]", i * 8).unwrap();
+            writeln!(s, "br x16").unwrap();
+            writeln!(s, ".Lcuslice_gate_shut_{i}:").unwrap();
+            writeln!(s, "mov x17, #{i}").unwrap();
+            writeln!(s, "b {{slow}}").unwrap();
+        }
+    }
+    writeln!(s, ".popsection").unwrap();
+    writeln!(s, ".pushsection .data.rel.ro.cuslice_gate,\"aw\",{progbits}").unwrap();
+    writeln!(s, ".p2align 3").unwrap();
+    writeln!(s, ".globl cuslice_gate_table").unwrap();
+    writeln!(s, ".hidden cuslice_gate_table").unwrap();
+    writeln!(s, "cuslice_gate_table:").unwrap();
+    for i in 0..STUBS {
+        writeln!(s, "{quad} .Lcuslice_gate_{i}").unwrap();
+    }
+    writeln!(s, ".popsection").unwrap();
+    let dest = std::path::Path::new(&std::env::var("OUT_DIR").unwrap()).join("gate_stubs.s");
+    std::fs::write(dest, s).unwrap();
 }

@@ -546,6 +546,31 @@ mod tests {
     }
 
     #[test]
+    fn the_freeze_idle_time_comes_from_an_annotation_too() {
+        let s = read(
+            ["CUSLICE_MEMORY_LIMIT=1GiB"],
+            [("cuslice.io/memory-freeze-idle", "10m")],
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            s.entries,
+            vec![
+                ("CUSLICE_MEMORY_FREEZE_IDLE".to_string(), "10m".to_string()),
+                ("CUSLICE_MEMORY_LIMIT".to_string(), "1GiB".to_string()),
+            ]
+        );
+        let e = read([], [("cuslice.io/memory-freeze-idle", "100ms")]).unwrap_err();
+        assert!(
+            e.starts_with(
+                "annotation cuslice.io/memory-freeze-idle: CUSLICE_MEMORY_FREEZE_IDLE=\"100ms\" \
+                 is less than a second"
+            ),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn annotations() {
         let s = read(
             ["CUSLICE_CORE_LIMIT=30"],

@@ -18,6 +18,8 @@
 //!      prototypes, `real::cuXxx()` for each, the lookups by name and address, glibc's `dlsym`.
 //!    - `log` (stderr lines, no allocation), [`alloc_table`] (one
 //!      shard of the allocation table, pure).
+//!    - [`gate`]: the stubs every driver function is handed out behind, which hold the calls of
+//!      a frozen process until it is thawed.
 //! 1. Over [`real`]: [`nvml_query`] (cuslice's own NVML queries: process and device memory,
 //!    whether a pid is listed), [`dlmopen`] (the core of the `dlmopen` override) and [`stream`]
 //!    (whether an application's stream is being captured).
@@ -28,7 +30,9 @@
 //! 3. Over [`membership`], never each other, the registry or start-up: the API areas, each with
 //!    its wrappers ([`memory`], [`array`](mod@array), [`vmm`], [`pool`], [`context`], [`info`],
 //!    [`compute`]), and [`agent`] (asks the node agent for this process's host pid).
-//! 4. [`startup`] (uses `membership`, `agent`, `compute`): joining the slice at cuInit (the
+//!    [`freeze`] (freezes an idle process's device memory to the host and thaws it at its
+//!    next call, through `gate`).
+//! 4. [`startup`] (uses `membership`, `agent`, `compute`, `freeze`): joining the slice at cuInit (the
 //!    `cuInit` wrapper) and the fork handlers.
 //! 5. [`nvml`]: the NVML wrappers; an NVML-only process (nvidia-smi) joins its slice at its first
 //!    call through `startup`.
@@ -57,6 +61,8 @@ pub mod compute;
 pub mod context;
 pub mod dlmopen;
 pub mod dlsym;
+pub mod freeze;
+pub mod gate;
 pub mod info;
 pub mod membership;
 pub mod memory;
@@ -88,6 +94,7 @@ mod tests {
         ("real", 0),
         ("log", 0),
         ("alloc_table", 0),
+        ("gate", 0),
         ("nvml_query", 1),
         ("stream", 1),
         ("turns", 2),
@@ -101,6 +108,7 @@ mod tests {
         ("context", 3),
         ("info", 3),
         ("compute", 3),
+        ("freeze", 3),
         ("startup", 4),
         ("nvml", 5),
         ("registry", 6),

@@ -170,6 +170,7 @@ impl Slice {
         }
         let mut waiting = self.sweep();
         give_back_idle(self, ordinal);
+        let _busy = crate::gate::busy_while();
         let deadline = std::time::Instant::now() + DEAD_WAIT;
         let mut result = self.ledger.reserve(self.slot, d.index, bytes);
         while result.is_err() && waiting > 0 && std::time::Instant::now() < deadline {
@@ -226,6 +227,8 @@ impl Slice {
             // No free can ever make room for it.
             return Err(self.refuse(ordinal, bytes, over));
         }
+        // However long it waits, the process is not idle (`freeze`).
+        let _busy = crate::gate::busy_while();
         let Some(ticket) = self.ledger.wait_enter(d.index) else {
             info!("{WAIT_SLOTS_FULL}");
             return Err(self.refuse(ordinal, bytes, over));

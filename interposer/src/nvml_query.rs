@@ -76,6 +76,27 @@ pub fn device_used(uuid: &[u8; 16]) -> Option<u64> {
     (internal(|| unsafe { f(h, &mut m) }) == nvmlReturn_t::NVML_SUCCESS).then_some(m.used)
 }
 
+/// Whether MIG is on for the device (None: NVML cannot say, or does not know the device by
+/// this UUID, as for a MIG instance's).
+pub fn mig_enabled(uuid: &[u8; 16]) -> Option<bool> {
+    if !init() {
+        return None;
+    }
+    let h = handle_by_uuid(uuid)?;
+    let Some(f) = real::nvmlDeviceGetMigMode() else {
+        // An NVML older than MIG.
+        return Some(false);
+    };
+    let (mut current, mut pending) = (0, 0);
+    // SAFETY: a device handle from NVML and two writable words.
+    match internal(|| unsafe { f(h, &mut current, &mut pending) }) {
+        nvmlReturn_t::NVML_SUCCESS => Some(current != 0),
+        // A device without MIG.
+        nvmlReturn_t::NVML_ERROR_NOT_SUPPORTED => Some(false),
+        _ => None,
+    }
+}
+
 fn parse_uuid(s: &str) -> Option<[u8; 16]> {
     let hex: Vec<u8> = s
         .strip_prefix("GPU-")?

@@ -46,8 +46,12 @@ macro_rules! sync_wrappers {
             let Some(f) = real::$name() else {
                 return CUresult::CUDA_ERROR_NOT_INITIALIZED;
             };
+            // However long it waits for the device, the process is not idle (`freeze`).
+            let busy = crate::gate::busy_while();
             // SAFETY: forwarded unchanged.
-            after_sync(unsafe { f($($arg),*) })
+            let r = unsafe { f($($arg),*) };
+            drop(busy);
+            after_sync(r)
         }
     )*};
 }

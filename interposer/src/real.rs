@@ -197,6 +197,11 @@ table! {
     Cuda cuDeviceGetCount(*mut c_int) -> CUresult;
     Cuda cuDeviceGetUuid(*mut CUuuid, CUdev) -> CUresult;
     Cuda cuDeviceGetUuid_v2(*mut CUuuid, CUdev) -> CUresult;
+    Cuda cuDevicePrimaryCtxGetState(CUdev, *mut c_uint, *mut c_int) -> CUresult;
+    Cuda cuCheckpointProcessLock(c_int, *const c_void) -> CUresult;
+    Cuda cuCheckpointProcessCheckpoint(c_int, *const c_void) -> CUresult;
+    Cuda cuCheckpointProcessRestore(c_int, *const c_void) -> CUresult;
+    Cuda cuCheckpointProcessUnlock(c_int, *const c_void) -> CUresult;
     // --- NVML
     Nvml nvmlInit_v2() -> nvmlReturn_t;
     Nvml nvmlDeviceGetUUID(Nvdev, *mut c_char, c_uint) -> nvmlReturn_t;
@@ -206,6 +211,7 @@ table! {
     Nvml nvmlDeviceGetProcessUtilization(Nvdev, *mut nvmlProcessUtilizationSample_t, *mut c_uint, u64) -> nvmlReturn_t;
     Nvml nvmlDeviceGetUtilizationRates(Nvdev, *mut nvmlUtilization_t) -> nvmlReturn_t;
     Nvml nvmlDeviceGetMemoryInfo(Nvdev, *mut nvmlMemory_t) -> nvmlReturn_t;
+    Nvml nvmlDeviceGetMigMode(Nvdev, *mut c_uint, *mut c_uint) -> nvmlReturn_t;
     Nvml nvmlDeviceGetMemoryInfo_v2(Nvdev, *mut nvmlMemory_v2_t) -> nvmlReturn_t;
     Nvml nvmlDeviceGetComputeRunningProcesses(Nvdev, *mut c_uint, *mut nvmlProcessInfo_v1_t) -> nvmlReturn_t;
     Nvml nvmlDeviceGetComputeRunningProcesses_v2(Nvdev, *mut c_uint, *mut nvmlProcessInfo_v2_t) -> nvmlReturn_t;

@@ -11,9 +11,9 @@
 //! `cuGetProcAddress` (11.3) and `cuGetProcAddress_v2` (12.0): the driver picks the variant of
 //! `symbol` for (`cudaVersion`, `flags`); cuslice asks the real driver with the caller's exact
 //! arguments, recognises the variant by its address among the ones it resolved by name, and
-//! hands back its wrapper of exactly that variant. Result, status and every other pointer are
-//! the driver's, untouched. `cudaGetDriverEntryPoint[ByVersion]` (which goes through here) is
-//! thereby covered.
+//! hands back its wrapper of exactly that variant; every other pointer is the driver's own. Each
+//! goes out behind its `gate` stub. Result and status are the driver's, untouched.
+//! `cudaGetDriverEntryPoint[ByVersion]` (which goes through here) is thereby covered.
 
 #![allow(non_snake_case)]
 
@@ -72,10 +72,9 @@ unsafe fn substitute(r: CUresult, pfn: *mut *mut c_void) {
     if r.is_ok() && !pfn.is_null() {
         // SAFETY: non-NULL and written by the driver just now.
         let p = unsafe { *pfn };
-        if let Some(w) = wrapper_for_real(Lib::Cuda, p) {
-            // SAFETY: as above.
-            unsafe { *pfn = w };
-        }
+        let w = wrapper_for_real(Lib::Cuda, p).unwrap_or(p);
+        // SAFETY: as above.
+        unsafe { *pfn = crate::gate::stub(w) };
     }
 }
 

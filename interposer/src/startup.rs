@@ -246,6 +246,7 @@ pub fn attach_devices() -> bool {
         return false;
     }
     let _ = s.devs.set(devs);
+    crate::freeze::start(s);
     true
 }
 
@@ -293,6 +294,7 @@ extern "C" fn parent_after_fork() {
 extern "C" fn child_after_fork() {
     // The child has one thread.
     unlock_after_fork();
+    crate::freeze::child_after_fork();
     if membership::child_after_fork() {
         crate::compute::child_after_fork();
     }

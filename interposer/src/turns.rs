@@ -71,6 +71,12 @@ pub fn register(t: &'static Turns) {
     ALL.lock().push(t);
 }
 
+/// Whether this process takes part in a turn on any device (its compute thread then calls the
+/// driver).
+pub fn any_involved() -> bool {
+    ALL.lock().iter().any(|t| t.involved())
+}
+
 /// Before context `ctx` is destroyed: the compute thread forgets its streams and events.
 pub fn forget_ctx(ctx: usize) {
     for t in ALL.lock().iter() {

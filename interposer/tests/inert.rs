@@ -112,8 +112,9 @@ fn dlsym_answers_exactly_the_wrapped_names_and_keeps_rtld_next_relative_to_the_c
             "cuGetProcAddress_v2 cuslice",
             // A per-thread-stream twin has a wrapper of its own.
             "cuLaunchKernel_ptsz cuslice",
-            // Not wrapped: the driver's own, untouched.
-            "cuDeviceGetName driver",
+            // Not wrapped: the driver's own, behind cuslice's gate stub (which holds the calls
+            // of a frozen process).
+            "cuDeviceGetName cuslice",
             "cuMemAllocPitch_v2 cuslice",
             // Not a driver name at all: not found, with dlerror set, as without cuslice.
             "cudnnCreate null dlerror",
@@ -123,6 +124,7 @@ fn dlsym_answers_exactly_the_wrapped_names_and_keeps_rtld_next_relative_to_the_c
             // next_wrapper.so's dlsym(RTLD_NEXT, "getpid") still finds libc's getpid.
             "getpid ok",
             "RTLD_DEFAULT:cuMemAlloc_v2 cuslice",
+            "RTLD_DEFAULT:cuDeviceGetName cuslice",
         ]
     );
 }

@@ -5,7 +5,8 @@
 //! `interposer/`), plus `dlsym` and `dlmopen`, and does nothing at load: no constructor, no
 //! allocation, no dependency beyond libc. Each exported entry point is a one-instruction jump
 //! through a slot. A slot starts at a resolver that loads the core from this file's own directory
-//! (`dlopen`, local scope), points every slot at the core's wrapper, and jumps there with the
+//! (`dlopen`, local scope), points every slot at the core's wrapper (a driver entry point's
+//! behind its gate stub, which holds the calls of a frozen process), and jumps there with the
 //! caller's registers untouched; from then on a call costs one indirect jump more than calling
 //! the core directly. `dlsym` lookups of a `cu*`/`nvml*` name load the core the same way and hand
 //! the lookup to it (the route programs that `dlopen` the driver take, which then never pass
@@ -44,7 +45,7 @@ const fn bytes_of<const N: usize>(text: &str) -> [u8; N] {
 use core::sync::atomic::{AtomicPtr, AtomicU8, Ordering};
 
 /// The interface between this loader and the core; the core refuses another number.
-const CORE_ABI: u32 = 1;
+const CORE_ABI: u32 = 2;
 /// The core's file name, looked for beside this file.
 const CORE_FILE: &[u8] = b"libcuslice_core.so";
 
@@ -256,6 +257,7 @@ static CORE_DLMOPEN: AtomicPtr<c_void> = AtomicPtr::new(core::ptr::null_mut());
 type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
 type DlmopenFn = unsafe extern "C" fn(c_long, *const c_char, c_int) -> *mut c_void;
 type AttachFn = unsafe extern "C" fn(u32, *mut c_void, *mut c_void) -> u32;
+type GateFn = unsafe extern "C" fn(*mut c_void) -> *mut c_void;
 
 /// Loads the core and points every slot at it; on failure, says why once and points every slot at
 /// "not initialised". Idempotent: threads that race here load the same object (dlopen counts
@@ -327,6 +329,16 @@ fn load_core() -> bool {
             Some(path.as_cstr()),
         );
     }
+    // SAFETY: as above.
+    let gate = unsafe { real_dlsym(h, c"cuslice_gate_stub".as_ptr()) };
+    if gate.is_null() {
+        return fail(
+            b"libcuslice_core.so lacks the loader's interface",
+            Some(path.as_cstr()),
+        );
+    }
+    // SAFETY: the core defines cuslice_gate_stub with exactly this prototype (interposer/src/gate.rs).
+    let gate = unsafe { core::mem::transmute::<*mut c_void, GateFn>(gate) };
     for (i, slot) in SLOTS.iter().enumerate() {
         let (Some(name), Some(nvml)) = (NAMES.get(i), IS_NVML.get(i)) else {
             continue;
@@ -334,7 +346,10 @@ fn load_core() -> bool {
         // SAFETY: as above.
         let p = unsafe { real_dlsym(h, name.as_ptr()) };
         slot.store(
-            if !p.is_null() {
+            if !p.is_null() && !*nvml {
+                // SAFETY: any address; a driver entry point goes through its gate stub.
+                unsafe { gate(p) }.cast()
+            } else if !p.is_null() {
                 p.cast()
             } else if *nvml {
                 nvml_uninitialized as *mut ()
@@ -415,7 +430,7 @@ pub unsafe extern "C" fn dlsym(_handle: *mut c_void, _name: *const c_char) -> *m
 
 /// Called by the trampoline for every `dlsym` of the process: the wrapper the core answers with,
 /// or NULL to forward the lookup to glibc. A name that is not `cu*`/`nvml*` is forwarded after two
-/// byte compares, without loading anything.
+/// byte compares, without loading anything; an RTLD_DEFAULT lookup, unless it finds libcuda's.
 ///
 /// # Safety
 /// Called only by the trampoline with the caller's `dlsym` arguments.
@@ -429,13 +444,20 @@ pub unsafe extern "C" fn cuslice_dlsym_route(
     };
     // SAFETY: an extern static of atomic type, defined in shim-c, zero-initialised.
     unsafe { &cuslice_real_dlsym }.store(real as *mut c_void, Ordering::Release);
-    if name.is_null() || handle == sys::RTLD_DEFAULT || handle == sys::RTLD_NEXT {
+    if name.is_null() || handle == sys::RTLD_NEXT {
         return core::ptr::null_mut();
     }
     // SAFETY: dlsym's contract: `name` is NUL-terminated, so its first two bytes can be read
     // one at a time (the second only if the first is not the terminator).
     let (a, b) = unsafe { (*name as u8, if *name == 0 { 0 } else { *name.add(1) as u8 }) };
     if !((a == b'c' && b == b'u') || (a == b'n' && b == b'v')) {
+        return core::ptr::null_mut();
+    }
+    // RTLD_DEFAULT finds this loader's exports of the wrapped names by itself; the core answers
+    // it only for the driver's other functions (behind their gate stubs), so it is asked only
+    // when the lookup finds a function of libcuda.
+    // SAFETY: the caller's arguments, valid per dlsym's contract.
+    if handle == sys::RTLD_DEFAULT && !in_libcuda(unsafe { real(handle, name) }) {
         return core::ptr::null_mut();
     }
     if load_core() {
@@ -456,6 +478,27 @@ pub unsafe extern "C" fn cuslice_dlsym_route(
             .map_or(core::ptr::null_mut(), |s| s.load(Ordering::Acquire).cast()),
         _ => core::ptr::null_mut(),
     }
+}
+
+/// Whether `p` is a function of libcuda.so.
+fn in_libcuda(p: *mut c_void) -> bool {
+    if p.is_null() {
+        return false;
+    }
+    let mut info = sys::DlInfo {
+        dli_fname: core::ptr::null(),
+        dli_fbase: core::ptr::null_mut(),
+        dli_sname: core::ptr::null(),
+        dli_saddr: core::ptr::null_mut(),
+    };
+    // SAFETY: dladdr reads any address and fills `info`.
+    if unsafe { sys::dladdr(p, &mut info) } == 0 || info.dli_fname.is_null() {
+        return false;
+    }
+    // SAFETY: dladdr's file name is NUL-terminated and lives as long as the object.
+    let file = unsafe { CStr::from_ptr(info.dli_fname) }.to_bytes();
+    let base = file.rsplit(|&c| c == b'/').next().unwrap_or(file);
+    base.starts_with(b"libcuda.so")
 }
 
 /// The exported `dlmopen`: opening the driver into another link-map namespace (where no preload

@@ -1,6 +1,6 @@
 /* Prints, for each name, where dlsym(handle-of-libcuda, name) lands: "cuslice", "driver",
  * "null", or "other". Also the result of a plain getpid() (wrapped by next_wrapper.so when that is
- * preloaded too) and of dlsym(RTLD_DEFAULT, "cuMemAlloc_v2"). */
+ * preloaded too) and of dlsym(RTLD_DEFAULT, ...) for a wrapped and an unwrapped driver name. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdio.h>
@@ -17,7 +17,8 @@ static const char *where(void *p) {
 }
 
 int main(int argc, char **argv) {
-    void *h = dlopen("libcuda.so.1", RTLD_NOW);
+    /* Global, as a program linked with -lcuda has it: RTLD_DEFAULT finds the driver's names. */
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
     if (!h) { printf("dlopen failed: %s\n", dlerror()); return 1; }
     for (int i = 1; i < argc; i++) {
         dlerror();
@@ -27,5 +28,6 @@ int main(int argc, char **argv) {
     }
     printf("getpid %s\n", getpid() > 0 ? "ok" : "broken");
     printf("RTLD_DEFAULT:cuMemAlloc_v2 %s\n", where(dlsym(RTLD_DEFAULT, "cuMemAlloc_v2")));
+    printf("RTLD_DEFAULT:cuDeviceGetName %s\n", where(dlsym(RTLD_DEFAULT, "cuDeviceGetName")));
     return 0;
 }

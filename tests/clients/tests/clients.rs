@@ -711,3 +711,131 @@ fn a_restore_without_room_fails_and_leaves_the_process_checkpointed_for_good() {
     assert_eq!(c["stuck"], true);
     assert_eq!(u(&sim.device(0)["used"]), 0);
 }
+
+// ---- an idle slice's memory frozen to the host (CUSLICE_MEMORY_FREEZE_IDLE) -------------------
+
+/// A slice capped at 1 GiB whose processes are frozen after a second without a CUDA call.
+fn freezing() -> Slice {
+    Slice::new(&[
+        ("CUSLICE_MEMORY_LIMIT", "1GiB"),
+        ("CUSLICE_MEMORY_FREEZE_IDLE", "1s"),
+        ("CUSLICE_LOG", "info"),
+    ])
+}
+
+/// Waits until the simulator lists `pid` as checkpointed (None after `timeout`).
+fn wait_checkpointed(sim: &Sim, pid: u64, timeout: Duration) -> Option<Value> {
+    let end = Instant::now() + timeout;
+    while Instant::now() < end {
+        if let Some(c) = checkpointed(sim, pid)
+            && c["state"] == "checkpointed"
+        {
+            return Some(c);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    None
+}
+
+#[test]
+fn an_idle_process_of_a_slice_is_frozen_and_its_next_call_thaws_it_with_its_bytes_intact() {
+    if !have_python() {
+        return;
+    }
+    let sim = Sim::new(&["--memory", "2GiB"]);
+    let slice = freezing();
+    let (mut k, held_line) = hold(&sim, Some(&slice), &["keep", "64"]);
+    let pid = u(&held_line["pid"]);
+    let before = held(&sim, pid);
+    assert_eq!(before, 64 * MIB + CTX);
+
+    let c = wait_checkpointed(&sim, pid, Duration::from_secs(20))
+        .expect("frozen after a second without a call");
+    assert_eq!(u(&c["host_bytes"]), before, "all it held is in host memory");
+    let dev = sim.device(0);
+    assert_eq!(u(&dev["used"]), 0, "the device has it all back: {dev}");
+
+    // Another tenant takes the whole device and writes over every byte of it, then leaves.
+    let free_mib = u(&dev["free"]) / MIB - CTX / MIB;
+    let s = run(&sim, None, &["scribble", &free_mib.to_string()]);
+    assert_eq!(u(&event(&s, "scribbled")["bytes"]), free_mib * MIB);
+
+    // Its next call (a copy, through a driver function cuslice does not wrap) thaws it.
+    let v = check(&mut k);
+    assert_eq!(v["intact"], true, "its bytes read back the same: {v}");
+    assert!(checkpointed(&sim, pid).is_none(), "running again");
+    assert_eq!(held(&sim, pid), before, "all of it is back on the device");
+    let err = said(&k, "thawed");
+    assert!(
+        err.contains("frozen after 1s idle: 364 MiB of device memory went to the host"),
+        "{err}"
+    );
+    assert!(err.contains("thawed: 364 MiB back on the device"), "{err}");
+    assert_eq!(k.release(), 0);
+}
+
+/// The process's stderr once it holds `text` (or after 10 s).
+fn said(r: &Running, text: &str) -> String {
+    let end = Instant::now() + Duration::from_secs(10);
+    loop {
+        let err = r.err.text();
+        if err.contains(text) || Instant::now() > end {
+            return err;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_busy_process_is_never_frozen() {
+    if !have_python() {
+        return;
+    }
+    let sim = Sim::new(&["--memory", "2GiB"]);
+    let slice = freezing();
+    let ptx = spin_ptx().display().to_string();
+    // One 3-second kernel and a synchronize (no call for 3 s, one under way in the driver), then
+    // 1 ms kernels for 3 s.
+    for (ns, secs) in [("3000000000", "0.001"), ("1000000", "3")] {
+        let mut r = Running::start(client_cmd(&sim, Some(&slice), &["launch", &ptx, ns, secs]));
+        let end = Instant::now() + Duration::from_secs(60);
+        let mut seen = false;
+        while r.child.try_wait().unwrap().is_none() && Instant::now() < end {
+            let show = sim.show();
+            seen |= !show["checkpoints"].as_array().unwrap().is_empty();
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let v = r.wait_for("launched", Duration::from_secs(60));
+        assert!(u(&v["kernels"]) >= 1);
+        let err = r.err.text();
+        assert!(!seen, "a busy process was frozen ({ns} ns kernels): {err}");
+        assert!(!err.contains("frozen after"), "{err}");
+    }
+}
+
+#[test]
+fn a_process_the_driver_will_not_checkpoint_is_left_running_and_says_why_once() {
+    if !have_python() {
+        return;
+    }
+    let sim = Sim::new(&["--memory", "2GiB"]);
+    let slice = freezing();
+    // Managed memory: the checkpoint API does not support it.
+    let (mut k, held_line) = hold(&sim, Some(&slice), &["keep", "16", "managed"]);
+    let pid = u(&held_line["pid"]);
+    let err = said(&k, "not frozen");
+    assert!(
+        err.contains(
+            "not frozen: the driver refused to checkpoint it (CUDA_ERROR_NOT_SUPPORTED(801): managed memory"
+        ),
+        "{err}"
+    );
+    // Two more idle spells: tried again, said no more.
+    std::thread::sleep(Duration::from_millis(2500));
+    assert!(checkpointed(&sim, pid).is_none(), "left running, not locked");
+    let v = check(&mut k);
+    assert_eq!(v["intact"], true);
+    let err = k.err.text();
+    assert_eq!(err.matches("not frozen").count(), 1, "{err}");
+    assert_eq!(k.release(), 0);
+}

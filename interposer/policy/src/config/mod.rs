@@ -12,7 +12,8 @@
 //! `CUSLICE_CORE_LIMIT[_<i>]` and `CUSLICE_CORE_REQUEST[_<i>]` (percent, 1 to 100),
 //! `CUSLICE_PRIORITY` (`high`, `normal` or `low`, all devices; see [`crate::priority`]),
 //! `CUSLICE_MEMORY_WAIT` (a duration, see [`crate::duration`]) and `CUSLICE_MEMORY_SPILL` (a
-//! size): what an allocation does at the cap, on every device, `CUSLICE_STATE_DIR`, `CUSLICE_LOG`; HAMi-core's `CUDA_DEVICE_MEMORY_LIMIT[_<i>]` (`4g`, `512m`,
+//! size): what an allocation does at the cap, on every device, `CUSLICE_MEMORY_FREEZE_IDLE` (a
+//! duration of at least 1s: an idle process's device memory goes to the host), `CUSLICE_STATE_DIR`, `CUSLICE_LOG`; HAMi-core's `CUDA_DEVICE_MEMORY_LIMIT[_<i>]` (`4g`, `512m`,
 //! bytes) and `CUDA_DEVICE_SM_LIMIT[_<i>]` (percent, 0 = no limit); Alibaba cGPU's
 //! `ALIYUN_COM_GPU_MEM_CONTAINER` (in `ALIYUN_COM_GPU_MEM_UNIT`, default GiB). `<i>` is a device
 //! ordinal as the process sees it (after `CUDA_VISIBLE_DEVICES`), 0 to 63, written without
@@ -171,6 +172,9 @@ pub struct Config {
     /// `CUSLICE_MEMORY_SPILL`: bytes per device the slice may hold past its cap in host memory
     /// (managed memory that prefers the host), charged apart from device memory.
     pub memory_spill: Option<u64>,
+    /// `CUSLICE_MEMORY_FREEZE_IDLE`: how long a process goes without a CUDA call before its
+    /// device memory is frozen to the host (None: never).
+    pub memory_freeze_idle: Option<std::time::Duration>,
     /// One-line messages worth reporting: conflicting aliases, ignored settings.
     pub notices: Vec<String>,
     /// Every limit that some variable sets, winners and losers alike.

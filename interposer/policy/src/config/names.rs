@@ -54,6 +54,7 @@ pub(super) const LOG: &str = "CUSLICE_LOG";
 pub(super) const PRIORITY: &str = "CUSLICE_PRIORITY";
 pub(super) const MEMORY_WAIT: &str = "CUSLICE_MEMORY_WAIT";
 pub(super) const MEMORY_SPILL: &str = "CUSLICE_MEMORY_SPILL";
+pub(super) const MEMORY_FREEZE_IDLE: &str = "CUSLICE_MEMORY_FREEZE_IDLE";
 /// A setting of an earlier release that this one no longer reads: refused, with why.
 pub(super) const CORE_METER: &str = "CUSLICE_CORE_METER";
 pub(super) const ALIYUN_CONTAINER: &str = "ALIYUN_COM_GPU_MEM_CONTAINER";
@@ -65,7 +66,7 @@ pub(super) const OTHER_CUSLICE_NAMES: [&str; 1] = ["CUSLICE_CUDA_HEADERS"];
 
 pub(super) const KNOWN_CUSLICE: &str = "CUSLICE_MEMORY_LIMIT[_<i>], CUSLICE_CORE_LIMIT[_<i>], \
                              CUSLICE_CORE_REQUEST[_<i>], CUSLICE_PRIORITY, CUSLICE_MEMORY_WAIT, \
-                             CUSLICE_MEMORY_SPILL, CUSLICE_STATE_DIR, \
+                             CUSLICE_MEMORY_SPILL, CUSLICE_MEMORY_FREEZE_IDLE, CUSLICE_STATE_DIR, \
                              CUSLICE_NODE_DIR, CUSLICE_LOG";
 
 /// What a variable name means to cuslice.
@@ -88,6 +89,7 @@ pub(super) enum Name<'a> {
     Priority,
     MemoryWait,
     MemorySpill,
+    MemoryFreezeIdle,
     /// `CUSLICE_CORE_METER`, which an earlier release read.
     Retired,
     AliyunContainer,
@@ -133,6 +135,7 @@ pub(super) fn classify(name: &str) -> Name<'_> {
         PRIORITY => Name::Priority,
         MEMORY_WAIT => Name::MemoryWait,
         MEMORY_SPILL => Name::MemorySpill,
+        MEMORY_FREEZE_IDLE => Name::MemoryFreezeIdle,
         CORE_METER => Name::Retired,
         ALIYUN_CONTAINER => Name::AliyunContainer,
         ALIYUN_UNIT => Name::AliyunUnit,
@@ -160,6 +163,7 @@ fn cuslice_names(ordinal: Option<u32>) -> impl Iterator<Item = String> {
             PRIORITY,
             MEMORY_WAIT,
             MEMORY_SPILL,
+            MEMORY_FREEZE_IDLE,
         ])
         .map(String::from)
         .chain(per_device)

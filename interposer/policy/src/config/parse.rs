@@ -5,7 +5,8 @@
 use std::path::PathBuf;
 
 use super::names::{
-    ALIYUN_CONTAINER, ALIYUN_UNIT, Family, KNOWN_CUSLICE, LOG, MAX_ORDINAL, MEMORY_SPILL,
+    ALIYUN_CONTAINER, ALIYUN_UNIT, Family, KNOWN_CUSLICE, LOG, MAX_ORDINAL, MEMORY_FREEZE_IDLE,
+    MEMORY_SPILL,
     MEMORY_WAIT, NODE_DIR, Name, PRIORITY, Quantity, STATE_DIR, Syntax, classify, near_miss,
     suggest,
 };
@@ -223,6 +224,24 @@ pub(super) fn parse_memory_wait(entry: &Entry) -> Result<std::time::Duration, Co
     }
 }
 
+/// `CUSLICE_MEMORY_FREEZE_IDLE`: how long a process of the slice goes without a CUDA call before
+/// its device memory is frozen to the host; a duration of at least a second, at most a day.
+pub(super) fn parse_memory_freeze_idle(
+    entry: &Entry,
+) -> Result<std::time::Duration, ConfigError> {
+    let example =
+        format!("{MEMORY_FREEZE_IDLE}=5m (units: ms, s, m, h; to never freeze, leave it out)");
+    match parse_duration(&entry.value) {
+        Ok(d) if d < std::time::Duration::from_secs(1) => Err(entry.error(
+            "is less than a second; a process that idle is between two calls, not idle",
+            example,
+        )),
+        Ok(d) => Ok(d),
+        Err(DurationError::Empty) => Err(entry.error(EMPTY, example)),
+        Err(e) => Err(entry.error(format!("is not a duration ({e})"), example)),
+    }
+}
+
 /// `CUSLICE_MEMORY_SPILL`: how much more than the cap the slice may hold in host memory; a size
 /// more than 0, at most 1 PiB.
 pub(super) fn parse_memory_spill(entry: &Entry) -> Result<u64, ConfigError> {
@@ -346,6 +365,9 @@ impl Config {
                 Name::Priority => config.priority = parse_priority(entry)?,
                 Name::MemoryWait => config.memory_wait = Some(parse_memory_wait(entry)?),
                 Name::MemorySpill => config.memory_spill = Some(parse_memory_spill(entry)?),
+                Name::MemoryFreezeIdle => {
+                    config.memory_freeze_idle = Some(parse_memory_freeze_idle(entry)?)
+                }
                 Name::Retired => {
                     return Err(entry.error(
                         "is no longer read: every slice's device time is its turns' time, \

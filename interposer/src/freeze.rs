@@ -1,0 +1,458 @@
+//! Freezing an idle process (`CUSLICE_MEMORY_FREEZE_IDLE`): after that long without a CUDA call,
+//! the process's device memory goes to its own host memory through the driver's checkpoint API
+//! (`cuCheckpointProcessLock`, then `cuCheckpointProcessCheckpoint`), and the device has it back.
+//! Its next CUDA call, on any thread, thaws it: waits until the devices have room for what it
+//! held, restores it (same addresses, same bytes) and unlocks it, then goes on.
+//!
+//! - The freezer is a thread of the process (`cuslice-freeze`). It counts calls through the
+//!   `gate` stubs; once the count has not moved for the idle time it shuts the gate, looks once
+//!   more (a call that got past the gate before it shut moved the count), and asks the driver to
+//!   lock the process with a short timeout: the driver answers NOT_READY while a call of the
+//!   process is under way in it (a long synchronize), and the process is left running.
+//! - A thaw is the gate's hold: the first call at the shut gate takes the freeze lock, restores,
+//!   unlocks, opens the gate; the others wait for the same lock and go on.
+//! - The slice's cap is unchanged: what the process holds stays charged to the slice in the
+//!   ledger while it is frozen, so a thaw never finds its own slice's cap taken. Room on the
+//!   device is another matter (the slice's neighbours may have used what it gave back): a thaw
+//!   waits until NVML says the device has what the process held free, because a restore that
+//!   meets OUT_OF_MEMORY leaves the process stuck for good (driver 580).
+//! - Never frozen, each said once in one line (`CUSLICE_LOG=info`), the process left running: a
+//!   process linked against libcuda.so (its calls to the driver's exports reach the driver
+//!   without passing a stub, and would wait there for good), one with NCCL loaded (the
+//!   checkpoint API hangs NCCL jobs), one on a MIG instance (not supported), one whose driver
+//!   lacks the checkpoint API, and one the driver refuses to checkpoint (managed memory, memory
+//!   shared through IPC or VMM handles): those it unlocks at once, and tries again at its next
+//!   idle spell.
+
+use std::ffi::{CStr, c_int, c_void};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use cuda_abi::CUresult;
+use parking_lot::Mutex;
+
+use crate::membership::Slice;
+use crate::{gate, nvml_query, real, turns};
+
+/// How long the driver's lock may wait for a call under way before the freeze gives up.
+const LOCK_TIMEOUT_MS: u32 = 100;
+/// How often a thaw that waits for room looks again.
+const ROOM_POLL: Duration = Duration::from_millis(20);
+
+/// Held for a whole freeze and a whole thaw.
+static FREEZE: Mutex<()> = Mutex::new(());
+static FROZEN: AtomicBool = AtomicBool::new(false);
+/// Per device (the slice's ordinal): what the process held when it was frozen.
+static HELD: [AtomicU64; cuslice_state::ledger::MAX_DEVICES] =
+    [const { AtomicU64::new(0) }; cuslice_state::ledger::MAX_DEVICES];
+/// The slice, for the thaw.
+static SLICE: std::sync::OnceLock<&'static Slice> = std::sync::OnceLock::new();
+/// Freezes and thaws so far, and the last thaw's time (µs): `cuslice_freeze_counts`.
+static FREEZES: AtomicU64 = AtomicU64::new(0);
+static THAWS: AtomicU64 = AtomicU64::new(0);
+static LAST_THAW_US: AtomicU64 = AtomicU64::new(0);
+/// Reasons already said (bits of `Refusal`), so each is said once.
+static SAID: AtomicU32 = AtomicU32::new(0);
+
+/// `CUcheckpointLockArgs`.
+#[repr(C)]
+struct LockArgs {
+    timeout_ms: u32,
+    reserved0: u32,
+    reserved1: [u64; 7],
+}
+
+/// Why a process is not frozen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Refusal {
+    /// For good.
+    Linked,
+    Nccl,
+    Mig,
+    NoApi,
+    Stubs,
+    /// This time: the driver refused (managed memory, IPC, VMM export).
+    Driver(CUresult),
+}
+
+impl Refusal {
+    fn bit(self) -> u32 {
+        match self {
+            Refusal::Linked => 1,
+            Refusal::Nccl => 2,
+            Refusal::Mig => 4,
+            Refusal::NoApi => 8,
+            Refusal::Stubs => 16,
+            Refusal::Driver(_) => 32,
+        }
+    }
+    fn for_good(self) -> bool {
+        !matches!(self, Refusal::Driver(_))
+    }
+}
+
+/// Starts the freezer when the slice sets an idle time (once per process).
+pub fn start(s: &'static Slice) {
+    let Some(idle) = s.config.memory_freeze_idle else {
+        return;
+    };
+    if SLICE.set(s).is_err() {
+        return;
+    }
+    gate::set_hold(thaw_hold);
+    if let Err(e) = std::thread::Builder::new()
+        .name("cuslice-freeze".into())
+        .spawn(move || freezer(s, idle))
+    {
+        crate::log::error!(
+            "cannot start the freeze thread: {e}; this process's memory is never frozen"
+        );
+    }
+}
+
+/// The freezer thread.
+fn freezer(s: &'static Slice, idle: Duration) {
+    let tick = (idle / 4).clamp(Duration::from_millis(100), Duration::from_secs(1));
+    let mut last = gate::calls();
+    let mut quiet_since = Instant::now();
+    loop {
+        std::thread::sleep(tick);
+        let now = gate::calls();
+        if now != last || FROZEN.load(Ordering::Acquire) {
+            last = now;
+            quiet_since = Instant::now();
+            continue;
+        }
+        if quiet_since.elapsed() < idle {
+            continue;
+        }
+        match freeze(s, last) {
+            Ok(true) => {}
+            // Not idle after all; the count moved, or a call is under way.
+            Ok(false) => quiet_since = Instant::now(),
+            Err(r) => {
+                say(r);
+                if r.for_good() {
+                    return;
+                }
+                quiet_since = Instant::now();
+            }
+        }
+    }
+}
+
+/// Says once why the process is not frozen.
+fn say(r: Refusal) {
+    if SAID.fetch_or(r.bit(), Ordering::Relaxed) & r.bit() != 0 {
+        return;
+    }
+    let why = match r {
+        Refusal::Linked => linked_object()
+            .map(|o| format!("{o} is linked against libcuda.so, and its calls to the driver cannot be held while the process is frozen"))
+            .unwrap_or_default(),
+        Refusal::Nccl => "NCCL is loaded, and the driver's checkpoint hangs NCCL jobs".into(),
+        Refusal::Mig => "it runs on a MIG instance (or one NVML cannot tell is not), which the driver's checkpoint does not support".into(),
+        Refusal::NoApi => "the driver lacks the checkpoint API (cuCheckpointProcess*, CUDA 12.8, driver 550 or later)".into(),
+        Refusal::Stubs => format!("every one of the {} gate stubs is taken", gate::STUBS),
+        Refusal::Driver(e) => format!(
+            "the driver refused to checkpoint it ({e:?}: managed memory, or memory shared through IPC or VMM handles); tried again at its next idle spell"
+        ),
+    };
+    crate::log::info!("not frozen: {why}");
+}
+
+/// Tries to freeze the process, which has made no call since the count read `last`. Ok(false):
+/// it is not idle after all.
+fn freeze(s: &'static Slice, last: u64) -> Result<bool, Refusal> {
+    if !gate::complete() {
+        return Err(Refusal::Stubs);
+    }
+    if linked_object().is_some() {
+        return Err(Refusal::Linked);
+    }
+    if nccl_loaded() {
+        return Err(Refusal::Nccl);
+    }
+    if s.devs()
+        .iter()
+        .any(|d| nvml_query::mig_enabled(&d.uuid) != Some(false))
+    {
+        return Err(Refusal::Mig);
+    }
+    let (Some(lock), Some(checkpoint), Some(unlock)) = (
+        real::cuCheckpointProcessLock(),
+        real::cuCheckpointProcessCheckpoint(),
+        real::cuCheckpointProcessUnlock(),
+    ) else {
+        return Err(Refusal::NoApi);
+    };
+    let held: Vec<u64> = (0..s.devs().len()).map(|i| s.own_charged(i)).collect();
+    if held.iter().all(|&b| b == 0) {
+        // Nothing on any device: nothing to give back.
+        return Ok(false);
+    }
+    if work_queued(s, &held) {
+        return Ok(false);
+    }
+    let _g = FREEZE.lock();
+    gate::shut();
+    // A call that passed the gate before it shut counted first; one that did not waits in it.
+    if gate::called_since(last) || gate::busy() || turns::any_involved() {
+        gate::open();
+        return Ok(false);
+    }
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() };
+    let args = LockArgs {
+        timeout_ms: LOCK_TIMEOUT_MS,
+        reserved0: 0,
+        reserved1: [0; 7],
+    };
+    let started = Instant::now();
+    // SAFETY: the driver's prototype; a CUcheckpointLockArgs with its reserved words zero.
+    let r = unsafe { lock(pid, (&args as *const LockArgs).cast()) };
+    if r == CUresult::CUDA_ERROR_NOT_READY {
+        gate::open();
+        return Ok(false);
+    }
+    if !r.is_ok() {
+        gate::open();
+        return Err(Refusal::Driver(r));
+    }
+    // SAFETY: the driver's prototype; NULL arguments are all-reserved ones.
+    let r = unsafe { checkpoint(pid, std::ptr::null()) };
+    if !r.is_ok() {
+        // SAFETY: as above.
+        unsafe { unlock(pid, std::ptr::null()) };
+        gate::open();
+        return Err(Refusal::Driver(r));
+    }
+    for (h, b) in HELD.iter().zip(&held) {
+        h.store(*b, Ordering::Relaxed);
+    }
+    FROZEN.store(true, Ordering::Release);
+    FREEZES.fetch_add(1, Ordering::Relaxed);
+    crate::log::info!(
+        "frozen after {} idle: {} of device memory went to the host in {} ms",
+        cuslice_policy::duration::format_duration(s.config.memory_freeze_idle.unwrap_or_default()),
+        cuslice_policy::format_size(held.iter().sum()),
+        started.elapsed().as_millis()
+    );
+    Ok(true)
+}
+
+/// Whether the process still has work on a device: its primary context there takes more than
+/// `QUEUED` to synchronise. A thread of the process may be waiting inside the driver for that
+/// work (a synchronous copy behind a long kernel), where no count sees it; locked, it would wait
+/// there for good.
+fn work_queued(s: &Slice, held: &[u64]) -> bool {
+    const QUEUED: Duration = Duration::from_millis(20);
+    let (Some(state), Some(retain), Some(release), Some(set), Some(sync)) = (
+        real::cuDevicePrimaryCtxGetState(),
+        real::cuDevicePrimaryCtxRetain(),
+        real::cuDevicePrimaryCtxRelease_v2(),
+        real::cuCtxSetCurrent(),
+        real::cuCtxSynchronize(),
+    ) else {
+        return true;
+    };
+    for (d, _) in s.devs().iter().zip(held).filter(|(_, b)| **b > 0) {
+        let (mut flags, mut active) = (0, 0);
+        // SAFETY: valid out-pointers and a device of the process.
+        if !unsafe { state(d.cudev, &mut flags, &mut active) }.is_ok() || active == 0 {
+            continue;
+        }
+        let mut ctx = std::ptr::null_mut();
+        // SAFETY: the device's primary context, already active (retaining it takes nothing).
+        if !unsafe { retain(&mut ctx, d.cudev) }.is_ok() {
+            return true;
+        }
+        let started = Instant::now();
+        // SAFETY: this thread's own current context, set and cleared around one synchronise.
+        let r = unsafe {
+            set(ctx);
+            let r = sync();
+            set(std::ptr::null_mut());
+            release(d.cudev);
+            r
+        };
+        if !r.is_ok() || started.elapsed() > QUEUED {
+            return true;
+        }
+    }
+    false
+}
+
+/// The gate's hold: a call of a frozen process thaws it first.
+extern "C" fn thaw_hold() {
+    thaw();
+}
+
+fn thaw() {
+    let _g = FREEZE.lock();
+    if !FROZEN.load(Ordering::Acquire) {
+        // Not frozen (a freeze that gave up, or another thread thawed it meanwhile).
+        gate::open();
+        return;
+    }
+    let Some(s) = SLICE.get() else {
+        return;
+    };
+    let started = Instant::now();
+    wait_for_room(s);
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() };
+    let (Some(restore), Some(unlock)) = (
+        real::cuCheckpointProcessRestore(),
+        real::cuCheckpointProcessUnlock(),
+    ) else {
+        return;
+    };
+    // SAFETY: the driver's prototype; NULL arguments are all-reserved ones.
+    let r = unsafe { restore(pid, std::ptr::null()) };
+    if !r.is_ok() {
+        crate::log::error!(
+            "the driver could not restore this process's device memory ({r:?}); its CUDA calls cannot go on"
+        );
+        return;
+    }
+    // SAFETY: as above.
+    let r = unsafe { unlock(pid, std::ptr::null()) };
+    if !r.is_ok() {
+        crate::log::error!("the driver could not unlock this process after its restore ({r:?})");
+    }
+    FROZEN.store(false, Ordering::Release);
+    THAWS.fetch_add(1, Ordering::Relaxed);
+    let took = started.elapsed();
+    LAST_THAW_US.store(took.as_micros() as u64, Ordering::Relaxed);
+    crate::log::info!(
+        "thawed: {} back on the device in {} ms",
+        cuslice_policy::format_size(HELD.iter().map(|h| h.load(Ordering::Relaxed)).sum()),
+        took.as_millis()
+    );
+    gate::open();
+}
+
+/// Waits until every device has room for what the process held there (NVML's free memory).
+fn wait_for_room(s: &Slice) {
+    let mut said = false;
+    loop {
+        let short = s.devs().iter().enumerate().find_map(|(i, d)| {
+            let need = HELD.get(i)?.load(Ordering::Relaxed);
+            let used = nvml_query::device_used(&d.uuid)?;
+            let free = d.physical.saturating_sub(used);
+            (free < need).then_some((i, need, free))
+        });
+        let Some((i, need, free)) = short else {
+            return;
+        };
+        if !said {
+            said = true;
+            crate::log::info!(
+                "thaw waits for room on device {i}: it needs {}, {} is free",
+                cuslice_policy::format_size(need),
+                cuslice_policy::format_size(free)
+            );
+        }
+        std::thread::sleep(ROOM_POLL);
+    }
+}
+
+/// The loaded object (other than libcuda itself) that lists libcuda.so.1 as needed, if any.
+fn linked_object() -> Option<String> {
+    let mut found: Option<String> = None;
+    objects(|name, needed| {
+        if found.is_none()
+            && needed.iter().any(|n| n.starts_with(b"libcuda.so"))
+            && !name.ends_with(b"libcuda.so.1")
+        {
+            found = Some(if name.is_empty() {
+                "the program".into()
+            } else {
+                String::from_utf8_lossy(name).into_owned()
+            });
+        }
+    });
+    found
+}
+
+fn nccl_loaded() -> bool {
+    let mut found = false;
+    objects(|name, _| {
+        let base = name.rsplit(|&c| c == b'/').next().unwrap_or(name);
+        found |= base.starts_with(b"libnccl");
+    });
+    found
+}
+
+/// An entry of an ELF64 dynamic section.
+#[repr(C)]
+struct Dyn {
+    tag: i64,
+    val: u64,
+}
+const DT_NULL: i64 = 0;
+const DT_NEEDED: i64 = 1;
+const DT_STRTAB: i64 = 5;
+
+/// Calls `f(name, needed)` for each object loaded in the process: its file name (empty for the
+/// program) and the names in its DT_NEEDED entries.
+fn objects(mut f: impl FnMut(&[u8], Vec<&[u8]>)) {
+    unsafe extern "C" fn each(
+        info: *mut libc::dl_phdr_info,
+        _size: usize,
+        data: *mut c_void,
+    ) -> c_int {
+        // SAFETY: `data` is the closure below, for the length of dl_iterate_phdr's call.
+        let f = unsafe { &mut *(data as *mut &mut dyn FnMut(&[u8], Vec<&[u8]>)) };
+        // SAFETY: glibc's description of a loaded object, valid during the callback.
+        let info = unsafe { &*info };
+        let name = if info.dlpi_name.is_null() {
+            &b""[..]
+        } else {
+            // SAFETY: a NUL-terminated name that lives as long as the object.
+            unsafe { CStr::from_ptr(info.dlpi_name) }.to_bytes()
+        };
+        // SAFETY: the object's program headers, `dlpi_phnum` of them.
+        let phdrs = unsafe { std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize) };
+        let mut needed = Vec::new();
+        if let Some(dynamic) = phdrs.iter().find(|p| p.p_type == libc::PT_DYNAMIC) {
+            let base = info.dlpi_addr as usize;
+            let dyns = (base + dynamic.p_vaddr as usize) as *const Dyn;
+            let (mut strtab, mut offsets) = (0usize, Vec::new());
+            let mut i = 0;
+            loop {
+                // SAFETY: the object's dynamic section, mapped, ending with DT_NULL.
+                let d = unsafe { &*dyns.add(i) };
+                match d.tag {
+                    DT_NULL => break,
+                    DT_NEEDED => offsets.push(d.val as usize),
+                    DT_STRTAB => strtab = d.val as usize,
+                    _ => {}
+                }
+                i += 1;
+            }
+            // glibc relocates DT_STRTAB in place for most objects; not for all.
+            if strtab != 0 && strtab < base {
+                strtab += base;
+            }
+            if strtab != 0 {
+                for o in offsets {
+                    // SAFETY: a NUL-terminated string in the object's mapped string table.
+                    needed.push(unsafe { CStr::from_ptr((strtab + o) as *const _) }.to_bytes());
+                }
+            }
+        }
+        f(name, needed);
+        0
+    }
+    let mut f: &mut dyn FnMut(&[u8], Vec<&[u8]>) = &mut f;
+    // SAFETY: `each` reads only what glibc hands it and calls `f`, which outlives the call.
+    unsafe { libc::dl_iterate_phdr(Some(each), (&mut f as *mut &mut dyn FnMut(&[u8], Vec<&[u8]>)).cast()) };
+}
+
+/// In a forked child: not frozen (its parent's freezer thread is not there).
+pub fn child_after_fork() {
+    FROZEN.store(false, Ordering::Relaxed);
+    gate::open();
+}
