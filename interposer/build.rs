@@ -46,10 +46,9 @@ fn main() {
 const STUBS: usize = 2048;
 
 /// Writes `gate_stubs.s`: `STUBS` stubs for the target architecture and the table of their
-/// addresses (`cuslice_gate_table`). Stub `i` counts the call, and jumps through `TARGETS[i]`
-/// while the gate is open; while it is shut it jumps to the slow path with `i` in r11 (x86-64)
-/// or x17 (aarch64). `{calls}`, `{shut}`, `{targets}` and `{slow}` are the `global_asm!`
-/// operands of src/gate.rs.
+/// addresses (`cuslice_gate_table`). Stub `i` jumps through `TARGETS[i]` while the gate byte is
+/// 0 (open); otherwise (armed or shut) it jumps to the slow path with `i` in r11 (x86-64) or x17
+/// (aarch64). `{gate}`, `{targets}` and `{slow}` are the `global_asm!` operands of src/gate.rs.
 fn gate_stubs() {
     let arch = std::env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
     let mut s = String::new();
@@ -63,34 +62,21 @@ fn gate_stubs() {
         writeln!(s, ".p2align 4").unwrap();
         writeln!(s, ".Lcuslice_gate_{i}:").unwrap();
         if arch == "x86_64" {
-            // A locked add: a full barrier, so the load of `shut` below comes after the count
-            // (the freezer shuts, then reads the count: one of the two sees the other).
-            writeln!(s, "lock add qword ptr [rip + {{calls}}], 1").unwrap();
-            writeln!(s, "cmp byte ptr [rip + {{shut}}], 0").unwrap();
-            writeln!(s, "jne .Lcuslice_gate_shut_{i}").unwrap();
+            writeln!(s, "cmp byte ptr [rip + {{gate}}], 0").unwrap();
+            writeln!(s, "jne .Lcuslice_gate_slow_{i}").unwrap();
             writeln!(s, "jmp qword ptr [rip + {{targets}} + {}]", i * 8).unwrap();
-            writeln!(s, ".Lcuslice_gate_shut_{i}:").unwrap();
+            writeln!(s, ".Lcuslice_gate_slow_{i}:").unwrap();
             writeln!(s, "mov r11d, {i}").unwrap();
             writeln!(s, "jmp {{slow}}").unwrap();
         } else {
-            // As on x86-64: an atomic add, then a full barrier (x9, a temporary, is free at a
-            // function's entry).
-            writeln!(s, "adrp x16, {{calls}}").unwrap();
-            writeln!(s, "add x16, x16, :lo12:{{calls}}").unwrap();
-            writeln!(s, ".Lcuslice_gate_count_{i}:").unwrap();
-            writeln!(s, "ldaxr x17, [x16]").unwrap();
-            writeln!(s, "add x17, x17, #1").unwrap();
-            writeln!(s, "stlxr w9, x17, [x16]").unwrap();
-            writeln!(s, "cbnz w9, .Lcuslice_gate_count_{i}").unwrap();
-            writeln!(s, "dmb ish").unwrap();
-            writeln!(s, "adrp x16, {{shut}}").unwrap();
-            writeln!(s, "ldrb w17, [x16, :lo12:{{shut}}]").unwrap();
-            writeln!(s, "cbnz w17, .Lcuslice_gate_shut_{i}").unwrap();
+            writeln!(s, "adrp x16, {{gate}}").unwrap();
+            writeln!(s, "ldrb w17, [x16, :lo12:{{gate}}]").unwrap();
+            writeln!(s, "cbnz w17, .Lcuslice_gate_slow_{i}").unwrap();
             writeln!(s, "adrp x16, {{targets}}").unwrap();
             writeln!(s, "add x16, x16, :lo12:{{targets}}").unwrap();
             writeln!(s, "ldr x16, [x16, #{}]", i * 8).unwrap();
             writeln!(s, "br x16").unwrap();
-            writeln!(s, ".Lcuslice_gate_shut_{i}:").unwrap();
+            writeln!(s, ".Lcuslice_gate_slow_{i}:").unwrap();
             writeln!(s, "mov x17, #{i}").unwrap();
             writeln!(s, "b {{slow}}").unwrap();
         }

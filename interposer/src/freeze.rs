@@ -4,11 +4,13 @@
 //! Its next CUDA call, on any thread, thaws it: waits until the devices have room for what it
 //! held, restores it (same addresses, same bytes) and unlocks it, then goes on.
 //!
-//! - The freezer is a thread of the process (`cuslice-freeze`). It counts calls through the
-//!   `gate` stubs; once the count has not moved for the idle time it shuts the gate, looks once
-//!   more (a call that got past the gate before it shut moved the count), and asks the driver to
-//!   lock the process with a short timeout: the driver answers NOT_READY while a call of the
-//!   process is under way in it (a long synchronize), and the process is left running.
+//! - The freezer is a thread of the process (`cuslice-freeze`). It arms the `gate` every tick and
+//!   looks whether a call opened it since; once none has for the idle time, it shuts the gate
+//!   (only if still armed: a call that came meanwhile wins), makes sure no call waits inside
+//!   cuslice (at the cap, for a compute turn, in a synchronize) and that the process has no work
+//!   queued on a device, and asks the driver to lock the process with a short timeout: the driver
+//!   answers NOT_READY while a call of the process is under way in it, and the process is left
+//!   running.
 //! - A thaw is the gate's hold: the first call at the shut gate takes the freeze lock, restores,
 //!   unlocks, opens the gate; the others wait for the same lock and go on.
 //! - The slice's cap is unchanged: what the process holds stays charged to the slice in the
@@ -110,23 +112,22 @@ pub fn start(s: &'static Slice) {
     }
 }
 
-/// The freezer thread.
+/// The freezer thread: arms the gate, and looks every tick whether a call came since.
 fn freezer(s: &'static Slice, idle: Duration) {
     let tick = (idle / 4).clamp(Duration::from_millis(100), Duration::from_secs(1));
-    let mut last = gate::calls();
     let mut quiet_since = Instant::now();
+    gate::arm();
     loop {
         std::thread::sleep(tick);
-        let now = gate::calls();
-        if now != last || FROZEN.load(Ordering::Acquire) {
-            last = now;
+        if FROZEN.load(Ordering::Acquire) || !gate::quiet() {
             quiet_since = Instant::now();
+            gate::arm();
             continue;
         }
         if quiet_since.elapsed() < idle {
             continue;
         }
-        match freeze(s, last) {
+        match freeze(s) {
             Ok(true) => {}
             // Not idle after all; the count moved, or a call is under way.
             Ok(false) => quiet_since = Instant::now(),
@@ -138,6 +139,7 @@ fn freezer(s: &'static Slice, idle: Duration) {
                 quiet_since = Instant::now();
             }
         }
+        gate::arm();
     }
 }
 
@@ -161,9 +163,9 @@ fn say(r: Refusal) {
     crate::log::info!("not frozen: {why}");
 }
 
-/// Tries to freeze the process, which has made no call since the count read `last`. Ok(false):
-/// it is not idle after all.
-fn freeze(s: &'static Slice, last: u64) -> Result<bool, Refusal> {
+/// Tries to freeze the process, which has made no call since the gate was armed. Ok(false): it is
+/// not idle after all.
+fn freeze(s: &'static Slice) -> Result<bool, Refusal> {
     if !gate::complete() {
         return Err(Refusal::Stubs);
     }
@@ -195,9 +197,12 @@ fn freeze(s: &'static Slice, last: u64) -> Result<bool, Refusal> {
         return Ok(false);
     }
     let _g = FREEZE.lock();
-    gate::shut();
-    // A call that passed the gate before it shut counted first; one that did not waits in it.
-    if gate::called_since(last) || gate::busy() || turns::any_involved() {
+    // A call since the gate was armed opened it, and then this fails; a call from now on waits
+    // at the shut gate.
+    if !gate::shut_if_quiet() {
+        return Ok(false);
+    }
+    if gate::busy() || turns::any_involved() {
         gate::open();
         return Ok(false);
     }
@@ -311,9 +316,12 @@ fn thaw() {
     // SAFETY: the driver's prototype; NULL arguments are all-reserved ones.
     let r = unsafe { restore(pid, std::ptr::null()) };
     if !r.is_ok() {
-        crate::log::error!(
-            "the driver could not restore this process's device memory ({r:?}); its CUDA calls cannot go on"
-        );
+        static SAID_STUCK: AtomicBool = AtomicBool::new(false);
+        if !SAID_STUCK.swap(true, Ordering::Relaxed) {
+            crate::log::error!(
+                "the driver could not restore this process's device memory ({r:?}); its CUDA calls cannot go on"
+            );
+        }
         return;
     }
     // SAFETY: as above.

@@ -805,7 +805,14 @@ fn a_busy_process_is_never_frozen() {
             seen |= !show["checkpoints"].as_array().unwrap().is_empty();
             std::thread::sleep(Duration::from_millis(50));
         }
-        let v = r.wait_for("launched", Duration::from_secs(60));
+        if r.child.try_wait().unwrap().is_none() {
+            let _ = r.child.kill();
+            panic!(
+                "still running after 60 s ({ns} ns kernels; frozen while busy, seen: {seen}): {}",
+                r.err.text()
+            );
+        }
+        let v = r.wait_for("launched", Duration::from_secs(5));
         assert!(u(&v["kernels"]) >= 1);
         let err = r.err.text();
         assert!(!seen, "a busy process was frozen ({ns} ns kernels): {err}");
@@ -838,4 +845,60 @@ fn a_process_the_driver_will_not_checkpoint_is_left_running_and_says_why_once() 
     let err = k.err.text();
     assert_eq!(err.matches("not frozen").count(), 1, "{err}");
     assert_eq!(k.release(), 0);
+}
+
+#[test]
+fn three_notebooks_capped_at_6_gib_take_turns_on_an_8_gib_device_with_their_bytes_intact() {
+    use std::io::Write;
+    if !have_python() {
+        return;
+    }
+    let sim = Sim::new(&["--memory", "8GiB"]);
+    // Three slices of their own, each capped at 6 GiB (18 GiB of caps on 8 GiB), each holding
+    // 3 GiB and a context (3.3 GiB): any two fit on the device, three do not.
+    let slices: Vec<Slice> = (0..3)
+        .map(|_| {
+            Slice::new(&[
+                ("CUSLICE_MEMORY_LIMIT", "6GiB"),
+                ("CUSLICE_MEMORY_FREEZE_IDLE", "1s"),
+                ("CUSLICE_LOG", "info"),
+            ])
+        })
+        .collect();
+    let mut books = Vec::new();
+    for s in &slices {
+        let (k, line) = hold(&sim, Some(s), &["keep", "3072"]);
+        let pid = u(&line["pid"]);
+        assert!(
+            wait_checkpointed(&sim, pid, Duration::from_secs(20)).is_some(),
+            "idle, it gives the device back before the next one starts"
+        );
+        books.push((k, pid));
+    }
+    assert_eq!(u(&sim.device(0)["used"]), 0);
+    // Rounds of work: each notebook's next cell reads its bytes back (the thaw), in turn, while
+    // the others idle and freeze again.
+    for round in 0..2 {
+        for (k, pid) in books.iter_mut() {
+            let v = check(k);
+            assert_eq!(v["intact"], true, "round {round}, pid {pid}: {v}");
+        }
+    }
+    // Two at once fit; the third's next cell waits in its thaw until one of them is idle again.
+    let [a, b, c] = &mut books[..] else { unreachable!() };
+    assert_eq!(check(&mut a.0)["intact"], true);
+    assert_eq!(check(&mut b.0)["intact"], true);
+    assert!(checkpointed(&sim, a.1).is_none() && checkpointed(&sim, b.1).is_none());
+    writeln!(c.0.child.stdin.as_mut().unwrap(), "check").unwrap();
+    let v = c.0.wait_for("checked", Duration::from_secs(60));
+    assert_eq!(v["intact"], true, "{v}");
+    let err = c.0.err.text();
+    assert!(err.contains("thaw waits for room on device 0"), "{err}");
+    let dev = sim.device(0);
+    assert!(u(&dev["used"]) <= 8 * GIB, "{dev}");
+    for (k, pid) in books {
+        let err = k.err.text();
+        assert!(!err.contains("refused"), "pid {pid} met no OOM: {err}");
+        assert_eq!(k.release(), 0);
+    }
 }
