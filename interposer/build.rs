@@ -82,7 +82,11 @@ fn gate_stubs() {
         }
     }
     writeln!(s, ".popsection").unwrap();
-    writeln!(s, ".pushsection .data.rel.ro.cuslice_gate,\"aw\",{progbits}").unwrap();
+    writeln!(
+        s,
+        ".pushsection .data.rel.ro.cuslice_gate,\"aw\",{progbits}"
+    )
+    .unwrap();
     writeln!(s, ".p2align 3").unwrap();
     writeln!(s, ".globl cuslice_gate_table").unwrap();
     writeln!(s, ".hidden cuslice_gate_table").unwrap();

@@ -92,7 +92,10 @@ pub unsafe extern "C" fn cuslice_dlsym_route(
     if !real::ensure(lib) {
         return std::ptr::null_mut();
     }
-    crate::log::debug!("dlsym {}: cuslice's wrapper", String::from_utf8_lossy(bytes));
+    crate::log::debug!(
+        "dlsym {}: cuslice's wrapper",
+        String::from_utf8_lossy(bytes)
+    );
     match lib {
         real::Lib::Cuda => crate::gate::stub(wrapper),
         real::Lib::Nvml => wrapper,

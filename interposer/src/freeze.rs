@@ -12,7 +12,9 @@
 //!   answers NOT_READY while a call of the process is under way in it, and the process is left
 //!   running.
 //! - A thaw is the gate's hold: the first call at the shut gate takes the freeze lock, restores,
-//!   unlocks, opens the gate; the others wait for the same lock and go on.
+//!   unlocks, opens the gate; the others wait for the same lock and go on. The freezer thaws the
+//!   process itself if, while it is frozen, it loads an object linked against libcuda (or NCCL
+//!   in a rank of several), and then never freezes it again.
 //! - The slice's cap is unchanged: what the process holds stays charged to the slice in the
 //!   ledger while it is frozen, so a thaw never finds its own slice's cap taken. Room on the
 //!   device is another matter (the slice's neighbours may have used what it gave back): a thaw
@@ -20,8 +22,8 @@
 //!   meets OUT_OF_MEMORY leaves the process stuck for good (driver 580).
 //! - Never frozen, each said once in one line (`CUSLICE_LOG=info`), the process left running: a
 //!   process linked against libcuda.so (its calls to the driver's exports reach the driver
-//!   without passing a stub, and would wait there for good), one with NCCL loaded (the
-//!   checkpoint API hangs NCCL jobs), one on a MIG instance (not supported), one whose driver
+//!   without passing a stub, and would wait there for good), one rank of a distributed job with
+//!   NCCL loaded (the checkpoint API hangs NCCL jobs), one on a MIG instance (not supported), one whose driver
 //!   lacks the checkpoint API, and one the driver refuses to checkpoint (managed memory, memory
 //!   shared through IPC or VMM handles): those it unlocks at once, and tries again at its next
 //!   idle spell.
@@ -119,6 +121,23 @@ fn freezer(s: &'static Slice, idle: Duration) {
     gate::arm();
     loop {
         std::thread::sleep(tick);
+        if FROZEN.load(Ordering::Acquire) {
+            // Loaded while frozen: an object linked against libcuda, whose first call to a
+            // function cuslice does not wrap would wait in the driver, where no gate sees it
+            // (until this thaw); or NCCL in a rank of several.
+            let gone = if linked_object().is_some() {
+                Some(Refusal::Linked)
+            } else if nccl_in_use() {
+                Some(Refusal::Nccl)
+            } else {
+                None
+            };
+            if let Some(r) = gone {
+                thaw();
+                say(r);
+                return;
+            }
+        }
         if FROZEN.load(Ordering::Acquire) || !gate::quiet() {
             quiet_since = Instant::now();
             gate::arm();
@@ -129,7 +148,8 @@ fn freezer(s: &'static Slice, idle: Duration) {
         }
         match freeze(s) {
             Ok(true) => {}
-            // Not idle after all; the count moved, or a call is under way.
+            // Not idle after all: a call came, waits inside cuslice or the driver, or work is
+            // queued.
             Ok(false) => quiet_since = Instant::now(),
             Err(r) => {
                 say(r);
@@ -152,7 +172,7 @@ fn say(r: Refusal) {
         Refusal::Linked => linked_object()
             .map(|o| format!("{o} is linked against libcuda.so, and its calls to the driver cannot be held while the process is frozen"))
             .unwrap_or_default(),
-        Refusal::Nccl => "NCCL is loaded, and the driver's checkpoint hangs NCCL jobs".into(),
+        Refusal::Nccl => "NCCL is loaded and the process is one rank of several (WORLD_SIZE, OMPI_COMM_WORLD_SIZE, PMI_SIZE, SLURM_NTASKS or MASTER_ADDR), and the driver's checkpoint hangs NCCL jobs".into(),
         Refusal::Mig => "it runs on a MIG instance (or one NVML cannot tell is not), which the driver's checkpoint does not support".into(),
         Refusal::NoApi => "the driver lacks the checkpoint API (cuCheckpointProcess*, CUDA 12.8, driver 550 or later)".into(),
         Refusal::Stubs => format!("every one of the {} gate stubs is taken", gate::STUBS),
@@ -172,7 +192,7 @@ fn freeze(s: &'static Slice) -> Result<bool, Refusal> {
     if linked_object().is_some() {
         return Err(Refusal::Linked);
     }
-    if nccl_loaded() {
+    if nccl_in_use() {
         return Err(Refusal::Nccl);
     }
     if s.devs()
@@ -384,13 +404,33 @@ fn linked_object() -> Option<String> {
     found
 }
 
-fn nccl_loaded() -> bool {
-    let mut found = false;
+/// Whether the process may hold NCCL communicators: NCCL is loaded (PyTorch loads it at import,
+/// communicators or not) and the process is one rank of several, by what every launcher of
+/// distributed jobs sets (torchrun, mpirun, srun, PMI) or what `init_process_group` needs
+/// (`MASTER_ADDR`).
+fn nccl_in_use() -> bool {
+    let mut loaded = false;
     objects(|name, _| {
         let base = name.rsplit(|&c| c == b'/').next().unwrap_or(name);
-        found |= base.starts_with(b"libnccl");
+        loaded |= base.starts_with(b"libnccl");
     });
-    found
+    loaded && ranks_of_several(|k| std::env::var(k).ok())
+}
+
+/// Whether the environment (`var`) says the process is one rank of a distributed job.
+fn ranks_of_several(var: impl Fn(&str) -> Option<String>) -> bool {
+    const SIZES: [&str; 5] = [
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "OMPI_COMM_WORLD_SIZE",
+        "PMI_SIZE",
+        "SLURM_NTASKS",
+    ];
+    SIZES.iter().any(|k| {
+        var(k)
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .is_some_and(|n| n > 1)
+    }) || var("MASTER_ADDR").is_some_and(|v| !v.is_empty())
 }
 
 /// An entry of an ELF64 dynamic section.
@@ -403,6 +443,9 @@ const DT_NULL: i64 = 0;
 const DT_NEEDED: i64 = 1;
 const DT_STRTAB: i64 = 5;
 
+/// What `objects` calls for each loaded object.
+type EachObject<'a> = dyn FnMut(&[u8], Vec<&[u8]>) + 'a;
+
 /// Calls `f(name, needed)` for each object loaded in the process: its file name (empty for the
 /// program) and the names in its DT_NEEDED entries.
 fn objects(mut f: impl FnMut(&[u8], Vec<&[u8]>)) {
@@ -412,7 +455,7 @@ fn objects(mut f: impl FnMut(&[u8], Vec<&[u8]>)) {
         data: *mut c_void,
     ) -> c_int {
         // SAFETY: `data` is the closure below, for the length of dl_iterate_phdr's call.
-        let f = unsafe { &mut *(data as *mut &mut dyn FnMut(&[u8], Vec<&[u8]>)) };
+        let f = unsafe { &mut *(data as *mut &mut EachObject) };
         // SAFETY: glibc's description of a loaded object, valid during the callback.
         let info = unsafe { &*info };
         let name = if info.dlpi_name.is_null() {
@@ -454,13 +497,49 @@ fn objects(mut f: impl FnMut(&[u8], Vec<&[u8]>)) {
         f(name, needed);
         0
     }
-    let mut f: &mut dyn FnMut(&[u8], Vec<&[u8]>) = &mut f;
+    let mut f: &mut EachObject = &mut f;
     // SAFETY: `each` reads only what glibc hands it and calls `f`, which outlives the call.
-    unsafe { libc::dl_iterate_phdr(Some(each), (&mut f as *mut &mut dyn FnMut(&[u8], Vec<&[u8]>)).cast()) };
+    unsafe { libc::dl_iterate_phdr(Some(each), (&mut f as *mut &mut EachObject).cast()) };
 }
 
 /// In a forked child: not frozen (its parent's freezer thread is not there).
 pub fn child_after_fork() {
     FROZEN.store(false, Ordering::Relaxed);
     gate::open();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rank_of_several_is_told_by_its_launchers_variables() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        assert!(!ranks_of_several(env(&[])));
+        assert!(!ranks_of_several(env(&[
+            ("WORLD_SIZE", "1"),
+            ("SLURM_NTASKS", "x")
+        ])));
+        assert!(ranks_of_several(env(&[("WORLD_SIZE", "2")])));
+        assert!(ranks_of_several(env(&[("OMPI_COMM_WORLD_SIZE", " 8")])));
+        assert!(ranks_of_several(env(&[("SLURM_NTASKS", "4")])));
+        assert!(ranks_of_several(env(&[("MASTER_ADDR", "10.0.0.1")])));
+        assert!(!ranks_of_several(env(&[("MASTER_ADDR", "")])));
+    }
+
+    #[test]
+    fn this_test_program_is_linked_against_no_libcuda_and_loads_no_nccl() {
+        assert_eq!(linked_object(), None);
+        let mut names = 0;
+        objects(|_, needed| names += needed.len());
+        assert!(names > 0, "the program's own DT_NEEDED entries are read");
+        assert!(!nccl_in_use());
+    }
 }

@@ -278,6 +278,69 @@ def torch_checkpoint(mib=512, frozen_s=1.5):
          intact=checked["intact"] if checked else None, child_exit=rc)
 
 
+def torch_freeze(mib=512, frozen_s=1.5):
+    """A PyTorch process (torch-keep, a child of this one, under the same environment: the
+    library and CUSLICE_MEMORY_FREEZE_IDLE) left idle until cuslice freezes it; this process
+    watches its state through the driver's checkpoint API (ctypes, no context), leaves it frozen
+    `frozen_s`, then asks it to read its tensor back, which thaws it, and once more running."""
+    import ctypes
+    import subprocess
+
+    child = subprocess.Popen([sys.executable, os.path.abspath(__file__), "torch-keep", str(mib)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def read(event):
+        for line in child.stdout:
+            if line.startswith("{") and json.loads(line).get("event") == event:
+                return json.loads(line)
+        return None
+
+    held = read("holding")
+    if held is None:
+        emit("result", error=f"torch-keep exited {child.wait()} before holding its tensor")
+        return
+    held_at = time.time()
+    cu = ctypes.CDLL("libcuda.so.1")
+    if not hasattr(cu, "cuCheckpointProcessGetState") or cu.cuInit(0) != 0:
+        child.kill()
+        emit("result", error="this driver has no checkpoint API (cuCheckpointProcessGetState: "
+                             "driver 550 or later)")
+        return
+
+    def state():
+        s = ctypes.c_int(-1)
+        rc = cu.cuCheckpointProcessGetState(child.pid, ctypes.byref(s))
+        return s.value if rc == 0 else f"GetState {rc}"
+
+    frozen_at = thawed_at = None
+    deadline = time.time() + 60
+    while time.time() < deadline and child.poll() is None:
+        if state() == 2:
+            frozen_at = time.time()
+            break
+        time.sleep(0.05)
+    checks = []
+    if frozen_at:
+        time.sleep(frozen_s)
+        thawed_at = time.time()
+        for _ in range(2):
+            child.stdin.write("check\n")
+            child.stdin.flush()
+            checks.append(read("checked"))
+    after = state()
+    if frozen_at:
+        child.stdin.close()
+        rc = child.wait()
+    else:
+        child.kill()
+        rc = child.wait()
+    emit("result", child=child.pid, bytes=held["bytes"], held_at=held_at, frozen_at=frozen_at,
+         thawed_at=thawed_at, state_after=after, child_exit=rc,
+         intact=all(c and c["intact"] for c in checks) if checks else None,
+         thaw_call_s=checks[0]["read_back_s"] if checks and checks[0] else None,
+         running_call_s=checks[1]["read_back_s"] if len(checks) > 1 and checks[1] else None)
+
+
 PROBES = {
     "torch-info": torch_info,
     "torch-fill": torch_fill,
@@ -289,6 +352,7 @@ PROBES = {
     "torch-start": torch_start,
     "torch-keep": torch_keep,
     "torch-checkpoint": torch_checkpoint,
+    "torch-freeze": torch_freeze,
 }
 
 if __name__ == "__main__":

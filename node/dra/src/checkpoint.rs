@@ -147,6 +147,7 @@ mod tests {
                         priority: None,
                         memory_wait: None,
                         memory_spill: None,
+                        memory_freeze_idle: None,
                     },
                     pool: "node-a".into(),
                     cdi_ids: vec!["gpu.cuslice.io/claim=u1-gpu-0".into()],

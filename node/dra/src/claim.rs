@@ -51,6 +51,9 @@ pub struct SliceConfig {
     /// How much the slice may hold in host memory past its cap (`CUSLICE_MEMORY_SPILL`, e.g.
     /// `4Gi` or `4GiB`).
     pub memory_spill: Option<String>,
+    /// How long a process of the slice goes without a CUDA call before its device memory is
+    /// frozen to the host (`CUSLICE_MEMORY_FREEZE_IDLE`, e.g. `10m`; docs/oversubscription.md).
+    pub memory_freeze_idle: Option<String>,
 }
 
 /// One device of the claim, with the slice's settings.
@@ -75,6 +78,9 @@ pub struct Allotted {
     pub memory_wait: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_spill: Option<String>,
+    /// `CUSLICE_MEMORY_FREEZE_IDLE` as the configuration gave it, checked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_freeze_idle: Option<String>,
 }
 
 /// Checks a value the configuration gives for `variable` by the interposer's own rules; the
@@ -208,7 +214,7 @@ pub fn allotments(
         let cores = cores as u32;
         let mut limit = cores;
         let mut priority = None;
-        let (mut memory_wait, mut memory_spill) = (None, None);
+        let (mut memory_wait, mut memory_spill, mut memory_freeze_idle) = (None, None, None);
         // Class configurations come first, the claim's own after them and win.
         let mut ordered: Vec<&&DeviceAllocationConfiguration> = configs
             .iter()
@@ -251,6 +257,14 @@ pub fn allotments(
                     s,
                 )?);
             }
+            if let Some(f) = &sc.memory_freeze_idle {
+                memory_freeze_idle = Some(at_cap_setting(
+                    claim,
+                    "memoryFreezeIdle",
+                    "CUSLICE_MEMORY_FREEZE_IDLE",
+                    f,
+                )?);
+            }
         }
         if limit < cores {
             return Err(format!(
@@ -269,6 +283,7 @@ pub fn allotments(
             priority,
             memory_wait,
             memory_spill,
+            memory_freeze_idle,
         });
     }
     // The container sees the claim's GPUs in the order of their PCI bus ids (the settings say
@@ -302,12 +317,13 @@ pub fn allotments(
 }
 
 /// What a configuration gives a whole container rather than one of its GPUs: priority,
-/// memoryWait, memorySpill.
-fn slice_wide(a: &Allotted) -> [Option<&str>; 3] {
+/// memoryWait, memorySpill, memoryFreezeIdle.
+fn slice_wide(a: &Allotted) -> [Option<&str>; 4] {
     [
         a.priority.as_deref(),
         a.memory_wait.as_deref(),
         a.memory_spill.as_deref(),
+        a.memory_freeze_idle.as_deref(),
     ]
 }
 
@@ -344,6 +360,7 @@ pub fn settings(all: &[Allotted], i: usize) -> Vec<(String, String)> {
         ("CUSLICE_PRIORITY", &a.priority),
         ("CUSLICE_MEMORY_WAIT", &a.memory_wait),
         ("CUSLICE_MEMORY_SPILL", &a.memory_spill),
+        ("CUSLICE_MEMORY_FREEZE_IDLE", &a.memory_freeze_idle),
     ] {
         if let Some(v) = value {
             slice(name, v.clone());
@@ -466,6 +483,32 @@ mod tests {
         let e = allotments(&r(), &bad, "node-a", &gpus()).unwrap_err();
         assert!(
             e.contains("memoryWait: CUSLICE_MEMORY_WAIT=\"5\" is not a duration (it has no unit)"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_freeze_idle_time_becomes_the_containers_setting_checked() {
+        let params = |f: &str| json!({"apiVersion": CONFIG_API_VERSION, "kind": CONFIG_KIND, "memoryFreezeIdle": f});
+        let c = claim(
+            json!([result("gpu-0", "1Gi", "30")]),
+            json!([opaque("FromClaim", params("10m"))]),
+        );
+        let a = allotments(&r(), &c, "node-a", &gpus()).unwrap();
+        assert!(
+            settings(&a, 0).contains(&("CUSLICE_MEMORY_FREEZE_IDLE".to_owned(), "10m".to_owned())),
+            "{:?}",
+            settings(&a, 0)
+        );
+        let bad = claim(
+            json!([result("gpu-0", "1Gi", "30")]),
+            json!([opaque("FromClaim", params("200ms"))]),
+        );
+        let e = allotments(&r(), &bad, "node-a", &gpus()).unwrap_err();
+        assert!(
+            e.contains(
+                "memoryFreezeIdle: CUSLICE_MEMORY_FREEZE_IDLE=\"200ms\" is less than a second"
+            ),
             "{e}"
         );
     }

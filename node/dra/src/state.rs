@@ -307,6 +307,7 @@ mod tests {
             priority: None,
             memory_wait: None,
             memory_spill: None,
+            memory_freeze_idle: None,
         }
     }
 

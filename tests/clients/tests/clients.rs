@@ -839,7 +839,10 @@ fn a_process_the_driver_will_not_checkpoint_is_left_running_and_says_why_once() 
     );
     // Two more idle spells: tried again, said no more.
     std::thread::sleep(Duration::from_millis(2500));
-    assert!(checkpointed(&sim, pid).is_none(), "left running, not locked");
+    assert!(
+        checkpointed(&sim, pid).is_none(),
+        "left running, not locked"
+    );
     let v = check(&mut k);
     assert_eq!(v["intact"], true);
     let err = k.err.text();
@@ -885,7 +888,9 @@ fn three_notebooks_capped_at_6_gib_take_turns_on_an_8_gib_device_with_their_byte
         }
     }
     // Two at once fit; the third's next cell waits in its thaw until one of them is idle again.
-    let [a, b, c] = &mut books[..] else { unreachable!() };
+    let [a, b, c] = &mut books[..] else {
+        unreachable!()
+    };
     assert_eq!(check(&mut a.0)["intact"], true);
     assert_eq!(check(&mut b.0)["intact"], true);
     assert!(checkpointed(&sim, a.1).is_none() && checkpointed(&sim, b.1).is_none());

@@ -23,7 +23,7 @@ TORCH_FILLS = [
 ]
 CHECKS = (["PyTorch mem_get_info", *[n for n, _ in TORCH_FILLS], "JAX default preallocation",
            "CuPy memory pool", "PyTorch CUDA graph capture and replay", "nvidia-smi under the library",
-           "PyTorch checkpoint and restore"])
+           "PyTorch checkpoint and restore", "PyTorch frozen when idle"])
 NEEDS = {"PyTorch": "torch", "JAX": "jax", "CuPy": "cupy"}
 # What the simulated GPU cannot honour, and why.
 SIM_NOT_RUN = {
@@ -89,7 +89,8 @@ def run(tier):
                      ("JAX default preallocation", jax_prealloc), ("CuPy memory pool", cupy_fill),
                      ("PyTorch CUDA graph capture and replay", torch_graph),
                      ("nvidia-smi under the library", nvidia_smi),
-                     ("PyTorch checkpoint and restore", torch_checkpoint)]:
+                     ("PyTorch checkpoint and restore", torch_checkpoint),
+                     ("PyTorch frozen when idle", torch_freeze)]:
         if not tier.wanted(name):
             continue
         why = SIM_NOT_RUN.get(name) if tier.sim else None
@@ -203,4 +204,34 @@ def torch_checkpoint(tier, name):
     figure = (f"{', '.join(f'{s} {rc}/{st}' for s, rc, st in got)}; NVML while frozen "
               f"{mib(held_while_frozen)}; intact {r['intact']}{rate}")
     ok = got == want and held_while_frozen == 0 and r["intact"] is True
+    return Check(GROUP, name, figure, expected, judged(ok), r)
+
+
+def torch_freeze(tier, name):
+    """cuslice freezing an idle PyTorch process (`CUSLICE_MEMORY_FREEZE_IDLE=2s`, 8 GiB cap): it
+    reaches CHECKPOINTED by itself, NVML lists none of its memory while it is frozen, its next call
+    (reading its tensor back) thaws it and the tensor is the same; the figure is that call's time
+    against the same call running (docs/oversubscription.md)."""
+    size_mib = 512 if tier.sim else 4096
+    p, r, _, _ = probe(tier, name, "torch-freeze", size_mib,
+                       extra_env={"CUSLICE_MEMORY_FREEZE_IDLE": "2s", "CUSLICE_LOG": "info"})
+    expected = ("frozen by cuslice within 60 s of going idle (CHECKPOINTED); NVML lists no memory of "
+                "it while frozen; its next call thaws it (RUNNING) and the tensor reads back the same")
+    if r is None or "frozen_at" not in r:
+        return Check(GROUP, name, failed([p]) or (r or {}).get("error", "no result"), expected, FAIL)
+    held_while_frozen = None
+    if r["frozen_at"] and r["thawed_at"]:
+        samples = tier.nvml.memory(r["frozen_at"] + 0.3, r["thawed_at"] - 0.1)
+        if samples:
+            held_while_frozen = max(used.get(r["child"], 0) for _, _, used in samples)
+    gib = r["bytes"] / GIB
+    after_idle = (f"frozen {r['frozen_at'] - r['held_at']:.1f} s after going idle"
+                  if r["frozen_at"] else "never frozen")
+    calls = (f"; next call {r['thaw_call_s']:.2f} s frozen ({gib:.1f} GiB back), "
+             f"{r['running_call_s']:.2f} s running") if r["thaw_call_s"] is not None and \
+        r["running_call_s"] is not None else ""
+    figure = (f"{after_idle}; NVML while frozen {mib(held_while_frozen)}; state after "
+              f"{r['state_after']}; intact {r['intact']}{calls}")
+    ok = (r["frozen_at"] is not None and held_while_frozen == 0 and r["state_after"] == RUNNING
+          and r["intact"] is True)
     return Check(GROUP, name, figure, expected, judged(ok), r)

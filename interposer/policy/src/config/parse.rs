@@ -6,9 +6,8 @@ use std::path::PathBuf;
 
 use super::names::{
     ALIYUN_CONTAINER, ALIYUN_UNIT, Family, KNOWN_CUSLICE, LOG, MAX_ORDINAL, MEMORY_FREEZE_IDLE,
-    MEMORY_SPILL,
-    MEMORY_WAIT, NODE_DIR, Name, PRIORITY, Quantity, STATE_DIR, Syntax, classify, near_miss,
-    suggest,
+    MEMORY_SPILL, MEMORY_WAIT, NODE_DIR, Name, PRIORITY, Quantity, STATE_DIR, Syntax, classify,
+    near_miss, suggest,
 };
 use super::precedence::Setting;
 use super::{Config, ConfigError, LogLevel};
@@ -226,9 +225,7 @@ pub(super) fn parse_memory_wait(entry: &Entry) -> Result<std::time::Duration, Co
 
 /// `CUSLICE_MEMORY_FREEZE_IDLE`: how long a process of the slice goes without a CUDA call before
 /// its device memory is frozen to the host; a duration of at least a second, at most a day.
-pub(super) fn parse_memory_freeze_idle(
-    entry: &Entry,
-) -> Result<std::time::Duration, ConfigError> {
+pub(super) fn parse_memory_freeze_idle(entry: &Entry) -> Result<std::time::Duration, ConfigError> {
     let example =
         format!("{MEMORY_FREEZE_IDLE}=5m (units: ms, s, m, h; to never freeze, leave it out)");
     match parse_duration(&entry.value) {

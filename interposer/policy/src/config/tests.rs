@@ -898,7 +898,10 @@ fn bad_memory_waits_and_spills_are_refused_in_one_line() {
 #[test]
 fn a_freeze_idle_time_is_read_and_a_bad_one_refused_in_one_line() {
     let c = config(&[("CUSLICE_MEMORY_FREEZE_IDLE", "5m")]);
-    assert_eq!(c.memory_freeze_idle, Some(std::time::Duration::from_secs(300)));
+    assert_eq!(
+        c.memory_freeze_idle,
+        Some(std::time::Duration::from_secs(300))
+    );
     assert_eq!(config(&[]).memory_freeze_idle, None);
     for (value, problem) in [
         ("500ms", "is less than a second"),
@@ -909,7 +912,10 @@ fn a_freeze_idle_time_is_read_and_a_bad_one_refused_in_one_line() {
         let e = error(&[("CUSLICE_MEMORY_FREEZE_IDLE", value)]);
         assert_eq!(e.variable, "CUSLICE_MEMORY_FREEZE_IDLE");
         assert!(e.to_string().contains(problem), "{e}");
-        assert!(e.example.starts_with("CUSLICE_MEMORY_FREEZE_IDLE=5m"), "{e}");
+        assert!(
+            e.example.starts_with("CUSLICE_MEMORY_FREEZE_IDLE=5m"),
+            "{e}"
+        );
     }
     let e = error(&[("CUSLICE_MEMORY_FREEZE_IDEL", "5m")]);
     assert!(e.to_string().contains("CUSLICE_MEMORY_FREEZE_IDLE"), "{e}");
