@@ -48,20 +48,14 @@ static RAN_OUT: AtomicBool = AtomicBool::new(false);
 /// What a call does at a shut gate (the freezer's thaw), set once.
 static HOLD: AtomicPtr<()> = AtomicPtr::new(std::ptr::null_mut());
 
+include!("../../shim-c/call_keeping_args.rs");
+
 unsafe extern "C" {
     /// build.rs's table of the stubs' addresses.
     static cuslice_gate_table: [usize; STUBS];
 }
 
-#[cfg(target_arch = "x86_64")]
-std::arch::global_asm!(
-    include_str!(concat!(env!("OUT_DIR"), "/gate_stubs.s")),
-    gate = sym GATE,
-    targets = sym TARGETS,
-    slow = sym slow_path,
-);
-
-#[cfg(target_arch = "aarch64")]
+// The stubs, in the target's assembly (build.rs).
 std::arch::global_asm!(
     include_str!(concat!(env!("OUT_DIR"), "/gate_stubs.s")),
     gate = sym GATE,
@@ -219,87 +213,9 @@ extern "C" fn slow_target(i: u32) -> *mut () {
 /// The stubs' slow path: saves every argument register, waits in `slow_target(i)` (stub index
 /// in r11), restores the registers and jumps on: the caller's frame and return address are as
 /// the caller left them, whatever the function's prototype.
-#[cfg(target_arch = "x86_64")]
 #[unsafe(naked)]
 unsafe extern "C" fn slow_path() {
-    std::arch::naked_asm!(
-        "push rbp",
-        "mov rbp, rsp",
-        "push rdi",
-        "push rsi",
-        "push rdx",
-        "push rcx",
-        "push r8",
-        "push r9",
-        "push rax",
-        "push r11",
-        "sub rsp, 128",
-        "movdqu [rsp], xmm0",
-        "movdqu [rsp + 16], xmm1",
-        "movdqu [rsp + 32], xmm2",
-        "movdqu [rsp + 48], xmm3",
-        "movdqu [rsp + 64], xmm4",
-        "movdqu [rsp + 80], xmm5",
-        "movdqu [rsp + 96], xmm6",
-        "movdqu [rsp + 112], xmm7",
-        "mov edi, r11d",
-        "call {target}",
-        "mov r11, rax",
-        "movdqu xmm0, [rsp]",
-        "movdqu xmm1, [rsp + 16]",
-        "movdqu xmm2, [rsp + 32]",
-        "movdqu xmm3, [rsp + 48]",
-        "movdqu xmm4, [rsp + 64]",
-        "movdqu xmm5, [rsp + 80]",
-        "movdqu xmm6, [rsp + 96]",
-        "movdqu xmm7, [rsp + 112]",
-        "add rsp, 128",
-        "pop r10",
-        "pop rax",
-        "pop r9",
-        "pop r8",
-        "pop rcx",
-        "pop rdx",
-        "pop rsi",
-        "pop rdi",
-        "pop rbp",
-        "jmp r11",
-        target = sym slow_target,
-    )
-}
-
-/// As on x86_64 (stub index in x17; x0-x8 and q0-q7 saved).
-#[cfg(target_arch = "aarch64")]
-#[unsafe(naked)]
-unsafe extern "C" fn slow_path() {
-    std::arch::naked_asm!(
-        "stp x29, x30, [sp, #-16]!",
-        "mov x29, sp",
-        "stp x0, x1, [sp, #-16]!",
-        "stp x2, x3, [sp, #-16]!",
-        "stp x4, x5, [sp, #-16]!",
-        "stp x6, x7, [sp, #-16]!",
-        "stp x8, x17, [sp, #-16]!",
-        "stp q0, q1, [sp, #-32]!",
-        "stp q2, q3, [sp, #-32]!",
-        "stp q4, q5, [sp, #-32]!",
-        "stp q6, q7, [sp, #-32]!",
-        "mov w0, w17",
-        "bl {target}",
-        "mov x16, x0",
-        "ldp q6, q7, [sp], #32",
-        "ldp q4, q5, [sp], #32",
-        "ldp q2, q3, [sp], #32",
-        "ldp q0, q1, [sp], #32",
-        "ldp x8, x17, [sp], #16",
-        "ldp x6, x7, [sp], #16",
-        "ldp x4, x5, [sp], #16",
-        "ldp x2, x3, [sp], #16",
-        "ldp x0, x1, [sp], #16",
-        "ldp x29, x30, [sp], #16",
-        "br x16",
-        target = sym slow_target,
-    )
+    call_keeping_args!(slow_target)
 }
 
 /// The gate for the loader: its exports jump through the stub of each wrapper.

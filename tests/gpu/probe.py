@@ -208,16 +208,10 @@ def torch_keep(mib):
             emit("checked", intact=bool(torch.equal(back, host)), read_back_s=time.perf_counter() - t)
 
 
-def torch_checkpoint(mib=512, frozen_s=1.5):
-    """The driver's checkpoint API on a PyTorch process (torch-keep, a child of this one): lock,
-    checkpoint, stay frozen `frozen_s`, restore, unlock; then the child reads its tensor back. This
-    process only calls the driver through ctypes (no framework, no context)."""
-    import ctypes
+def keeper(mib):
+    """Starts torch-keep MIB as a child (this process's environment); returns it, a reader of its
+    events, and its "holding" line (None, with a result line said, if it ended before)."""
     import subprocess
-
-    class Args(ctypes.Structure):
-        _fields_ = [("timeoutMs", ctypes.c_uint), ("reserved0", ctypes.c_uint),
-                    ("reserved1", ctypes.c_uint64 * 7)]
 
     child = subprocess.Popen([sys.executable, os.path.abspath(__file__), "torch-keep", str(mib)],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -231,6 +225,21 @@ def torch_checkpoint(mib=512, frozen_s=1.5):
     held = read("holding")
     if held is None:
         emit("result", error=f"torch-keep exited {child.wait()} before holding its tensor")
+    return child, read, held
+
+
+def torch_checkpoint(mib=512, frozen_s=1.5):
+    """The driver's checkpoint API on a PyTorch process (torch-keep, a child of this one): lock,
+    checkpoint, stay frozen `frozen_s`, restore, unlock; then the child reads its tensor back. This
+    process only calls the driver through ctypes (no framework, no context)."""
+    import ctypes
+
+    class Args(ctypes.Structure):
+        _fields_ = [("timeoutMs", ctypes.c_uint), ("reserved0", ctypes.c_uint),
+                    ("reserved1", ctypes.c_uint64 * 7)]
+
+    child, read, held = keeper(mib)
+    if held is None:
         return
     cu = ctypes.CDLL("libcuda.so.1")
     if not hasattr(cu, "cuCheckpointProcessLock"):
@@ -284,20 +293,9 @@ def torch_freeze(mib=512, frozen_s=1.5):
     watches its state through the driver's checkpoint API (ctypes, no context), leaves it frozen
     `frozen_s`, then asks it to read its tensor back, which thaws it, and once more running."""
     import ctypes
-    import subprocess
 
-    child = subprocess.Popen([sys.executable, os.path.abspath(__file__), "torch-keep", str(mib)],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-
-    def read(event):
-        for line in child.stdout:
-            if line.startswith("{") and json.loads(line).get("event") == event:
-                return json.loads(line)
-        return None
-
-    held = read("holding")
+    child, read, held = keeper(mib)
     if held is None:
-        emit("result", error=f"torch-keep exited {child.wait()} before holding its tensor")
         return
     held_at = time.time()
     cu = ctypes.CDLL("libcuda.so.1")

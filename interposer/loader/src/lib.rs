@@ -141,91 +141,14 @@ macro_rules! exports {
 }
 
 include!(concat!(env!("OUT_DIR"), "/exports.rs"));
+include!("../../../shim-c/call_keeping_args.rs");
 
 /// Saves every argument register, asks `resolve(i)` (entry index in r11) where entry `i` now
 /// goes, restores the registers and jumps there: the caller's frame and return address are as
 /// the caller left them, whatever the entry point's prototype (variadic ones included: %al).
-#[cfg(target_arch = "x86_64")]
 #[unsafe(naked)]
 unsafe extern "C" fn resolve_common() {
-    core::arch::naked_asm!(
-        "push rbp",
-        "mov rbp, rsp",
-        "push rdi",
-        "push rsi",
-        "push rdx",
-        "push rcx",
-        "push r8",
-        "push r9",
-        "push rax",
-        "push r11",
-        "sub rsp, 128",
-        "movdqu [rsp], xmm0",
-        "movdqu [rsp + 16], xmm1",
-        "movdqu [rsp + 32], xmm2",
-        "movdqu [rsp + 48], xmm3",
-        "movdqu [rsp + 64], xmm4",
-        "movdqu [rsp + 80], xmm5",
-        "movdqu [rsp + 96], xmm6",
-        "movdqu [rsp + 112], xmm7",
-        "mov edi, r11d",
-        "call {resolve}",
-        "mov r11, rax",
-        "movdqu xmm0, [rsp]",
-        "movdqu xmm1, [rsp + 16]",
-        "movdqu xmm2, [rsp + 32]",
-        "movdqu xmm3, [rsp + 48]",
-        "movdqu xmm4, [rsp + 64]",
-        "movdqu xmm5, [rsp + 80]",
-        "movdqu xmm6, [rsp + 96]",
-        "movdqu xmm7, [rsp + 112]",
-        "add rsp, 128",
-        "pop r10",
-        "pop rax",
-        "pop r9",
-        "pop r8",
-        "pop rcx",
-        "pop rdx",
-        "pop rsi",
-        "pop rdi",
-        "pop rbp",
-        "jmp r11",
-        resolve = sym resolve,
-    )
-}
-
-/// As on x86_64 (entry index in x17; x0-x8 and q0-q7 saved).
-#[cfg(target_arch = "aarch64")]
-#[unsafe(naked)]
-unsafe extern "C" fn resolve_common() {
-    core::arch::naked_asm!(
-        "stp x29, x30, [sp, #-16]!",
-        "mov x29, sp",
-        "stp x0, x1, [sp, #-16]!",
-        "stp x2, x3, [sp, #-16]!",
-        "stp x4, x5, [sp, #-16]!",
-        "stp x6, x7, [sp, #-16]!",
-        "stp x8, x17, [sp, #-16]!",
-        "stp q0, q1, [sp, #-32]!",
-        "stp q2, q3, [sp, #-32]!",
-        "stp q4, q5, [sp, #-32]!",
-        "stp q6, q7, [sp, #-32]!",
-        "mov w0, w17",
-        "bl {resolve}",
-        "mov x16, x0",
-        "ldp q6, q7, [sp], #32",
-        "ldp q4, q5, [sp], #32",
-        "ldp q2, q3, [sp], #32",
-        "ldp q0, q1, [sp], #32",
-        "ldp x8, x17, [sp], #16",
-        "ldp x6, x7, [sp], #16",
-        "ldp x4, x5, [sp], #16",
-        "ldp x2, x3, [sp], #16",
-        "ldp x0, x1, [sp], #16",
-        "ldp x29, x30, [sp], #16",
-        "br x16",
-        resolve = sym resolve,
-    )
+    call_keeping_args!(resolve)
 }
 
 /// Where entry `i` goes now that the core is loaded (or failed to load).

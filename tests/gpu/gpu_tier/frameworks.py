@@ -178,6 +178,15 @@ def nvidia_smi(tier, name):
 RUNNING, LOCKED, CHECKPOINTED = 0, 1, 2
 
 
+def held_frozen(tier, r):
+    """The child's memory as NVML lists it (0: not listed) in samples well inside its frozen
+    spell; None without one."""
+    if not (r["frozen_at"] and r["thawed_at"]):
+        return None
+    samples = tier.nvml.memory(r["frozen_at"] + 0.3, r["thawed_at"] - 0.1)
+    return max(used.get(r["child"], 0) for _, _, used in samples) if samples else None
+
+
 def torch_checkpoint(tier, name):
     """The driver's checkpoint API on a PyTorch process under the library (8 GiB cap): while
     checkpointed NVML lists it no more and the device holds none of it; restored, its tensor reads
@@ -192,12 +201,7 @@ def torch_checkpoint(tier, name):
     got = [(s["step"], s["rc"], s["state"]) for s in r["steps"]]
     want = [("lock", 0, LOCKED), ("checkpoint", 0, CHECKPOINTED), ("restore", 0, LOCKED),
             ("unlock", 0, RUNNING)]
-    held_while_frozen = None
-    if r["frozen_at"] and r["thawed_at"]:
-        # Samples well inside the frozen spell: the child's memory as NVML lists it (0: not listed).
-        samples = tier.nvml.memory(r["frozen_at"] + 0.3, r["thawed_at"] - 0.1)
-        if samples:
-            held_while_frozen = max(used.get(r["child"], 0) for _, _, used in samples)
+    held_while_frozen = held_frozen(tier, r)
     gib = r["bytes"] / GIB
     rate = (f"; checkpoint {r['checkpoint_s']:.2f} s, restore {r['restore_s']:.2f} s for "
             f"{gib:.1f} GiB ({gib / r['restore_s']:.1f} GiB/s back)") if r["restore_s"] else ""
@@ -219,11 +223,7 @@ def torch_freeze(tier, name):
                 "it while frozen; its next call thaws it (RUNNING) and the tensor reads back the same")
     if r is None or "frozen_at" not in r:
         return Check(GROUP, name, failed([p]) or (r or {}).get("error", "no result"), expected, FAIL)
-    held_while_frozen = None
-    if r["frozen_at"] and r["thawed_at"]:
-        samples = tier.nvml.memory(r["frozen_at"] + 0.3, r["thawed_at"] - 0.1)
-        if samples:
-            held_while_frozen = max(used.get(r["child"], 0) for _, _, used in samples)
+    held_while_frozen = held_frozen(tier, r)
     gib = r["bytes"] / GIB
     after_idle = (f"frozen {r['frozen_at'] - r['held_at']:.1f} s after going idle"
                   if r["frozen_at"] else "never frozen")
