@@ -23,10 +23,10 @@
 //! - Never frozen, each said once in one line (`CUSLICE_LOG=info`), the process left running: a
 //!   process linked against libcuda.so (its calls to the driver's exports reach the driver
 //!   without passing a stub, and would wait there for good), one rank of a distributed job with
-//!   NCCL loaded (the checkpoint API hangs NCCL jobs), one on a MIG instance (not supported), one whose driver
-//!   lacks the checkpoint API, and one the driver refuses to checkpoint (managed memory, memory
-//!   shared through IPC or VMM handles): those it unlocks at once, and tries again at its next
-//!   idle spell.
+//!   NCCL loaded (the checkpoint API hangs NCCL jobs), one on a MIG instance (not supported),
+//!   one whose driver lacks the checkpoint API, and one the driver refuses to checkpoint
+//!   (managed memory, memory shared through IPC or VMM handles): those it unlocks at once, and
+//!   tries again at its next idle spell.
 
 use std::ffi::{CStr, c_int, c_void};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -51,10 +51,6 @@ static HELD: [AtomicU64; cuslice_state::ledger::MAX_DEVICES] =
     [const { AtomicU64::new(0) }; cuslice_state::ledger::MAX_DEVICES];
 /// The slice, for the thaw.
 static SLICE: std::sync::OnceLock<&'static Slice> = std::sync::OnceLock::new();
-/// Freezes and thaws so far, and the last thaw's time (µs): `cuslice_freeze_counts`.
-static FREEZES: AtomicU64 = AtomicU64::new(0);
-static THAWS: AtomicU64 = AtomicU64::new(0);
-static LAST_THAW_US: AtomicU64 = AtomicU64::new(0);
 /// Reasons already said (bits of `Refusal`), so each is said once.
 static SAID: AtomicU32 = AtomicU32::new(0);
 
@@ -256,7 +252,6 @@ fn freeze(s: &'static Slice) -> Result<bool, Refusal> {
         h.store(*b, Ordering::Relaxed);
     }
     FROZEN.store(true, Ordering::Release);
-    FREEZES.fetch_add(1, Ordering::Relaxed);
     crate::log::info!(
         "frozen after {} idle: {} of device memory went to the host in {} ms",
         cuslice_policy::duration::format_duration(s.config.memory_freeze_idle.unwrap_or_default()),
@@ -350,9 +345,7 @@ fn thaw() {
         crate::log::error!("the driver could not unlock this process after its restore ({r:?})");
     }
     FROZEN.store(false, Ordering::Release);
-    THAWS.fetch_add(1, Ordering::Relaxed);
     let took = started.elapsed();
-    LAST_THAW_US.store(took.as_micros() as u64, Ordering::Relaxed);
     crate::log::info!(
         "thawed: {} back on the device in {} ms",
         cuslice_policy::format_size(HELD.iter().map(|h| h.load(Ordering::Relaxed)).sum()),

@@ -41,7 +41,8 @@ static KEY: [AtomicUsize; KEYS] = [const { AtomicUsize::new(0) }; KEYS];
 static VALUE: [AtomicU32; KEYS] = [const { AtomicU32::new(0) }; KEYS];
 /// Stubs handed out so far.
 static NEXT: AtomicUsize = AtomicUsize::new(0);
-/// Calls waiting inside cuslice (at the memory cap, for a compute turn): the process is not idle.
+/// Calls waiting inside cuslice or in the driver's synchronize (at the memory cap, for a compute
+/// turn, for queued work): the process is not idle.
 static BUSY: AtomicU32 = AtomicU32::new(0);
 /// Set once a function had to be handed out without a stub.
 static RAN_OUT: AtomicBool = AtomicBool::new(false);
@@ -53,6 +54,9 @@ include!("../../shim-c/call_keeping_args.rs");
 unsafe extern "C" {
     /// build.rs's table of the stubs' addresses.
     static cuslice_gate_table: [usize; STUBS];
+    /// How many stubs build.rs made.
+    #[cfg(test)]
+    static cuslice_gate_count: usize;
 }
 
 // The stubs, in the target's assembly (build.rs).
@@ -236,6 +240,18 @@ mod tests {
     }
     extern "C" fn mul(a: u64, b: u64) -> u64 {
         a * b
+    }
+
+    #[test]
+    fn build_rs_made_as_many_stubs_as_the_table_here_holds() {
+        // SAFETY: a word of this object's read-only data.
+        assert_eq!(unsafe { cuslice_gate_count }, STUBS);
+        // SAFETY: as above; `STUBS` entries.
+        let t = unsafe { &cuslice_gate_table };
+        assert!(
+            t.windows(2).all(|w| w[1] > w[0]),
+            "distinct stubs, in order"
+        );
     }
 
     #[test]
