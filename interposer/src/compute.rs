@@ -498,8 +498,6 @@ fn gate_metered(stream: CUstream, ptsz: bool) {
         return;
     }
     if let Some(g) = m.board.as_deref().and_then(|b| b.gate(m.index)) {
-        // However long it waits for a turn, the process is not idle (`freeze`).
-        let _busy = crate::gate::busy_while();
         m.turns.enter(g, stream, ptsz);
     }
 }

@@ -42,8 +42,10 @@ static VALUE: [AtomicU32; KEYS] = [const { AtomicU32::new(0) }; KEYS];
 /// Stubs handed out so far.
 static NEXT: AtomicUsize = AtomicUsize::new(0);
 /// Calls waiting inside cuslice or in the driver's synchronize (at the memory cap, for a compute
-/// turn, for queued work): the process is not idle.
+/// turn, for queued work): the process is not idle. Counted only once a freezer watches
+/// ([`set_hold`]); until then a busy guard costs one relaxed load.
 static BUSY: AtomicU32 = AtomicU32::new(0);
+static WATCHED: AtomicBool = AtomicBool::new(false);
 /// Set once a function had to be handed out without a stub.
 static RAN_OUT: AtomicBool = AtomicBool::new(false);
 /// What a call does at a shut gate (the freezer's thaw), set once.
@@ -124,18 +126,26 @@ pub fn complete() -> bool {
     !RAN_OUT.load(Ordering::Relaxed)
 }
 
-/// Marks a call as waiting inside cuslice (at the memory cap, for a compute turn) for as long as
-/// the guard lives: however long it waits, the process is not idle.
+/// Marks a call as waiting inside cuslice (at the memory cap, for a compute turn) or in a
+/// synchronize for as long as the guard lives: however long it waits, the process is not idle.
+/// Nothing is counted in a process that nobody freezes.
+#[inline(always)]
 pub fn busy_while() -> Busy {
-    BUSY.fetch_add(1, Ordering::SeqCst);
-    Busy
+    let counted = WATCHED.load(Ordering::Relaxed);
+    if counted {
+        BUSY.fetch_add(1, Ordering::SeqCst);
+    }
+    Busy(counted)
 }
 
-pub struct Busy;
+pub struct Busy(bool);
 
 impl Drop for Busy {
+    #[inline(always)]
     fn drop(&mut self) {
-        BUSY.fetch_sub(1, Ordering::SeqCst);
+        if self.0 {
+            BUSY.fetch_sub(1, Ordering::SeqCst);
+        }
     }
 }
 
@@ -144,9 +154,11 @@ pub fn busy() -> bool {
     BUSY.load(Ordering::SeqCst) != 0
 }
 
-/// Sets what a call does at a shut gate: `hold()` returns when the call may go on.
+/// Sets what a call does at a shut gate: `hold()` returns when the call may go on. From now on
+/// busy guards count (a freezer watches this process).
 pub fn set_hold(hold: extern "C" fn()) {
     HOLD.store(hold as *mut (), Ordering::Release);
+    WATCHED.store(true, Ordering::SeqCst);
 }
 
 /// Arms the gate (from open): the next call through any stub opens it again.

@@ -251,6 +251,8 @@ impl Turns {
     #[cold]
     #[inline(never)]
     fn enter_slow(&self, g: &Gate, stream: CUstream, ptsz: bool) {
+        // However long it waits for a turn, the process is not idle (`freeze`).
+        let _busy = crate::gate::busy_while();
         let mut waiting = false;
         // Until the device no longer takes turns (then it goes straight on).
         while self.gated.load(Ordering::Relaxed) {

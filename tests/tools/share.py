@@ -33,7 +33,7 @@ SHARE_SAMPLES picks how the simulator's NVML gives per-process samples: one-per-
 per-process, or none. SHARE_SECS (default 8) and SHARE_SETTLE (default 3) set the run and the
 settling time. Used by tests/bench (section 5) and tests/run.
 """
-import json, os, subprocess, sys, tempfile, time
+import json, os, shutil, subprocess, sys, tempfile, time
 
 # The real-GPU tier loads this file by its path, not as a script: simtruth.py beside it is found
 # by path either way.
@@ -50,11 +50,15 @@ SAMPLES = os.environ.get("SHARE_SAMPLES", "one-per-period")
 WINDOW_CHECK = 5.0  # points: every 1 s window after SETTLE, with --check
 # A launch-bound loop's rate is the host's: in its turns it ran 0.9 to 1.14 times as fast as alone
 # (measured minutes apart on the 2-core machine, other work on it). A loop of 50 us kernels kept 4
-# deep is nearly so there: its launching thread, held up 200 us by the other threads on 2 cores,
-# lets the queue run dry and the turn pass on (CI's 2-core machine: 67.6% for 70, one 1 s window
-# at 64.1%). These are judged within (points, points in a 1 s window) instead of --check's and the
-# window limit when those are tighter (docs/compute.md, Known limits).
+# deep (as the real-GPU tier runs it) is nearly so there: its launching thread, held up 200 us by
+# the other threads on 2 cores, lets the queue run dry and the turn pass on (CI's 2-core machine:
+# 67.6% for 70, one 1 s window at 64.1%; here it runs deeper, `depth` below). These are judged
+# within (points, points in a 1 s window) instead of --check's and the window limit when those
+# are tighter (docs/compute.md, Known limits): the two named, and any loop the host held below
+# HOST_BOUND percent of the device alone in this run (a slower host holds back longer kernels
+# too: 100 us kernels kept 4 deep ran at 91.9% alone on one).
 LAUNCH_BOUND_CHECK = {"10us 10/20": (3.0, 7.0), "50us 30/70": (3.0, 7.0)}
+HOST_BOUND = 97.0
 SETTLED = 2.0  # points: a slice has settled once its 1 s windows stay this close to its share
 
 
@@ -63,7 +67,7 @@ SETTLED = 2.0  # points: a slice has settled once its 1 s windows stay this clos
 # many processes share it. via "probe": one kernel every `period_ms`, each waited for (a light
 # slice), not back to back.
 def slice_(limit=None, request=None, kernel_us=1000, via="kernel", streams=1, delay=0.0, secs=None, period_ms=10,
-           kernel="work", procs=1, sync_every=None):
+           kernel="work", procs=1, sync_every=None, depth=None):
     env = {}
     if limit is not None:
         env["CUSLICE_CORE_LIMIT"] = str(limit)
@@ -75,7 +79,7 @@ def slice_(limit=None, request=None, kernel_us=1000, via="kernel", streams=1, de
     # the spin kernel is judged by the simulator's count: neither against a rate alone.
     alone = via != "probe" and kernel == "work"
     return dict(env=env, kernel_us=kernel_us, via=via, streams=streams, delay=delay, secs=secs,
-                period_ms=period_ms, kernel=kernel, procs=procs, sync_every=sync_every, alone=alone)
+                period_ms=period_ms, kernel=kernel, procs=procs, sync_every=sync_every, depth=depth, alone=alone)
 
 SCENARIOS = {
     "30/70": ([slice_(30), slice_(70)], [30, 70]),
@@ -97,7 +101,7 @@ SCENARIOS = {
     # A process launching 10 us kernels back to back keeps the simulator's device about 40% busy
     # on the 2-core machine (the launch costs the CPU more than the kernel runs): judged against
     # its rate alone, within LAUNCH_BOUND_CHECK points (above), as is the 50 us loop.
-    "10us 10/20": ([slice_(10, kernel_us=10), slice_(20, kernel_us=10)], [10, 20]),
+    "10us 10/20": ([slice_(10, kernel_us=10, depth=4), slice_(20, kernel_us=10, depth=4)], [10, 20]),
     "50us 30/70": ([slice_(30, kernel_us=50), slice_(70, kernel_us=50)], [30, 70]),
     "100us 30/70": ([slice_(30, kernel_us=100), slice_(70, kernel_us=100)], [30, 70]),
     "10ms 30/70": ([slice_(30, kernel_us=10000), slice_(70, kernel_us=10000)], [30, 70]),
@@ -120,7 +124,22 @@ def command(s, secs):
            "--secs", str(secs), "--via", s["via"], "--streams", str(s["streams"]), "--progress-ms", "250"]
     if s["sync_every"]:
         cmd += ["--sync-every", str(s["sync_every"])]
+    else:
+        cmd += ["--depth", str(depth(s))]
     return cmd
+
+
+# A loop keeps about this much work in flight per stream, as a framework's queue does (and at
+# least 4 kernels): a launching thread that the host holds up for less than that leaves its turn
+# with work to run. Kept 4 deep, 50 and 100 us kernels ran dry whenever the 2-core host held the
+# thread up for 150 to 300 us, and the turn passed on each time: on CI's machine 100 us loops got
+# 23.9/58.1% at 30/70, 82% of their rate alone together. The 10 us loop stays 4 deep: the one
+# loop whose rate is the host's.
+QUEUED_US = 2000
+
+
+def depth(s):
+    return s["depth"] or max(4, -(-QUEUED_US // s["kernel_us"]))
 
 
 def show(state):
@@ -172,12 +191,16 @@ if ALONE_CACHE and os.path.exists(ALONE_CACHE):
         RATES_ALONE = {tuple(json.loads(k)): v for k, v in json.load(f).items()}
 
 
+def loop_key(s):
+    return (s["kernel"], s["kernel_us"], s["via"], s["streams"], s["sync_every"], s["procs"], depth(s))
+
+
 def rate_alone(s):
     """Percent of wall time the kernels of slice `s`'s loop ask for when it runs alone, without
     the library, from 1 s to its end (measured once per kind of loop). A slice of several
     processes runs them all, as in the scenario: their contexts time-slice and pay the switches
     between them alone too, so the sum of their throughputs is the slice's rate alone."""
-    key = (s["kernel"], s["kernel_us"], s["via"], s["streams"], s["sync_every"], s["procs"])
+    key = loop_key(s)
     if key not in RATES_ALONE:
         # A loop that keeps the device busy alone has a rate near 100% every time. One the host
         # holds back (its launches or its synchronising) varies with the host from one run to the
@@ -190,6 +213,23 @@ def rate_alone(s):
             with open(ALONE_CACHE, "w") as f:
                 json.dump({json.dumps(list(k)): v for k, v in RATES_ALONE.items()}, f)
     return RATES_ALONE[key]
+
+
+def remeasure(slices):
+    """Before a missed scenario runs again: the rate alone of each loop the host held back is
+    measured again (the host's speed may have changed since), and printed beside the old one."""
+    seen = set()
+    for s in slices:
+        key = loop_key(s)
+        if not s["alone"] or key in seen:
+            continue
+        seen.add(key)
+        was = RATES_ALONE.get(key)
+        if was is None or was >= 99.5:
+            continue
+        del RATES_ALONE[key]
+        print(f"   rate alone of its {s['kernel_us']} us loop measured again: {rate_alone(s):.1f}% "
+              f"(was {was:.1f}%)", flush=True)
 
 
 def alone_once(s, key):
@@ -208,6 +248,7 @@ def alone_once(s, key):
         if p.returncode != 0:
             raise SystemExit(f"rate alone of {key}: exit {p.returncode}: {out} {err}")
         series.append(progress(out, t0))
+    shutil.rmtree(work, ignore_errors=True)
     start = max(x[0][0] for x in series) + 1.0
     end = min(x[-1][0] for x in series)
     return throughput(series, start, end)
@@ -251,6 +292,7 @@ def run(name, slices, expected, bare=False):
         if not series[-1]:
             raise SystemExit(f"{name}: no progress lines: {out} {err}")
     samples.append((time.monotonic() - t0, show(state)))
+    shutil.rmtree(work, ignore_errors=True)
     samples = carried(samples)
     # The window ends when the first process that ran the whole time stopped (each slice's
     # processes ran till then); 1 s windows start once every process has reported.
@@ -338,6 +380,8 @@ def main(names, check=None, window_check=WINDOW_CHECK):
                 worst_window = max(worst_window, window_err)
                 slowest = max(slowest, r["settled_s"] if r["settled_s"] is not None else float("inf"))
                 bound, bound_window = LAUNCH_BOUND_CHECK.get(name, (0.0, 0.0))
+                if r["alone"] is not None and r["alone"] < HOST_BOUND:
+                    bound, bound_window = max(bound, 3.0), max(bound_window, 7.0)
                 if check is not None and err > max(check, bound):
                     missed.append(f"{label} slice {k}: {fmt(judged)} for {r['expected']}%")
                 if check is not None and window_err > max(window_check, bound_window):
@@ -349,6 +393,7 @@ def main(names, check=None, window_check=WINDOW_CHECK):
             if attempt == 1:
                 again.append("; ".join(missed))
                 print(f"   missed ({'; '.join(missed)}): run again once", flush=True)
+                remeasure(slices)
             else:
                 failed += missed
     ok = worst_err <= 2.0 and slowest <= 3.0
