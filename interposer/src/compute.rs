@@ -502,6 +502,24 @@ fn gate_metered(stream: CUstream, ptsz: bool) {
     }
 }
 
+/// Posts that this slice waits for `bytes` on device `ordinal` (the slice's), which has no room,
+/// until `until` (monotonic ns; 0: it no longer waits), on the node's board (`freeze` reads it).
+pub fn want_memory(ordinal: usize, bytes: u64, until: u64) {
+    if let Some(m) = meters().get(ordinal)
+        && let Some(b) = &m.board
+    {
+        b.want_memory(&m.uuid, bytes, until);
+    }
+}
+
+/// The most another slice on the node waits for on device `ordinal` now (0: none, or no board).
+pub fn memory_wanted(ordinal: usize) -> u64 {
+    meters()
+        .get(ordinal)
+        .and_then(|m| Some(m.board.as_ref()?.memory_wanted(&m.uuid, now_ns())))
+        .unwrap_or(0)
+}
+
 /// In a forked child: no compute thread runs there (the child joins afresh at its own cuInit).
 pub fn child_after_fork() {
     STARTED.store(false, Ordering::Relaxed);

@@ -4,6 +4,13 @@
 //! Its next CUDA call, on any thread, thaws it: waits until the devices have room for what it
 //! held, restores it (same addresses, same bytes) and unlocks it, then goes on.
 //!
+//! On demand: a process quiet for a second (or its idle time, if shorter) is frozen sooner when
+//! another slice waits for room on a device where it holds memory: an allocation the other's cap
+//! allows but the device cannot serve (`CUSLICE_MEMORY_WAIT`, `memory::wait_for_device`), or a
+//! thaw that waits for room. Each posts what it waits for in its own slice's claims on the node's
+//! board (`Board::want_memory`); the freezer believes a want only where NVML shows the device
+//! short of it.
+//!
 //! - The freezer is a thread of the process (`cuslice-freeze`). It arms the `gate` every tick and
 //!   looks whether a call opened it since; once none has for the idle time, it shuts the gate
 //!   (only if still armed: a call that came meanwhile wins), makes sure no call waits inside
@@ -37,11 +44,19 @@ use parking_lot::Mutex;
 
 use crate::membership::Slice;
 use crate::{gate, nvml_query, real, turns};
+use cuslice_policy::duration::format_duration;
+use cuslice_policy::format_size;
 
 /// How long the driver's lock may wait for a call under way before the freeze gives up.
 const LOCK_TIMEOUT_MS: u32 = 100;
 /// How often a thaw that waits for room looks again.
 const ROOM_POLL: Duration = Duration::from_millis(20);
+/// A thaw that waits for room posts what it waits for this far ahead, and again as it waits.
+const WANT_NS: u64 = 1_000_000_000;
+/// A process quiet this long (or its idle time, if shorter) is frozen when another slice waits
+/// for room on a device where it holds memory: a want posted by a slice that lies costs the
+/// processes it freezes a thaw, never sooner than this.
+const ON_DEMAND_QUIET: Duration = Duration::from_secs(1);
 
 /// Held for a whole freeze and a whole thaw.
 static FREEZE: Mutex<()> = Mutex::new(());
@@ -112,7 +127,8 @@ pub fn start(s: &'static Slice) {
 
 /// The freezer thread: arms the gate, and looks every tick whether a call came since.
 fn freezer(s: &'static Slice, idle: Duration) {
-    let tick = (idle / 4).clamp(Duration::from_millis(100), Duration::from_secs(1));
+    let tick = (idle / 4).clamp(Duration::from_millis(100), Duration::from_millis(250));
+    let on_demand = idle.min(ON_DEMAND_QUIET);
     let mut quiet_since = Instant::now();
     gate::arm();
     loop {
@@ -134,15 +150,29 @@ fn freezer(s: &'static Slice, idle: Duration) {
                 return;
             }
         }
-        if FROZEN.load(Ordering::Acquire) || !gate::quiet() {
+        // A call that waits inside cuslice (for room, at the cap, for a turn) makes no call
+        // through a stub meanwhile: the process was not quiet.
+        if FROZEN.load(Ordering::Acquire) || !gate::quiet() || gate::busy() {
             quiet_since = Instant::now();
             gate::arm();
             continue;
         }
-        if quiet_since.elapsed() < idle {
+        let quiet = quiet_since.elapsed();
+        let why = if quiet >= idle {
+            format!("{} idle", format_duration(idle))
+        } else if quiet < on_demand {
             continue;
-        }
-        match freeze(s) {
+        } else if let Some((i, wanted, free)) = wanted_here(s) {
+            format!(
+                "{} quiet: another slice waits for {} on device {i}, where {} is free",
+                format_duration(quiet),
+                format_size(wanted),
+                format_size(free)
+            )
+        } else {
+            continue;
+        };
+        match freeze(s, &why) {
             Ok(true) => {}
             // Not idle after all: a call came, waits inside cuslice or the driver, or work is
             // queued.
@@ -179,9 +209,28 @@ fn say(r: Refusal) {
     crate::log::info!("not frozen: {why}");
 }
 
-/// Tries to freeze the process, which has made no call since the gate was armed. Ok(false): it is
-/// not idle after all.
-fn freeze(s: &'static Slice) -> Result<bool, Refusal> {
+/// A device where this process holds memory and another slice waits for more than is free there
+/// (`compute::memory_wanted`): (its ordinal, what is wanted, what is free). A want is believed
+/// only as far as NVML bears it out: a device with room for it needs nobody frozen.
+fn wanted_here(s: &Slice) -> Option<(usize, u64, u64)> {
+    s.devs().iter().enumerate().find_map(|(i, d)| {
+        if s.own_charged(i) == 0 {
+            return None;
+        }
+        let wanted = crate::compute::memory_wanted(i);
+        let free = free_on(d)?;
+        (wanted > free).then_some((i, wanted, free))
+    })
+}
+
+/// Device memory free now, by NVML.
+fn free_on(d: &crate::membership::Dev) -> Option<u64> {
+    Some(d.physical.saturating_sub(nvml_query::device_used(&d.uuid)?))
+}
+
+/// Tries to freeze the process, which has made no call since the gate was armed (`why`: for how
+/// long, and why now). Ok(false): it is not idle after all.
+fn freeze(s: &'static Slice, why: &str) -> Result<bool, Refusal> {
     if !gate::complete() {
         return Err(Refusal::Stubs);
     }
@@ -253,9 +302,8 @@ fn freeze(s: &'static Slice) -> Result<bool, Refusal> {
     }
     FROZEN.store(true, Ordering::Release);
     crate::log::info!(
-        "frozen after {} idle: {} of device memory went to the host in {} ms",
-        cuslice_policy::duration::format_duration(s.config.memory_freeze_idle.unwrap_or_default()),
-        cuslice_policy::format_size(held.iter().sum()),
+        "frozen after {why}: {} of device memory went to the host in {} ms",
+        format_size(held.iter().sum()),
         started.elapsed().as_millis()
     );
     Ok(true)
@@ -348,33 +396,43 @@ fn thaw() {
     let took = started.elapsed();
     crate::log::info!(
         "thawed: {} back on the device in {} ms",
-        cuslice_policy::format_size(HELD.iter().map(|h| h.load(Ordering::Relaxed)).sum()),
+        format_size(HELD.iter().map(|h| h.load(Ordering::Relaxed)).sum()),
         took.as_millis()
     );
     gate::open();
 }
 
 /// Waits until every device has room for what the process held there (NVML's free memory).
+/// Meanwhile it posts what it waits for on the node's board, as an allocation that finds no room
+/// does: idle processes of other slices that freeze give theirs back.
 fn wait_for_room(s: &Slice) {
     let mut said = false;
+    let mut posted: Option<usize> = None;
     loop {
         let short = s.devs().iter().enumerate().find_map(|(i, d)| {
             let need = HELD.get(i)?.load(Ordering::Relaxed);
-            let used = nvml_query::device_used(&d.uuid)?;
-            let free = d.physical.saturating_sub(used);
+            let free = free_on(d)?;
             (free < need).then_some((i, need, free))
         });
         let Some((i, need, free)) = short else {
+            if let Some(p) = posted {
+                crate::compute::want_memory(p, 0, 0);
+            }
             return;
         };
+        if let Some(p) = posted.filter(|&p| p != i) {
+            crate::compute::want_memory(p, 0, 0);
+        }
         if !said {
             said = true;
             crate::log::info!(
                 "thaw waits for room on device {i}: it needs {}, {} is free",
-                cuslice_policy::format_size(need),
-                cuslice_policy::format_size(free)
+                format_size(need),
+                format_size(free)
             );
         }
+        crate::compute::want_memory(i, need, crate::compute::now_ns() + WANT_NS);
+        posted = Some(i);
         std::thread::sleep(ROOM_POLL);
     }
 }

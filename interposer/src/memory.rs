@@ -30,7 +30,7 @@ use crate::real;
 /// if the difference does not fit), and record the charge against the pointer.
 pub fn charged_alloc(
     estimate: u64,
-    alloc: impl FnOnce() -> CUresult,
+    alloc: impl FnMut() -> CUresult,
     result: impl FnOnce() -> (u64, Option<u64>),
     undo: impl FnOnce(u64),
 ) -> CUresult {
@@ -48,7 +48,7 @@ pub fn charged_alloc(
 /// (`CUSLICE_MEMORY_SPILL`) and the request does not fit under the cap.
 pub fn spillable_alloc(
     estimate: u64,
-    alloc: impl FnOnce() -> CUresult,
+    mut alloc: impl FnMut() -> CUresult,
     result: impl FnOnce() -> (u64, Option<u64>),
     undo: impl FnOnce(u64),
     spill: Option<impl FnOnce(u64, u64) -> CUresult>,
@@ -75,7 +75,10 @@ pub fn spillable_alloc(
     if let Err(e) = fits {
         return e;
     }
-    let r = alloc();
+    let mut r = alloc();
+    if r == CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+        r = wait_for_device(s, dev, reserved, &mut alloc);
+    }
     if !r.is_ok() {
         s.release(dev, reserved);
         return r;
@@ -91,6 +94,56 @@ pub fn spillable_alloc(
         s.release(stale.dev, stale.bytes);
     }
     r
+}
+
+/// The device has no room for an allocation the slice's cap allows (the driver said
+/// OUT_OF_MEMORY: the caps of the slices on it add up past it). With `CUSLICE_MEMORY_WAIT`, the
+/// slice posts what it waits for on the node's board, where the freezers of other slices' idle
+/// processes see it and give their memory back (`freeze`), and the allocation is tried again
+/// until it fits or the wait is over; without it, the driver's answer stands.
+fn wait_for_device(
+    s: &membership::Slice,
+    dev: usize,
+    bytes: u64,
+    alloc: &mut impl FnMut() -> CUresult,
+) -> CUresult {
+    const RETRY: std::time::Duration = std::time::Duration::from_millis(20);
+    /// A want is posted this far ahead, and again at each retry.
+    const WANT_NS: u64 = 1_000_000_000;
+    let oom = CUresult::CUDA_ERROR_OUT_OF_MEMORY;
+    let Some(wait) = s.config.memory_wait else {
+        return oom;
+    };
+    // However long it waits, the process is not idle (`freeze`).
+    let _busy = crate::gate::busy_while();
+    let started = std::time::Instant::now();
+    crate::log::info!(
+        "device {dev} has no room for {}: waiting up to {} while idle processes of other slices give theirs back",
+        cuslice_policy::format_size(bytes),
+        cuslice_policy::duration::format_duration(wait)
+    );
+    loop {
+        crate::compute::want_memory(dev, bytes, crate::compute::now_ns() + WANT_NS);
+        std::thread::sleep(RETRY);
+        let r = alloc();
+        if r != oom || started.elapsed() >= wait {
+            crate::compute::want_memory(dev, bytes, 0);
+            if r == oom {
+                crate::log::info!(
+                    "device {dev} had no room for {} within {}",
+                    cuslice_policy::format_size(bytes),
+                    cuslice_policy::duration::format_duration(wait)
+                );
+            } else {
+                crate::log::info!(
+                    "device {dev} had room for {} after {} ms",
+                    cuslice_policy::format_size(bytes),
+                    started.elapsed().as_millis()
+                );
+            }
+            return r;
+        }
+    }
 }
 
 /// Serves `bytes` past the cap from host memory: charged to the slice's spill, allocated as

@@ -67,6 +67,8 @@ pub const STALE_NS: u64 = 3_000_000_000;
 /// A time another process posts this far ahead of the reader's clock is believed; further is not
 /// (an honest process's clock is the reader's: CLOCK_MONOTONIC is the machine's).
 pub const AHEAD_NS: u64 = 1_000_000_000;
+/// A want of memory (`Board::want_memory`) further ahead than this counts for nothing.
+pub const WANT_AHEAD_NS: u64 = 2_000_000_000;
 /// A standalone slice whose processes all died leaves its directory behind; the next standalone
 /// process (or the hook's sweep) removes it once its claims are this old.
 pub const LEFTOVER_NS: u64 = 60_000_000_000;
@@ -89,7 +91,12 @@ struct Header {
     slice: u64,
     /// When a process of the slice last refreshed any entry (CLOCK_MONOTONIC ns).
     beat_ns: AtomicU64,
-    _reserved: [u64; 4],
+    /// Memory the slice waits for on a device that has no room (`want_memory`): until when the
+    /// want holds (CLOCK_MONOTONIC ns, 0: none), how many bytes, and the device's UUID as two
+    /// big-endian words. These were reserved words (zero) in earlier releases, which ignore them.
+    wanted_until: AtomicU64,
+    wanted_bytes: AtomicU64,
+    wanted_uuid: [AtomicU64; 2],
 }
 
 /// The slice's claim on one device.
@@ -689,6 +696,40 @@ impl Board {
         if let Some(e) = self.turn_entry(d) {
             e.until.store(until, Ordering::Release);
         }
+    }
+
+    /// Posts that a process of the slice waits for `bytes` on device `uuid`, which has no room
+    /// for them, until `until` (0: it no longer waits). Processes of other slices that freeze
+    /// when idle read it (`memory_wanted`). One want per slice: the last posted.
+    pub fn want_memory(&self, uuid: &[u8; 16], bytes: u64, until: u64) {
+        let h = &self.claims().header;
+        let w = words(uuid);
+        h.wanted_until.store(0, Ordering::Relaxed);
+        h.wanted_bytes.store(bytes, Ordering::Relaxed);
+        h.wanted_uuid[0].store(w.0, Ordering::Relaxed);
+        h.wanted_uuid[1].store(w.1, Ordering::Relaxed);
+        h.wanted_until.store(until, Ordering::Release);
+    }
+
+    /// The most another slice on the board waits for on device `uuid` now (`want_memory`), 0 if
+    /// none: a want counts while it holds and is at most `WANT_AHEAD_NS` ahead (a waiter posts it
+    /// again as it waits, so a want of a slice whose processes died lapses within that). What it
+    /// says is not trusted beyond that: the reader checks that the device is short of it.
+    pub fn memory_wanted(&self, uuid: &[u8; 16], now: u64) -> u64 {
+        let w = words(uuid);
+        let mut most = 0;
+        self.each_other(now, |_, c| {
+            let h = &c.header;
+            let until = h.wanted_until.load(Ordering::Relaxed);
+            if until >= now
+                && until <= now.saturating_add(WANT_AHEAD_NS)
+                && h.wanted_uuid[0].load(Ordering::Relaxed) == w.0
+                && h.wanted_uuid[1].load(Ordering::Relaxed) == w.1
+            {
+                most = most.max(h.wanted_bytes.load(Ordering::Relaxed));
+            }
+        });
+        most
     }
 
     /// Marks the slice active on device `d` at `now` (it launched, or wants to).

@@ -907,3 +907,64 @@ fn three_notebooks_capped_at_6_gib_take_turns_on_an_8_gib_device_with_their_byte
         assert_eq!(k.release(), 0);
     }
 }
+
+#[test]
+fn a_slice_waiting_for_room_on_a_full_device_gets_it_from_a_quiet_slice_frozen_on_demand() {
+    use std::io::Write;
+    if !have_python() {
+        return;
+    }
+    let sim = Sim::new(&["--memory", "8GiB"]);
+    // Two slices capped at 6 GiB on an 8 GiB device, frozen after an hour idle (never, here), or
+    // sooner when another slice waits for room; each waits up to a minute for room.
+    let slices: Vec<Slice> = (0..2)
+        .map(|_| {
+            Slice::new(&[
+                ("CUSLICE_MEMORY_LIMIT", "6GiB"),
+                ("CUSLICE_MEMORY_FREEZE_IDLE", "1h"),
+                ("CUSLICE_MEMORY_WAIT", "60s"),
+                ("CUSLICE_LOG", "info"),
+            ])
+        })
+        .collect();
+    let (mut a, line) = hold(&sim, Some(&slices[0]), &["keep", "4096"]);
+    let a_pid = u(&line["pid"]);
+    // The second needs 5 GiB: within its cap, past what the device has left. It waits, and the
+    // first, quiet, gives the device back.
+    let (mut b, line) = hold(&sim, Some(&slices[1]), &["keep", "5120"]);
+    let b_pid = u(&line["pid"]);
+    let c = checkpointed(&sim, a_pid).expect("the quiet slice is frozen");
+    assert_eq!(c["state"], "checkpointed");
+    assert_eq!(u(&c["host_bytes"]), 4096 * MIB + CTX);
+    let err = said(&a, "frozen after");
+    assert!(
+        err.contains("quiet: another slice waits for 5 GiB on device 0"),
+        "{err}"
+    );
+    let err = said(&b, "had room");
+    assert!(err.contains("device 0 has no room for 5 GiB"), "{err}");
+    assert!(err.contains("device 0 had room for 5 GiB after"), "{err}");
+    assert_eq!(held(&sim, b_pid), 5120 * MIB + CTX);
+
+    // The first's next cell: its thaw waits for room, and says so on the board; the second,
+    // quiet by then, is frozen in its turn, and the first has its bytes back.
+    std::thread::sleep(Duration::from_millis(1200));
+    writeln!(a.child.stdin.as_mut().unwrap(), "check").unwrap();
+    let v = a.wait_for("checked", Duration::from_secs(60));
+    assert_eq!(v["intact"], true, "{v}");
+    assert!(a.err.text().contains("thaw waits for room on device 0"));
+    assert!(checkpointed(&sim, a_pid).is_none());
+    assert_eq!(
+        checkpointed(&sim, b_pid).map(|c| c["state"].clone()),
+        Some(Value::from("checkpointed"))
+    );
+    // And the second's next cell brings it back, once the first is quiet again.
+    let v = check(&mut b);
+    assert_eq!(v["intact"], true, "{v}");
+    assert!(u(&sim.device(0)["used"]) <= 8 * GIB);
+    for k in [a, b] {
+        let err = k.err.text();
+        assert!(!err.contains("refused"), "{err}");
+        assert_eq!(k.release(), 0);
+    }
+}

@@ -267,20 +267,54 @@ impl Running {
         Running { child, out, err }
     }
 
-    /// Reads JSON lines until one with `"event": event` (panics after `timeout`).
+    /// Reads JSON lines until one with `"event": event` (panics after `timeout`: a process that
+    /// prints nothing more by then is killed, so that the read ends).
     pub fn wait_for(&mut self, event: &str, timeout: Duration) -> Value {
         let start = Instant::now();
+        let done = std::sync::Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+        let watchdog = {
+            let done = done.clone();
+            let pid = self.child.id() as libc::pid_t;
+            std::thread::spawn(move || {
+                let (lock, cv) = &*done;
+                let (over, _) = cv
+                    .wait_timeout_while(lock.lock().unwrap(), timeout, |over| !*over)
+                    .unwrap();
+                if !*over {
+                    // SAFETY: signals our own child, which is not yet reaped (`self` holds it).
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                }
+            })
+        };
+        let finish = |done: &std::sync::Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>| {
+            *done.0.lock().unwrap() = true;
+            done.1.notify_all();
+        };
         let mut line = String::new();
         loop {
             line.clear();
-            let n = self.out.read_line(&mut line).unwrap();
-            assert!(n > 0, "workload ended before printing {event:?}");
+            let n = self.out.read_line(&mut line).unwrap_or(0);
+            if n == 0 {
+                finish(&done);
+                let _ = watchdog.join();
+                assert!(
+                    start.elapsed() < timeout,
+                    "no {event:?} within {timeout:?} (the process was killed)"
+                );
+                panic!("workload ended before printing {event:?}");
+            }
             if let Ok(v) = serde_json::from_str::<Value>(&line)
                 && v["event"] == event
             {
+                finish(&done);
+                let _ = watchdog.join();
                 return v;
             }
-            assert!(start.elapsed() < timeout, "no {event:?} within {timeout:?}");
+            if start.elapsed() >= timeout {
+                finish(&done);
+                let _ = watchdog.join();
+                panic!("no {event:?} within {timeout:?}");
+            }
         }
     }
 

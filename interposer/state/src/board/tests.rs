@@ -318,3 +318,34 @@ fn figures_past_the_grant_and_a_foreign_file_are_reported() {
         "{e:?}"
     );
 }
+
+#[test]
+fn a_want_of_memory_is_read_by_the_other_slices_on_the_board_only_while_it_holds() {
+    let node = tempfile::tempdir().unwrap();
+    let a = standalone(node.path(), 1, grant(0, FULL, Priority::Normal));
+    let b = standalone(node.path(), 2, grant(0, FULL, Priority::Normal));
+    let c = standalone(node.path(), 3, grant(0, FULL, Priority::Normal));
+    let other = [9u8; 16];
+    a.claim(0, &UUID, 0, FULL, Priority::Normal).unwrap();
+    b.claim(0, &UUID, 0, FULL, Priority::Normal).unwrap();
+    post(&a, 0, FULL, Priority::Normal, 0);
+    post(&b, 0, FULL, Priority::Normal, 0);
+    let now = now_ns();
+    assert_eq!(b.memory_wanted(&UUID, now), 0);
+    a.want_memory(&UUID, 3 << 30, now + 1_000_000_000);
+    assert_eq!(b.memory_wanted(&UUID, now_ns()), 3 << 30);
+    // Not on another device, and never the reader's own.
+    assert_eq!(b.memory_wanted(&other, now_ns()), 0);
+    assert_eq!(a.memory_wanted(&UUID, now_ns()), 0);
+    // Over, withdrawn, or posted further ahead than a waiter posts it: nothing.
+    a.want_memory(&UUID, 3 << 30, now_ns() - 1);
+    assert_eq!(b.memory_wanted(&UUID, now_ns()), 0);
+    a.want_memory(&UUID, 3 << 30, now_ns() + 10 * WANT_AHEAD_NS);
+    assert_eq!(b.memory_wanted(&UUID, now_ns()), 0);
+    a.want_memory(&UUID, 3 << 30, 0);
+    assert_eq!(b.memory_wanted(&UUID, now_ns()), 0);
+    // The most of several.
+    a.want_memory(&UUID, 3 << 30, now_ns() + 1_000_000_000);
+    c.want_memory(&UUID, 5 << 30, now_ns() + 1_000_000_000);
+    assert_eq!(b.memory_wanted(&UUID, now_ns()), 5 << 30);
+}
