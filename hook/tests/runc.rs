@@ -998,3 +998,84 @@ print(json.dumps([[s.name, s.labels] for f in text_string_to_metric_families(sys
     println!("{line}");
     Box::new(c).remove();
 }
+
+/// Three notebook-like containers, each capped at 6 GiB on an 8 GiB device (18 GiB of caps),
+/// each keeping 3 GiB there and reading it back after idle spells: any two fit, three do not.
+/// The third's allocation waits for room, and a quiet one gives its memory back for it; each
+/// cell's read thaws its container, which waits for room in turn. No OOM, every byte intact.
+#[test]
+fn three_notebook_containers_capped_past_the_device_take_turns_with_their_bytes_intact() {
+    root_required();
+    let sim = Sim::new(&["--memory", "8GiB"]);
+    let env = [
+        "CUSLICE_MEMORY_LIMIT=6GiB",
+        "CUSLICE_MEMORY_FREEZE_IDLE=1h",
+        "CUSLICE_MEMORY_WAIT=60s",
+        "CUSLICE_LOG=info",
+    ];
+    let names: Vec<String> = (0..3).map(|i| name(&format!("notebook-{i}"))).collect();
+    let cmd = [
+        "cuda-workload",
+        "keep",
+        "--bytes",
+        "3GiB",
+        "--cells",
+        "3",
+        "--idle-secs",
+        "6",
+    ];
+    let mut books: Vec<RuncContainer> = names
+        .iter()
+        .map(|n| {
+            RuncContainer::start(
+                &sim,
+                &Spec {
+                    name: n,
+                    env: &env,
+                    cmd: &cmd,
+                    read_only: false,
+                },
+                &[],
+            )
+        })
+        .collect();
+    for c in books.iter_mut() {
+        wait_for(c, "holding");
+    }
+    // The three hold 3 GiB each: one of them is frozen for it, by the simulator's count.
+    let frozen = sim.show()["checkpoints"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        frozen.iter().any(|c| c["state"] == "checkpointed"),
+        "none of three 3 GiB holders on an 8 GiB device is frozen: {frozen:?}"
+    );
+    for (c, n) in books.iter_mut().zip(&names) {
+        for cell in 0..3 {
+            let v = wait_for(c, "checked");
+            assert_eq!(
+                (v["cell"].as_u64(), v["intact"].as_bool()),
+                (Some(cell), Some(true)),
+                "{n}: {v}"
+            );
+        }
+    }
+    for (mut c, n) in books.into_iter().zip(&names) {
+        let end = Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            if let Some(s) = c.exited() {
+                break s;
+            }
+            assert!(Instant::now() < end, "{n} did not exit");
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let err = Container::stderr(&c);
+        assert!(status.success(), "{n}: {status}: {err}");
+        // No allocation refused at the cap or for want of room.
+        assert!(
+            !err.contains("cuslice: refused") && !err.contains("had no room"),
+            "{n}: {err}"
+        );
+    }
+}

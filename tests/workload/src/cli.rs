@@ -14,7 +14,7 @@ use crate::out::{cu_error, emit};
 use crate::requests::{RUNTIME_12_9, RUNTIME_13_0};
 use crate::scenarios::{
     self, BenchAllocArgs, BenchLaunchArgs, CalibrateWorkArgs, ChurnArgs, Failure, FillArgs,
-    HoldArgs, LaunchArgs, MemcpyArgs, ProbeArgs, Session, StepsArgs,
+    HoldArgs, KeepArgs, LaunchArgs, MemcpyArgs, ProbeArgs, Session, StepsArgs,
 };
 
 /// `--route`.
@@ -114,6 +114,8 @@ pub enum Scenario {
     Steps(StepsArgs),
     /// Copy host -> device -> host and device -> device, and compare
     Memcpy(MemcpyArgs),
+    /// A notebook's kernel: keep a pattern on the device, read it back after each idle spell
+    Keep(KeepArgs),
     /// Threads allocate and free random sizes for a while, counting refusals (error 2)
     #[command(
         long_about = "Threads allocate and free random sizes for a while, counting refusals.\n\n\
@@ -186,6 +188,7 @@ impl Scenario {
             Scenario::CalibrateWork(_) => "calibrate-work",
             Scenario::Steps(_) => "steps",
             Scenario::Memcpy(_) => "memcpy",
+            Scenario::Keep(_) => "keep",
             Scenario::Churn(_) => "churn",
             Scenario::BenchAlloc(_) => "bench-alloc",
             Scenario::BenchLaunch(_) => "bench-launch",
@@ -313,6 +316,7 @@ fn scenario(cli: &Cli, route: Route, driver: &Driver) -> Result<(), Failure> {
         Scenario::CalibrateWork(a) => scenarios::calibrate_work(&session, a)?,
         Scenario::Steps(a) => scenarios::steps(&session, a)?,
         Scenario::Memcpy(a) => scenarios::memcpy(&session, a)?,
+        Scenario::Keep(a) => scenarios::keep(&session, a)?,
         Scenario::Churn(a) => scenarios::churn(&session, a)?,
         Scenario::BenchAlloc(a) => scenarios::bench_alloc(&session, a)?,
         Scenario::BenchLaunch(a) => scenarios::bench_launch(&session, a)?,

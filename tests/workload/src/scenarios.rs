@@ -6,7 +6,7 @@ mod memory;
 mod threads;
 
 pub use launch::{bench_launch, calibrate_work, launch, probe};
-pub use memcpy::{memcpy, pattern};
+pub use memcpy::{keep, memcpy, pattern};
 pub use memory::{block_steps, fill, hold, steps};
 pub use threads::{bench_alloc, churn};
 
@@ -243,6 +243,19 @@ pub struct MemcpyArgs {
     /// Bytes to copy each way
     #[arg(long, value_parser = parse_size)]
     pub bytes: u64,
+}
+
+#[derive(Clone, Debug, Args)]
+pub struct KeepArgs {
+    /// Bytes to allocate and keep
+    #[arg(long, value_parser = parse_size)]
+    pub bytes: u64,
+    /// Cells of work: each reads the kept bytes back and compares them
+    #[arg(long, default_value_t = 3)]
+    pub cells: u32,
+    /// Seconds idle before each cell (no CUDA call meanwhile)
+    #[arg(long, default_value_t = 3.0)]
+    pub idle_secs: f64,
 }
 
 #[derive(Clone, Debug, Args)]
