@@ -1062,14 +1062,7 @@ fn three_notebook_containers_capped_past_the_device_take_turns_with_their_bytes_
         }
     }
     for (mut c, n) in books.into_iter().zip(&names) {
-        let end = Instant::now() + Duration::from_secs(30);
-        let status = loop {
-            if let Some(s) = c.exited() {
-                break s;
-            }
-            assert!(Instant::now() < end, "{n} did not exit");
-            std::thread::sleep(Duration::from_millis(50));
-        };
+        let status = exit_status(&mut c, n);
         let err = Container::stderr(&c);
         assert!(status.success(), "{n}: {status}: {err}");
         // No allocation refused at the cap or for want of room.
@@ -1077,5 +1070,96 @@ fn three_notebook_containers_capped_past_the_device_take_turns_with_their_bytes_
             !err.contains("cuslice: refused") && !err.contains("had no room"),
             "{n}: {err}"
         );
+    }
+}
+
+/// A hostile tenant says, in its own claims, that it waits for 1 TiB on the device. A container
+/// beside it that freezes when idle (after an hour) is frozen once quiet for a second, as if the
+/// want were real; and that is all: its next read brings its bytes back intact, and it exits
+/// cleanly.
+#[test]
+fn a_forged_want_of_memory_costs_a_neighbour_a_thaw_and_nothing_more() {
+    root_required();
+    let sim = Sim::new(&["--memory", "8GiB"]);
+    let liar = name("forge-want");
+    let mut l = RuncContainer::start(
+        &sim,
+        &Spec {
+            name: &liar,
+            env: &["CUSLICE_MEMORY_LIMIT=1GiB"],
+            cmd: &[
+                "cuda-workload",
+                "tamper",
+                "--forge-want-gib",
+                "1024",
+                "--secs",
+                "30",
+            ],
+            read_only: false,
+        },
+        &[],
+    );
+    let (tried, _) = engines::lines_until(&mut l, "ready");
+    assert!(tried.iter().any(|t| t.contains("forge-want")), "{tried:?}");
+    let n = name("beside-forged-want");
+    let mut c = RuncContainer::start(
+        &sim,
+        &Spec {
+            name: &n,
+            env: &[
+                "CUSLICE_MEMORY_LIMIT=2GiB",
+                "CUSLICE_MEMORY_FREEZE_IDLE=1h",
+                "CUSLICE_LOG=info",
+            ],
+            cmd: &[
+                "cuda-workload",
+                "keep",
+                "--bytes",
+                "1GiB",
+                "--cells",
+                "1",
+                "--idle-secs",
+                "5",
+            ],
+            read_only: false,
+        },
+        &[],
+    );
+    wait_for(&mut c, "holding");
+    // Frozen within its quiet spell, by the simulator's count.
+    let end = Instant::now() + Duration::from_secs(4);
+    let frozen = loop {
+        let cps = sim.show()["checkpoints"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        if !cps.is_empty() || Instant::now() > end {
+            break cps;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(frozen.len(), 1, "{frozen:?}");
+    assert_eq!(frozen[0]["state"], "checkpointed", "{frozen:?}");
+    let v = wait_for(&mut c, "checked");
+    assert_eq!(v["intact"], true, "{v}");
+    let status = exit_status(&mut c, &n);
+    let err = Container::stderr(&c);
+    assert!(status.success(), "{status}: {err}");
+    assert!(
+        err.contains("quiet: another slice waits for 1 TiB"),
+        "{err}"
+    );
+    Box::new(l).remove();
+}
+
+/// Container `n`'s exit status, once runc reports it (panics after 30 s).
+fn exit_status(c: &mut RuncContainer, n: &str) -> std::process::ExitStatus {
+    let end = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(s) = c.exited() {
+            return s;
+        }
+        assert!(Instant::now() < end, "{n} did not exit");
+        std::thread::sleep(Duration::from_millis(50));
     }
 }

@@ -233,6 +233,15 @@ pub fn join(s: &Slice, devs: &[Dev]) -> Result<(), String> {
     for (m, gated) in meters.iter().zip(gated_at_join) {
         m.turns.gated.store(gated, Ordering::Relaxed);
     }
+    crate::wants::set(
+        meters
+            .iter()
+            .map(|m| crate::wants::Place {
+                board: m.board.clone(),
+                uuid: m.uuid,
+            })
+            .collect(),
+    );
     let meters: &'static Vec<Meter> = Box::leak(Box::new(meters));
     for m in meters {
         turns::register(&m.turns);
@@ -502,30 +511,13 @@ fn gate_metered(stream: CUstream, ptsz: bool) {
     }
 }
 
-/// Posts that this slice waits for `bytes` on device `ordinal` (the slice's), which has no room,
-/// until `until` (monotonic ns; 0: it no longer waits), on the node's board (`freeze` reads it).
-pub fn want_memory(ordinal: usize, bytes: u64, until: u64) {
-    if let Some(m) = meters().get(ordinal)
-        && let Some(b) = &m.board
-    {
-        b.want_memory(&m.uuid, bytes, until);
-    }
-}
-
-/// The most another slice on the node waits for on device `ordinal` now (0: none, or no board).
-pub fn memory_wanted(ordinal: usize) -> u64 {
-    meters()
-        .get(ordinal)
-        .and_then(|m| Some(m.board.as_ref()?.memory_wanted(&m.uuid, now_ns())))
-        .unwrap_or(0)
-}
-
 /// In a forked child: no compute thread runs there (the child joins afresh at its own cuInit).
 pub fn child_after_fork() {
     STARTED.store(false, Ordering::Relaxed);
     METERED.store(false, Ordering::Relaxed);
     // The parent's meters are leaked with its slice (`membership::child_after_fork`).
     METERS.store(std::ptr::null_mut(), Ordering::Relaxed);
+    crate::wants::child_after_fork();
     turns::child_after_fork();
 }
 

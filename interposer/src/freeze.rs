@@ -51,7 +51,7 @@ use cuslice_policy::format_size;
 const LOCK_TIMEOUT_MS: u32 = 100;
 /// How often a thaw that waits for room looks again.
 const ROOM_POLL: Duration = Duration::from_millis(20);
-/// A thaw that waits for room posts what it waits for this far ahead, and again as it waits.
+/// A thaw that waits for room posts what it waits for to hold this long, and again as it waits.
 const WANT_NS: u64 = 1_000_000_000;
 /// A process quiet this long (or its idle time, if shorter) is frozen when another slice waits
 /// for room on a device where it holds memory: a want posted by a slice that lies costs the
@@ -210,14 +210,14 @@ fn say(r: Refusal) {
 }
 
 /// A device where this process holds memory and another slice waits for more than is free there
-/// (`compute::memory_wanted`): (its ordinal, what is wanted, what is free). A want is believed
+/// (`wants::wanted`): (its ordinal, what is wanted, what is free). A want is believed
 /// only as far as NVML bears it out: a device with room for it needs nobody frozen.
 fn wanted_here(s: &Slice) -> Option<(usize, u64, u64)> {
     s.devs().iter().enumerate().find_map(|(i, d)| {
         if s.own_charged(i) == 0 {
             return None;
         }
-        let wanted = crate::compute::memory_wanted(i);
+        let wanted = crate::wants::wanted(i);
         let free = free_on(d)?;
         (wanted > free).then_some((i, wanted, free))
     })
@@ -416,12 +416,12 @@ fn wait_for_room(s: &Slice) {
         });
         let Some((i, need, free)) = short else {
             if let Some(p) = posted {
-                crate::compute::want_memory(p, 0, 0);
+                crate::wants::post(p, 0, 0);
             }
             return;
         };
         if let Some(p) = posted.filter(|&p| p != i) {
-            crate::compute::want_memory(p, 0, 0);
+            crate::wants::post(p, 0, 0);
         }
         if !said {
             said = true;
@@ -431,7 +431,7 @@ fn wait_for_room(s: &Slice) {
                 format_size(free)
             );
         }
-        crate::compute::want_memory(i, need, crate::compute::now_ns() + WANT_NS);
+        crate::wants::post_for(i, need, WANT_NS);
         posted = Some(i);
         std::thread::sleep(ROOM_POLL);
     }

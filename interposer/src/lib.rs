@@ -26,7 +26,8 @@
 //! 2. [`membership`]: whether and which slice this process joined, its devices, the one
 //!    reservation step, the process-local tables, the pools' charges; [`turns`] (this process's
 //!    part in its slice's exclusive turns on a device: the gate's slow path, taking, leading,
-//!    draining and settling a turn).
+//!    draining and settling a turn); [`wants`] (memory the slice waits for on a full device, and
+//!    what other slices wait for, on the node's board).
 //! 3. Over [`membership`], never each other, the registry or start-up: the API areas, each with
 //!    its wrappers ([`memory`], [`array`](mod@array), [`vmm`], [`pool`], [`context`], [`info`],
 //!    [`compute`]), and [`agent`] (asks the node agent for this process's host pid).
@@ -75,6 +76,7 @@ pub mod startup;
 pub mod stream;
 pub mod turns;
 pub mod vmm;
+pub mod wants;
 
 /// Runs when the process exits (and if the library were ever unloaded): what a slice's last
 /// process leaves behind on the node goes with it. Nothing here may unwind into the C runtime.
@@ -98,6 +100,7 @@ mod tests {
         ("nvml_query", 1),
         ("stream", 1),
         ("turns", 2),
+        ("wants", 2),
         ("dlmopen", 1),
         ("membership", 2),
         ("agent", 3),

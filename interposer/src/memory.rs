@@ -108,7 +108,7 @@ fn wait_for_device(
     alloc: &mut impl FnMut() -> CUresult,
 ) -> CUresult {
     const RETRY: std::time::Duration = std::time::Duration::from_millis(20);
-    /// A want is posted this far ahead, and again at each retry.
+    /// A want is posted to hold this long, and again at each retry.
     const WANT_NS: u64 = 1_000_000_000;
     let oom = CUresult::CUDA_ERROR_OUT_OF_MEMORY;
     let Some(wait) = s.config.memory_wait else {
@@ -123,11 +123,11 @@ fn wait_for_device(
         cuslice_policy::duration::format_duration(wait)
     );
     loop {
-        crate::compute::want_memory(dev, bytes, crate::compute::now_ns() + WANT_NS);
+        crate::wants::post_for(dev, bytes, WANT_NS);
         std::thread::sleep(RETRY);
         let r = alloc();
         if r != oom || started.elapsed() >= wait {
-            crate::compute::want_memory(dev, bytes, 0);
+            crate::wants::post(dev, bytes, 0);
             if r == oom {
                 crate::log::info!(
                     "device {dev} had no room for {} within {}",

@@ -53,6 +53,11 @@ pub struct TamperArgs {
     /// rewriting both every millisecond
     #[arg(long, default_value_t = 0)]
     pub spill_words_mib: u64,
+    /// Say, in its own claims, that it waits for this many GiB on every device it has (room
+    /// the device cannot have), and keep saying it: what makes quiet processes of other slices
+    /// that freeze give their memory back
+    #[arg(long, default_value_t = 0)]
+    pub forge_want_gib: u64,
     /// How long to keep it up after `ready`
     #[arg(long, value_parser = parse_secs, default_value = "0")]
     pub secs: f64,
@@ -324,6 +329,30 @@ fn forge(
     })]
 }
 
+/// Posts a want of `bytes` on each of its devices in its own claims, again every 100 ms, as a
+/// process waiting for room does.
+fn forge_want(
+    s: &Session<'_>,
+    root: &Path,
+    bytes: u64,
+    until: Instant,
+) -> Vec<std::thread::JoinHandle<()>> {
+    let Some(board) = own_board(root, "forge-want") else {
+        return Vec::new();
+    };
+    let uuids = devices(s);
+    attempt("forge-want", &board.dir().join("claims"), Ok(()));
+    vec![std::thread::spawn(move || {
+        while Instant::now() < until {
+            let now = crate::scenarios::monotonic_ns();
+            for uuid in &uuids {
+                board.want_memory(uuid, bytes, now + 1_000_000_000);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    })]
+}
+
 /// The container's own place on the node's board, as its processes open it (its slice's id from
 /// its ledger); None, reported as attempt `what`, when it cannot be opened.
 fn own_board(root: &Path, what: &str) -> Option<cuslice_state::board::Board> {
@@ -529,6 +558,9 @@ pub fn tamper(s: &Session<'_>, a: &TamperArgs) {
     }
     if a.spill_words_mib > 0 {
         forgers.extend(spill_words(&a.root, a.spill_words_mib, until));
+    }
+    if a.forge_want_gib > 0 {
+        forgers.extend(forge_want(s, &a.root, a.forge_want_gib << 30, until));
     }
     emit("ready", json!({}));
     std::thread::sleep(until.saturating_duration_since(Instant::now()));
