@@ -314,6 +314,9 @@ pub fn without_agent(engine: &dyn Engine) {
             agent_socket().display()
         );
     }
+    // A node that never ran an agent: the findings an agent of an earlier test left when it was
+    // killed would make `cuslice status` say, rightly, that they are stale.
+    let _ = std::fs::remove_file(Path::new(STATE_ROOT).join("agent-state/findings.json"));
     let sim = Sim::new(&["--memory", "8GiB"]);
     let n = name("noagent");
     let mut c = engine.spawn(
