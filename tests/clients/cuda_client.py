@@ -18,6 +18,8 @@ prints (one JSON object a line) against the simulator's ground truth.
                                              random bytes at its start and end, then answer stdin
                                              lines: "check" reads them back and compares, "count"
                                              asks cuDeviceGetCount
+    cuda_client.py busy MIB PTX SECS         as keep, then launch 1 ms spin kernels for SECS
+                                             seconds, then read the bytes back ("checked")
     cuda_client.py scribble MIB              cuMemAlloc MIB, write 0xAB over all of it, free it
     cuda_client.py checkpoint PID OP...      the checkpoint API on PID: lock[:MS], checkpoint,
                                              restore, unlock, one JSON line each with the code
@@ -337,6 +339,32 @@ def keep(mib, *flags):
             out(event="counted", devices=ok(cu.cuDeviceGetCount()), at=time.time())
 
 
+def busy(mib, ptx_path, secs):
+    """A training step's process: memory on the device, and kernels queued all the while."""
+    cu, _, _ = setup()
+    size = int(mib) * MIB
+    p = ok(cu.cuMemAlloc(size))
+    piece = min(MIB, size // 2)
+    head, tail = os.urandom(piece), os.urandom(piece)
+    ok(cu.cuMemcpyHtoD(p, head, piece))
+    ok(cu.cuMemcpyHtoD(int(p) + size - piece, tail, piece))
+    out(event="holding", pid=os.getpid(), ptr=int(p))
+    with open(ptx_path, "rb") as f:
+        module = ok(cu.cuModuleLoadData(f.read() + b"\0"))
+    fn = ok(cu.cuModuleGetFunction(module, b"cuslice_spin"))
+    stream = ok(cu.cuStreamCreate(0))
+    args = ((1_000_000,), (ctypes.c_uint64,))
+    end = time.monotonic() + float(secs)
+    while time.monotonic() < end:
+        for _ in range(4):
+            ok(cu.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, stream, args, 0))
+        ok(cu.cuStreamSynchronize(stream))
+    got_head, got_tail = bytearray(piece), bytearray(piece)
+    ok(cu.cuMemcpyDtoH(got_head, p, piece))
+    ok(cu.cuMemcpyDtoH(got_tail, int(p) + size - piece, piece))
+    out(event="checked", intact=bytes(got_head) == head and bytes(got_tail) == tail)
+
+
 def scribble(mib):
     """Another tenant writing over whatever device memory it gets."""
     cu, _, _ = setup()
@@ -379,7 +407,7 @@ def main(argv):
         raise SystemExit(__doc__)
     cmd, args = argv[1], argv[2:]
     table = {"fill": fill, "async-free": async_free, "hold": hold, "nvml": nvml,
-             "topology": topology, "launch": launch, "null-outs": null_outs, "keep": keep,
+             "topology": topology, "launch": launch, "null-outs": null_outs, "keep": keep, "busy": busy,
              "scribble": scribble, "checkpoint": checkpoint}
     if cmd not in table:
         raise SystemExit(f"unknown command {cmd!r}; use one of {', '.join(table)}")

@@ -10,7 +10,7 @@ use k8s_openapi::api::resource::v1::{DeviceAllocationConfiguration, ResourceClai
 use serde::{Deserialize, Serialize};
 
 use crate::quantity;
-use crate::resource_slice::{DRIVER, Gpu, MEMORY_STEP};
+use crate::resource_slice::{DRIVER, Gpu, OVERSUBSCRIBED_FREEZE_IDLE, OVERSUBSCRIBED_MEMORY_WAIT};
 
 /// The claim the kubelet names.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -113,7 +113,8 @@ fn read_config(claim: &ClaimRef, value: &serde_json::Value) -> Result<SliceConfi
     let c: SliceConfig = serde_json::from_value(value.clone()).map_err(|e| {
         format!(
             "{claim}: its {DRIVER} configuration is not a {CONFIG_API_VERSION} {CONFIG_KIND}: {e} \
-             (known fields: apiVersion, kind, coreLimit, priority, memoryWait, memorySpill)"
+             (known fields: apiVersion, kind, coreLimit, priority, memoryWait, memorySpill, \
+             memoryFreezeIdle)"
         )
     })?;
     if c.api_version != CONFIG_API_VERSION || c.kind != CONFIG_KIND {
@@ -192,7 +193,7 @@ pub fn allotments(
         let get = |k: &str| cap.and_then(|c| c.get(k)).map(|q| q.0.as_str());
         // Without consumed capacity (the DRAConsumableCapacity feature off), the scheduler gave
         // the whole device to this claim alone.
-        let whole = gpu.description.total / MEMORY_STEP * MEMORY_STEP;
+        let whole = gpu.whole();
         let memory = consumed(claim, &r.device, "memory", get("memory"))?.unwrap_or(whole);
         let cores = consumed(claim, &r.device, "cores", get("cores"))?.unwrap_or(100);
         if memory == 0 || cores == 0 || cores > 100 {
@@ -266,6 +267,13 @@ pub fn allotments(
                 )?);
             }
         }
+        // Caps that add up past the device: when it is full, a process waits for room while
+        // quiet processes of other slices give theirs back, unless the configuration says
+        // otherwise (docs/oversubscription.md).
+        if gpu.oversubscribed() {
+            memory_wait.get_or_insert_with(|| OVERSUBSCRIBED_MEMORY_WAIT.to_owned());
+            memory_freeze_idle.get_or_insert_with(|| OVERSUBSCRIBED_FREEZE_IDLE.to_owned());
+        }
         if limit < cores {
             return Err(format!(
                 "{claim}: coreLimit {limit} is below the {cores} cores the claim takes of {}; a \
@@ -296,7 +304,9 @@ pub fn allotments(
     out.sort_by_key(index);
     if let Some(w) = out.windows(2).find(|w| w[0].device == w[1].device) {
         return Err(format!(
-            "{claim}: its requests {} and {} were both allocated {}; a container sees a GPU              once, so ask for it in one request (or add a constraint that keeps the requests on              distinct devices)",
+            "{claim}: its requests {} and {} were both allocated {}; a container sees a GPU \
+             once, so ask for it in one request (or add a constraint that keeps the requests on \
+             distinct devices)",
             w[0].request, w[1].request, w[0].device
         ));
     }
@@ -306,7 +316,9 @@ pub fn allotments(
             .map(|o| (f, o))
     }) {
         return Err(format!(
-            "{claim}: devices {} and {} are configured differently ({:?} and {:?}); priority,              memoryWait and memorySpill cover every GPU of a container: give the claim's requests              one configuration",
+            "{claim}: devices {} and {} are configured differently ({:?} and {:?}); priority, \
+             memoryWait, memorySpill and memoryFreezeIdle cover every GPU of a container: give \
+             the claim's requests one configuration",
             first.device,
             other.device,
             slice_wide(first),
@@ -387,6 +399,7 @@ mod tests {
                     compute_capability: Some((9, 0)),
                 },
                 driver_version: "580.95.05".into(),
+                oversubscription: crate::resource_slice::NO_OVERSUBSCRIPTION,
             })
             .collect()
     }
@@ -509,6 +522,58 @@ mod tests {
             e.contains(
                 "memoryFreezeIdle: CUSLICE_MEMORY_FREEZE_IDLE=\"200ms\" is less than a second"
             ),
+            "{e}"
+        );
+    }
+
+    /// On a GPU whose caps may add up past its memory, a claim that says nothing waits for room
+    /// and lets itself be frozen when quiet; what the claim or its class says wins; a GPU without
+    /// oversubscription adds neither.
+    #[test]
+    fn an_oversubscribed_gpu_gives_claims_a_wait_and_freezing_unless_they_say_otherwise() {
+        let over: Vec<Gpu> = gpus()
+            .into_iter()
+            .map(|g| Gpu {
+                oversubscription: 200,
+                ..g
+            })
+            .collect();
+        let of = |a: &[Allotted]| {
+            settings(a, 0)
+                .into_iter()
+                .filter(|(k, _)| k == "CUSLICE_MEMORY_WAIT" || k == "CUSLICE_MEMORY_FREEZE_IDLE")
+                .collect::<Vec<_>>()
+        };
+        let plain = claim(json!([result("gpu-0", "12Gi", "30")]), json!([]));
+        let a = allotments(&r(), &plain, "node-a", &over).unwrap();
+        assert_eq!(
+            of(&a),
+            vec![
+                ("CUSLICE_MEMORY_WAIT".to_owned(), "60s".to_owned()),
+                ("CUSLICE_MEMORY_FREEZE_IDLE".to_owned(), "1h".to_owned())
+            ]
+        );
+        let params = json!({"apiVersion": CONFIG_API_VERSION, "kind": CONFIG_KIND,
+                            "memoryWait": "5s", "memoryFreezeIdle": "10m"});
+        let own = claim(
+            json!([result("gpu-0", "12Gi", "30")]),
+            json!([opaque("FromClaim", params)]),
+        );
+        let a = allotments(&r(), &own, "node-a", &over).unwrap();
+        assert_eq!(
+            of(&a),
+            vec![
+                ("CUSLICE_MEMORY_WAIT".to_owned(), "5s".to_owned()),
+                ("CUSLICE_MEMORY_FREEZE_IDLE".to_owned(), "10m".to_owned())
+            ]
+        );
+        let a = allotments(&r(), &plain, "node-a", &gpus()).unwrap();
+        assert_eq!(of(&a), vec![]);
+        // One claim never takes more than the GPU, oversubscribed or not.
+        let past = claim(json!([result("gpu-0", "17Gi", "30")]), json!([]));
+        let e = allotments(&r(), &past, "node-a", &over).unwrap_err();
+        assert!(
+            e.contains("consumed memory 17Gi is more than the GPU holds (16Gi)"),
             "{e}"
         );
     }

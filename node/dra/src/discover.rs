@@ -20,8 +20,9 @@ pub struct Gpus {
     pub unusable: Vec<(u32, String)>,
 }
 
-/// Asks NVML afresh (initialised and shut down again, so a reloaded driver is seen).
-pub fn gpus() -> Result<Gpus, String> {
+/// Asks NVML afresh (initialised and shut down again, so a reloaded driver is seen); each GPU is
+/// published with the node's memory `oversubscription` (percent).
+pub fn gpus(oversubscription: u32) -> Result<Gpus, String> {
     let nvml = Nvml::open()?;
     let driver_version = nvml.driver_version()?;
     let mut out = Gpus::default();
@@ -30,6 +31,7 @@ pub fn gpus() -> Result<Gpus, String> {
             Ok(description) => out.usable.push(Gpu {
                 description,
                 driver_version: driver_version.clone(),
+                oversubscription,
             }),
             Err(e) => out.unusable.push((d.0, e)),
         }

@@ -66,6 +66,9 @@ pub struct Options {
     pub rescan: Duration,
     /// The container index for cuslice-runtime on containerd 1.6 (None: not kept).
     pub container_index: Option<PathBuf>,
+    /// How far the memory caps of claims on one GPU may add up, percent of its memory
+    /// (`resource_slice::NO_OVERSUBSCRIPTION`: to its memory, no more).
+    pub memory_oversubscription: u32,
 }
 
 impl Options {

@@ -52,6 +52,14 @@ struct Cli {
     /// Seconds between reads of the GPUs (published again when they changed)
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
     rescan: u64,
+    /// How far the memory caps of the claims on one GPU may add up, percent of its memory, from
+    /// 100 (no further: the default) to 1000. Past 100, a claim's processes wait for room when
+    /// the GPU is full (memoryWait, 60s unless the claim says) while quiet processes of other
+    /// claims give theirs back to the host (memoryFreezeIdle, 1h unless the claim says); one
+    /// claim still takes at most the GPU's memory. See docs/oversubscription.md
+    #[arg(long, default_value_t = 100, value_name = "PERCENT",
+          value_parser = clap::value_parser!(u32).range(100..=1000))]
+    memory_oversubscription: u32,
 }
 
 fn main() -> ExitCode {
@@ -78,6 +86,7 @@ fn main() -> ExitCode {
         kubeconfig: c.kubeconfig,
         rescan: Duration::from_secs(c.rescan),
         container_index: (!c.no_container_index).then_some(c.container_index),
+        memory_oversubscription: c.memory_oversubscription,
     };
     match run(opts) {
         Ok(()) => ExitCode::SUCCESS,

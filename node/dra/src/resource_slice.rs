@@ -22,17 +22,48 @@ pub const DRIVER: &str = cuslice_cdi::CLAIM_VENDOR;
 /// Memory is taken in steps of this many bytes (and at least one step).
 pub const MEMORY_STEP: u64 = 256 << 20;
 
-/// A GPU as published: NVML's description and the driver it runs under.
+/// Oversubscription off: the memory caps of the claims on a GPU add up to at most its memory.
+pub const NO_OVERSUBSCRIPTION: u32 = 100;
+
+/// With oversubscription, what a claim's processes do when the device is full, unless the claim
+/// (or its class) says otherwise: wait this long for room (`memoryWait`) ...
+pub const OVERSUBSCRIBED_MEMORY_WAIT: &str = "60s";
+/// ... while processes of other slices quiet for a second give theirs back, and each gives its
+/// own back after this long idle (`memoryFreezeIdle`; docs/oversubscription.md).
+pub const OVERSUBSCRIBED_FREEZE_IDLE: &str = "1h";
+
+/// A GPU as published: NVML's description, the driver it runs under, and how far the memory caps
+/// of claims on it may add up (the plugin's `--memory-oversubscription`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Gpu {
     pub description: Description,
     pub driver_version: String,
+    /// Percent of its memory (`NO_OVERSUBSCRIPTION`: its memory, no more).
+    pub oversubscription: u32,
 }
 
 impl Gpu {
     /// The device's name in the ResourceSlice: `gpu-<NVML index>`.
     pub fn name(&self) -> String {
         device_name(self.description.index)
+    }
+
+    /// What one claim may take of its memory: all of it, in whole steps (a remainder under one
+    /// step could never be taken).
+    pub fn whole(&self) -> u64 {
+        self.description.total / MEMORY_STEP * MEMORY_STEP
+    }
+
+    /// What the claims on it may take together: its memory times the oversubscription, in whole
+    /// steps.
+    pub fn memory_capacity(&self) -> u64 {
+        let total = self.description.total as u128 * self.oversubscription as u128 / 100;
+        let steps = total / MEMORY_STEP as u128 * MEMORY_STEP as u128;
+        steps.min(u64::MAX as u128) as u64
+    }
+
+    pub fn oversubscribed(&self) -> bool {
+        self.oversubscription > NO_OVERSUBSCRIPTION
     }
 }
 
@@ -73,14 +104,16 @@ fn version(s: String) -> DeviceAttribute {
     }
 }
 
-fn capacity(value: String, default: String, min: String, step: String) -> DeviceCapacity {
+/// A capacity of `value` in all, of which one claim takes `min` to `max` in steps of `step`, and
+/// `max` when it names no amount.
+fn capacity(value: String, max: String, min: String, step: String) -> DeviceCapacity {
     DeviceCapacity {
-        value: Quantity(value.clone()),
+        value: Quantity(value),
         request_policy: Some(CapacityRequestPolicy {
-            default: Some(Quantity(default)),
+            default: Some(Quantity(max.clone())),
             valid_range: Some(CapacityRequestPolicyRange {
                 min: Quantity(min),
-                max: Some(Quantity(value)),
+                max: Some(Quantity(max)),
                 step: Some(Quantity(step)),
             }),
             valid_values: None,
@@ -90,6 +123,9 @@ fn capacity(value: String, default: String, min: String, step: String) -> Device
 
 /// One GPU as a device of the slice. A request that names no amount takes the whole device
 /// (all its memory and 100 cores), as `nvidia.com/gpu: 1` would: a fraction is always asked for.
+/// With oversubscription the claims may take more memory together than the device has (its
+/// `memory` capacity is that much larger, and its `memoryOversubscription` attribute says how
+/// far), but one claim never more than the device.
 pub fn device(gpu: &Gpu) -> Device {
     let d = &gpu.description;
     let mut attributes = BTreeMap::new();
@@ -111,14 +147,19 @@ pub fn device(gpu: &Gpu) -> Device {
     {
         attributes.insert("cudaComputeCapability".to_owned(), version(v));
     }
-    // Memory in whole steps: a remainder under one step could never be taken.
-    let memory = d.total / MEMORY_STEP * MEMORY_STEP;
+    attributes.insert(
+        "memoryOversubscription".to_owned(),
+        DeviceAttribute {
+            int: Some(gpu.oversubscription.into()),
+            ..Default::default()
+        },
+    );
     let mut capacities = BTreeMap::new();
     capacities.insert(
         "memory".to_owned(),
         capacity(
-            quantity::bytes(memory),
-            quantity::bytes(memory),
+            quantity::bytes(gpu.memory_capacity()),
+            quantity::bytes(gpu.whole()),
             quantity::bytes(MEMORY_STEP),
             quantity::bytes(MEMORY_STEP),
         ),
@@ -187,6 +228,7 @@ mod tests {
                 compute_capability: Some((9, 0)),
             },
             driver_version: "580.95.05".into(),
+            oversubscription: NO_OVERSUBSCRIPTION,
         }
     }
 
@@ -225,5 +267,29 @@ mod tests {
         assert_eq!(v["spec"]["pool"]["generation"], 3);
         assert_eq!(v["metadata"]["name"], "node-a-gpu.cuslice.io");
         assert_eq!(v["metadata"]["ownerReferences"][0]["kind"], "Node");
+        assert_eq!(d["attributes"]["memoryOversubscription"]["int"], 100);
+        assert_eq!(
+            d["capacity"]["memory"]["requestPolicy"]["validRange"]["max"],
+            "81408Mi"
+        );
+    }
+
+    /// At 250%, the claims on an 8 GiB device may take 20 GiB together, each at most 8 GiB; the
+    /// attribute says how far, for a class's or claim's selector.
+    #[test]
+    fn an_oversubscribed_gpu_publishes_more_memory_than_one_claim_may_take() {
+        let mut g = gpu(0, 8 << 30);
+        g.oversubscription = 250;
+        let d = serde_json::to_value(device(&g)).unwrap();
+        let memory = &d["capacity"]["memory"];
+        assert_eq!(memory["value"], "20Gi");
+        assert_eq!(memory["requestPolicy"]["validRange"]["max"], "8Gi");
+        assert_eq!(memory["requestPolicy"]["default"], "8Gi");
+        assert_eq!(d["attributes"]["memoryOversubscription"]["int"], 250);
+        // Not a whole number of steps: rounded down, as without oversubscription.
+        let mut odd = gpu(0, (8 << 30) + (100 << 20));
+        odd.oversubscription = 150;
+        assert_eq!(odd.memory_capacity(), 12_288 << 20);
+        assert_eq!(odd.whole(), 8 << 30);
     }
 }

@@ -38,10 +38,12 @@ pub struct Plugin {
     /// The node's name: its pool, where a claim's devices must be allocated.
     node: String,
     state: Mutex<DeviceState>,
+    /// `--memory-oversubscription`, percent.
+    oversubscription: u32,
 }
 
-async fn gpus() -> Result<discover::Gpus, String> {
-    tokio::task::spawn_blocking(discover::gpus)
+async fn gpus(oversubscription: u32) -> Result<discover::Gpus, String> {
+    tokio::task::spawn_blocking(move || discover::gpus(oversubscription))
         .await
         .map_err(|e| format!("NVML: {e}"))?
 }
@@ -71,7 +73,9 @@ impl Plugin {
         let object = apiserver::claim(&self.client, &c)
             .await
             .map_err(|e| format!("{c}: {e}"))?;
-        let found = gpus().await.map_err(|e| format!("{c}: {e}"))?;
+        let found = gpus(self.oversubscription)
+            .await
+            .map_err(|e| format!("{c}: {e}"))?;
         let allotted = claim::allotments(&c, &object, &self.node, &found.usable)?;
         let pods = if st.keeps_index() {
             apiserver::reserved_pods(&self.client, &c, &object)
@@ -201,12 +205,13 @@ pub async fn serve(opts: Options) -> Result<(), String> {
     let state = DeviceState::load(Places::of(&opts))?;
     let client = apiserver::client(&opts).await?;
     let node = apiserver::node(&client, &opts.node_name).await?;
-    let found = gpus().await?;
+    let found = gpus(opts.memory_oversubscription).await?;
     let publisher = Publisher::new(client.clone(), node);
     let plugin = Arc::new(Plugin {
         client,
         node: opts.node_name.clone(),
         state: Mutex::new(state),
+        oversubscription: opts.memory_oversubscription,
     });
     publisher.publish(&found).await?;
 
@@ -225,6 +230,16 @@ pub async fn serve(opts: Options) -> Result<(), String> {
         .serve_with_incoming_shutdown(bind(&opts.registration_socket())?, stopped(stop_rx.clone()));
     let dra = tokio::spawn(dra);
     let reg = tokio::spawn(reg);
+    if opts.memory_oversubscription > crate::resource_slice::NO_OVERSUBSCRIPTION {
+        log(&format!(
+            "memory caps on each GPU may add up to {}% of its memory; on a full GPU a claim's \
+             processes wait for room (memoryWait, {} unless the claim says) while quiet processes \
+             of other claims give theirs back (memoryFreezeIdle, {} unless the claim says)",
+            opts.memory_oversubscription,
+            crate::resource_slice::OVERSUBSCRIBED_MEMORY_WAIT,
+            crate::resource_slice::OVERSUBSCRIBED_FREEZE_IDLE
+        ));
+    }
     log(&format!(
         "serving {} (registration at {})",
         opts.dra_socket().display(),
@@ -240,7 +255,7 @@ pub async fn serve(opts: Options) -> Result<(), String> {
             _ = term.recv() => break,
             _ = tokio::signal::ctrl_c() => break,
             _ = tick.tick() => {
-                match gpus().await {
+                match gpus(opts.memory_oversubscription).await {
                     Ok(found) => if let Err(e) = publisher.publish(&found).await {
                         log(&e);
                     },

@@ -270,6 +270,7 @@ mod tests {
                 compute_capability: Some((9, 0)),
             },
             driver_version: "580.95.05".into(),
+            oversubscription: crate::resource_slice::NO_OVERSUBSCRIPTION,
         }
     }
 

@@ -26,15 +26,22 @@ fn node_for(engine: &dyn CdiEngine) -> (Node, PluginProcess) {
 
 /// The same, on a node of `gpus` simulated 8 GiB GPUs.
 fn node_of(engine: &dyn CdiEngine, gpus: u32) -> (Node, PluginProcess) {
+    node_with(engine, gpus, &[])
+}
+
+/// The same, the plugin given `extra` options too.
+fn node_with(engine: &dyn CdiEngine, gpus: u32, extra: &[&str]) -> (Node, PluginProcess) {
     let node = Node::with_cdi_dir(gpus, "8GiB", Some(engine.spec_dir()));
     let hook = bin_dir().join("cuslice-hook");
     let library = bin_dir().join("libcuslice.so");
-    let plugin = node.start_plugin(&[
+    let mut args = vec![
         "--hook",
         hook.to_str().unwrap(),
         "--library",
         library.to_str().unwrap(),
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    let plugin = node.start_plugin(&args);
     (node, plugin)
 }
 
@@ -373,6 +380,77 @@ fn a_claim_of_two_gpus_caps_each(engine: &dyn CdiEngine) {
     k.remove();
 }
 
+/// With `--memory-oversubscription 200`, two claims of 6 GiB on an 8 GiB GPU (12 GiB of caps),
+/// each container a notebook keeping 5 GiB: both do not fit at once. The claims say nothing of
+/// waiting or freezing; what the plugin gives claims on an oversubscribed GPU does it: the
+/// second's allocation waits for room, the first, quiet, is frozen for it (by the simulator's
+/// count), and each cell's read brings its container back, which waits for room in turn. No
+/// refusal, no OOM, every read intact.
+fn claims_past_the_gpu_take_turns(engine: &dyn CdiEngine) {
+    let (node, _plugin) = node_with(engine, 1, &["--memory-oversubscription", "200"]);
+    let (_prepared, claims) = prepare_claims(&node, &[("6Gi", "50", None), ("6Gi", "50", None)]);
+    let cmd = [
+        "cuda-workload",
+        "keep",
+        "--bytes",
+        "5GiB",
+        "--cells",
+        "2",
+        "--idle-secs",
+        "4",
+    ];
+    let mut books: Vec<Box<dyn Container + '_>> = Vec::new();
+    let mut frozen = false;
+    for c in &claims {
+        let n = engines::name("notebook");
+        let mut k = engine.spawn_with(
+            &node.sim,
+            &Spec {
+                name: &n,
+                env: &["CUSLICE_LOG=info"],
+                cmd: &cmd,
+                read_only: false,
+            },
+            &[c],
+        );
+        engines::wait_for(k.as_mut(), "holding");
+        frozen |= node.sim.show()["checkpoints"]
+            .as_array()
+            .is_some_and(|c| c.iter().any(|c| c["state"] == "checkpointed"));
+        books.push(k);
+    }
+    assert!(
+        frozen,
+        "two 5 GiB holders on an 8 GiB GPU, and neither was frozen: {}",
+        node.sim.show()
+    );
+    for k in books.iter_mut() {
+        for cell in 0..2 {
+            let v = engines::wait_for(k.as_mut(), "checked");
+            assert_eq!(
+                (v["cell"].as_u64(), v["intact"].as_bool()),
+                (Some(cell), Some(true)),
+                "{v}"
+            );
+        }
+    }
+    let said: Vec<String> = books.iter().map(|k| k.stderr()).collect();
+    for err in &said {
+        assert!(
+            !err.contains("cuslice: refused") && !err.contains("had no room"),
+            "{err}"
+        );
+    }
+    assert!(
+        said.iter()
+            .any(|e| e.contains("s quiet: another slice waits for")),
+        "{said:?}"
+    );
+    for k in books {
+        k.remove();
+    }
+}
+
 fn podman() -> &'static dyn CdiEngine {
     engines::podman::engine()
 }
@@ -417,4 +495,11 @@ fn podman_caps_each_gpu_of_a_claim_of_two() {
     root_required();
     let _one = cuslice_test_harness::serial();
     a_claim_of_two_gpus_caps_each(podman());
+}
+
+#[test]
+fn podman_lets_claims_past_the_gpu_take_turns_with_their_bytes_intact() {
+    root_required();
+    let _one = cuslice_test_harness::serial();
+    claims_past_the_gpu_take_turns(podman());
 }

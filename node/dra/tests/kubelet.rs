@@ -142,6 +142,67 @@ fn publishes_each_gpu_as_a_shareable_device() {
     assert!(applied[0].query.contains("force=true"), "{:?}", applied[0]);
 }
 
+/// With `--memory-oversubscription 250`, an 8 GiB GPU is published with 20 GiB of memory for the
+/// claims together and at most 8 GiB for one (the attribute says how far); three claims of 6 GiB
+/// are all prepared, and each container is told to wait for room and to let its quiet processes
+/// be frozen for others, unless its claim says otherwise. What then happens on a full device is
+/// the engines' test (`engines.rs`) and docs/oversubscription.md.
+#[test]
+fn an_oversubscribed_gpu_takes_claims_past_its_memory_and_tells_each_to_wait_for_room() {
+    let node = Node::new(1, "8GiB");
+    let plugin = node.start_plugin(&["--memory-oversubscription", "250"]);
+    let slice = node.api.slice().expect("a ResourceSlice was applied");
+    let _: ResourceSlice = strict(&slice);
+    let d = &slice["spec"]["devices"][0];
+    let memory = &d["capacity"]["memory"];
+    assert_eq!(memory["value"], "20Gi", "{d}");
+    assert_eq!(memory["requestPolicy"]["validRange"]["max"], "8Gi", "{d}");
+    check_policy("memory", memory);
+    assert_eq!(d["attributes"]["memoryOversubscription"]["int"], 250, "{d}");
+    assert!(
+        plugin
+            .log()
+            .contains("memory caps on each GPU may add up to 250% of its memory"),
+        "{}",
+        plugin.log()
+    );
+
+    let mut own = slice_config(30);
+    own["memoryWait"] = json!("5s");
+    let claims: Vec<Value> = (1..=3)
+        .map(|i| {
+            let params = (i == 3).then(|| own.clone());
+            claim(
+                &format!("notebook-{i}"),
+                &format!("00000000-0000-4000-8000-00000000000{i}"),
+                "gpu-0",
+                "6Gi",
+                "30",
+                params,
+            )
+        })
+        .collect();
+    for c in &claims {
+        node.api.put_claim(c);
+    }
+    let r = prepare(&node.dra_socket(), claims.iter().map(claim_of).collect());
+    for (i, c) in claims.iter().enumerate() {
+        let uid = c["metadata"]["uid"].as_str().unwrap();
+        assert_eq!(r.claims[uid].error, "", "{uid}");
+        let env = env_of(&read_spec(&node, uid));
+        let wait = if i == 2 { "5s" } else { "60s" };
+        for want in [
+            format!("CUSLICE_MEMORY_LIMIT={}", 6 * GIB),
+            format!("CUSLICE_MEMORY_WAIT={wait}"),
+            "CUSLICE_MEMORY_FREEZE_IDLE=1h".to_owned(),
+        ] {
+            assert!(env.contains(&want), "{uid}: {want} not in {env:?}");
+        }
+    }
+    let r = unprepare(&node.dra_socket(), claims.iter().map(claim_of).collect());
+    assert!(r.claims.values().all(|c| c.error.is_empty()));
+}
+
 fn spec_file(node: &Node, uid: &str) -> std::path::PathBuf {
     node.cdi_dir().join(format!("gpu.cuslice.io-{uid}.json"))
 }
@@ -555,6 +616,18 @@ fn bad_options_get_one_line() {
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(
         err.contains("--hook \"cuslice-hook\" is not an absolute path"),
+        "{err}"
+    );
+    let out = node
+        .plugin_command(&["--memory-oversubscription", "90"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(
+            "invalid value '90' for '--memory-oversubscription <PERCENT>': 90 is not in 100..=1000"
+        ),
         "{err}"
     );
     let out = node.plugin_command_on("node-z", &[]).output().unwrap();

@@ -908,6 +908,55 @@ fn three_notebooks_capped_at_6_gib_take_turns_on_an_8_gib_device_with_their_byte
     }
 }
 
+/// Caps that add up past the device, and both slices busy at once: the one that asks last waits
+/// for its wait (2 s), then gets the driver's OUT_OF_MEMORY and carries on as it chooses (this
+/// client exits with its own error). Nobody is frozen, nobody killed, the busy slice's bytes
+/// are intact.
+#[test]
+fn when_every_slice_is_busy_the_last_to_ask_waits_then_is_refused_and_nobody_is_frozen() {
+    if !have_python() {
+        return;
+    }
+    let sim = Sim::new(&["--memory", "8GiB"]);
+    let slice = |wait: &'static str| {
+        Slice::new(&[
+            ("CUSLICE_MEMORY_LIMIT", "6GiB"),
+            ("CUSLICE_MEMORY_FREEZE_IDLE", "1h"),
+            ("CUSLICE_MEMORY_WAIT", wait),
+            ("CUSLICE_LOG", "info"),
+        ])
+    };
+    let (first, second) = (slice("60s"), slice("2s"));
+    let ptx = spin_ptx().display().to_string();
+    let (mut a, _) = hold(&sim, Some(&first), &["busy", "5120", &ptx, "8"]);
+    let mut b = Running::start(client_cmd(&sim, Some(&second), &["hold", "5120"]));
+    let end = Instant::now() + Duration::from_secs(60);
+    let mut frozen = false;
+    while b.child.try_wait().unwrap().is_none() && Instant::now() < end {
+        frozen |= !sim.show()["checkpoints"].as_array().unwrap().is_empty();
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let v = b.wait_for("error", Duration::from_secs(5));
+    assert_eq!(v["name"], "CUDA_ERROR_OUT_OF_MEMORY", "{v}");
+    let status = b.child.wait().unwrap();
+    assert_eq!(
+        status.code(),
+        Some(3),
+        "its own exit, not a signal: {status}"
+    );
+    let err = b.err.text();
+    assert!(err.contains("device 0 has no room for 5 GiB"), "{err}");
+    assert!(
+        err.contains("device 0 had no room for 5 GiB within 2s"),
+        "{err}"
+    );
+    let v = a.wait_for("checked", Duration::from_secs(60));
+    assert_eq!(v["intact"], true, "{v}");
+    assert!(!frozen, "a busy slice was frozen: {}", a.err.text());
+    assert!(!a.err.text().contains("frozen after"), "{}", a.err.text());
+    assert_eq!(a.release(), 0);
+}
+
 #[test]
 fn a_slice_waiting_for_room_on_a_full_device_gets_it_from_a_quiet_slice_frozen_on_demand() {
     use std::io::Write;
