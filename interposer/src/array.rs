@@ -97,7 +97,7 @@ fn create(
     kind: Kind,
     est: u64,
     out: *mut *mut c_void,
-    make: impl FnOnce() -> CUresult,
+    mut make: impl FnMut() -> CUresult,
 ) -> CUresult {
     let s = match membership::active() {
         Err(e) => return e,
@@ -111,7 +111,10 @@ fn create(
     if let Err(e) = s.reserve_or_wait(dev, reserved) {
         return e;
     }
-    let r = make();
+    let mut r = make();
+    if r == CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+        r = crate::wants::wait_for_room(s.config.memory_wait, dev, reserved, &mut make);
+    }
     if !r.is_ok() {
         s.release(dev, reserved);
         return r;

@@ -6,7 +6,7 @@
 //!
 //! On demand: a process quiet for a second (or its idle time, if shorter) is frozen sooner when
 //! another slice waits for room on a device where it holds memory: an allocation the other's cap
-//! allows but the device cannot serve (`CUSLICE_MEMORY_WAIT`, `memory::wait_for_device`), or a
+//! allows but the device cannot serve (`CUSLICE_MEMORY_WAIT`, `wants::wait_for_room`), or a
 //! thaw that waits for room. Each posts what it waits for in its own slice's claims on the node's
 //! board (`Board::want_memory`); the freezer believes a want only where NVML shows the device
 //! short of it.

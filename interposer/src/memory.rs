@@ -77,7 +77,7 @@ pub fn spillable_alloc(
     }
     let mut r = alloc();
     if r == CUresult::CUDA_ERROR_OUT_OF_MEMORY {
-        r = wait_for_device(s, dev, reserved, &mut alloc);
+        r = crate::wants::wait_for_room(s.config.memory_wait, dev, reserved, &mut alloc);
     }
     if !r.is_ok() {
         s.release(dev, reserved);
@@ -94,56 +94,6 @@ pub fn spillable_alloc(
         s.release(stale.dev, stale.bytes);
     }
     r
-}
-
-/// The device has no room for an allocation the slice's cap allows (the driver said
-/// OUT_OF_MEMORY: the caps of the slices on it add up past it). With `CUSLICE_MEMORY_WAIT`, the
-/// slice posts what it waits for on the node's board, where the freezers of other slices' idle
-/// processes see it and give their memory back (`freeze`), and the allocation is tried again
-/// until it fits or the wait is over; without it, the driver's answer stands.
-fn wait_for_device(
-    s: &membership::Slice,
-    dev: usize,
-    bytes: u64,
-    alloc: &mut impl FnMut() -> CUresult,
-) -> CUresult {
-    const RETRY: std::time::Duration = std::time::Duration::from_millis(20);
-    /// A want is posted to hold this long, and again at each retry.
-    const WANT_NS: u64 = 1_000_000_000;
-    let oom = CUresult::CUDA_ERROR_OUT_OF_MEMORY;
-    let Some(wait) = s.config.memory_wait else {
-        return oom;
-    };
-    // However long it waits, the process is not idle (`freeze`).
-    let _busy = crate::gate::busy_while();
-    let started = std::time::Instant::now();
-    crate::log::info!(
-        "device {dev} has no room for {}: waiting up to {} while idle processes of other slices give theirs back",
-        cuslice_policy::format_size(bytes),
-        cuslice_policy::duration::format_duration(wait)
-    );
-    loop {
-        crate::wants::post_for(dev, bytes, WANT_NS);
-        std::thread::sleep(RETRY);
-        let r = alloc();
-        if r != oom || started.elapsed() >= wait {
-            crate::wants::post(dev, bytes, 0);
-            if r == oom {
-                crate::log::info!(
-                    "device {dev} had no room for {} within {}",
-                    cuslice_policy::format_size(bytes),
-                    cuslice_policy::duration::format_duration(wait)
-                );
-            } else {
-                crate::log::info!(
-                    "device {dev} had room for {} after {} ms",
-                    cuslice_policy::format_size(bytes),
-                    started.elapsed().as_millis()
-                );
-            }
-            return r;
-        }
-    }
 }
 
 /// Serves `bytes` past the cap from host memory: charged to the slice's spill, allocated as

@@ -85,7 +85,7 @@ fn alloc_async(
     size: usize,
     stream: CUstream,
     ptsz: bool,
-    alloc: impl FnOnce() -> CUresult,
+    mut alloc: impl FnMut() -> CUresult,
     undo: impl FnOnce(),
 ) -> CUresult {
     let s = match membership::active() {
@@ -118,7 +118,10 @@ fn alloc_async(
     if let Err(e) = s.reserve(dev, reserved) {
         return e;
     }
-    let r = alloc();
+    let mut r = alloc();
+    if r == CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+        r = crate::wants::wait_for_room(s.config.memory_wait, dev, reserved, &mut alloc);
+    }
     let delta = sync_pool(pool, dev);
     if !r.is_ok() {
         let _ = settle_pool(s, dev, reserved, delta);

@@ -28,7 +28,7 @@ pub unsafe extern "C" fn cuMemCreate(
         return CUresult::CUDA_ERROR_NOT_INITIALIZED;
     };
     // SAFETY: forwarded unchanged.
-    let call = || unsafe { f(handle, size, prop, flags) };
+    let mut call = || unsafe { f(handle, size, prop, flags) };
     let s = match membership::active() {
         Err(e) => return e,
         Ok(None) => return call(),
@@ -48,7 +48,10 @@ pub unsafe extern "C" fn cuMemCreate(
     if let Err(e) = s.reserve_or_wait(dev, bytes) {
         return e;
     }
-    let r = call();
+    let mut r = call();
+    if r == CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+        r = crate::wants::wait_for_room(s.config.memory_wait, dev, bytes, &mut call);
+    }
     if !r.is_ok() {
         s.release(dev, bytes);
         return r;

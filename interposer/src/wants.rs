@@ -60,6 +60,57 @@ pub fn wanted(ordinal: usize) -> u64 {
     }
 }
 
+/// The device has no room for an allocation the slice's cap allows (the driver said
+/// OUT_OF_MEMORY: the caps of the slices on it add up past it). With `CUSLICE_MEMORY_WAIT`
+/// (`wait`), the slice posts what it waits for on the node's board, where the freezers of other
+/// slices' idle processes see it and give their memory back (`freeze`), and the allocation is
+/// tried again until it fits or the wait is over; without it, the driver's answer stands. Every
+/// family of device memory the slice is charged for comes here (`memory`, `vmm`, `pool`).
+pub fn wait_for_room(
+    wait: Option<std::time::Duration>,
+    dev: usize,
+    bytes: u64,
+    alloc: &mut impl FnMut() -> cuda_abi::CUresult,
+) -> cuda_abi::CUresult {
+    const RETRY: std::time::Duration = std::time::Duration::from_millis(20);
+    /// A want is posted to hold this long, and again at each retry.
+    const WANT_NS: u64 = 1_000_000_000;
+    let oom = cuda_abi::CUresult::CUDA_ERROR_OUT_OF_MEMORY;
+    let Some(wait) = wait else {
+        return oom;
+    };
+    // However long it waits, the process is not idle (`freeze`).
+    let _busy = crate::gate::busy_while();
+    let started = std::time::Instant::now();
+    crate::log::info!(
+        "device {dev} has no room for {}: waiting up to {} while idle processes of other slices give theirs back",
+        cuslice_policy::format_size(bytes),
+        cuslice_policy::duration::format_duration(wait)
+    );
+    loop {
+        post_for(dev, bytes, WANT_NS);
+        std::thread::sleep(RETRY);
+        let r = alloc();
+        if r != oom || started.elapsed() >= wait {
+            post(dev, bytes, 0);
+            if r == oom {
+                crate::log::info!(
+                    "device {dev} had no room for {} within {}",
+                    cuslice_policy::format_size(bytes),
+                    cuslice_policy::duration::format_duration(wait)
+                );
+            } else {
+                crate::log::info!(
+                    "device {dev} had room for {} after {} ms",
+                    cuslice_policy::format_size(bytes),
+                    started.elapsed().as_millis()
+                );
+            }
+            return r;
+        }
+    }
+}
+
 /// In a forked child: the parent's places are not its own (it joins afresh at its cuInit).
 pub fn child_after_fork() {
     PLACES.store(std::ptr::null_mut(), Ordering::Relaxed);

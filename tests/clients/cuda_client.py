@@ -8,7 +8,9 @@ prints (one JSON object a line) against the simulator's ground truth.
                                              vmm, managed) until refused, then free them all
     cuda_client.py async-free MIB            cuMemAllocAsync MIB, cuMemFreeAsync, synchronise;
                                              then hold the context until stdin closes
-    cuda_client.py hold MIB                  cuMemAlloc MIB and hold it until stdin closes
+    cuda_client.py hold MIB [FAMILY]         allocate MIB of FAMILY (mem: cuMemAlloc, the default;
+                                             async, vmm, array, managed) and hold it until stdin
+                                             closes
     cuda_client.py nvml                      NVML's view of device 0: memory, processes, and the
                                              other queries tools make (gpustat, nvitop)
     cuda_client.py launch PTX NS SECS        load the PTX spin kernel (cuModuleLoadData) and
@@ -101,6 +103,14 @@ class Families:
             r = cu.cuMemAllocAsync(size, self.stream)
             if code(r) == 0:
                 ok(cu.cuStreamSynchronize(self.stream))
+        elif self.family == "array":
+            # A 2D array of 4-byte floats, 64 Ki elements wide: as many rows as the size holds.
+            desc = cu.CUDA_ARRAY_DESCRIPTOR()
+            desc.Format = cu.CUarray_format.CU_AD_FORMAT_FLOAT
+            desc.NumChannels = 1
+            desc.Width = 65536
+            desc.Height = max(1, size // (65536 * 4))
+            r = cu.cuArrayCreate(desc)
         elif self.family == "vmm":
             size = -(-size // self.gran) * self.gran
             r = cu.cuMemCreate(size, self.prop, 0)
@@ -115,7 +125,7 @@ class Families:
             ok(cu.cuMemSetAccess(va, size, [access], 1))
             return 0, (va, size, handle)
         else:
-            raise SystemExit(f"unknown family {self.family}; use mem, async, vmm or managed")
+            raise SystemExit(f"unknown family {self.family}; use mem, async, vmm, array or managed")
         return code(r), (r[1] if code(r) == 0 else None)
 
     def free(self, h):
@@ -127,6 +137,8 @@ class Families:
             ok(cu.cuMemAddressFree(va, size))
         elif self.family == "async":
             ok(cu.cuMemFreeAsync(h, self.stream))
+        elif self.family == "array":
+            ok(cu.cuArrayDestroy(h))
         else:
             ok(cu.cuMemFree(h))
 
@@ -175,15 +187,22 @@ def async_free(mib):
     wait_stdin()
 
 
-def hold(mib):
-    cu, _, _ = setup()
+def hold(mib, family="mem"):
+    cu, dev, _ = setup()
     size = int(mib) * MIB
-    p = ok(cu.cuMemAlloc(size)) if size else None
+    fam = Families(cu, dev, family)
+    h = None
+    if size:
+        c, h = fam.alloc(size)
+        if c != 0:
+            out(event="error", code=c, name=cu.CUresult(c).name)
+            sys.exit(3)
     free, _ = mem_info(cu)
     out(event="holding", pid=os.getpid(), free=free)
     wait_stdin()
-    if p is not None:
-        ok(cu.cuMemFree(p))
+    if h is not None:
+        fam.free(h)
+        fam.sync()
 
 
 def nvml():

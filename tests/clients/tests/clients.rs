@@ -957,6 +957,48 @@ fn when_every_slice_is_busy_the_last_to_ask_waits_then_is_refused_and_nobody_is_
     assert_eq!(a.release(), 0);
 }
 
+/// Every family of device memory waits for room on a full device, not only cuMemAlloc: a
+/// stream-ordered allocation (cuMemAllocAsync, the pools PyTorch and JAX can use), a VMM one
+/// (cuMemCreate) and a 2D array (cuArrayCreate) of 5 GiB each wait until a quiet slice holding
+/// 4 GiB is frozen for them.
+#[test]
+fn allocations_of_every_family_wait_for_room_that_a_quiet_slice_gives_back() {
+    if !have_python() {
+        return;
+    }
+    for family in ["async", "vmm", "array"] {
+        let sim = Sim::new(&["--memory", "8GiB"]);
+        let slices: Vec<Slice> = (0..2)
+            .map(|_| {
+                Slice::new(&[
+                    ("CUSLICE_MEMORY_LIMIT", "6GiB"),
+                    ("CUSLICE_MEMORY_FREEZE_IDLE", "1h"),
+                    ("CUSLICE_MEMORY_WAIT", "60s"),
+                    ("CUSLICE_LOG", "info"),
+                ])
+            })
+            .collect();
+        let (mut a, line) = hold(&sim, Some(&slices[0]), &["keep", "4096"]);
+        let a_pid = u(&line["pid"]);
+        let (b, line) = hold(&sim, Some(&slices[1]), &["hold", "5120", family]);
+        let b_pid = u(&line["pid"]);
+        let c = checkpointed(&sim, a_pid)
+            .unwrap_or_else(|| panic!("{family}: the quiet slice is not frozen"));
+        assert_eq!(c["state"], "checkpointed", "{family}");
+        let err = said(&b, "had room");
+        assert!(
+            err.contains("device 0 had room for 5 GiB after"),
+            "{family}: {err}"
+        );
+        assert!(held(&sim, b_pid) >= 5120 * MIB, "{family}");
+        assert_eq!(b.release(), 0, "{family}");
+        // With the room back, the first's next read thaws it, its bytes intact.
+        let v = check(&mut a);
+        assert_eq!(v["intact"], true, "{family}: {v}");
+        assert_eq!(a.release(), 0, "{family}");
+    }
+}
+
 #[test]
 fn a_slice_waiting_for_room_on_a_full_device_gets_it_from_a_quiet_slice_frozen_on_demand() {
     use std::io::Write;
