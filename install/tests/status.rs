@@ -335,6 +335,29 @@ fn value(samples: &[Sample], name: &str, slice: &Path) -> Option<f64> {
 
 struct Exporter(Child);
 
+/// `cuslice exporter` of the slices in `dirs`, on a free port: the guard that stops it, and its
+/// address.
+fn exporter(sim: &Sim, dirs: &[&Path]) -> (Exporter, String) {
+    let mut args = vec![
+        "exporter",
+        "--listen",
+        "127.0.0.1:0",
+        "--state-root",
+        "/nonexistent-cuslice-root",
+    ];
+    for d in dirs {
+        args.push("--state-dir");
+        args.push(d.to_str().unwrap());
+    }
+    let mut child = cuslice(sim, &args).stdout(Stdio::piped()).spawn().unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let addr = cuslice_test_harness::exporter_address(&first);
+    (Exporter(child), addr)
+}
+
 impl Drop for Exporter {
     fn drop(&mut self) {
         let _ = self.0.kill();
@@ -348,29 +371,7 @@ fn exporter_serves_the_slices_in_openmetrics_while_they_run() {
     let _turn = serial();
     let t = two_slices();
     let (a, b) = (t.a(), t.b());
-    let mut child = cuslice(
-        &t.sim,
-        &[
-            "exporter",
-            "--listen",
-            "127.0.0.1:0",
-            "--state-root",
-            "/nonexistent-cuslice-root",
-            "--state-dir",
-            a.to_str().unwrap(),
-            "--state-dir",
-            b.to_str().unwrap(),
-        ],
-    )
-    .stdout(Stdio::piped())
-    .spawn()
-    .unwrap();
-    let mut first = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut first)
-        .unwrap();
-    let _guard = Exporter(child);
-    let addr = cuslice_test_harness::exporter_address(&first);
+    let (_guard, addr) = exporter(&t.sim, &[&a, &b]);
 
     let (head, body) = get(&addr, "/metrics");
     assert!(
@@ -786,5 +787,75 @@ fn on_a_busy_host_a_slice_is_charged_what_the_device_ran_and_gets_its_limit_once
         (share - 30.0).abs() <= 3.0,
         "a slice limited to 30% had {share:.1}% of the device beside {} busy loops",
         2 * cores
+    );
+}
+
+/// A process frozen to the host when idle: `status` shows its slice's bytes as frozen, none on
+/// the device, as the simulator has them (checkpointed, in host memory; not on the device), the
+/// table grows a FROZEN column, and the exporter serves the same figure. Its next call brings
+/// them back: frozen 0, all on the device again.
+#[test]
+fn a_frozen_slice_shows_its_bytes_frozen_apart_from_the_device() {
+    let sim = Sim::new(&["--memory", "8GiB"]);
+    let dir = tempfile::tempdir().unwrap();
+    let node = dir.path().join("node");
+    let s = dir.path().join("s");
+    let mut hold = start(
+        &sim,
+        &s,
+        &node,
+        &["CUSLICE_MEMORY_LIMIT=2GiB", "CUSLICE_MEMORY_FREEZE_IDLE=1s"],
+        &[
+            "keep",
+            "--bytes",
+            "512MiB",
+            "--cells",
+            "2",
+            "--idle-secs",
+            "4",
+        ],
+    );
+    let line = hold.wait_for("holding", Duration::from_secs(30));
+    let pid = line["pid"].as_i64().unwrap();
+    let frozen = poll("the simulator to list the process checkpointed", 15, || {
+        sim.show()["checkpoints"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["pid"] == pid && c["state"] == "checkpointed")
+            .cloned()
+    });
+    let host_bytes = frozen["host_bytes"].as_u64().unwrap();
+    assert!(host_bytes >= 512 * MIB, "{frozen}");
+    let view = status(&sim, &[&s]);
+    let sv = slice(&view, &s);
+    assert_eq!(sv["memory"]["frozen"].as_u64(), Some(host_bytes), "{sv}");
+    assert_eq!(sv["memory"]["used"].as_u64(), Some(0), "{sv}");
+    assert_eq!(sv["processes"][0]["frozen"], true, "{sv}");
+    assert!(!truth(&sim).contains_key(&pid), "not on the device");
+    let table = status_table(&sim, &s);
+    let head = table.lines().find(|l| l.contains("SLICE")).unwrap();
+    assert!(head.contains("FROZEN"), "{table}");
+
+    let (_guard, addr) = exporter(&sim, &[&s]);
+    let (_, body) = get(&addr, "/metrics");
+    let (samples, _) = parse_openmetrics(&body);
+    assert_eq!(
+        value(&samples, "cuslice_slice_memory_frozen_bytes", &s),
+        Some(host_bytes as f64),
+        "{body}"
+    );
+
+    // The cell's read thaws it: back on the device, nothing frozen (read at once: it is frozen
+    // again after a second idle).
+    let v = hold.wait_for("checked", Duration::from_secs(30));
+    assert_eq!(v["intact"], true, "{v}");
+    let view = status(&sim, &[&s]);
+    let sv = slice(&view, &s);
+    assert_eq!(sv["memory"]["frozen"].as_u64(), Some(0), "{sv}");
+    assert_eq!(
+        sv["memory"]["used"].as_u64(),
+        truth(&sim).get(&pid).map(|t| t.0),
+        "{sv}"
     );
 }

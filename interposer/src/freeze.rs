@@ -301,6 +301,9 @@ fn freeze(s: &'static Slice, why: &str) -> Result<bool, Refusal> {
         h.store(*b, Ordering::Relaxed);
     }
     FROZEN.store(true, Ordering::Release);
+    // The node's tools show what it held as frozen, apart from the device's (still charged).
+    s.ledger
+        .set_frozen(s.slot, cuslice_state::board::now_ns().max(1));
     crate::log::info!(
         "frozen after {why}: {} of device memory went to the host in {} ms",
         format_size(held.iter().sum()),
@@ -393,6 +396,7 @@ fn thaw() {
         crate::log::error!("the driver could not unlock this process after its restore ({r:?})");
     }
     FROZEN.store(false, Ordering::Release);
+    s.ledger.set_frozen(s.slot, 0);
     let took = started.elapsed();
     crate::log::info!(
         "thawed: {} back on the device in {} ms",

@@ -65,7 +65,7 @@ mod tests {
     #[test]
     fn the_ledger_line_names_both_versions_read() {
         let d = super::describe();
-        assert!(d.contains("ledger 7 (reads 6, 7)"), "{d}");
+        assert!(d.contains("ledger 8 (reads 7, 8)"), "{d}");
         assert!(!d.contains('\n'), "{d}");
     }
 }

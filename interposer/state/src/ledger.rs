@@ -27,7 +27,8 @@
 //! charging, releasing, the queries on them): one concern, kept together because every part
 //! reads the same records under the same locks. Apart from it: opening and checking a ledger
 //! (`open`), allocations at the cap (`at_cap`), the compute figures and live limits (`compute`),
-//! the tools' reader (`read_only`), snapshots (`view`) and the previous release's format (`v6`).
+//! the tools' reader (`read_only`, which reads the previous release's format too) and snapshots
+//! (`view`).
 
 use std::fs::File;
 use std::io;
@@ -52,11 +53,14 @@ pub const MAGIC: [u8; 8] = *b"CUSLICE\x00";
 /// 7: what an allocation does at the cap: each device's queue of allocations waiting for the
 /// slice's frees (`waiters`, `wake`, `queue`) and its memory spilled to the host (`spill_limit`,
 /// `spilled`; per process `ProcRec::spilled`).
-pub const VERSION: u32 = 7;
+/// 8: when each process was frozen to the host (`ProcRec::frozen_ns`), so that the node's tools
+/// show frozen bytes apart from those on the device.
+pub const VERSION: u32 = 8;
 /// The previous version, which the node's tools still read and change (`read`, `set_live`,
 /// `tell_host_pids`): the slices the previous release started keep writing it after an upgrade
-/// (docs/upgrades.md). The library itself joins only `VERSION`.
-pub const PREVIOUS: u32 = v6::VERSION;
+/// (docs/upgrades.md). The library itself joins only `VERSION`. Its layout is this one's with
+/// a process record one word shorter (no `frozen_ns`, which is the record's last word).
+pub const PREVIOUS: u32 = 7;
 
 pub const MAX_DEVICES: usize = 64;
 pub const MAX_PROCS: usize = 1024;
@@ -187,15 +191,6 @@ macro_rules! dev_at {
     };
 }
 
-/// Where field `$field` of process record `$s` lies in the file.
-macro_rules! proc_at {
-    ($s:expr, $field:ident) => {
-        std::mem::offset_of!(Header, procs)
-            + $s * std::mem::size_of::<ProcRec>()
-            + std::mem::offset_of!(ProcRec, $field)
-    };
-}
-
 fn random_id() -> u64 {
     let mut b = [0u8; 8];
     // SAFETY: fills our own 8-byte buffer.
@@ -238,6 +233,32 @@ pub struct ProcRec {
     usage: [AtomicU32; MAX_DEVICES],
     /// What it holds in host memory past the cap on each device (`CUSLICE_MEMORY_SPILL`).
     spilled: [AtomicU64; MAX_DEVICES],
+    /// When the process was frozen to the host (`CUSLICE_MEMORY_FREEZE_IDLE`: its device memory
+    /// is in its host memory, through the driver's checkpoint; CLOCK_MONOTONIC ns), 0 while it is
+    /// not. What it has charged stays charged (its cap is unchanged). The last word: version 7's
+    /// record is this one without it.
+    frozen_ns: AtomicU64,
+}
+
+/// A version-7 process record's size: this version's without `frozen_ns`.
+const PREVIOUS_PROC_SIZE: usize = std::mem::offset_of!(ProcRec, frozen_ns);
+const _: () = assert!(PREVIOUS_PROC_SIZE + 8 == std::mem::size_of::<ProcRec>());
+// Version 7's sizes on x86_64 and aarch64 (what its files measure).
+const _: () = assert!(PREVIOUS_PROC_SIZE == 1304);
+
+/// The size of a process record in a ledger file of `version` (this one or the previous).
+fn proc_size(version: u32) -> usize {
+    if version == PREVIOUS {
+        PREVIOUS_PROC_SIZE
+    } else {
+        std::mem::size_of::<ProcRec>()
+    }
+}
+
+/// Where field `field` (its offset in `ProcRec`, before `frozen_ns`) of process record `s` lies
+/// in a ledger file of `version`.
+fn proc_field_at(version: u32, s: usize, field: usize) -> usize {
+    std::mem::offset_of!(Header, procs) + s * proc_size(version) + field
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -341,7 +362,9 @@ pub fn file_size() -> u64 {
 pub fn file_size_of(version: u32) -> Option<u64> {
     match version {
         VERSION => Some(size() as u64),
-        PREVIOUS => Some(v6::size() as u64),
+        PREVIOUS => {
+            Some((std::mem::offset_of!(Header, procs) + MAX_PROCS * PREVIOUS_PROC_SIZE) as u64)
+        }
         _ => None,
     }
 }
@@ -499,6 +522,7 @@ impl Ledger {
             for c in p.spilled.iter() {
                 c.store(0, Ordering::Relaxed);
             }
+            p.frozen_ns.store(0, Ordering::Relaxed);
             p.state.store(LIVE, Ordering::Release);
             self.me.store(s as u32, Ordering::Relaxed);
             self.header()
@@ -731,6 +755,14 @@ impl Ledger {
             .map_or(0, |c| c.load(Ordering::Relaxed))
     }
 
+    /// Records that process slot `s` was frozen to the host at `at_ns` (CLOCK_MONOTONIC), or,
+    /// with 0, that it is back on the device. Its charges stay as they are.
+    pub fn set_frozen(&self, s: u32, at_ns: u64) {
+        if let Some(p) = self.header().procs.get(s as usize) {
+            p.frozen_ns.store(at_ns, Ordering::Relaxed);
+        }
+    }
+
     /// The device index for `uuid`, if some process of the slice registered it.
     pub fn find(&self, uuid: &[u8; 16]) -> Option<u32> {
         self.header()
@@ -814,11 +846,13 @@ impl Ledger {
         // A copy to read and `pwrite` to write, as in `set_live`: nothing the slice does to its
         // file can harm or hold up the node's tools.
         let (f, version) = open_checked(path, true)?;
-        if version == PREVIOUS {
-            return v6::tell_host_pids(&f, path, host);
-        }
         let mut copy = zeroed_header();
-        read_copy(&f, &mut copy);
+        read_copy_used(&f, &mut copy, version);
+        let at = |s: usize, field: usize| proc_field_at(version, s, field);
+        let (host_pid_at, generation_at) = (
+            std::mem::offset_of!(ProcRec, host_pid),
+            std::mem::offset_of!(ProcRec, generation),
+        );
         let io = |err| LedgerError::Io {
             path: path.to_path_buf(),
             err,
@@ -834,10 +868,10 @@ impl Ledger {
             if p.host_pid.load(Ordering::Relaxed) == h {
                 continue;
             }
-            write_at(&f, proc_at!(s, host_pid), &h.to_ne_bytes()).map_err(io)?;
-            if read_u32(&f, proc_at!(s, generation) as u64) != Some(generation) {
+            write_at(&f, at(s, host_pid_at), &h.to_ne_bytes()).map_err(io)?;
+            if read_u32(&f, at(s, generation_at) as u64) != Some(generation) {
                 // Re-registered while we wrote: whatever we wrote is not its pid.
-                write_at(&f, proc_at!(s, host_pid), &0i32.to_ne_bytes()).map_err(io)?;
+                write_at(&f, at(s, host_pid_at), &0i32.to_ne_bytes()).map_err(io)?;
             }
         }
         Ok(())
@@ -916,14 +950,15 @@ mod at_cap;
 mod compute;
 mod open;
 mod read_only;
-mod v6;
 mod view;
 
 use at_cap::wake_all;
 use open::validate;
 pub use read_only::ReadOnly;
-use read_only::{open_checked, read_bytes, read_copy, read_u32, read_u64, write_at, zeroed_header};
+use read_only::{open_checked, read_copy_used, read_u32, write_at, zeroed_header};
 use view::{snapshot_of, uuid_of};
 
+#[cfg(test)]
+mod previous_tests;
 #[cfg(test)]
 mod tests;

@@ -22,9 +22,12 @@ pub struct DeviceSnapshot {
     pub uuid: [u8; 16],
     /// The memory cap (bytes), if the slice has one.
     pub limit: Option<u64>,
-    /// Bytes the slice's processes hold, and the most they ever held at once.
+    /// Bytes the slice's processes hold, and the most they ever held at once. Of `used`,
+    /// `frozen` is in the host memory of processes frozen when idle (what they will need back on
+    /// the device; still charged against the cap), the rest on the device.
     pub used: u64,
     pub peak: u64,
+    pub frozen: u64,
     /// The most the slice may hold in host memory past its cap (`CUSLICE_MEMORY_SPILL`), if
     /// set; what it holds there now, and the most it held there at once.
     pub spill_limit: Option<u64>,
@@ -124,6 +127,9 @@ pub struct ProcSnapshot {
     pub charged: Vec<u64>,
     /// Bytes it holds in host memory past the cap, per device, in the same order.
     pub spilled: Vec<u64>,
+    /// When it was frozen to the host (CLOCK_MONOTONIC ns), while it is: its `charged` is then
+    /// in its host memory, not on the device.
+    pub frozen_ns: Option<u64>,
 }
 
 /// How far a mark may sit from where a window should start, as a part of the window: before it
@@ -188,6 +194,7 @@ mod tests {
             limit: None,
             used: 0,
             peak: 0,
+            frozen: 0,
             spill_limit: None,
             spilled: 0,
             spill_peak: 0,

@@ -561,16 +561,17 @@ fn report_shows_the_overuse_and_kills_nothing() {
     Box::new(h).remove();
 }
 
-/// A tenant that writes zeros over its ledger's counters from inside its container (so the
-/// library would let it past its cap) is found: the ledger does not match the driver.
-#[test]
-fn a_ledger_written_over_is_found() {
+/// A container holding 900 MiB under a 2 GiB cap whose `cuda-workload hold` also runs `tamper`
+/// (its ledger's path after it) is found under `report`: by the driver's count the device holds
+/// what its ledger does not say (the finding's ledger bytes 0, naming its pid), and the agent's
+/// log says `said`. Returns the workload's `tampered` line.
+fn a_ledger_lie_is_found(what: &str, tamper: &str, said: &str) -> Value {
     root_required();
     let _serial = cuslice_test_harness::serial();
     let sim = Sim::new(&["--memory", "8GiB"]);
     let root = state_root();
     let agent = Agent::start(&sim, root.path(), &["--enforce", "report"]);
-    let n = name("tamper");
+    let n = name(what);
     let mut c = runc(
         &sim,
         root.path(),
@@ -582,7 +583,7 @@ fn a_ledger_written_over_is_found() {
                 "hold",
                 "--bytes",
                 "900MiB",
-                "--zero-ledger",
+                tamper,
                 "/run/cuslice/slice/ledger",
                 "--secs",
                 "120",
@@ -591,7 +592,6 @@ fn a_ledger_written_over_is_found() {
         },
     );
     let t = engines::wait_for(&mut c, "tampered");
-    assert!(t["words"].as_u64().unwrap() >= 2, "{t}");
     let pid = c.host_pid();
     let f = poll("a ledger finding", 15, || {
         finding_of(root.path(), &n, "ledger")
@@ -601,9 +601,35 @@ fn a_ledger_written_over_is_found() {
     assert_eq!(f["driver_bytes"], held, "{f}");
     assert_eq!(f["ledger_bytes"], 0, "{f}");
     assert_eq!(f["pids"], json!([pid]), "{f}");
-    let line = agent.wait_log("ledger does not match the driver", 5);
+    let line = agent.wait_log(said, 5);
     assert!(line.contains(&n[..12]), "{line}");
     Box::new(c).remove();
+    t
+}
+
+/// A tenant that writes zeros over its ledger's counters from inside its container (so the
+/// library would let it past its cap) is found: the ledger does not match the driver.
+#[test]
+fn a_ledger_written_over_is_found() {
+    let t = a_ledger_lie_is_found(
+        "tamper",
+        "--zero-ledger",
+        "ledger does not match the driver",
+    );
+    assert!(t["words"].as_u64().unwrap() >= 2, "{t}");
+}
+
+/// A tenant that marks its own process frozen to the host in its ledger while it holds its
+/// memory on the device (so that `status` would show its bytes frozen, not on the device) is
+/// found: by the driver's count the device holds what the ledger says is not there.
+#[test]
+fn a_process_marked_frozen_while_it_holds_the_device_is_found() {
+    let t = a_ledger_lie_is_found(
+        "forge-frozen",
+        "--forge-frozen",
+        "marked frozen to the host",
+    );
+    assert!(t["frozen_mark_at"].as_u64().is_some(), "{t}");
 }
 
 /// What a tamper's `what` attempts did, by the file's name: (file, whether the kernel let it,

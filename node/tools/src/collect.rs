@@ -322,6 +322,7 @@ fn by_device(gpus: &[Gpu], found: &[Found], now: u64) -> Vec<Device> {
                         container_pid,
                         alive: p.alive,
                         memory: p.charged.get(i).copied().unwrap_or(0),
+                        frozen: p.frozen_ns.is_some(),
                     }
                 })
                 .collect();
@@ -333,7 +334,8 @@ fn by_device(gpus: &[Gpu], found: &[Found], now: u64) -> Vec<Device> {
                 ledger: f.ledger.display().to_string(),
                 ledger_version: f.snap.version,
                 memory: Memory {
-                    used: d.used,
+                    used: d.used.saturating_sub(d.frozen),
+                    frozen: d.frozen,
                     limit: d.limit,
                     peak: d.peak,
                     refusals: d.refusals,

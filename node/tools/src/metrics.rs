@@ -195,6 +195,15 @@ fn encode_node(node: &Node, mut enc: DescriptorEncoder) -> Result<(), std::fmt::
     )?;
     family(
         e,
+        "slice_memory_frozen",
+        "Memory of the slice's processes frozen to the host when idle (CUSLICE_MEMORY_FREEZE_IDLE): \
+         back on the device at their next CUDA call, counted against the cap meanwhile",
+        bytes,
+        Gauge,
+        per_slice(node, |s| Some(s.memory.frozen)),
+    )?;
+    family(
+        e,
         "slice_memory_limit",
         "The slice's memory cap on the device (absent: no cap)",
         bytes,

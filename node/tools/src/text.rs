@@ -37,6 +37,9 @@ pub fn render(node: &Node) -> String {
         // SPILLED only where some slice of the GPU spills (`CUSLICE_MEMORY_SPILL`): what it holds
         // in host memory past its cap, of the most it may.
         let spills = d.slices.iter().any(|s| s.memory.spill_limit.is_some());
+        // FROZEN only where some slice of the GPU has processes frozen to the host: what they
+        // hold there, still counted against the cap.
+        let freezes = d.slices.iter().any(|s| s.memory.frozen > 0);
         let mut header = vec![
             "SLICE",
             "NAME",
@@ -55,6 +58,9 @@ pub fn render(node: &Node) -> String {
         ];
         if spills {
             header.insert(6, "SPILLED");
+        }
+        if freezes {
+            header.insert(3, "FROZEN");
         }
         let rows: Vec<Vec<String>> = d
             .slices
@@ -90,6 +96,9 @@ pub fn render(node: &Node) -> String {
                         None => "-".into(),
                     };
                     row.insert(6, spilled);
+                }
+                if freezes {
+                    row.insert(3, format_size(s.memory.frozen));
                 }
                 row
             })

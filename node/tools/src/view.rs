@@ -65,6 +65,10 @@ pub struct Slice {
 pub struct Memory {
     /// Bytes the slice's processes hold on the device (contexts included).
     pub used: u64,
+    /// Bytes of processes frozen to the host when idle (`CUSLICE_MEMORY_FREEZE_IDLE`): in their
+    /// host memory now, back on the device at their next CUDA call, and counted against the cap
+    /// all the while (`used + frozen` is what the cap holds).
+    pub frozen: u64,
     /// The cap; None: no cap on this device.
     pub limit: Option<u64>,
     pub peak: u64,
@@ -122,6 +126,8 @@ pub struct Process {
     pub alive: bool,
     /// Bytes charged to it on this device.
     pub memory: u64,
+    /// Whether it is frozen to the host (its `memory` is then in its host memory).
+    pub frozen: bool,
 }
 
 /// A slice on a device with nothing held, no limits and no launches yet, for tests to change.
@@ -136,6 +142,7 @@ pub(crate) fn idle_slice(slice: &str) -> Slice {
         ledger_version: cuslice_state::ledger::VERSION,
         memory: Memory {
             used: 0,
+            frozen: 0,
             limit: None,
             peak: 0,
             refusals: 0,

@@ -152,13 +152,17 @@ pub struct HoldArgs {
     /// tenant hiding what it holds from the ledger's counters
     #[arg(long, value_name = "LEDGER")]
     pub zero_ledger: Option<std::path::PathBuf>,
+    /// Once allocated, mark this process frozen to the host in this file (a slice's ledger),
+    /// while it holds its memory on the device: a tenant making itself look smaller
+    #[arg(long, value_name = "LEDGER", conflicts_with = "zero_ledger")]
+    pub forge_frozen: Option<std::path::PathBuf>,
     /// Free the allocation as soon as it is made (async and pool: cuMemFreeAsync, then
     /// cuStreamSynchronize) and hold only the context; `holding` reports free after the free
     #[arg(long)]
     pub free_at_once: bool,
     /// Do not call cuMemGetInfo before `holding` (its free and total are null): what other
     /// processes see then comes from the allocation calls and synchronisations alone
-    #[arg(long, conflicts_with = "zero_ledger")]
+    #[arg(long, conflicts_with_all = ["zero_ledger", "forge_frozen"])]
     pub no_mem_info: bool,
     /// Async and pool families: wait for the stream with an event (cuEventRecord +
     /// cuEventSynchronize) instead of cuStreamSynchronize

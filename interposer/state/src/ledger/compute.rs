@@ -90,12 +90,11 @@ impl Ledger {
         // Written with `pwrite` into the file, never through a mapping, and without the device's
         // lock: the slice's processes may have truncated the file or hold its locks, and the
         // node's tool must neither die nor wait for them. Each field is one aligned word.
+        // The previous version's device records are this one's, at the same offsets: only the
+        // process table after them differs, which this does not touch.
         let (f, version) = open_checked(path, true)?;
-        if version == PREVIOUS {
-            return v6::set_live(&f, path, uuid, change);
-        }
         let mut copy = zeroed_header();
-        read_copy(&f, &mut copy);
+        read_copy_used(&f, &mut copy, version);
         let d = copy
             .devices
             .iter()

@@ -10,13 +10,10 @@ use super::*;
 pub struct ReadOnly {
     file: File,
     path: PathBuf,
-    copy: parking_lot::Mutex<Copy>,
-}
-
-/// The copy a `ReadOnly` reads into, in its file's format.
-enum Copy {
-    Current(Box<Header>),
-    Previous(Box<v6::Header>),
+    /// The file's format: `VERSION`, or `PREVIOUS`, whose copy is read into this version's
+    /// layout (`read_copy_used`).
+    version: u32,
+    copy: parking_lot::Mutex<Box<Header>>,
 }
 
 /// Opens a ledger a tenant may have tampered with: a regular file only (never a FIFO, whose open
@@ -50,24 +47,50 @@ pub(super) fn zeroed_header() -> Box<Header> {
     unsafe { Box::<Header>::new_zeroed().assume_init() }
 }
 
-/// Reads the ledger in `f` into `copy` (zeros past what could be read).
-pub(super) fn read_copy(f: &File, copy: &mut Header) {
-    read_range(f, copy, 0, size());
-}
-
-/// Reads the ledger in `f` into `copy`: the header and the device records, then the process
-/// slots that were ever taken (`procs_used`, as the header just read says). The slots past them
-/// stay as they were in `copy`: zero, since no slot there was taken when it was read before.
-fn read_copy_used(f: &File, copy: &mut Header) {
+/// Reads the ledger of `version` in `f` into `copy`: the header and the device records, then
+/// the process slots that were ever taken (`procs_used`, as the header just read says). The
+/// slots past them stay as they were in `copy`: zero, since no slot there was taken when it was
+/// read before. A file of the previous version is laid out as this one up to the process table,
+/// whose records lack their last word (`frozen_ns`): each is read into its slot of `copy`, that
+/// word zero.
+pub(super) fn read_copy_used(f: &File, copy: &mut Header, version: u32) {
     let table = std::mem::offset_of!(Header, procs);
     read_range(f, copy, 0, table);
     let used = (copy.procs_used.load(Ordering::Relaxed) as usize).min(MAX_PROCS);
-    read_range(
-        f,
-        copy,
-        table,
-        table + used * std::mem::size_of::<ProcRec>(),
-    );
+    if version != PREVIOUS {
+        read_range(
+            f,
+            copy,
+            table,
+            table + used * std::mem::size_of::<ProcRec>(),
+        );
+        return;
+    }
+    let start = (copy as *mut Header).cast::<u8>();
+    // SAFETY: `copy` is `size()` bytes we hold exclusively; any bytes are a valid `Header`.
+    let bytes = unsafe { std::slice::from_raw_parts_mut(start, size()) };
+    let mut record = vec![0u8; PREVIOUS_PROC_SIZE];
+    for s in 0..used {
+        read_bytes_at(f, &mut record, proc_field_at(PREVIOUS, s, 0));
+        let at = proc_field_at(VERSION, s, 0);
+        bytes[at..at + PREVIOUS_PROC_SIZE].copy_from_slice(&record);
+        let frozen = at + std::mem::offset_of!(ProcRec, frozen_ns);
+        bytes[frozen..frozen + 8].fill(0);
+    }
+}
+
+/// Reads `buf.len()` bytes of `f` from `at` into `buf` (zeros past what could be read).
+fn read_bytes_at(f: &File, buf: &mut [u8], at: usize) {
+    let mut done = 0;
+    while done < buf.len() {
+        match f.read_at(&mut buf[done..], (at + done) as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
+    buf[done..].fill(0);
 }
 
 /// Reads bytes `from..to` of the ledger in `f` into the same bytes of `copy` (zeros past what
@@ -99,15 +122,11 @@ impl ReadOnly {
     /// Opens the ledger at `path`, of this version or the previous one.
     pub fn open(path: &Path) -> Result<ReadOnly, LedgerError> {
         let (file, version) = open_checked(path, false)?;
-        let copy = if version == PREVIOUS {
-            Copy::Previous(v6::zeroed())
-        } else {
-            Copy::Current(zeroed_header())
-        };
         Ok(ReadOnly {
             file,
             path: path.to_path_buf(),
-            copy: parking_lot::Mutex::new(copy),
+            version,
+            copy: parking_lot::Mutex::new(zeroed_header()),
         })
     }
 
@@ -115,22 +134,20 @@ impl ReadOnly {
     /// A device's history of marks is taken from a copy in which no writer was at work on it
     /// (read again, a few times at most, until so).
     pub fn snapshot(&self) -> Snapshot {
-        let mut guard = self.copy.lock();
-        let copy = match &mut *guard {
-            Copy::Previous(copy) => return v6::snapshot(&self.file, copy),
-            Copy::Current(copy) => copy,
-        };
+        let mut copy = self.copy.lock();
         for _ in 0..10 {
-            read_copy_used(&self.file, copy);
-            if self.marks_settled(copy) {
+            read_copy_used(&self.file, &mut copy, self.version);
+            if self.marks_settled(&copy) {
                 break;
             }
             std::thread::sleep(std::time::Duration::from_micros(200));
         }
         let fd = self.file.as_raw_fd();
-        snapshot_of(copy, |s| {
+        let mut snap = snapshot_of(&copy, |s| {
             liveness::held_by_other(fd, LIVENESS_BASE + s as i64)
-        })
+        });
+        snap.version = self.version;
+        snap
     }
 
     /// Whether, in `copy`, no writer was changing any live device's marks: each one's sequence

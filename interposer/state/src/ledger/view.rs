@@ -12,14 +12,14 @@ pub(super) fn uuid_of(rec: &DeviceRec) -> [u8; 16] {
 
 /// What ledger `h` holds, copied out; `alive(slot)` says whether a process slot's process lives.
 pub(super) fn snapshot_of(h: &Header, alive: impl Fn(usize) -> bool) -> Snapshot {
-    let devices: Vec<(usize, DeviceSnapshot)> = h
+    let mut devices: Vec<(usize, DeviceSnapshot)> = h
         .devices
         .iter()
         .enumerate()
         .filter(|(_, d)| d.state.load(Ordering::Acquire) == LIVE)
         .map(|(i, d)| (i, device_snapshot(uuid_of(d), d)))
         .collect();
-    let procs = h
+    let procs: Vec<ProcSnapshot> = h
         .procs
         .iter()
         .enumerate()
@@ -36,8 +36,17 @@ pub(super) fn snapshot_of(h: &Header, alive: impl Fn(usize) -> bool) -> Snapshot
                 .iter()
                 .map(|(i, _)| p.spilled.get(*i).map_or(0, |c| c.load(Ordering::Relaxed)))
                 .collect(),
+            frozen_ns: Some(p.frozen_ns.load(Ordering::Relaxed)).filter(|&t| t > 0),
         })
         .collect();
+    // What frozen processes have charged is in their host memory, not on the device.
+    for (k, (_, d)) in devices.iter_mut().enumerate() {
+        d.frozen = procs
+            .iter()
+            .filter(|p| p.frozen_ns.is_some())
+            .map(|p| p.charged[k])
+            .sum();
+    }
     Snapshot {
         version: VERSION,
         slice_id: h.slice_id,
@@ -82,6 +91,7 @@ fn device_snapshot(uuid: [u8; 16], r: &DeviceRec) -> DeviceSnapshot {
         spill_peak: r.spill_peak.load(Ordering::Relaxed),
         waiting: r.waiters.load(Ordering::Relaxed),
         used: r.used.load(Ordering::Relaxed),
+        frozen: 0,
         peak: r.peak.load(Ordering::Relaxed),
         refusals: r.refusals.load(Ordering::Relaxed),
         context_overhead: r.context_overhead.load(Ordering::Relaxed),

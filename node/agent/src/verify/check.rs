@@ -148,9 +148,9 @@ impl Verifier {
                     Finding {
                         message: format!(
                             "{}'s ledger does not match the driver on {uuid}: the ledger says \
-                             the slice holds {}, the driver {} (pids {} hold more than their \
-                             ledger entries: they went around the library, or the ledger was \
-                             written over)",
+                             the slice holds {} on the device, the driver {} (pids {} hold more \
+                             than their ledger entries, or are marked frozen to the host: they \
+                             went around the library, or the ledger was written over)",
                             s.label(),
                             format_size(ledger),
                             format_size(driver),

@@ -148,7 +148,13 @@ impl Verifier {
             untold |= snap.procs.iter().any(|p| p.alive && p.host_pid.is_none());
             for (i, dev) in snap.devices.iter().enumerate() {
                 let uuid = uuid_string(&dev.uuid);
-                ledger_used.insert((id.clone(), uuid.clone()), dev.used);
+                // On the device by the ledger: what frozen processes hold is in their host
+                // memory (the driver lists them with nothing; a process marked frozen that the
+                // driver lists with memory is counted as holding none, and found short).
+                ledger_used.insert(
+                    (id.clone(), uuid.clone()),
+                    dev.used.saturating_sub(dev.frozen),
+                );
                 if let Some(list) = held.get_mut(&(id.clone(), uuid)) {
                     for h in list.iter_mut() {
                         // By the host pid the agent told the process (no /proc read), else by
@@ -163,7 +169,10 @@ impl Verifier {
                                 .iter()
                                 .find(|p| p.alive && p.host_pid.is_none() && Some(p.pid) == inner)
                         });
-                        h.charged = entry.map(|p| p.charged.get(i).copied().unwrap_or(0));
+                        h.charged = entry.map(|p| match p.frozen_ns {
+                            Some(_) => 0,
+                            None => p.charged.get(i).copied().unwrap_or(0),
+                        });
                     }
                 }
             }

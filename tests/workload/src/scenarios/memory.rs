@@ -466,6 +466,21 @@ pub fn hold(s: &Session, a: &HoldArgs) -> Result<(), Failure> {
             }
         }
     }
+    if let (Some(ledger), Some(free), Some(total)) = (&a.forge_frozen, free, total) {
+        match forge_frozen(ledger, total - free) {
+            Ok(at) => emit(
+                "tampered",
+                json!({"ledger": ledger.display().to_string(), "frozen_mark_at": at}),
+            ),
+            Err(e) => {
+                emit(
+                    "error",
+                    json!({"call": "forge-frozen", "message": format!("{}: {e}", ledger.display())}),
+                );
+                return Err(Failure::Check);
+            }
+        }
+    }
     let mut f = Map::new();
     f.insert("family".into(), json!(a.family.name()));
     f.insert("bytes".into(), json!(a.bytes));
@@ -602,4 +617,29 @@ fn zero_words(path: &std::path::Path, value: u64) -> std::io::Result<usize> {
     // SAFETY: the mapping made above, no longer used.
     unsafe { libc::munmap(map, len) };
     Ok(changed)
+}
+
+/// Marks this process frozen in the ledger at `path`, as a tenant reading cuslice's source
+/// would: its process record is the one whose first word says it is taken (1), whose third is
+/// this pid, and whose charge on the slice's first device (the word 16 bytes in) is `used`, what
+/// the driver reports in use under the cap; the mark is the record's word 1304 bytes in (the
+/// ledger's version 8). Returns where it wrote.
+fn forge_frozen(path: &std::path::Path, used: u64) -> std::io::Result<u64> {
+    use std::os::unix::fs::FileExt;
+    const FROZEN_AT: usize = 1304;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)?;
+    let bytes = std::fs::read(path)?;
+    let word = |at: usize| u32::from_ne_bytes(bytes[at..at + 4].try_into().unwrap());
+    let pid = std::process::id();
+    let record = (16..bytes.len().saturating_sub(FROZEN_AT + 8))
+        .step_by(8)
+        .find(|&o| bytes[o..o + 8] == used.to_ne_bytes() && word(o - 16) == 1 && word(o - 8) == pid)
+        .map(|o| o - 16)
+        .ok_or_else(|| std::io::Error::other(format!("no record of pid {pid} charged {used}")))?;
+    let at = (record + FROZEN_AT) as u64;
+    f.write_all_at(&1u64.to_ne_bytes(), at)?;
+    Ok(at)
 }
