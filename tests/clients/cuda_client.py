@@ -335,25 +335,35 @@ def null_outs():
         rc_free_only=rc_free, free=free.value)
 
 
-def keep(mib, *flags):
-    """A notebook's kernel between cells: memory on the device, idle until asked."""
-    cu, _, _ = setup()
+def patterned(cu, mib, managed=False):
+    """cuMemAlloc MIB (and 2 MiB of managed memory), random bytes written at its start and end,
+    then "holding"; returns the pointer and a function that reads both back and compares."""
     size = int(mib) * MIB
     p = ok(cu.cuMemAlloc(size))
-    if "managed" in flags:
+    if managed:
         ok(cu.cuMemAllocManaged(2 * MIB, cu.CUmemAttach_flags.CU_MEM_ATTACH_GLOBAL))
     piece = min(MIB, size // 2)
     head, tail = os.urandom(piece), os.urandom(piece)
     ok(cu.cuMemcpyHtoD(p, head, piece))
     ok(cu.cuMemcpyHtoD(int(p) + size - piece, tail, piece))
     out(event="holding", pid=os.getpid(), ptr=int(p))
+
+    def intact():
+        got_head, got_tail = bytearray(piece), bytearray(piece)
+        ok(cu.cuMemcpyDtoH(got_head, p, piece))
+        ok(cu.cuMemcpyDtoH(got_tail, int(p) + size - piece, piece))
+        return bytes(got_head) == head and bytes(got_tail) == tail
+
+    return p, intact
+
+
+def keep(mib, *flags):
+    """A notebook's kernel between cells: memory on the device, idle until asked."""
+    cu, _, _ = setup()
+    _, intact = patterned(cu, mib, "managed" in flags)
     for line in sys.stdin:
         if line.strip() == "check":
-            got_head, got_tail = bytearray(piece), bytearray(piece)
-            ok(cu.cuMemcpyDtoH(got_head, p, piece))
-            ok(cu.cuMemcpyDtoH(got_tail, int(p) + size - piece, piece))
-            out(event="checked", intact=bytes(got_head) == head and bytes(got_tail) == tail,
-                at=time.time())
+            out(event="checked", intact=intact(), at=time.time())
         elif line.strip() == "count":
             out(event="counted", devices=ok(cu.cuDeviceGetCount()), at=time.time())
 
@@ -361,13 +371,7 @@ def keep(mib, *flags):
 def busy(mib, ptx_path, secs):
     """A training step's process: memory on the device, and kernels queued all the while."""
     cu, _, _ = setup()
-    size = int(mib) * MIB
-    p = ok(cu.cuMemAlloc(size))
-    piece = min(MIB, size // 2)
-    head, tail = os.urandom(piece), os.urandom(piece)
-    ok(cu.cuMemcpyHtoD(p, head, piece))
-    ok(cu.cuMemcpyHtoD(int(p) + size - piece, tail, piece))
-    out(event="holding", pid=os.getpid(), ptr=int(p))
+    _, intact = patterned(cu, mib)
     with open(ptx_path, "rb") as f:
         module = ok(cu.cuModuleLoadData(f.read() + b"\0"))
     fn = ok(cu.cuModuleGetFunction(module, b"cuslice_spin"))
@@ -378,10 +382,7 @@ def busy(mib, ptx_path, secs):
         for _ in range(4):
             ok(cu.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, stream, args, 0))
         ok(cu.cuStreamSynchronize(stream))
-    got_head, got_tail = bytearray(piece), bytearray(piece)
-    ok(cu.cuMemcpyDtoH(got_head, p, piece))
-    ok(cu.cuMemcpyDtoH(got_tail, int(p) + size - piece, piece))
-    out(event="checked", intact=bytes(got_head) == head and bytes(got_tail) == tail)
+    out(event="checked", intact=intact())
 
 
 def scribble(mib):

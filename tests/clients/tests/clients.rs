@@ -908,6 +908,17 @@ fn three_notebooks_capped_at_6_gib_take_turns_on_an_8_gib_device_with_their_byte
     }
 }
 
+/// A slice of its own capped at 6 GiB (two of them on an 8 GiB device add up past it), frozen
+/// after an hour idle or sooner when another slice waits for room, waiting `wait` for room itself.
+fn waiting_slice(wait: &str) -> Slice {
+    Slice::new(&[
+        ("CUSLICE_MEMORY_LIMIT", "6GiB"),
+        ("CUSLICE_MEMORY_FREEZE_IDLE", "1h"),
+        ("CUSLICE_MEMORY_WAIT", wait),
+        ("CUSLICE_LOG", "info"),
+    ])
+}
+
 /// Caps that add up past the device, and both slices busy at once: the one that asks last waits
 /// for its wait (2 s), then gets the driver's OUT_OF_MEMORY and carries on as it chooses (this
 /// client exits with its own error). Nobody is frozen, nobody killed, the busy slice's bytes
@@ -918,15 +929,7 @@ fn when_every_slice_is_busy_the_last_to_ask_waits_then_is_refused_and_nobody_is_
         return;
     }
     let sim = Sim::new(&["--memory", "8GiB"]);
-    let slice = |wait: &'static str| {
-        Slice::new(&[
-            ("CUSLICE_MEMORY_LIMIT", "6GiB"),
-            ("CUSLICE_MEMORY_FREEZE_IDLE", "1h"),
-            ("CUSLICE_MEMORY_WAIT", wait),
-            ("CUSLICE_LOG", "info"),
-        ])
-    };
-    let (first, second) = (slice("60s"), slice("2s"));
+    let (first, second) = (waiting_slice("60s"), waiting_slice("2s"));
     let ptx = spin_ptx().display().to_string();
     let (mut a, _) = hold(&sim, Some(&first), &["busy", "5120", &ptx, "8"]);
     let mut b = Running::start(client_cmd(&sim, Some(&second), &["hold", "5120"]));
@@ -1008,16 +1011,7 @@ fn a_slice_waiting_for_room_on_a_full_device_gets_it_from_a_quiet_slice_frozen_o
     let sim = Sim::new(&["--memory", "8GiB"]);
     // Two slices capped at 6 GiB on an 8 GiB device, frozen after an hour idle (never, here), or
     // sooner when another slice waits for room; each waits up to a minute for room.
-    let slices: Vec<Slice> = (0..2)
-        .map(|_| {
-            Slice::new(&[
-                ("CUSLICE_MEMORY_LIMIT", "6GiB"),
-                ("CUSLICE_MEMORY_FREEZE_IDLE", "1h"),
-                ("CUSLICE_MEMORY_WAIT", "60s"),
-                ("CUSLICE_LOG", "info"),
-            ])
-        })
-        .collect();
+    let slices = [waiting_slice("60s"), waiting_slice("60s")];
     let (mut a, line) = hold(&sim, Some(&slices[0]), &["keep", "4096"]);
     let a_pid = u(&line["pid"]);
     // The second needs 5 GiB: within its cap, past what the device has left. It waits, and the
