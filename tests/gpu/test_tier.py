@@ -117,6 +117,27 @@ class Share(unittest.TestCase):
         self.assertAlmostEqual(share.throughput([series, series], 0.5, 1.5), 60.0)
         self.assertAlmostEqual(share.throughput([series], 2.0, 3.0), 0.0)
 
+    def test_a_pair_the_host_left_idle_holds_in_proportion_and_a_wrong_split_does_not(self):
+        share = compute._share_py()
+
+        def row(want, got, windows):
+            return dict(expected=want, judged=got, simulator=got, alone=None,
+                        windows=[(3.0 + 0.25 * i, w) for i, w in enumerate(windows)])
+
+        # A 4-stream pair on a busy host: 27.2 / 67.6% over the run, a 1 s window at 23.7%.
+        idle = [row(30, 27.2, [29.0, 23.7]), row(70, 67.6, [66.0, 62.7])]
+        self.assertEqual(len(share.misses("4 streams 30/70", "x", idle, 2.0, 5.0)), 4)
+        held = share.split(idle)
+        self.assertAlmostEqual(held[0]["judged"], 28.7, places=1)
+        self.assertAlmostEqual(held[1]["windows"][1][1], 72.6, places=1)
+        self.assertEqual(share.misses("4 streams 30/70", "x", held, 2.0, 5.0), [])
+        # The device busy, split wrong: no proportion makes 40 / 60 into 30 / 70.
+        wrong = share.split([row(30, 40.0, [40.0]), row(70, 60.0, [60.0])])
+        self.assertEqual(len(share.misses("30/70", "x", wrong, 2.0, 5.0)), 4)
+        # Shares that leave the device idle by design are judged as they are.
+        self.assertIsNone(share.split([row(10, 6.7, [6.7]), row(20, 12.7, [12.7])]))
+        self.assertIsNone(share.split([row(20, 20.0, [20.0]), row(None, 65.0, [65.0])]))
+
     def test_worst_window(self):
         util = [(1, t * 100_000, 29 if t <= 10 else 49) for t in range(1, 21)]
         self.assertAlmostEqual(nvml.worst_window(util, 1, 0.0, 2.0, want=30), 49.5)
