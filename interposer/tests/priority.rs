@@ -7,7 +7,7 @@ use cuslice_test_harness::*;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// One process of its own slice on `sim` (the compute board under `node`), stdout piped; its pid.
 fn start(sim: &Sim, node: &std::path::Path, env: &[(&str, &str)], args: &[&str]) -> (Child, u64) {
@@ -116,20 +116,29 @@ fn a_high_priority_probe_waits_less_beside_a_low_priority_neighbour_than_beside_
     );
 }
 
-/// Device time of `pids` at each of `n` 1 s marks after `settle`.
-fn per_second(sim: &Sim, pids: &[u64], settle: Duration, n: usize) -> Vec<Vec<u64>> {
+/// Each pid's device time by the simulator's count, every second `n` times after `settle`, and
+/// the wall time between the first and the last count (ns): each count taken at the middle of
+/// the call that reads it, which a busy host can make take a while.
+fn per_second(sim: &Sim, pids: &[u64], settle: Duration, n: usize) -> (Vec<Vec<u64>>, f64) {
     std::thread::sleep(settle);
-    let at = |d: std::collections::HashMap<i64, u64>| -> Vec<u64> {
-        pids.iter()
+    let at = || {
+        let before = Instant::now();
+        let d = sim.device_times(0);
+        let mark: Vec<u64> = pids
+            .iter()
             .map(|&p| d.get(&(p as i64)).copied().unwrap_or(0))
-            .collect()
+            .collect();
+        (before + before.elapsed() / 2, mark)
     };
-    let mut marks = vec![at(sim.device_times(0))];
+    let (t0, first) = at();
+    let (mut marks, mut last) = (vec![first], t0);
     for _ in 0..n {
         std::thread::sleep(Duration::from_secs(1));
-        marks.push(at(sim.device_times(0)));
+        let (t, mark) = at();
+        marks.push(mark);
+        last = t;
     }
-    marks
+    (marks, (last - t0).as_nanos() as f64)
 }
 
 #[test]
@@ -149,7 +158,7 @@ fn a_low_priority_slice_beside_a_busy_high_one_gets_device_time_every_second() {
         &[("CUSLICE_PRIORITY", "low")],
         &args(&busy(1000, 8.0)),
     );
-    let marks = per_second(&sim, &[hp, lp], Duration::from_secs(2), 4);
+    let (marks, _) = per_second(&sim, &[hp, lp], Duration::from_secs(2), 4);
     for c in [&mut high, &mut low] {
         let _ = c.kill();
         let _ = c.wait();
@@ -189,13 +198,12 @@ fn a_low_priority_request_is_still_met_beside_a_busy_high_slice() {
         &[("CUSLICE_PRIORITY", "low"), ("CUSLICE_CORE_REQUEST", "30")],
         &args(&busy(1000, 9.0)),
     );
-    let marks = per_second(&sim, &[hp, lp], Duration::from_secs(3), 4);
+    let (marks, span) = per_second(&sim, &[hp, lp], Duration::from_secs(3), 4);
     for c in [&mut high, &mut low] {
         let _ = c.kill();
         let _ = c.wait();
     }
     let (first, last) = (&marks[0], &marks[marks.len() - 1]);
-    let span = 4e9;
     let (h, l) = (
         100.0 * (last[0] - first[0]) as f64 / span,
         100.0 * (last[1] - first[1]) as f64 / span,
