@@ -7,7 +7,8 @@
 //! starts there at cuInit (the "restore thread"): a caller posts its request in the target's
 //! process slot and waits for the answer. The model follows driver 580:
 //! - Lock waits for API calls under way, up to the lock's timeout (then NOT_READY, the process
-//!   left RUNNING); Checkpoint waits for the process's queued work.
+//!   left RUNNING): a copy or a memset is under way until its last byte is moved, though it lets
+//!   the driver's lock go meanwhile. Checkpoint waits for the process's queued work.
 //! - A process holding managed memory, or sharing memory through IPC or exported VMM handles
 //!   (either side), is refused with NOT_SUPPORTED and left LOCKED.
 //! - Restore needs room on the device for everything at once; without it, it answers

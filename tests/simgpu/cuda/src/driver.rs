@@ -171,6 +171,11 @@ pub struct GateGuard<'a> {
     guard: Option<MutexGuard<'a, Inner>>,
 }
 
+/// A call under way that does not hold the lock ([`Gate::under_way`]).
+pub struct UnderWay<'a> {
+    _call: GateGuard<'a>,
+}
+
 impl std::ops::Deref for GateGuard<'_> {
     type Target = Inner;
     fn deref(&self) -> &Inner {
@@ -227,7 +232,28 @@ impl Gate {
 
     /// Takes the lock, first waiting while the process is locked for a checkpoint.
     pub fn lock(&self) -> GateGuard<'_> {
-        let passes = CHECKPOINT_THREAD.with(|c| c.get());
+        self.count_in();
+        let guard = Some(self.inner.lock());
+        GateGuard { gate: self, guard }
+    }
+
+    /// Marks a call under way for as long as the guard lives, without the lock: a copy or a
+    /// memset, which reads or writes device memory with the lock let go. A checkpoint's lock
+    /// waits for it, as for any call (first waiting while the process is locked).
+    pub fn under_way(&self) -> UnderWay<'_> {
+        self.count_in();
+        UnderWay {
+            _call: GateGuard {
+                gate: self,
+                guard: None,
+            },
+        }
+    }
+
+    /// Counts this thread in `held`, first waiting while the process is locked for a checkpoint,
+    /// unless this thread is the checkpoint thread or already inside a call.
+    fn count_in(&self) {
+        let passes = CHECKPOINT_THREAD.with(|c| c.get()) || HOLDING.with(|h| h.get()) > 0;
         loop {
             if !passes && self.blocked.load(Ordering::SeqCst) {
                 self.sleep_while_blocked();
@@ -242,9 +268,7 @@ impl Gate {
             let _w = self.wait.lock();
             self.changed.notify_all();
         }
-        let guard = Some(self.inner.lock());
         HOLDING.with(|h| h.set(h.get() + 1));
-        GateGuard { gate: self, guard }
     }
 
     /// Stops new calls and waits until none is under way, for at most `timeout` (None: as long

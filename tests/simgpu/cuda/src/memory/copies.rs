@@ -64,6 +64,8 @@ pub fn copy(dst: u64, src: u64, len: u64) -> Res {
     if len == 0 {
         return Ok(());
     }
+    // The whole copy is a call under way: a checkpoint's lock waits for it to end.
+    let _call = d.inner.under_way();
     let (ds, ss) = {
         let inner = d.inner.lock();
         (side(d, &inner, dst, len)?, side(d, &inner, src, len)?)
@@ -111,6 +113,7 @@ pub fn fill(dst: u64, value: u32, width: u64, count: u64) -> Res {
     if len == 0 {
         return Ok(());
     }
+    let _call = d.inner.under_way();
     let segs = {
         let inner = d.inner.lock();
         if let Some(host) = host_resident(&inner, dst, len) {
