@@ -3,6 +3,11 @@
 //! Slurm the plugin will be loaded by: `$SLURM_VERSION_H`, else
 //! `/usr/include/slurm/slurm_version.h` (Debian's `libslurm-dev`). Without headers it is 0,
 //! which `cuslice install --engine slurm` refuses to install.
+//!
+//! Cargo reruns a build script when a file it named changed since the last run, by modification
+//! time; a package manager installs headers with their release's old times. So while no header is
+//! found, the script also names a file that never exists, and runs again at every build until
+//! one is: headers installed after a build are read by the next one.
 
 use std::path::PathBuf;
 
@@ -26,6 +31,18 @@ fn main() {
         })
         .unwrap_or(0);
     let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
+    if version == 0 {
+        println!(
+            "cargo:rerun-if-changed={}",
+            out.join("rerun-until-slurm-headers-are-found").display()
+        );
+        println!(
+            "cargo:warning=no SLURM_VERSION_NUMBER in {}: the SPANK plugin is built for no Slurm \
+             release, and `cuslice install --engine slurm` refuses it; install Slurm's headers \
+             (libslurm-dev) or set SLURM_VERSION_H, and build again",
+            header.display()
+        );
+    }
     std::fs::write(out.join("slurm_version.rs"), format!("{version:#x}\n"))
         .expect("OUT_DIR is writable");
 }
