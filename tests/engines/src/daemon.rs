@@ -177,6 +177,15 @@ impl Daemon {
     }
 }
 
+/// A daemon dropped is stopped: one started before another failed to start (munged and
+/// slurmctld, when slurmd refuses its plugin) is not left running. Those the tests keep live in
+/// statics, stopped at exit.
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
 /// Of `paths` (files or directories an engine makes outside its state directory, e.g.
 /// /run/containerd/s), those that do not exist yet: the ones to remove with [`remove_new`].
 pub fn new_paths(paths: &[&str]) -> Vec<PathBuf> {
