@@ -260,6 +260,7 @@ pub(crate) fn make(
         .create(
             &id,
             &found.config_file(&id),
+            cuslice_state::init::Init::of(record.pid).as_ref(),
             &opts.node_dir,
             &found.grant(&id, &opts.state_root),
         )

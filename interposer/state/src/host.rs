@@ -26,6 +26,7 @@
 //!     slice/                        (0755)   a tmpfs of its own (`slice_space`), mounted
 //!                                            read-only at /run/cuslice/slice
 //!       config                      (0644)   the authoritative limits
+//!       init                        (0644)   the container's first process (`init`)
 //!       ledger                      (0666)   the slice's memory ledger (written by its processes)
 //!       board/                      (0755)   its place on the compute board (`OWN_PLACE`)
 //!         grant                     (0644)   what the container may claim (from its settings)
@@ -609,8 +610,16 @@ impl Root {
 
     /// Makes the container's own state (everything under `containers/<id>/` in the layout above
     /// but the record and `ld.so.preload`) and its place on the compute board under `node` with
-    /// `grant`, replacing any leftover of the same id. Requires the lock.
-    pub fn create(&self, id: &str, config: &str, node: &Path, grant: &Grant) -> io::Result<Made> {
+    /// `grant`, replacing any leftover of the same id; `init`, the container's first process,
+    /// where the hook could see it. Requires the lock.
+    pub fn create(
+        &self,
+        id: &str,
+        config: &str,
+        init: Option<&crate::init::Init>,
+        node: &Path,
+        grant: &Grant,
+    ) -> io::Result<Made> {
         let dir = self.dir(id);
         let mnt = self.mnt(id);
         if dir.exists() {
@@ -629,6 +638,13 @@ impl Root {
             make_dir(&mnt.join("slice"), 0o755)?;
             mount_space(&mnt.join("slice"))?;
             write_new(&mnt.join("slice/config"), config.as_bytes(), 0o644)?;
+            if let Some(i) = init {
+                write_new(
+                    &mnt.join("slice").join(crate::init::FILE),
+                    i.format().as_bytes(),
+                    0o644,
+                )?;
+            }
             // ld.so.preload is written when the mounts are made, from the image's own file
             // (the hook's inject.rs). Every process in the container updates the ledger and its claims,
             // whatever user it runs as.
@@ -797,7 +813,7 @@ mod tests {
                 root: root.path.clone(),
             },
         };
-        root.create(id, config, node, &grant).unwrap()
+        root.create(id, config, None, node, &grant).unwrap()
     }
 
     #[test]

@@ -4,8 +4,8 @@
 //! each device). The interposer maps its own slice's on every CUDA process's behalf and reads the
 //! other slices' claims; the OCI hook creates a container's ledger and place on the board; the
 //! node tools read both. `agent` is the node agent's socket protocol, which tells container
-//! processes their host pids; `seen` is what the agent saw each slice use, which bounds the
-//! claims on the board.
+//! processes their host pids, and `init` the hook's word on the container's first process;
+//! `seen` is what the agent saw each slice use, which bounds the claims on the board.
 //!
 //! Around those files: [`paths`] defines once where cuslice's files are (inside a container, on
 //! the host, where `cuslice install` puts the interposer); `host` (feature `host`) is the
@@ -19,6 +19,7 @@ pub mod formats;
 pub mod fsio;
 #[cfg(feature = "host")]
 pub mod host;
+pub mod init;
 pub mod ledger;
 pub mod paths;
 pub mod release;

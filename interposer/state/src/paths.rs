@@ -48,6 +48,8 @@ pub const CONTAINER_DIR: &str = container_dir!();
 pub const CONTAINER_SLICE_DIR: &str = concat!(container_dir!(), "/slice");
 /// The slice's limits, which the hook writes (`CUSLICE_*=VALUE` lines).
 pub const CONTAINER_CONFIG: &str = concat!(container_dir!(), "/slice/config");
+/// The container's first process as the hook saw it from the host (`init`).
+pub const CONTAINER_INIT: &str = concat!(container_dir!(), "/slice/init");
 /// The slice's memory ledger, the one file under [`CONTAINER_DIR`] its processes write.
 pub const CONTAINER_LEDGER: &str = concat!(container_dir!(), "/slice/ledger");
 /// The node's compute board.

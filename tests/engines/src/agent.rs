@@ -357,6 +357,17 @@ pub fn without_agent(engine: &dyn Engine) {
         used >= GIB - 128 * MIB,
         "refused while 128 MiB more fitted: held {used}"
     );
+    // Without the agent, the container's first process still knows its host pid (the one NVML
+    // names it by, so its first context is measured by its own entry there): the hook's word.
+    // Read before `cuslice status`, which tells host pids itself.
+    let ledger = slice_dir(&c.id()).join("mnt/slice/ledger");
+    let snap = cuslice_state::ledger::Ledger::read(&ledger).unwrap();
+    let first = snap
+        .procs
+        .iter()
+        .find(|p| p.pid == 1)
+        .unwrap_or_else(|| panic!("no process 1 in the ledger: {:?}", snap.procs));
+    assert_eq!(first.host_pid, Some(c.host_pid()), "{:?}", snap.procs);
 
     let out = sim
         .command(&bin_dir().join("cuslice"), &["status"])
