@@ -7,7 +7,7 @@ use cuslice_test_harness::*;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// One process of its own slice on `sim` (the compute board under `node`), stdout piped; its pid.
 fn start(sim: &Sim, node: &std::path::Path, env: &[(&str, &str)], args: &[&str]) -> (Child, u64) {
@@ -117,18 +117,17 @@ fn a_high_priority_probe_waits_less_beside_a_low_priority_neighbour_than_beside_
 }
 
 /// Each pid's device time by the simulator's count, every second `n` times after `settle`, and
-/// the wall time between the first and the last count (ns): each count taken at the middle of
-/// the call that reads it, which a busy host can make take a while.
+/// the wall time between the first and the last count (ns), each at the instant it stands for
+/// (`Sim::device_times_at`).
 fn per_second(sim: &Sim, pids: &[u64], settle: Duration, n: usize) -> (Vec<Vec<u64>>, f64) {
     std::thread::sleep(settle);
     let at = || {
-        let before = Instant::now();
-        let d = sim.device_times(0);
+        let (t, d) = sim.device_times_at(0);
         let mark: Vec<u64> = pids
             .iter()
             .map(|&p| d.get(&(p as i64)).copied().unwrap_or(0))
             .collect();
-        (before + before.elapsed() / 2, mark)
+        (t, mark)
     };
     let (t0, first) = at();
     let (mut marks, mut last) = (vec![first], t0);

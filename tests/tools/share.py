@@ -354,6 +354,13 @@ def fmt(x):
     return "n/a" if x is None else f"{x:.1f}%"
 
 
+def off(r):
+    """How far row `r` is from its configured share: its judged figure (inf where there is none),
+    and its worst 1 s window, in points."""
+    err = abs(r["judged"] - r["expected"]) if r["judged"] is not None else float("inf")
+    return err, max((abs(w - r["expected"]) for _, w in r["windows"]), default=0.0)
+
+
 def misses(name, label, rows, check, window_check):
     """What `rows` (one run of scenario `name`) missed: a slice's judged figure more than `check`
     points from its configured share, a 1 s window more than `window_check` (each wider for a
@@ -363,8 +370,7 @@ def misses(name, label, rows, check, window_check):
         if r["expected"] is None:
             continue
         judged = r["judged"]
-        err = abs(judged - r["expected"]) if judged is not None else float("inf")
-        window_err = max((abs(w - r["expected"]) for _, w in r["windows"]), default=0.0)
+        err, window_err = off(r)
         bound, bound_window = LAUNCH_BOUND_CHECK.get(name, (0.0, 0.0))
         if r["alone"] is not None and r["alone"] < HOST_BOUND:
             bound, bound_window = max(bound, 3.0), max(bound_window, 7.0)
@@ -427,9 +433,8 @@ def main(names, check=None, window_check=WINDOW_CHECK):
                 note = f"  (rate alone {r['alone']:.1f}%)" if r["alone"] is not None and r["alone"] < 99.5 else ""
                 print(f"{cols} {r['expected']:>9}% {through:>10} {fmt(r['simulator']):>9} {fmt(r['worst_1s']):>9} "
                       f"{settled:>8}{note}", flush=True)
-                err = abs(r["judged"] - r["expected"]) if r["judged"] is not None else float("inf")
-                worst_err = max(worst_err, err)
-                worst_window = max(worst_window, max((abs(w - r["expected"]) for _, w in r["windows"]), default=0.0))
+                err, window_err = off(r)
+                worst_err, worst_window = max(worst_err, err), max(worst_window, window_err)
                 slowest = max(slowest, r["settled_s"] if r["settled_s"] is not None else float("inf"))
             missed = misses(name, label, rows, check, window_check) if check is not None else []
             if missed and name in REPORTED_ONLY:

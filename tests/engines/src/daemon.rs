@@ -140,8 +140,8 @@ impl Daemon {
                 .as_mut()
                 .and_then(|c| c.try_wait().ok().flatten());
             if exited.is_some() || start.elapsed() > Duration::from_secs(60) {
+                // `d` is stopped as the panic drops it.
                 let log = d.log();
-                d.stop();
                 panic!(
                     "{what} did not start ({}): {log}",
                     exited.map_or("not ready in 60 s".to_string(), |s| s.to_string())

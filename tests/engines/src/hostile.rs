@@ -74,26 +74,12 @@ fn spawn<'e>(
     )
 }
 
-/// Each pid's share of the device (%) over `secs`, by the simulator's count. Each count is
-/// one that the simulator gave within 100 ms, taken at the middle of the call: while a tenant's
-/// hundreds of processes initialise CUDA, an answer can take seconds, which would count as time
-/// the device gave nobody.
+/// Each pid's share of the device (%) over `secs`, by the simulator's count (each count one the
+/// simulator gave promptly, at the instant it stands for: `Sim::device_times_at`).
 fn shares(sim: &Sim, pids: &[i32], secs: f64) -> Vec<f64> {
-    let count = || {
-        let mut tries = 0;
-        loop {
-            let before = Instant::now();
-            let c = sim.device_times(0);
-            let took = before.elapsed();
-            tries += 1;
-            if took < Duration::from_millis(100) || tries == 50 {
-                return (before + took / 2, c);
-            }
-        }
-    };
-    let (t0, a) = count();
+    let (t0, a) = sim.device_times_at(0);
     std::thread::sleep(Duration::from_secs_f64(secs));
-    let (t1, b) = count();
+    let (t1, b) = sim.device_times_at(0);
     let span = (t1 - t0).as_nanos() as f64;
     pids.iter()
         .map(|p| {

@@ -108,9 +108,9 @@ pub fn shares_hold(engine: &dyn Engine) {
     // init: `exec`).
     let mut samples: Vec<(Instant, Vec<u64>)> = Vec::new();
     while t0.elapsed() < Duration::from_secs(secs as u64 - 1) {
-        let d = sim.device_times(0);
+        let (t, d) = sim.device_times_at(0);
         samples.push((
-            Instant::now(),
+            t,
             pids.iter()
                 .map(|p| d.get(p).copied().unwrap_or(0))
                 .collect(),

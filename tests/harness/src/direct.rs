@@ -103,6 +103,56 @@ impl Core {
     }
 }
 
+/// `CUcheckpointLockArgs`: how long `cuCheckpointProcessLock` may wait for calls under way.
+#[repr(C)]
+pub struct LockArgs {
+    pub timeout_ms: u32,
+    pub reserved0: u32,
+    pub reserved1: [u64; 7],
+}
+
+impl LockArgs {
+    pub fn timeout(ms: u32) -> LockArgs {
+        LockArgs {
+            timeout_ms: ms,
+            reserved0: 0,
+            reserved1: [0; 7],
+        }
+    }
+}
+
+/// The checkpoint API (`cuCheckpointProcess*`), typed as cuda.h declares it.
+pub struct Checkpoint {
+    pub lock: unsafe extern "C" fn(c_int, *const LockArgs) -> i32,
+    pub checkpoint: unsafe extern "C" fn(c_int, *const c_void) -> i32,
+    pub restore: unsafe extern "C" fn(c_int, *const c_void) -> i32,
+    pub unlock: unsafe extern "C" fn(c_int, *const c_void) -> i32,
+    pub get_state: unsafe extern "C" fn(c_int, *mut c_int) -> i32,
+}
+
+impl Checkpoint {
+    pub fn new(lib: &Lib) -> Checkpoint {
+        // SAFETY: each type is the signature cuda.h declares for the symbol.
+        unsafe {
+            Checkpoint {
+                lock: lib.f("cuCheckpointProcessLock"),
+                checkpoint: lib.f("cuCheckpointProcessCheckpoint"),
+                restore: lib.f("cuCheckpointProcessRestore"),
+                unlock: lib.f("cuCheckpointProcessUnlock"),
+                get_state: lib.f("cuCheckpointProcessGetState"),
+            }
+        }
+    }
+
+    /// Process `pid`'s `CUprocessState` (0 RUNNING, 1 LOCKED, 2 CHECKPOINTED, 3 FAILED).
+    pub fn state(&self, pid: c_int) -> c_int {
+        let mut s = -1;
+        // SAFETY: a writable int; the call takes any pid.
+        assert_eq!(unsafe { (self.get_state)(pid, &mut s) }, 0);
+        s
+    }
+}
+
 /// Runs `f` with this process's stderr (fd 2) sent to a temporary file and returns what was
 /// written there. The simulated driver is loaded into the test process, so what it prints on
 /// purpose (a refusal the test provokes) would otherwise reach the test log whatever the

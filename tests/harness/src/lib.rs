@@ -170,6 +170,27 @@ impl Sim {
             .filter_map(|p| Some((p["pid"].as_i64()?, p["device_time_ns"].as_u64()?)))
             .collect()
     }
+
+    /// [`device_times`](Self::device_times) with the instant the count stands for: the middle
+    /// of the call that read it. A busy host can make that call take seconds (while a tenant's
+    /// hundreds of processes initialise CUDA), which a rate over wall time would count as time
+    /// the device gave nobody: a count whose call took over 100 ms is taken again, up to 50
+    /// times.
+    pub fn device_times_at(
+        &self,
+        i: usize,
+    ) -> (std::time::Instant, std::collections::HashMap<i64, u64>) {
+        let mut tries = 0;
+        loop {
+            let before = std::time::Instant::now();
+            let c = self.device_times(i);
+            let took = before.elapsed();
+            tries += 1;
+            if took < std::time::Duration::from_millis(100) || tries == 50 {
+                return (before + took / 2, c);
+            }
+        }
+    }
 }
 
 /// A child's stderr, read on a thread of its own. Each line is passed to the test's output as it

@@ -11,13 +11,6 @@ use std::time::{Duration, Instant};
 
 use cuslice_test_harness::direct::*;
 
-#[repr(C)]
-struct LockArgs {
-    timeout_ms: u32,
-    reserved0: u32,
-    reserved1: [u64; 7],
-}
-
 const MIB: usize = 1 << 20;
 /// Large enough that one copy into fresh host pages outlasts the lock's timeout here.
 const BYTES: usize = 768 * MIB;
@@ -40,16 +33,7 @@ fn a_lock_never_takes_a_process_in_the_middle_of_a_copy() {
         let alloc: unsafe extern "C" fn(*mut u64, usize) -> i32 = lib.f("cuMemAlloc_v2");
         let htod: unsafe extern "C" fn(u64, *const c_void, usize) -> i32 = lib.f("cuMemcpyHtoD_v2");
         let dtoh: unsafe extern "C" fn(*mut c_void, u64, usize) -> i32 = lib.f("cuMemcpyDtoH_v2");
-        let lock: unsafe extern "C" fn(c_int, *const LockArgs) -> i32 =
-            lib.f("cuCheckpointProcessLock");
-        let checkpoint: unsafe extern "C" fn(c_int, *const c_void) -> i32 =
-            lib.f("cuCheckpointProcessCheckpoint");
-        let restore: unsafe extern "C" fn(c_int, *const c_void) -> i32 =
-            lib.f("cuCheckpointProcessRestore");
-        let unlock: unsafe extern "C" fn(c_int, *const c_void) -> i32 =
-            lib.f("cuCheckpointProcessUnlock");
-        let get_state: unsafe extern "C" fn(c_int, *mut c_int) -> i32 =
-            lib.f("cuCheckpointProcessGetState");
+        let cp = Checkpoint::new(&lib);
         assert_eq!(init(0), 0);
         let mut primary = std::ptr::null_mut();
         assert_eq!(retain(&mut primary, 0), 0);
@@ -80,7 +64,9 @@ fn a_lock_never_takes_a_process_in_the_middle_of_a_copy() {
                 longest = longest.max(t0.elapsed() - at);
                 assert_eq!(r, 0, "the copy failed");
                 copies += 1;
-                if let Some(i) = (0..BYTES).find(|&i| back[i] != want[i]) {
+                if back[..] != want[..]
+                    && let Some(i) = (0..BYTES).find(|&i| back[i] != want[i])
+                {
                     wrong.push((copies, i, back[i], want[i]));
                 }
             }
@@ -88,16 +74,8 @@ fn a_lock_never_takes_a_process_in_the_middle_of_a_copy() {
         });
 
         let me = std::process::id() as c_int;
-        let state = || {
-            let mut s = -1;
-            assert_eq!(get_state(me, &mut s), 0);
-            s
-        };
-        let args = LockArgs {
-            timeout_ms: 100,
-            reserved0: 0,
-            reserved1: [0; 7],
-        };
+        let state = || cp.state(me);
+        let args = LockArgs::timeout(100);
         // (copy still under way when the lock answered, the lock's answer)
         let mut tries: Vec<(bool, i32)> = Vec::new();
         let end = Instant::now() + Duration::from_secs(6);
@@ -108,16 +86,16 @@ fn a_lock_never_takes_a_process_in_the_middle_of_a_copy() {
                 std::thread::sleep(Duration::from_millis(2));
                 continue;
             }
-            let r = lock(me, &args);
+            let r = (cp.lock)(me, &args);
             let under_way = since.load(Ordering::SeqCst) == s;
             tries.push((under_way, r));
             if r == 0 {
                 assert_eq!(state(), 1, "LOCKED");
-                assert_eq!(checkpoint(me, std::ptr::null()), 0);
+                assert_eq!((cp.checkpoint)(me, std::ptr::null()), 0);
                 assert_eq!(state(), 2, "CHECKPOINTED");
                 std::thread::sleep(Duration::from_millis(50));
-                assert_eq!(restore(me, std::ptr::null()), 0);
-                assert_eq!(unlock(me, std::ptr::null()), 0);
+                assert_eq!((cp.restore)(me, std::ptr::null()), 0);
+                assert_eq!((cp.unlock)(me, std::ptr::null()), 0);
             } else {
                 assert_eq!(r, cuda_abi::CUresult::CUDA_ERROR_NOT_READY.0);
                 assert_eq!(state(), 0, "a lock that gave up leaves the process RUNNING");

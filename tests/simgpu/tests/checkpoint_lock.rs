@@ -13,13 +13,6 @@ use cuslice_test_harness::direct::*;
 /// Items a context queues before a launch waits (simgpu's `RING`).
 const RING: u32 = 256;
 
-#[repr(C)]
-struct LockArgs {
-    timeout_ms: u32,
-    reserved0: u32,
-    reserved1: [u64; 7],
-}
-
 #[test]
 fn a_lock_waits_for_a_call_under_way_or_gives_up_at_its_timeout() {
     let (_dir, lib) = setup(&["--memory", "1GiB", "--context-overhead", "100MiB"]);
@@ -34,12 +27,7 @@ fn a_lock_waits_for_a_call_under_way_or_gives_up_at_its_timeout() {
             launch,
             ..
         } = Core::new(&lib);
-        let lock: unsafe extern "C" fn(c_int, *const LockArgs) -> i32 =
-            lib.f("cuCheckpointProcessLock");
-        let unlock: unsafe extern "C" fn(c_int, *const c_void) -> i32 =
-            lib.f("cuCheckpointProcessUnlock");
-        let get_state: unsafe extern "C" fn(c_int, *mut c_int) -> i32 =
-            lib.f("cuCheckpointProcessGetState");
+        let cp = Checkpoint::new(&lib);
         assert_eq!(init(0), 0);
         let mut primary = std::ptr::null_mut();
         assert_eq!(retain(&mut primary, 0), 0);
@@ -83,25 +71,16 @@ fn a_lock_waits_for_a_call_under_way_or_gives_up_at_its_timeout() {
         assert_eq!(launched.load(Ordering::SeqCst), RING);
 
         let me = std::process::id() as c_int;
-        let state = || {
-            let mut s = -1;
-            assert_eq!(get_state(me, &mut s), 0);
-            s
-        };
-        let args = |timeout_ms| LockArgs {
-            timeout_ms,
-            reserved0: 0,
-            reserved1: [0; 7],
-        };
+        let state = || cp.state(me);
         assert_eq!(
-            lock(me, &args(100)),
+            (cp.lock)(me, &LockArgs::timeout(100)),
             cuda_abi::CUresult::CUDA_ERROR_NOT_READY.0,
             "the call under way outlasts the lock's timeout"
         );
         assert_eq!(state(), 0, "left RUNNING");
 
         assert_eq!(
-            lock(me, &args(0)),
+            (cp.lock)(me, &LockArgs::timeout(0)),
             0,
             "without a timeout the lock waits for it"
         );
@@ -114,7 +93,7 @@ fn a_lock_waits_for_a_call_under_way_or_gives_up_at_its_timeout() {
             held_at,
             "no launch went through while locked, though the queue had room again"
         );
-        assert_eq!(unlock(me, std::ptr::null()), 0);
+        assert_eq!((cp.unlock)(me, std::ptr::null()), 0);
         assert_eq!(state(), 0);
         launcher.join().unwrap();
         assert_eq!(launched.load(Ordering::SeqCst), RING + 3);
