@@ -456,8 +456,8 @@ fn agent(f: &Facts, out: &mut Vec<Item>) {
         Some(u) => format!("systemctl restart {u}"),
         None => "run `cuslice agent` as root (at boot, with the init system you use)".to_owned(),
     };
-    const WITHOUT: &str = "container processes cannot learn their host pids and nothing checks \
-                           slices against the driver";
+    const WITHOUT: &str = "container processes other than each container's first cannot learn \
+                           their host pids and nothing checks slices against the driver";
     let item =
         match &a.answer {
             Err(e) => Item::new("agent", Status::Problem, format!("{e}: {WITHOUT}")).fix(start),

@@ -117,7 +117,8 @@ pub fn collect(src: &Sources) -> Node {
 }
 
 /// Whether an agent answers on the state root's socket. Without one, the hook's containers'
-/// processes cannot learn their host pids, and nothing checks their slices against the driver.
+/// processes (but each container's first, which the hook tells) cannot learn their host pids,
+/// and nothing checks their slices against the driver.
 fn agent(state_root: &Path) -> Agent {
     let socket = state_root.join("agent").join(agent::SOCKET_NAME);
     let answer = agent::ask(&socket, std::time::Duration::from_secs(1));
@@ -233,9 +234,9 @@ fn live_containers(root: &Path, problems: &mut Vec<String>, untold_only: bool) -
             .ok()
             .and_then(|ns| namespaces.get_or_insert_with(pid_namespaces).remove(&ns))
             .unwrap_or_default();
-        // The container's processes cannot learn their host pids, which NVML names them by and
-        // their compute meters need: tell them (docs/status.md). The agent tells each process
-        // as it starts too (docs/agent.md); this covers the ones that could not ask.
+        // The container's processes cannot learn their host pids (but its first, which the
+        // hook tells), which NVML names them by: tell them (docs/status.md). The agent tells
+        // each process as it starts too (docs/agent.md); this covers the ones that could not ask.
         if let Err(e) = Ledger::tell_host_pids(&path, &|p| pids.get(&p).copied()) {
             problems.push(format!("cannot tell container {id} its host pids: {e}"));
         }
