@@ -38,18 +38,9 @@ impl Init {
     /// or `/proc` does not say.
     pub fn of(pid: i32) -> Option<Init> {
         let pid_ns = std::fs::metadata(format!("/proc/{pid}/ns/pid")).ok()?.ino();
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-        // `NSpid:` lists its pid in each namespace it is in, outermost first.
-        let ns_pid = status
-            .lines()
-            .find_map(|l| l.strip_prefix("NSpid:"))?
-            .split_whitespace()
-            .last()?
-            .parse()
-            .ok()?;
         Some(Init {
             host_pid: pid,
-            ns_pid,
+            ns_pid: inner_pid(pid)?,
             pid_ns,
         })
     }
@@ -74,6 +65,23 @@ impl Init {
     pub fn host_pid_of(&self, pid: i32, pid_ns: u64) -> Option<i32> {
         (pid == self.ns_pid && pid_ns == self.pid_ns).then_some(self.host_pid)
     }
+}
+
+/// The pid process `pid` (as this process's `/proc` names it) has in its own pid namespace.
+pub fn inner_pid(pid: i32) -> Option<i32> {
+    innermost_pid(&std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?)
+}
+
+/// The last field of the `NSpid:` line of a `/proc/PID/status` text: the process's pid in its
+/// own pid namespace (the line lists its pid in each namespace it is in, outermost first).
+pub fn innermost_pid(status: &str) -> Option<i32> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))?
+        .split_whitespace()
+        .last()?
+        .parse()
+        .ok()
 }
 
 /// This process's host pid, if it is the process the container's `init` file names.
@@ -107,6 +115,14 @@ mod tests {
         ] {
             assert_eq!(Init::parse(bad), None, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn the_innermost_pid_is_the_last_of_nspid() {
+        let status = "Name:\tsh\nTgid:\t48213\nNSpid:\t48213\t1\nPPid:\t9\n";
+        assert_eq!(innermost_pid(status), Some(1));
+        assert_eq!(innermost_pid("NSpid:\t77\n"), Some(77));
+        assert_eq!(innermost_pid("Name:\tsh\n"), None);
     }
 
     #[test]

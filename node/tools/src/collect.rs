@@ -268,11 +268,7 @@ fn pid_namespaces() -> HashMap<PathBuf, HashMap<i32, i32>> {
         ) else {
             continue;
         };
-        if let Some(inner) = status
-            .lines()
-            .find_map(|l| l.strip_prefix("NSpid:"))
-            .and_then(|l| l.split_whitespace().last()?.parse().ok())
-        {
+        if let Some(inner) = cuslice_state::init::innermost_pid(&status) {
             by_ns.entry(ns).or_default().insert(inner, pid);
         }
     }

@@ -15,10 +15,11 @@ use cuslice_policy::format_size;
 use cuslice_state::ledger::ReadOnly;
 use cuslice_state::uuid_string;
 
-use super::slices::{classify, environ, inner_pid};
+use super::slices::{classify, environ};
 use super::{Bounded, ComputeKill, Slice, Verifier, log};
 use crate::Enforce;
 use crate::judge::{self, Bucket, Held, Window};
+use cuslice_state::init::inner_pid;
 
 /// What the meter measured for a slice on a device: its usage over the window, the pids whose
 /// samples counted, its last kill for device time owed, and (under one sample a period) the

@@ -154,18 +154,6 @@ pub(super) fn classify(pid: i32, slices: &BTreeMap<String, Arc<Slice>>) -> Optio
         .map(|s| s.id.clone())
 }
 
-/// The pid process `pid` has in its own pid namespace (the last field of `NSpid`).
-pub(super) fn inner_pid(pid: i32) -> Option<i32> {
-    fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()?
-        .lines()
-        .find_map(|l| l.strip_prefix("NSpid:"))?
-        .split_whitespace()
-        .last()?
-        .parse()
-        .ok()
-}
-
 /// A variable of process `pid`'s environment as it was at exec.
 pub(super) fn environ(pid: i32, name: &str) -> Option<String> {
     let raw = fs::read(format!("/proc/{pid}/environ")).ok()?;
