@@ -111,10 +111,7 @@ fn create(
     if let Err(e) = s.reserve_or_wait(dev, reserved) {
         return e;
     }
-    let mut r = make();
-    if r == CUresult::CUDA_ERROR_OUT_OF_MEMORY {
-        r = crate::wants::wait_for_room(s.config.memory_wait, dev, reserved, &mut make);
-    }
+    let r = crate::wants::allocate(s, dev, reserved, &mut make);
     if !r.is_ok() {
         s.release(dev, reserved);
         return r;

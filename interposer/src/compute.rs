@@ -236,10 +236,7 @@ pub fn join(s: &Slice, devs: &[Dev]) -> Result<(), String> {
     crate::wants::set(
         meters
             .iter()
-            .map(|m| crate::wants::Place {
-                board: m.board.clone(),
-                uuid: m.uuid,
-            })
+            .map(|m| crate::wants::Place::new(m.board.clone(), m.uuid, m.index))
             .collect(),
     );
     let meters: &'static Vec<Meter> = Box::leak(Box::new(meters));

@@ -46,6 +46,8 @@ use crate::membership::Slice;
 use crate::{gate, nvml_query, real, turns};
 use cuslice_policy::duration::format_duration;
 use cuslice_policy::format_size;
+use cuslice_policy::room;
+use cuslice_state::board::{ROOM_AHEAD_NS, now_ns};
 
 /// How long the driver's lock may wait for a call under way before the freeze gives up.
 const LOCK_TIMEOUT_MS: u32 = 100;
@@ -53,6 +55,8 @@ const LOCK_TIMEOUT_MS: u32 = 100;
 const ROOM_POLL: Duration = Duration::from_millis(20);
 /// A thaw that waits for room posts what it waits for to hold this long, and again as it waits.
 const WANT_NS: u64 = 1_000_000_000;
+/// A thaw's post of the room it restores holds this long, and a second more per GiB.
+const RESTORE_HOLD_NS: u64 = 10_000_000_000;
 /// A process quiet this long (or its idle time, if shorter) is frozen when another slice waits
 /// for room on a device where it holds memory: a want posted by a slice that lies costs the
 /// processes it freezes a thaw, never sooner than this.
@@ -223,8 +227,8 @@ fn wanted_here(s: &Slice) -> Option<(usize, u64, u64)> {
     })
 }
 
-/// Device memory free now, by NVML.
-fn free_on(d: &crate::membership::Dev) -> Option<u64> {
+/// What NVML says is free on device `d` now.
+pub(crate) fn free_on(d: &crate::membership::Dev) -> Option<u64> {
     Some(d.physical.saturating_sub(nvml_query::device_used(&d.uuid)?))
 }
 
@@ -370,17 +374,24 @@ fn thaw() {
         return;
     };
     let started = Instant::now();
-    wait_for_room(s);
+    let posts = loop {
+        wait_for_room(s);
+        if let Some(posts) = hold_room(s) {
+            break posts;
+        }
+    };
     // SAFETY: getpid has no preconditions.
     let pid = unsafe { libc::getpid() };
     let (Some(restore), Some(unlock)) = (
         real::cuCheckpointProcessRestore(),
         real::cuCheckpointProcessUnlock(),
     ) else {
+        release_room(&posts);
         return;
     };
     // SAFETY: the driver's prototype; NULL arguments are all-reserved ones.
     let r = unsafe { restore(pid, std::ptr::null()) };
+    release_room(&posts);
     if !r.is_ok() {
         static SAID_STUCK: AtomicBool = AtomicBool::new(false);
         if !SAID_STUCK.swap(true, Ordering::Relaxed) {
@@ -438,6 +449,55 @@ fn wait_for_room(s: &Slice) {
         crate::wants::post_for(i, need, WANT_NS);
         posted = Some(i);
         std::thread::sleep(ROOM_POLL);
+    }
+}
+
+/// Makes the room the restore needs its own: posts on the node's board what it restores on
+/// each device, waits for the allocations under way there to end (`ALLOCATIONS_WAIT_NS` at
+/// most), and looks again. An allocation that posts after this post sees it and waits for the
+/// restore (`wants::take_room`); one that posted before is over, and NVML counts it, or is
+/// waited for. Some(the posts) if every device has room for this thaw beside the others under
+/// way; else the posts are taken back, and None after a random moment (two thaws that see
+/// each other do not go on seeing each other).
+fn hold_room(s: &Slice) -> Option<Vec<(usize, u64)>> {
+    let now = now_ns();
+    let posts: Vec<(usize, u64)> = (0..s.devs().len())
+        .filter_map(|i| Some((i, HELD.get(i)?.load(Ordering::Relaxed))))
+        .filter(|(_, need)| *need > 0)
+        .collect();
+    for &(i, need) in &posts {
+        // Restores run at gigabytes a second; a post lapses if this process dies meanwhile.
+        let until = now + RESTORE_HOLD_NS + need / (1 << 30) * 1_000_000_000;
+        crate::wants::post_thaw(i, need, until.min(now + ROOM_AHEAD_NS), true);
+    }
+    let end = now + room::ALLOCATIONS_WAIT_NS;
+    let mut fits = true;
+    for &(i, need) in &posts {
+        let mut rescan = true;
+        let thawing = loop {
+            let (thawing, allocating) = crate::wants::beside_thaw(i, need, rescan);
+            rescan = false;
+            if allocating == 0 || now_ns() >= end {
+                break thawing;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        let free = s.devs().get(i).and_then(free_on);
+        fits &= free.is_none_or(|f| room::may_restore(f, thawing, need));
+    }
+    if fits {
+        return Some(posts);
+    }
+    release_room(&posts);
+    let wait = 1 + (now ^ (std::process::id() as u64).wrapping_mul(0x9e37_79b9)) % 20;
+    std::thread::sleep(Duration::from_millis(wait));
+    None
+}
+
+/// Takes back what `hold_room` posted.
+fn release_room(posts: &[(usize, u64)]) {
+    for &(i, need) in posts {
+        crate::wants::post_thaw(i, need, 0, false);
     }
 }
 

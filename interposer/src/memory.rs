@@ -75,10 +75,7 @@ pub fn spillable_alloc(
     if let Err(e) = fits {
         return e;
     }
-    let mut r = alloc();
-    if r == CUresult::CUDA_ERROR_OUT_OF_MEMORY {
-        r = crate::wants::wait_for_room(s.config.memory_wait, dev, reserved, &mut alloc);
-    }
+    let r = crate::wants::allocate(s, dev, reserved, &mut alloc);
     if !r.is_ok() {
         s.release(dev, reserved);
         return r;

@@ -118,10 +118,7 @@ fn alloc_async(
     if let Err(e) = s.reserve(dev, reserved) {
         return e;
     }
-    let mut r = alloc();
-    if r == CUresult::CUDA_ERROR_OUT_OF_MEMORY {
-        r = crate::wants::wait_for_room(s.config.memory_wait, dev, reserved, &mut alloc);
-    }
+    let r = crate::wants::allocate(s, dev, reserved, &mut alloc);
     let delta = sync_pool(pool, dev);
     if !r.is_ok() {
         let _ = settle_pool(s, dev, reserved, delta);

@@ -48,10 +48,7 @@ pub unsafe extern "C" fn cuMemCreate(
     if let Err(e) = s.reserve_or_wait(dev, bytes) {
         return e;
     }
-    let mut r = call();
-    if r == CUresult::CUDA_ERROR_OUT_OF_MEMORY {
-        r = crate::wants::wait_for_room(s.config.memory_wait, dev, bytes, &mut call);
-    }
+    let r = crate::wants::allocate(s, dev, bytes, &mut call);
     if !r.is_ok() {
         s.release(dev, bytes);
         return r;

@@ -4,14 +4,63 @@
 //! set once the process joined the node's board (`compute::join`), by the slice's ordinal.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 
+use cuda_abi::CUresult;
+use cuslice_policy::room::{self, Belief};
 use cuslice_state::board::{Board, now_ns};
 
-/// One device of the slice: its place on the board (None: no board) and its UUID.
+use crate::membership::Slice;
+
+/// One device of the slice: its place on the board (None: no board), its UUID and its index in
+/// the slice's ledger (its entry on the board).
 pub struct Place {
     pub board: Option<Arc<Board>>,
     pub uuid: [u8; 16],
+    pub index: u32,
+    /// Whether another slice on the device may be frozen, as last looked (`freezers`), and when
+    /// (CLOCK_MONOTONIC_COARSE ns).
+    pub freezers: AtomicBool,
+    pub looked: AtomicU64,
+}
+
+impl Place {
+    pub fn new(board: Option<Arc<Board>>, uuid: [u8; 16], index: u32) -> Place {
+        Place {
+            board,
+            uuid,
+            index,
+            freezers: AtomicBool::new(false),
+            looked: AtomicU64::new(0),
+        }
+    }
+
+    /// Whether another slice on the device may be frozen (`Board::freezers_on`), looked at again
+    /// at most every `LOOK_NS`: a slice freezes after a second quiet on the device, so none that
+    /// could be thawing is missed. An allocation's cheapest path: a clock read and two loads.
+    fn freezers(&self, b: &Board) -> bool {
+        const LOOK_NS: u64 = 200_000_000;
+        let now = coarse_ns();
+        let looked = self.looked.load(Ordering::Relaxed);
+        if looked != 0 && now.saturating_sub(looked) < LOOK_NS {
+            return self.freezers.load(Ordering::Relaxed);
+        }
+        let f = b.freezers_on(self.index, &self.uuid, now_ns());
+        self.freezers.store(f, Ordering::Relaxed);
+        self.looked.store(now.max(1), Ordering::Relaxed);
+        f
+    }
+}
+
+/// CLOCK_MONOTONIC_COARSE in ns: a few ns to read, a few ms coarse.
+fn coarse_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid out-pointer; CLOCK_MONOTONIC_COARSE exists on every kernel this runs on.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// The slice's devices, by ordinal (leaked once set: a forked child sets its own).
@@ -38,6 +87,7 @@ pub fn post(ordinal: usize, bytes: u64, until: u64) {
     if let Some(Place {
         board: Some(b),
         uuid,
+        ..
     }) = places().get(ordinal)
     {
         b.want_memory(uuid, bytes, until);
@@ -55,9 +105,142 @@ pub fn wanted(ordinal: usize) -> u64 {
         Some(Place {
             board: Some(b),
             uuid,
+            ..
         }) => b.memory_wanted(uuid, now_ns()),
         _ => 0,
     }
+}
+
+/// Allocates `bytes` on device `ordinal` by `alloc`, which the slice's cap allows: beside the
+/// thaws under way there (`take_room`), and, where the device has no room, as `wait_for_room`
+/// says. Every family of device memory the slice is charged for comes here (`memory`, `vmm`,
+/// `pool`, `array`).
+pub fn allocate(
+    s: &Slice,
+    ordinal: usize,
+    bytes: u64,
+    alloc: &mut impl FnMut() -> CUresult,
+) -> CUresult {
+    let mut beside = || take_room(s, ordinal, bytes, alloc);
+    let r = beside();
+    if r == CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+        return wait_for_room(s.config.memory_wait, ordinal, bytes, &mut beside);
+    }
+    r
+}
+
+/// What this process believes of other slices' thaws (`cuslice_policy::room`).
+static BELIEF: parking_lot::Mutex<Belief> = parking_lot::Mutex::new(Belief::new());
+
+/// Makes an allocation of `bytes` on device `ordinal` by `alloc`, leaving the thaws under way
+/// there their room: it posts what it takes on the node's board, then reads what every slice
+/// restores there, and goes only if the device has room for both; else it takes its post back
+/// and waits. The thaw posts first and looks after (`freeze`), so one of the two sees the other.
+fn take_room(
+    s: &Slice,
+    ordinal: usize,
+    bytes: u64,
+    alloc: &mut impl FnMut() -> CUresult,
+) -> CUresult {
+    /// An allocation's post holds this long at most (a process that dies in the driver call).
+    const HOLD_NS: u64 = 5_000_000_000;
+    const RETRY: std::time::Duration = std::time::Duration::from_millis(5);
+    let (
+        Some(
+            place @ Place {
+                board: Some(b),
+                uuid,
+                index,
+                ..
+            },
+        ),
+        Some(dev),
+    ) = (places().get(ordinal), s.devs().get(ordinal))
+    else {
+        return alloc();
+    };
+    // Where no slice may be frozen, none thaws: nothing to post or look at.
+    if s.config.memory_freeze_idle.is_none() && !place.freezers(b) {
+        return alloc();
+    }
+    let mut said = false;
+    loop {
+        let now = now_ns();
+        b.begin_room(*index, false, bytes, now + HOLD_NS);
+        let rooms = b.rooms(*index, uuid, now, false);
+        let thawing = if rooms.iter().any(|r| r.thawing != 0) {
+            BELIEF
+                .lock()
+                .thawing(rooms.iter().map(|r| (r.slice, r.thawing)), now)
+        } else {
+            0
+        };
+        let go = thawing == 0
+            || crate::freeze::free_on(dev)
+                .is_none_or(|free| room::may_allocate(free, thawing, bytes));
+        if go {
+            let r = alloc();
+            b.end_room(*index, false, bytes);
+            return r;
+        }
+        b.end_room(*index, false, bytes);
+        if !said {
+            said = true;
+            crate::log::info!(
+                "device {ordinal}: an allocation of {} waits while {} comes back to the device from a frozen process",
+                cuslice_policy::format_size(bytes),
+                cuslice_policy::format_size(thawing)
+            );
+        }
+        std::thread::sleep(RETRY);
+    }
+}
+
+/// Posts on the node's board that this process restores `bytes` on device `ordinal` until
+/// `until` at the latest (`take_room` on the other side); `bytes` 0 takes a post back.
+pub fn post_thaw(ordinal: usize, bytes: u64, until: u64, begin: bool) {
+    if let Some(Place {
+        board: Some(b),
+        index,
+        ..
+    }) = places().get(ordinal)
+    {
+        if begin {
+            b.begin_room(*index, true, bytes, until);
+        } else {
+            b.end_room(*index, true, bytes);
+        }
+    }
+}
+
+/// What the slices on device `ordinal` are taking there now, as a thaw counts it: the bytes
+/// other thaws restore (as this process believes them) and the bytes being allocated. `rescan`:
+/// look for slices that joined the board since the last look.
+pub fn beside_thaw(ordinal: usize, own: u64, rescan: bool) -> (u64, u64) {
+    let Some(Place {
+        board: Some(b),
+        uuid,
+        index,
+        ..
+    }) = places().get(ordinal)
+    else {
+        return (0, 0);
+    };
+    let now = now_ns();
+    let rooms = b.rooms(*index, uuid, now, rescan);
+    let allocating = rooms
+        .iter()
+        .fold(0u64, |a, r| a.saturating_add(r.allocating));
+    // This slice's own post holds this thaw's bytes too.
+    let posts = rooms.iter().map(|r| {
+        let t = if r.slice == b.slice() {
+            r.thawing.saturating_sub(own)
+        } else {
+            r.thawing
+        };
+        (r.slice, t)
+    });
+    (BELIEF.lock().thawing(posts, now), allocating)
 }
 
 /// The device has no room for an allocation the slice's cap allows (the driver said

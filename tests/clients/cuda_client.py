@@ -23,6 +23,8 @@ prints (one JSON object a line) against the simulator's ground truth.
     cuda_client.py busy MIB PTX SECS         as keep, then launch 1 ms spin kernels for SECS
                                              seconds, then read the bytes back ("checked")
     cuda_client.py scribble MIB              cuMemAlloc MIB, write 0xAB over all of it, free it
+    cuda_client.py churn MIB SECS            for SECS seconds: cuMemAlloc MIB and free it at once,
+                                             over and over; counts what was got and refused
     cuda_client.py checkpoint PID OP...      the checkpoint API on PID: lock[:MS], checkpoint,
                                              restore, unlock, one JSON line each with the code
                                              and the state after it
@@ -398,6 +400,25 @@ def scribble(mib):
     out(event="scribbled", bytes=size)
 
 
+def churn(mib, secs):
+    """Another tenant that takes room and gives it back again as fast as it can, for `secs`:
+    an allocation of `mib`, freed at once, over and over (an allocator growing and trimming its
+    cache). What the driver refused is counted, not fatal."""
+    cu, _, _ = setup()
+    size = int(mib) * MIB
+    out(event="holding", pid=os.getpid())
+    got = refused = 0
+    end = time.monotonic() + float(secs)
+    while time.monotonic() < end:
+        r = cu.cuMemAlloc(size)
+        if code(r) == 0:
+            got += 1
+            ok(cu.cuMemFree(r[1]))
+        else:
+            refused += 1
+    out(event="churned", got=got, refused=refused)
+
+
 def checkpoint(pid, *ops):
     cu = cuda()
     ok(cu.cuInit(0))
@@ -428,7 +449,7 @@ def main(argv):
     cmd, args = argv[1], argv[2:]
     table = {"fill": fill, "async-free": async_free, "hold": hold, "nvml": nvml,
              "topology": topology, "launch": launch, "null-outs": null_outs, "keep": keep, "busy": busy,
-             "scribble": scribble, "checkpoint": checkpoint}
+             "scribble": scribble, "churn": churn, "checkpoint": checkpoint}
     if cmd not in table:
         raise SystemExit(f"unknown command {cmd!r}; use one of {', '.join(table)}")
     table[cmd](*args)

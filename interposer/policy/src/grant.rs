@@ -30,6 +30,9 @@ pub struct Grant {
     pub limit: u32,
     /// The highest priority.
     pub priority: Priority,
+    /// Whether its processes may be frozen when idle (`CUSLICE_MEMORY_FREEZE_IDLE`): only
+    /// then do other slices count the thaws it says it has under way (`crate::room`).
+    pub freezes: bool,
     pub origin: Origin,
 }
 
@@ -54,6 +57,7 @@ impl Grant {
             request,
             limit,
             priority: c.priority,
+            freezes: c.memory_freeze_idle.is_some(),
             origin,
         }
     }
@@ -64,6 +68,7 @@ impl Grant {
             request: 0,
             limit: FULL,
             priority: Priority::Normal,
+            freezes: false,
             origin: Origin::Standalone,
         };
         for line in text.lines() {
@@ -84,6 +89,7 @@ impl Grant {
                         g.priority = p;
                     }
                 }
+                (Some("freezes"), Some("yes")) => g.freezes = true,
                 (Some("origin"), Some("hook")) => {
                     // `origin hook ID ROOT`: the root is the rest of the line (it may hold
                     // spaces; an id never does).
@@ -115,6 +121,9 @@ impl Grant {
         let _ = writeln!(s, "request {}", self.request);
         let _ = writeln!(s, "limit {}", self.limit);
         let _ = writeln!(s, "priority {}", self.priority);
+        if self.freezes {
+            s.push_str("freezes yes\n");
+        }
         match &self.origin {
             Origin::Hook { id, root } => {
                 let _ = writeln!(s, "origin hook {id} {}", root.display());
@@ -151,6 +160,10 @@ mod tests {
             (g.request, g.limit, g.priority)
         };
         assert_eq!(g(&[]), (0, FULL, Priority::Normal));
+        let freezes =
+            |vars: &[(&str, &str)]| Grant::from_config(&config(vars), Origin::Standalone).freezes;
+        assert!(!freezes(&[("CUSLICE_MEMORY_LIMIT", "1GiB")]));
+        assert!(freezes(&[("CUSLICE_MEMORY_FREEZE_IDLE", "10m")]));
         assert_eq!(
             g(&[("CUSLICE_MEMORY_LIMIT", "1GiB")]),
             (0, FULL, Priority::Normal)
@@ -196,6 +209,7 @@ mod tests {
                 request: 250_000,
                 limit: 600_000,
                 priority: Priority::Low,
+                freezes: true,
                 origin,
             };
             assert_eq!(Grant::parse(&g.format()), g);
@@ -204,11 +218,13 @@ mod tests {
             request: 0,
             limit: FULL,
             priority: Priority::Normal,
+            freezes: false,
             origin: Origin::Standalone,
         };
         for junk in [
             "",
             "\0\0\0",
+            "freezes maybe\n",
             "request -5\nlimit x\npriority max\norigin hook\n",
             "origin hook onlyanid\n",
         ] {
@@ -225,6 +241,7 @@ mod tests {
             request: 200_000,
             limit: 500_000,
             priority: Priority::Normal,
+            freezes: false,
             origin: Origin::Standalone,
         };
         assert_eq!(

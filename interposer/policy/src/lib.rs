@@ -11,6 +11,7 @@ pub mod managed;
 pub mod meminfo;
 pub mod overhead;
 pub mod priority;
+pub mod room;
 pub mod share;
 pub mod size;
 pub mod turn;

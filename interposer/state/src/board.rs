@@ -236,6 +236,35 @@ pub struct Post {
     pub active_ns: u64,
 }
 
+/// What a slice is taking of a device's memory at the moment it is read (`Board::rooms`):
+/// bytes its processes are bringing back from the host (thaws' restores) and bytes they are
+/// allocating. A thaw that posts what it restores before it looks for room, and an allocation
+/// that posts what it takes before it looks for thaws, cannot both miss each other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Room {
+    pub slice: u64,
+    pub thawing: u64,
+    pub allocating: u64,
+}
+
+/// Where another slice posts its room on a device, and whether its grant lets it freeze.
+struct RoomRef {
+    slice: u64,
+    file: Arc<File>,
+    index: usize,
+    freezes: bool,
+}
+
+/// The other slices' entries on one device (by ledger index), and when they were looked for.
+type RoomRefs = (u32, u64, Arc<Vec<RoomRef>>);
+
+/// A post of room counts until the time it gives (`Board::begin_room`), at most this far ahead
+/// of the reader's clock: a process that dies half-way leaves a post that lapses.
+pub const ROOM_AHEAD_NS: u64 = 60_000_000_000;
+/// The slices on a device are looked for again at most this often for an allocation (a slice
+/// posts a thaw only after a second of holding memory quiet on the device, so none is missed).
+const ROOM_RESCAN_NS: u64 = 250_000_000;
+
 /// Another slice's place, as this process keeps it open.
 struct Other {
     id: u64,
@@ -263,6 +292,9 @@ pub struct Board {
     /// The other slices' entries for each device (by ledger index), as the last `views` found
     /// them: where the slice reads their turns while it waits for one.
     rivals: parking_lot::Mutex<Vec<(u32, Arc<Vec<RivalRef>>)>>,
+    /// The slices with an entry on each device (by ledger index), and when they were looked
+    /// for: where `rooms` reads what they post of room.
+    room_refs: parking_lot::Mutex<Vec<RoomRefs>>,
 }
 
 /// Where another slice posts its turn on a device (its turns file, the entry), and the
@@ -497,6 +529,7 @@ impl Board {
             standalone,
             others: parking_lot::Mutex::new(Vec::new()),
             rivals: parking_lot::Mutex::new(Vec::new()),
+            room_refs: parking_lot::Mutex::new(Vec::new()),
         };
         let h = &board.claims().header;
         if h.magic != MAGIC || h.version != VERSION || h.size as usize != SIZE || h.slice != slice {
@@ -518,6 +551,11 @@ impl Board {
 
     fn entry(&self, d: u32) -> Option<&Entry> {
         self.claims().entries.get(d as usize)
+    }
+
+    /// The slice's id on the board.
+    pub fn slice(&self) -> u64 {
+        self.slice
     }
 
     /// The slice's directory on the board.
@@ -754,8 +792,7 @@ impl Board {
         let mut out = Vec::with_capacity(refs.len());
         for r in refs.iter() {
             let e = turns::read_entry(&r.file, r.index);
-            if e.uuid[0].load(Ordering::Relaxed) != w.0 || e.uuid[1].load(Ordering::Relaxed) != w.1
-            {
+            if !e.is(w) {
                 continue;
             }
             out.push(Rival {
@@ -882,6 +919,110 @@ impl Board {
             None => r.push((d, rivals)),
         }
         out
+    }
+
+    /// Posts that a process of the slice is about to take `bytes` of device memory on device
+    /// `d` (its ledger index), by a thaw's restore (`thaw`) or by an allocation, until `until`
+    /// at the latest; then a full fence. A process that posts and then reads the others'
+    /// (`rooms`) sees every post made before its own, and whoever posts after it sees its own.
+    pub fn begin_room(&self, d: u32, thaw: bool, bytes: u64, until: u64) {
+        if let Some(e) = self.turn_entry(d) {
+            let sum = if thaw { &e.thawing } else { &e.allocating };
+            sum.fetch_add(bytes, Ordering::SeqCst);
+            e.room_until.fetch_max(until, Ordering::SeqCst);
+        }
+        fence(Ordering::SeqCst);
+    }
+
+    /// Takes back a post of `begin_room`: the restore or the allocation is done, or given up.
+    pub fn end_room(&self, d: u32, thaw: bool, bytes: u64) {
+        if let Some(e) = self.turn_entry(d) {
+            let sum = if thaw { &e.thawing } else { &e.allocating };
+            let _ = sum.fetch_update(Ordering::SeqCst, Ordering::Relaxed, |v| {
+                Some(v.saturating_sub(bytes))
+            });
+        }
+    }
+
+    /// What every slice with an entry on device `uuid` (this slice's ledger index `d`) is taking
+    /// of its memory now, this slice's own first: its own from the mapping, each other's by one
+    /// `pread` of its turns entry, never a mapping or a lock. A post counts until its time, at
+    /// most `ROOM_AHEAD_NS` ahead; slices taking nothing are left out. With `rescan` the board's
+    /// directory is read first, for a slice that joined since the last look (else the list is at
+    /// most `ROOM_RESCAN_NS` old). What another slice posts is only a figure it wrote: a thaw
+    /// counts only from a slice whose grant lets it freeze, and the caller bounds what it
+    /// believes of that (`cuslice_policy::room`).
+    pub fn rooms(&self, d: u32, uuid: &[u8; 16], now: u64, rescan: bool) -> Vec<Room> {
+        let w = words(uuid);
+        let counts = |until: u64| until >= now && until <= now.saturating_add(ROOM_AHEAD_NS);
+        let mut out = Vec::new();
+        let mut push = |slice: u64, e: &turns::Entry, freezes: bool| {
+            let (thawing, allocating) = (
+                if freezes {
+                    e.thawing.load(Ordering::SeqCst)
+                } else {
+                    0
+                },
+                e.allocating.load(Ordering::SeqCst),
+            );
+            if e.is(w) && counts(e.room_until.load(Ordering::SeqCst)) && thawing | allocating != 0 {
+                out.push(Room {
+                    slice,
+                    thawing,
+                    allocating,
+                });
+            }
+        };
+        if let Some(e) = self.turn_entry(d) {
+            push(self.slice, e, true);
+        }
+        for r in self.room_refs_on(d, w, now, rescan).iter() {
+            push(r.slice, &turns::read_entry(&r.file, r.index), r.freezes);
+        }
+        out
+    }
+
+    /// Whether another slice with an entry on device `uuid` (this slice's ledger index `d`) may
+    /// be frozen when idle, by its grant (the list at most `ROOM_RESCAN_NS` old). None is
+    /// missed that could be thawing: a slice freezes after a second quiet on the device.
+    pub fn freezers_on(&self, d: u32, uuid: &[u8; 16], now: u64) -> bool {
+        self.room_refs_on(d, words(uuid), now, false)
+            .iter()
+            .any(|r| r.freezes)
+    }
+
+    /// The other slices' entries on device `w` (this slice's ledger index `d`), looked for again
+    /// when asked or when the last look is `ROOM_RESCAN_NS` old.
+    fn room_refs_on(&self, d: u32, w: (u64, u64), now: u64, rescan: bool) -> Arc<Vec<RoomRef>> {
+        {
+            let r = self.room_refs.lock();
+            if let Some((_, at, refs)) = r.iter().find(|(i, _, _)| *i == d)
+                && !rescan
+                && now.saturating_sub(*at) < ROOM_RESCAN_NS
+            {
+                return refs.clone();
+            }
+        }
+        let mut refs = Vec::new();
+        // Whether or not its claim there is fresh: a slice that only holds memory may refresh
+        // none, and what it posts of room says how long that holds.
+        self.each_other(now, |o, c| {
+            if let (Some(i), Some(file)) = (c.entries.iter().position(|e| e.is(w)), &o.turns) {
+                refs.push(RoomRef {
+                    slice: o.id,
+                    file: file.clone(),
+                    index: i,
+                    freezes: o.grant.freezes,
+                });
+            }
+        });
+        let refs = Arc::new(refs);
+        let mut r = self.room_refs.lock();
+        match r.iter_mut().find(|(i, _, _)| *i == d) {
+            Some(slot) => *slot = (d, now, refs.clone()),
+            None => r.push((d, now, refs.clone())),
+        }
+        refs
     }
 
     /// Removes the slice's place from the board: for a standalone slice's last process.

@@ -54,6 +54,7 @@ fn the_nodes_check_counts_the_other_slices_requests_as_granted() {
         request,
         limit: FULL,
         priority: Priority::Normal,
+        freezes: false,
         origin: Origin::Standalone,
     };
     let a = Board::open(node.path(), 1, Maker::Standalone(grant(FULL / 5))).unwrap();

@@ -166,6 +166,7 @@ mod tests {
                 request: granted,
                 limit: 1_000_000,
                 priority: Priority::Normal,
+                freezes: false,
                 origin: Origin::Standalone,
             },
         }

@@ -472,6 +472,7 @@ pub fn set(target: &str, change: &Change, places: &Places) -> Result<String, Str
                     request: v.core_request.map_or(old.request, |p| ppm(p, old.request)),
                     limit: v.core_limit.map_or(old.limit, |p| ppm(p, old.limit)),
                     priority: v.priority.map_or(old.priority, Priority::from_code),
+                    freezes: old.freezes,
                     origin: old.origin,
                 }
             }

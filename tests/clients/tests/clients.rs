@@ -850,6 +850,19 @@ fn a_process_the_driver_will_not_checkpoint_is_left_running_and_says_why_once() 
     assert_eq!(k.release(), 0);
 }
 
+/// `n` slices of their own, each capped at 6 GiB and frozen after a second idle.
+fn notebooks(n: usize) -> Vec<Slice> {
+    (0..n)
+        .map(|_| {
+            Slice::new(&[
+                ("CUSLICE_MEMORY_LIMIT", "6GiB"),
+                ("CUSLICE_MEMORY_FREEZE_IDLE", "1s"),
+                ("CUSLICE_LOG", "info"),
+            ])
+        })
+        .collect()
+}
+
 #[test]
 fn three_notebooks_capped_at_6_gib_take_turns_on_an_8_gib_device_with_their_bytes_intact() {
     use std::io::Write;
@@ -859,15 +872,7 @@ fn three_notebooks_capped_at_6_gib_take_turns_on_an_8_gib_device_with_their_byte
     let sim = Sim::new(&["--memory", "8GiB"]);
     // Three slices of their own, each capped at 6 GiB (18 GiB of caps on 8 GiB), each holding
     // 3 GiB and a context (3.3 GiB): any two fit on the device, three do not.
-    let slices: Vec<Slice> = (0..3)
-        .map(|_| {
-            Slice::new(&[
-                ("CUSLICE_MEMORY_LIMIT", "6GiB"),
-                ("CUSLICE_MEMORY_FREEZE_IDLE", "1s"),
-                ("CUSLICE_LOG", "info"),
-            ])
-        })
-        .collect();
+    let slices = notebooks(3);
     let mut books = Vec::new();
     for s in &slices {
         let (k, line) = hold(&sim, Some(s), &["keep", "3072"]);
@@ -906,6 +911,56 @@ fn three_notebooks_capped_at_6_gib_take_turns_on_an_8_gib_device_with_their_byte
         assert!(!err.contains("refused"), "pid {pid} met no OOM: {err}");
         assert_eq!(k.release(), 0);
     }
+}
+
+/// A thaw's room is its own until the restore has it: another slice that allocates and frees as
+/// fast as it can beside a notebook that thaws again and again (caps past the device: the two
+/// do not fit at once) never takes the room between the thaw's look and its restore, which the
+/// driver would answer with OUT_OF_MEMORY and a process checkpointed for good. Every thaw comes
+/// back with its bytes, and the other slice gets its room whenever the notebook is frozen.
+#[test]
+fn a_slice_allocating_beside_a_thaw_never_takes_the_room_the_restore_needs() {
+    if !have_python() {
+        return;
+    }
+    let sim = Sim::new(&["--memory", "8GiB"]);
+    let slices = notebooks(2);
+    let (mut book, line) = hold(&sim, Some(&slices[0]), &["keep", "4096"]);
+    let pid = u(&line["pid"]);
+    let (mut churn, _) = hold(&sim, Some(&slices[1]), &["churn", "5120", "25"]);
+    for round in 0..5 {
+        let c = wait_checkpointed(&sim, pid, Duration::from_secs(20))
+            .unwrap_or_else(|| panic!("round {round}: not frozen: {}", book.err.text()));
+        assert_eq!(c["stuck"], false, "round {round}");
+        use std::io::Write;
+        writeln!(book.child.stdin.as_mut().unwrap(), "check").unwrap();
+        let v = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            book.wait_for("checked", Duration::from_secs(20))
+        }))
+        .unwrap_or_else(|_| {
+            panic!(
+                "round {round}: the thaw did not come back ({:?}): {}",
+                checkpointed(&sim, pid),
+                book.err.text()
+            )
+        });
+        assert_eq!(v["intact"], true, "round {round}: {v}");
+    }
+    let v = churn.wait_for("churned", Duration::from_secs(60));
+    assert!(
+        u(&v["got"]) > 0,
+        "the other slice had room while the notebook was frozen: {v}"
+    );
+    // The protocol, not luck: the other slice's allocations waited for the thaws.
+    let err = churn.err.text();
+    assert!(
+        err.contains("an allocation of 5 GiB waits while 4.29 GiB comes back to the device"),
+        "{err}"
+    );
+    let err = book.err.text();
+    assert!(!err.contains("could not restore"), "{err}");
+    assert_eq!(churn.release(), 0);
+    assert_eq!(book.release(), 0);
 }
 
 /// A slice of its own capped at 6 GiB (two of them on an 8 GiB device add up past it), frozen

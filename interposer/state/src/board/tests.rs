@@ -8,6 +8,7 @@ fn grant(request: u32, limit: u32, priority: Priority) -> Grant {
         request,
         limit,
         priority,
+        freezes: false,
         origin: Origin::Standalone,
     }
 }
@@ -348,4 +349,62 @@ fn a_want_of_memory_is_read_by_the_other_slices_on_the_board_only_while_it_holds
     a.want_memory(&UUID, 3 << 30, now_ns() + 1_000_000_000);
     c.want_memory(&UUID, 5 << 30, now_ns() + 1_000_000_000);
     assert_eq!(b.memory_wanted(&UUID, now_ns()), 5 << 30);
+}
+
+#[test]
+fn thaws_and_allocations_see_each_others_room_until_it_lapses() {
+    let node = tempfile::tempdir().unwrap();
+    let freezing = Grant {
+        freezes: true,
+        ..grant(0, FULL, Priority::Normal)
+    };
+    let a = standalone(node.path(), 1, freezing);
+    let b = standalone(node.path(), 2, grant(0, FULL, Priority::Normal));
+    a.claim(0, &UUID, 0, FULL, Priority::Normal).unwrap();
+    b.claim(0, &UUID, 0, FULL, Priority::Normal).unwrap();
+    let now = now_ns();
+    assert_eq!(a.rooms(0, &UUID, now, true), []);
+    assert!(b.freezers_on(0, &UUID, now), "A may freeze");
+    assert!(!a.freezers_on(0, &UUID, now), "B may not");
+    // A thaw of 4 GiB in A, two allocations of 1 GiB in B (two processes).
+    a.begin_room(0, true, 4 << 30, now + 10_000_000_000);
+    b.begin_room(0, false, 1 << 30, now + 5_000_000_000);
+    b.begin_room(0, false, 1 << 30, now + 5_000_000_000);
+    let thaw = Room {
+        slice: 1,
+        thawing: 4 << 30,
+        allocating: 0,
+    };
+    let allocs = Room {
+        slice: 2,
+        thawing: 0,
+        allocating: 2 << 30,
+    };
+    assert_eq!(a.rooms(0, &UUID, now, true), [thaw, allocs]);
+    assert_eq!(b.rooms(0, &UUID, now, true), [allocs, thaw]);
+    // Another device's readers see none of it.
+    assert_eq!(b.rooms(0, &[8; 16], now, true), []);
+    // One allocation ends; then the other.
+    b.end_room(0, false, 1 << 30);
+    assert_eq!(a.rooms(0, &UUID, now, true)[1].allocating, 1 << 30);
+    b.end_room(0, false, 1 << 30);
+    b.end_room(0, false, 1 << 30);
+    assert_eq!(
+        a.rooms(0, &UUID, now, true),
+        [thaw],
+        "taken back, never below 0"
+    );
+    // A post counts until its time, and not from further ahead than ROOM_AHEAD_NS.
+    assert_eq!(b.rooms(0, &UUID, now + 10_000_000_001, true), []);
+    b.begin_room(0, false, 1 << 30, u64::MAX);
+    a.end_room(0, true, 4 << 30);
+    assert_eq!(
+        a.rooms(0, &UUID, now, true),
+        [],
+        "{:?}",
+        b.rooms(0, &UUID, now, true)
+    );
+    // A slice whose grant does not let it freeze has no thaw to count, whatever it posts.
+    b.begin_room(0, true, 4 << 30, now + 5_000_000_000);
+    assert_eq!(a.rooms(0, &UUID, now, true), []);
 }

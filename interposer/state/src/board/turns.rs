@@ -43,6 +43,13 @@ pub(super) struct Entry {
     pub(super) since: AtomicU64,
     /// Holding: when its turn is planned to end.
     pub(super) until: AtomicU64,
+    /// Device memory the slice's processes are bringing back from the host now (a thaw's
+    /// restore), and allocating now (bytes, each a sum its processes add to and take from), and
+    /// until when either figure holds (`Board::begin_room`; in what was padding: a file of an
+    /// earlier build has 0 there, nothing posted).
+    pub(super) thawing: AtomicU64,
+    pub(super) allocating: AtomicU64,
+    pub(super) room_until: AtomicU64,
     /// What the slice's own processes share within a turn (other slices never read it).
     pub(super) gate: Gate,
 }
@@ -98,6 +105,7 @@ pub struct Gate {
 
 // The words fill two cache lines; a new one takes padding, never the size (the file's format).
 const _: () = assert!(std::mem::size_of::<Gate>() == 128);
+const _: () = assert!(std::mem::size_of::<Entry>() == 192);
 
 #[repr(C)]
 pub(super) struct Turns {
@@ -203,6 +211,11 @@ pub(super) fn read_entry(f: &File, i: usize) -> Entry {
 }
 
 impl Entry {
+    /// Whether the entry names device `w` (its UUID as two words).
+    pub(super) fn is(&self, w: (u64, u64)) -> bool {
+        self.uuid[0].load(Ordering::Relaxed) == w.0 && self.uuid[1].load(Ordering::Relaxed) == w.1
+    }
+
     pub(super) fn turn(&self) -> Turn {
         Turn::from_words(
             self.turn.load(Ordering::Acquire),
