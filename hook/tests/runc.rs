@@ -1073,44 +1073,14 @@ fn three_notebook_containers_capped_past_the_device_take_turns_with_their_bytes_
     }
 }
 
-/// A hostile tenant says, in its own claims, that it waits for 1 TiB on the device. A container
-/// beside it that freezes when idle (after an hour) is frozen once quiet for a second, as if the
-/// want were real; and that is all: its next read brings its bytes back intact, and it exits
-/// cleanly.
-#[test]
-fn a_forged_want_of_memory_costs_a_neighbour_a_thaw_and_nothing_more() {
-    root_required();
-    let sim = Sim::new(&["--memory", "8GiB"]);
-    let liar = name("forge-want");
-    let mut l = RuncContainer::start(
-        &sim,
+/// A container `n` (settings `env`) that keeps 1 GiB on the device for one cell: it reads it
+/// back after `idle_secs`, then exits.
+fn keeper(sim: &Sim, n: &str, env: &[&str], idle_secs: &str) -> RuncContainer {
+    RuncContainer::start(
+        sim,
         &Spec {
-            name: &liar,
-            env: &["CUSLICE_MEMORY_LIMIT=1GiB"],
-            cmd: &[
-                "cuda-workload",
-                "tamper",
-                "--forge-want-gib",
-                "1024",
-                "--secs",
-                "30",
-            ],
-            read_only: false,
-        },
-        &[],
-    );
-    let (tried, _) = engines::lines_until(&mut l, "ready");
-    assert!(tried.iter().any(|t| t.contains("forge-want")), "{tried:?}");
-    let n = name("beside-forged-want");
-    let mut c = RuncContainer::start(
-        &sim,
-        &Spec {
-            name: &n,
-            env: &[
-                "CUSLICE_MEMORY_LIMIT=2GiB",
-                "CUSLICE_MEMORY_FREEZE_IDLE=1h",
-                "CUSLICE_LOG=info",
-            ],
+            name: n,
+            env,
             cmd: &[
                 "cuda-workload",
                 "keep",
@@ -1119,11 +1089,52 @@ fn a_forged_want_of_memory_costs_a_neighbour_a_thaw_and_nothing_more() {
                 "--cells",
                 "1",
                 "--idle-secs",
-                "5",
+                idle_secs,
             ],
             read_only: false,
         },
         &[],
+    )
+}
+
+/// A hostile tenant (`cuda-workload tamper --ATTACK-gib 1024` for 30 s, settings `env`) once it
+/// is ready, having tried the attack.
+fn liar(sim: &Sim, attack: &str, env: &[&str]) -> RuncContainer {
+    let flag = format!("--{attack}-gib");
+    let mut l = RuncContainer::start(
+        sim,
+        &Spec {
+            name: &name(attack),
+            env,
+            cmd: &["cuda-workload", "tamper", &flag, "1024", "--secs", "30"],
+            read_only: false,
+        },
+        &[],
+    );
+    let (tried, _) = engines::lines_until(&mut l, "ready");
+    assert!(tried.iter().any(|t| t.contains(attack)), "{tried:?}");
+    l
+}
+
+/// A hostile tenant says, in its own claims, that it waits for 1 TiB on the device. A container
+/// beside it that freezes when idle (after an hour) is frozen once quiet for a second, as if the
+/// want were real; and that is all: its next read brings its bytes back intact, and it exits
+/// cleanly.
+#[test]
+fn a_forged_want_of_memory_costs_a_neighbour_a_thaw_and_nothing_more() {
+    root_required();
+    let sim = Sim::new(&["--memory", "8GiB"]);
+    let l = liar(&sim, "forge-want", &["CUSLICE_MEMORY_LIMIT=1GiB"]);
+    let n = name("beside-forged-want");
+    let mut c = keeper(
+        &sim,
+        &n,
+        &[
+            "CUSLICE_MEMORY_LIMIT=2GiB",
+            "CUSLICE_MEMORY_FREEZE_IDLE=1h",
+            "CUSLICE_LOG=info",
+        ],
+        "5",
     );
     wait_for(&mut c, "holding");
     // Frozen within its quiet spell, by the simulator's count.
@@ -1150,6 +1161,53 @@ fn a_forged_want_of_memory_costs_a_neighbour_a_thaw_and_nothing_more() {
         "{err}"
     );
     Box::new(l).remove();
+}
+
+/// A hostile tenant says, in its own turns, that it brings 1 TiB back to the device from a frozen
+/// process: a thaw it never does. Where its grant lets it freeze, a container beside it waits as
+/// it would for a real thaw (its context and its allocation leave that room), but only as long
+/// as one slice's thaws are believed in a row (4 s), then runs, bytes intact; where its grant
+/// does not, nobody waits at all.
+#[test]
+fn a_forged_thaw_holds_a_neighbour_back_seconds_and_nothing_more() {
+    root_required();
+    for freezes in [true, false] {
+        let sim = Sim::new(&["--memory", "8GiB"]);
+        let env: &[&str] = if freezes {
+            &["CUSLICE_MEMORY_LIMIT=1GiB", "CUSLICE_MEMORY_FREEZE_IDLE=1h"]
+        } else {
+            &["CUSLICE_MEMORY_LIMIT=1GiB"]
+        };
+        let l = liar(&sim, "forge-thaw", env);
+        let n = name("beside-forged-thaw");
+        let started = Instant::now();
+        let mut c = keeper(
+            &sim,
+            &n,
+            &["CUSLICE_MEMORY_LIMIT=2GiB", "CUSLICE_LOG=info"],
+            "0",
+        );
+        wait_for(&mut c, "holding");
+        let took = started.elapsed();
+        let v = wait_for(&mut c, "checked");
+        assert_eq!(v["intact"], true, "{v}");
+        let status = exit_status(&mut c, &n);
+        let err = Container::stderr(&c);
+        assert!(status.success(), "{status}: {err}");
+        assert_eq!(
+            err.contains(
+                "device 0: a new context waits while 1 TiB comes back to the device from a frozen process"
+            ),
+            freezes,
+            "freezes: {freezes}: {err}"
+        );
+        // Never for the 30 s the lie lasts.
+        assert!(
+            took < Duration::from_secs(15),
+            "freezes: {freezes}: {took:?}: {err}"
+        );
+        Box::new(l).remove();
+    }
 }
 
 /// Container `n`'s exit status, once runc reports it (panics after 30 s).

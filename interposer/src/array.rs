@@ -111,7 +111,7 @@ fn create(
     if let Err(e) = s.reserve_or_wait(dev, reserved) {
         return e;
     }
-    let r = crate::wants::allocate(s, dev, reserved, &mut make);
+    let r = crate::wants::allocate(&s.config, dev, reserved, &mut make);
     if !r.is_ok() {
         s.release(dev, reserved);
         return r;

@@ -236,7 +236,8 @@ pub fn join(s: &Slice, devs: &[Dev]) -> Result<(), String> {
     crate::wants::set(
         meters
             .iter()
-            .map(|m| crate::wants::Place::new(m.board.clone(), m.uuid, m.index))
+            .zip(devs)
+            .map(|(m, d)| crate::wants::Place::new(m.board.clone(), m.uuid, m.index, d.physical))
             .collect(),
     );
     let meters: &'static Vec<Meter> = Box::leak(Box::new(meters));

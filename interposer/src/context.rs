@@ -64,10 +64,17 @@ fn create(cudev: CUdevice, out: *mut CUcontext, make: impl FnOnce() -> CUresult)
         smaller_than_a_context(s, dev, estimate);
         return e;
     }
-    let before = first.then(|| nvml_query::device_used(&uuid)).flatten();
-    let procs_before = first.then(|| nvml_query::process_memory(&uuid)).flatten();
-    let own0 = s.own_charged(dev);
-    let r = make();
+    // A context takes device memory too: beside a thaw under way, it waits as an allocation
+    // does, and is measured from the moment it goes.
+    let (mut before, mut procs_before, mut own0) = (None, None, 0);
+    let mut make = Some(make);
+    let r = crate::wants::take_room(&s.config, dev, estimate, true, &mut || {
+        before = first.then(|| nvml_query::device_used(&uuid)).flatten();
+        procs_before = first.then(|| nvml_query::process_memory(&uuid)).flatten();
+        own0 = s.own_charged(dev);
+        make.take()
+            .map_or(CUresult::CUDA_ERROR_UNKNOWN, |make| make())
+    });
     if !r.is_ok() {
         s.release(dev, estimate);
         return r;

@@ -228,8 +228,8 @@ fn wanted_here(s: &Slice) -> Option<(usize, u64, u64)> {
 }
 
 /// What NVML says is free on device `d` now.
-pub(crate) fn free_on(d: &crate::membership::Dev) -> Option<u64> {
-    Some(d.physical.saturating_sub(nvml_query::device_used(&d.uuid)?))
+fn free_on(d: &crate::membership::Dev) -> Option<u64> {
+    nvml_query::device_free(&d.uuid, d.physical)
 }
 
 /// Tries to freeze the process, which has made no call since the gate was armed (`why`: for how

@@ -75,7 +75,7 @@ pub fn spillable_alloc(
     if let Err(e) = fits {
         return e;
     }
-    let r = crate::wants::allocate(s, dev, reserved, &mut alloc);
+    let r = crate::wants::allocate(&s.config, dev, reserved, &mut alloc);
     if !r.is_ok() {
         s.release(dev, reserved);
         return r;

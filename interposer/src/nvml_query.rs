@@ -60,6 +60,11 @@ fn handle_by_uuid(uuid: &[u8; 16]) -> Option<Nvdev> {
     (unsafe { f(s.as_ptr(), &mut h) } == nvmlReturn_t::NVML_SUCCESS).then_some(h)
 }
 
+/// What is free on device `uuid` of `physical` bytes, by NVML's used memory.
+pub fn device_free(uuid: &[u8; 16], physical: u64) -> Option<u64> {
+    Some(physical.saturating_sub(device_used(uuid)?))
+}
+
 /// The device's used memory as NVML reports it (all processes), for measuring hidden memory.
 pub fn device_used(uuid: &[u8; 16]) -> Option<u64> {
     if !init() {

@@ -118,7 +118,7 @@ fn alloc_async(
     if let Err(e) = s.reserve(dev, reserved) {
         return e;
     }
-    let r = crate::wants::allocate(s, dev, reserved, &mut alloc);
+    let r = crate::wants::allocate(&s.config, dev, reserved, &mut alloc);
     let delta = sync_pool(pool, dev);
     if !r.is_ok() {
         let _ = settle_pool(s, dev, reserved, delta);

@@ -48,7 +48,7 @@ pub unsafe extern "C" fn cuMemCreate(
     if let Err(e) = s.reserve_or_wait(dev, bytes) {
         return e;
     }
-    let r = crate::wants::allocate(s, dev, bytes, &mut call);
+    let r = crate::wants::allocate(&s.config, dev, bytes, &mut call);
     if !r.is_ok() {
         s.release(dev, bytes);
         return r;

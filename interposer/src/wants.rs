@@ -10,7 +10,7 @@ use cuda_abi::CUresult;
 use cuslice_policy::room::{self, Belief};
 use cuslice_state::board::{Board, now_ns};
 
-use crate::membership::Slice;
+use cuslice_policy::config::Config;
 
 /// One device of the slice: its place on the board (None: no board), its UUID and its index in
 /// the slice's ledger (its entry on the board).
@@ -18,6 +18,8 @@ pub struct Place {
     pub board: Option<Arc<Board>>,
     pub uuid: [u8; 16],
     pub index: u32,
+    /// Its memory (bytes).
+    pub physical: u64,
     /// Whether another slice on the device may be frozen, as last looked (`freezers`), and when
     /// (CLOCK_MONOTONIC_COARSE ns).
     pub freezers: AtomicBool,
@@ -25,11 +27,12 @@ pub struct Place {
 }
 
 impl Place {
-    pub fn new(board: Option<Arc<Board>>, uuid: [u8; 16], index: u32) -> Place {
+    pub fn new(board: Option<Arc<Board>>, uuid: [u8; 16], index: u32, physical: u64) -> Place {
         Place {
             board,
             uuid,
             index,
+            physical,
             freezers: AtomicBool::new(false),
             looked: AtomicU64::new(0),
         }
@@ -116,15 +119,15 @@ pub fn wanted(ordinal: usize) -> u64 {
 /// says. Every family of device memory the slice is charged for comes here (`memory`, `vmm`,
 /// `pool`, `array`).
 pub fn allocate(
-    s: &Slice,
+    config: &Config,
     ordinal: usize,
     bytes: u64,
     alloc: &mut impl FnMut() -> CUresult,
 ) -> CUresult {
-    let mut beside = || take_room(s, ordinal, bytes, alloc);
+    let mut beside = || take_room(config, ordinal, bytes, false, alloc);
     let r = beside();
     if r == CUresult::CUDA_ERROR_OUT_OF_MEMORY {
-        return wait_for_room(s.config.memory_wait, ordinal, bytes, &mut beside);
+        return wait_for_room(config.memory_wait, ordinal, bytes, &mut beside);
     }
     r
 }
@@ -132,35 +135,35 @@ pub fn allocate(
 /// What this process believes of other slices' thaws (`cuslice_policy::room`).
 static BELIEF: parking_lot::Mutex<Belief> = parking_lot::Mutex::new(Belief::new());
 
-/// Makes an allocation of `bytes` on device `ordinal` by `alloc`, leaving the thaws under way
-/// there their room: it posts what it takes on the node's board, then reads what every slice
-/// restores there, and goes only if the device has room for both; else it takes its post back
-/// and waits. The thaw posts first and looks after (`freeze`), so one of the two sees the other.
-fn take_room(
-    s: &Slice,
+/// Makes an allocation of `bytes` on device `ordinal` by `alloc` (called once), leaving the
+/// thaws under way there their room: it posts what it takes on the node's board, then reads what
+/// every slice restores there, and goes only if the device has room for both; else it takes its
+/// post back and waits. The thaw posts first and looks after (`freeze`), so one of the two sees
+/// the other. A context's creation comes here too (`context`), with what one takes.
+pub fn take_room(
+    config: &Config,
     ordinal: usize,
     bytes: u64,
+    context: bool,
     alloc: &mut impl FnMut() -> CUresult,
 ) -> CUresult {
     /// An allocation's post holds this long at most (a process that dies in the driver call).
     const HOLD_NS: u64 = 5_000_000_000;
     const RETRY: std::time::Duration = std::time::Duration::from_millis(5);
-    let (
-        Some(
-            place @ Place {
-                board: Some(b),
-                uuid,
-                index,
-                ..
-            },
-        ),
-        Some(dev),
-    ) = (places().get(ordinal), s.devs().get(ordinal))
+    let Some(
+        place @ Place {
+            board: Some(b),
+            uuid,
+            index,
+            physical,
+            ..
+        },
+    ) = places().get(ordinal)
     else {
         return alloc();
     };
     // Where no slice may be frozen, none thaws: nothing to post or look at.
-    if s.config.memory_freeze_idle.is_none() && !place.freezers(b) {
+    if config.memory_freeze_idle.is_none() && !place.freezers(b) {
         return alloc();
     }
     let mut said = false;
@@ -176,7 +179,7 @@ fn take_room(
             0
         };
         let go = thawing == 0
-            || crate::freeze::free_on(dev)
+            || crate::nvml_query::device_free(uuid, *physical)
                 .is_none_or(|free| room::may_allocate(free, thawing, bytes));
         if go {
             let r = alloc();
@@ -186,9 +189,13 @@ fn take_room(
         b.end_room(*index, false, bytes);
         if !said {
             said = true;
+            let what = if context {
+                "a new context".to_string()
+            } else {
+                format!("an allocation of {}", cuslice_policy::format_size(bytes))
+            };
             crate::log::info!(
-                "device {ordinal}: an allocation of {} waits while {} comes back to the device from a frozen process",
-                cuslice_policy::format_size(bytes),
+                "device {ordinal}: {what} waits while {} comes back to the device from a frozen process",
                 cuslice_policy::format_size(thawing)
             );
         }

@@ -58,6 +58,11 @@ pub struct TamperArgs {
     /// that freeze give their memory back
     #[arg(long, default_value_t = 0)]
     pub forge_want_gib: u64,
+    /// Say, in its own turns, that it brings this many GiB back to every device it has from a
+    /// frozen process (a thaw it never does), and keep saying it: what allocations of other
+    /// slices leave room for
+    #[arg(long, default_value_t = 0)]
+    pub forge_thaw_gib: u64,
     /// How long to keep it up after `ready`
     #[arg(long, value_parser = parse_secs, default_value = "0")]
     pub secs: f64,
@@ -353,6 +358,34 @@ fn forge_want(
     })]
 }
 
+/// Posts a thaw of `bytes` on each of its devices in its own turns, and keeps the post fresh.
+fn forge_thaw(
+    s: &Session<'_>,
+    root: &Path,
+    bytes: u64,
+    until: Instant,
+) -> Vec<std::thread::JoinHandle<()>> {
+    let Some(board) = own_board(root, "forge-thaw") else {
+        return Vec::new();
+    };
+    let devices = devices(s).len() as u32;
+    attempt("forge-thaw", &board.dir().join("turns"), Ok(()));
+    let hold = |now: u64| now + 30_000_000_000;
+    let now = crate::scenarios::monotonic_ns();
+    for d in 0..devices {
+        board.begin_room(d, true, bytes, hold(now));
+    }
+    vec![std::thread::spawn(move || {
+        while Instant::now() < until {
+            let now = crate::scenarios::monotonic_ns();
+            for d in 0..devices {
+                board.begin_room(d, true, 0, hold(now));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    })]
+}
+
 /// The container's own place on the node's board, as its processes open it (its slice's id from
 /// its ledger); None, reported as attempt `what`, when it cannot be opened.
 fn own_board(root: &Path, what: &str) -> Option<cuslice_state::board::Board> {
@@ -561,6 +594,9 @@ pub fn tamper(s: &Session<'_>, a: &TamperArgs) {
     }
     if a.forge_want_gib > 0 {
         forgers.extend(forge_want(s, &a.root, a.forge_want_gib << 30, until));
+    }
+    if a.forge_thaw_gib > 0 {
+        forgers.extend(forge_thaw(s, &a.root, a.forge_thaw_gib << 30, until));
     }
     emit("ready", json!({}));
     std::thread::sleep(until.saturating_duration_since(Instant::now()));
