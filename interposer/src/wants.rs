@@ -204,7 +204,7 @@ pub fn take_room(
 }
 
 /// Posts on the node's board that this process restores `bytes` on device `ordinal` until
-/// `until` at the latest (`take_room` on the other side); `bytes` 0 takes a post back.
+/// `until` at the latest (`take_room` on the other side); `begin` false takes such a post back.
 pub fn post_thaw(ordinal: usize, bytes: u64, until: u64, begin: bool) {
     if let Some(Place {
         board: Some(b),
