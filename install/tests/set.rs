@@ -260,9 +260,9 @@ fn shares(sim: &Sim, pids: &[u64], secs: f64) -> Vec<f64> {
 
 #[test]
 fn a_core_limit_raised_from_30_to_60_while_running_is_followed() {
-    // Shares are measured one test at a time: beside another test's busy processes on a small
-    // machine, a slice's own process may not get the CPU to keep the device busy.
-    let _turn = cuslice_test_harness::serial();
+    // Shares are measured beside quiet tests only: beside another test's busy processes on a
+    // small machine, a slice's own process may not get the CPU to keep the device busy.
+    let _turn = cuslice_test_harness::quiet();
     twice(a_core_limit_raised_from_30_to_60_while_running_is_followed_once);
 }
 
@@ -328,7 +328,7 @@ fn a_core_limit_raised_from_30_to_60_while_running_is_followed_once() {
 /// simulator's count while device 0 stays at 30%, and `cuslice status` says so per device.
 #[test]
 fn a_core_limit_set_on_one_device_changes_that_device_only() {
-    let _turn = cuslice_test_harness::serial();
+    let _turn = cuslice_test_harness::quiet();
     twice(a_core_limit_set_on_one_device_changes_that_device_only_once);
 }
 
@@ -411,9 +411,9 @@ fn a_core_limit_set_on_one_device_changes_that_device_only_once() {
 
 #[test]
 fn a_core_limit_set_on_a_slice_without_one_holds_it_to_the_limit() {
-    // Shares are measured one test at a time: beside another test's busy processes on a small
-    // machine, a slice's own process may not get the CPU to keep the device busy.
-    let _turn = cuslice_test_harness::serial();
+    // Shares are measured beside quiet tests only: beside another test's busy processes on a
+    // small machine, a slice's own process may not get the CPU to keep the device busy.
+    let _turn = cuslice_test_harness::quiet();
     twice(a_core_limit_set_on_a_slice_without_one_holds_it_to_the_limit_once);
 }
 
@@ -448,9 +448,9 @@ fn a_core_limit_set_on_a_slice_without_one_holds_it_to_the_limit_once() {
 
 #[test]
 fn a_priority_raised_while_running_puts_the_slice_first_and_lowered_again_shares_evenly() {
-    // Shares are measured one test at a time: beside another test's busy processes on a small
-    // machine, a slice's own process may not get the CPU to keep the device busy.
-    let _turn = cuslice_test_harness::serial();
+    // Shares are measured beside quiet tests only: beside another test's busy processes on a
+    // small machine, a slice's own process may not get the CPU to keep the device busy.
+    let _turn = cuslice_test_harness::quiet();
     let sim = Sim::new(&["--memory", "8GiB"]);
     let node = tempfile::tempdir().unwrap();
     let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());

@@ -185,7 +185,7 @@ fn rate_alone(kernel_us: u32) -> f64 {
 
 #[test]
 fn hard_limits_30_and_70_share_one_device() {
-    let _turn = serial();
+    let _quiet = quiet();
     near("30/70, 1 ms kernels", &[30.0, 70.0], || {
         shares(&limits(&["30", "70"]), 1000, "kernel")
     });
@@ -203,7 +203,7 @@ fn limits(l: &[&'static str]) -> Vec<Vec<(&'static str, &'static str)>> {
 /// device's 4096 were gone and every `cuEventCreate` on it failed with out of memory.)
 #[test]
 fn turns_hold_on_to_no_more_events_than_their_streams() {
-    let _turn = serial();
+    let _quiet = quiet();
     let mut events = Vec::new();
     near("30/70 on 4 streams", &[30.0, 70.0], || {
         let (got, e) = shares_and_events(&[], &limits(&["30", "70"]), 1000, "kernel", 4, "work");
@@ -225,54 +225,61 @@ fn turns_hold_on_to_no_more_events_than_their_streams() {
 /// model is a sample per process; MIG instances give none. On the H200, with the meter that read
 /// those samples, PyTorch matmul loops at limits 30/70 got 7.3/90.0% of their rate alone.
 #[test]
-fn shares_hold_whatever_nvml_gives_of_per_process_use() {
-    let _turn = serial();
+fn shares_hold_with_a_sample_per_process() {
+    shares_hold_with(
+        &["--process-samples", "per-process"],
+        "a sample per process",
+    );
+}
+
+/// As above, with no per-process samples (as on MIG instances).
+#[test]
+fn shares_hold_with_no_per_process_samples() {
+    shares_hold_with(&["--no-process-samples"], "no per-process samples");
+}
+
+/// 30/70, request 30/limit 100 beside request 70/limit 70, and best-effort beside request 60,
+/// on a simulator started with `sim_args`.
+fn shares_hold_with(sim_args: &[&str], how: &str) {
+    let _quiet = quiet();
     let req = |r: &'static str, l: &'static str| {
         vec![("CUSLICE_CORE_REQUEST", r), ("CUSLICE_CORE_LIMIT", l)]
     };
     let best_effort = vec![("CUSLICE_MEMORY_LIMIT", "4GiB")];
-    for (sim_args, how) in [
-        (
-            &["--process-samples", "per-process"][..],
-            "a sample per process",
-        ),
-        (&["--no-process-samples"][..], "no per-process samples"),
-    ] {
-        near(&format!("30/70, {how}"), &[30.0, 70.0], || {
-            shares_sampled(sim_args, &limits(&["30", "70"]), 1000, "kernel", 1)
-        });
-        near(
-            &format!("request 30/limit 100 beside request 70/limit 70, {how}"),
-            &[30.0, 70.0],
-            || {
-                shares_sampled(
-                    sim_args,
-                    &[req("30", "100"), req("70", "70")],
-                    1000,
-                    "kernel",
-                    1,
-                )
-            },
-        );
-        near(
-            &format!("best-effort beside request 60, {how}"),
-            &[99.0, 1.0],
-            || {
-                shares_sampled(
-                    sim_args,
-                    &[vec![("CUSLICE_CORE_REQUEST", "60")], best_effort.clone()],
-                    1000,
-                    "kernel",
-                    1,
-                )
-            },
-        );
-    }
+    near(&format!("30/70, {how}"), &[30.0, 70.0], || {
+        shares_sampled(sim_args, &limits(&["30", "70"]), 1000, "kernel", 1)
+    });
+    near(
+        &format!("request 30/limit 100 beside request 70/limit 70, {how}"),
+        &[30.0, 70.0],
+        || {
+            shares_sampled(
+                sim_args,
+                &[req("30", "100"), req("70", "70")],
+                1000,
+                "kernel",
+                1,
+            )
+        },
+    );
+    near(
+        &format!("best-effort beside request 60, {how}"),
+        &[99.0, 1.0],
+        || {
+            shares_sampled(
+                sim_args,
+                &[vec![("CUSLICE_CORE_REQUEST", "60")], best_effort.clone()],
+                1000,
+                "kernel",
+                1,
+            )
+        },
+    );
 }
 
 #[test]
 fn three_and_four_slices_each_get_their_limit() {
-    let _turn = serial();
+    let _quiet = quiet();
     near("20/30/50", &[20.0, 30.0, 50.0], || {
         shares(&limits(&["20", "30", "50"]), 1000, "kernel")
     });
@@ -281,31 +288,21 @@ fn three_and_four_slices_each_get_their_limit() {
     });
 }
 
-/// 50 us kernels (a turn holds a hundred of them), 10 ms ones (longer than the driver's time
-/// slice: a turn holds one or two), graph launches and four streams each. Each loop's shares are
-/// judged against its rate alone (the 50 us loop's, bound by the host's launches, within 3
-/// points, as `tests/tools/share.py` judges it).
+/// 50 us kernels (a turn holds a hundred of them), bound by the host's launches: each slice's
+/// share against the loop's rate alone, within 3 points, as `tests/tools/share.py` judges it.
 #[test]
-fn short_and_long_kernels_graphs_and_streams_are_held_to_their_limits() {
-    let _turn = serial();
-    for (kernel_us, points) in [(50, 3.0), (10_000, 2.0)] {
-        let rate = rate_alone(kernel_us);
-        assert!(
-            rate > 50.0,
-            "{kernel_us} us kernels alone kept the device {rate:.1}% busy"
-        );
-        near_within(
-            &format!("30/70, {kernel_us} us kernels (alone {rate:.1}%)"),
-            &[30.0, 70.0],
-            points,
-            || {
-                shares(&limits(&["30", "70"]), kernel_us, "kernel")
-                    .iter()
-                    .map(|s| s * 100.0 / rate)
-                    .collect()
-            },
-        );
-    }
+fn short_kernels_bound_by_the_hosts_launches_are_held_to_their_limits() {
+    // Its rate alone is the host's: nothing else may load the machine between the two.
+    let _serial = serial();
+    kernels_held(50, 3.0);
+}
+
+/// 10 ms kernels (longer than the driver's time slice: a turn holds one or two), graph launches
+/// and four streams each: each slice's share against its loop's rate alone.
+#[test]
+fn long_kernels_graphs_and_streams_are_held_to_their_limits() {
+    let _quiet = quiet();
+    kernels_held(10_000, 2.0);
     near("30/70, graph launches", &[30.0, 70.0], || {
         shares(&limits(&["30", "70"]), 1000, "graph")
     });
@@ -317,7 +314,7 @@ fn short_and_long_kernels_graphs_and_streams_are_held_to_their_limits() {
 /// Two processes of one slice share its turns and its limit.
 #[test]
 fn a_slice_of_two_processes_shares_its_turns() {
-    let _turn = serial();
+    let _quiet = quiet();
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().to_str().unwrap();
     let thirty = vec![("CUSLICE_CORE_LIMIT", "30"), ("CUSLICE_STATE_DIR", state)];
@@ -338,7 +335,7 @@ fn a_slice_of_two_processes_shares_its_turns() {
 /// A slice alone: spin kernels (they wait on the clock) judge it as well as fixed work.
 #[test]
 fn a_lone_slice_stays_at_its_limit() {
-    let _turn = serial();
+    let _quiet = quiet();
     for via in ["kernel", "ex", "coop", "graph"] {
         near(via, &[30.0], || {
             shares_of(
@@ -355,7 +352,7 @@ fn a_lone_slice_stays_at_its_limit() {
 
 #[test]
 fn a_request_is_guaranteed_and_idle_time_is_lent() {
-    let _turn = serial();
+    let _quiet = quiet();
     near(
         "request 30/limit 100 beside request 70/limit 70",
         &[30.0, 70.0],
@@ -398,7 +395,7 @@ fn a_request_is_guaranteed_and_idle_time_is_lent() {
 
 #[test]
 fn requests_beyond_the_device_are_refused_at_cuinit() {
-    let _turn = serial();
+    let _quiet = quiet();
     let sim = Sim::new(&[]);
     let node = tempfile::tempdir().unwrap();
     let mut first = sim
@@ -451,4 +448,25 @@ fn requests_beyond_the_device_are_refused_at_cuinit() {
     );
     let _ = first.kill();
     let _ = first.wait();
+}
+
+/// 30/70 with `kernel_us` fixed-work kernels, each slice's share against the loop's rate alone,
+/// within `points`.
+fn kernels_held(kernel_us: u32, points: f64) {
+    let rate = rate_alone(kernel_us);
+    assert!(
+        rate > 50.0,
+        "{kernel_us} us kernels alone kept the device {rate:.1}% busy"
+    );
+    near_within(
+        &format!("30/70, {kernel_us} us kernels (alone {rate:.1}%)"),
+        &[30.0, 70.0],
+        points,
+        || {
+            shares(&limits(&["30", "70"]), kernel_us, "kernel")
+                .iter()
+                .map(|s| s * 100.0 / rate)
+                .collect()
+        },
+    );
 }

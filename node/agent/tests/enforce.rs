@@ -273,7 +273,7 @@ const BYPASS_2GIB: &[&str] = &[
 #[test]
 fn stop_kills_a_slice_over_its_memory_cap() {
     root_required();
-    let _serial = cuslice_test_harness::serial();
+    let _quiet = cuslice_test_harness::quiet();
     let sim = Sim::new(&["--memory", "8GiB"]);
     let root = state_root();
     let agent = Agent::start(
@@ -338,7 +338,7 @@ fn stop_kills_a_slice_over_its_memory_cap() {
 #[test]
 fn stop_holds_a_slice_to_its_core_limit_by_freezing() {
     root_required();
-    let _serial = cuslice_test_harness::serial();
+    let _quiet = cuslice_test_harness::quiet();
     let sim = Sim::new(&["--memory", "8GiB"]);
     let root = state_root();
     let mut agent = Agent::start(&sim, root.path(), &["--enforce", "stop"]);
@@ -458,7 +458,7 @@ fn stop_holds_a_slice_to_its_core_limit_by_freezing() {
 #[test]
 fn report_shows_the_overuse_and_kills_nothing() {
     root_required();
-    let _serial = cuslice_test_harness::serial();
+    let _quiet = cuslice_test_harness::quiet();
     let sim = Sim::new(&["--memory", "8GiB"]);
     let root = state_root();
     let agent = Agent::start(&sim, root.path(), &["--enforce", "report", "--grace", "1"]);
@@ -567,7 +567,7 @@ fn report_shows_the_overuse_and_kills_nothing() {
 /// log says `said`. Returns the workload's `tampered` line.
 fn a_ledger_lie_is_found(what: &str, tamper: &str, said: &str) -> Value {
     root_required();
-    let _serial = cuslice_test_harness::serial();
+    let _quiet = cuslice_test_harness::quiet();
     let sim = Sim::new(&["--memory", "8GiB"]);
     let root = state_root();
     let agent = Agent::start(&sim, root.path(), &["--enforce", "report"]);
@@ -671,7 +671,7 @@ fn own_space_refused() -> Vec<(String, bool, bool)> {
 #[test]
 fn files_grown_past_their_size_are_found_and_cut_back() {
     root_required();
-    let _serial = cuslice_test_harness::serial();
+    let _quiet = cuslice_test_harness::quiet();
     let sim = Sim::new(&["--memory", "8GiB"]);
     let root = state_root();
     let agent = Agent::start(&sim, root.path(), &["--enforce", "stop"]);
@@ -731,7 +731,7 @@ fn files_grown_past_their_size_are_found_and_cut_back() {
 fn space_reserved_past_the_end_of_files_is_refused_in_the_slices_own_space() {
     use std::os::unix::fs::MetadataExt;
     root_required();
-    let _serial = cuslice_test_harness::serial();
+    let _quiet = cuslice_test_harness::quiet();
     let sim = Sim::new(&["--memory", "8GiB"]);
     let root = state_root();
     let _agent = Agent::start(&sim, root.path(), &["--enforce", "stop"]);
@@ -785,7 +785,7 @@ fn space_reserved_past_the_end_of_files_is_refused_in_the_slices_own_space() {
 #[test]
 fn a_claim_posted_five_times_counts_once_and_is_found() {
     root_required();
-    let _serial = cuslice_test_harness::serial();
+    let _quiet = cuslice_test_harness::quiet();
     let sim = Sim::new(&["--memory", "8GiB"]);
     let root = state_root();
     let agent = Agent::start(&sim, root.path(), &["--enforce", "report"]);
@@ -858,7 +858,7 @@ fn a_claim_posted_five_times_counts_once_and_is_found() {
 #[test]
 fn stop_leaves_a_slice_the_library_holds_alone() {
     root_required();
-    let _serial = cuslice_test_harness::serial();
+    let _quiet = cuslice_test_harness::quiet();
     let sim = Sim::new(&["--memory", "8GiB"]);
     let root = state_root();
     let agent = Agent::start(&sim, root.path(), &["--enforce", "stop"]);
@@ -949,7 +949,7 @@ fn long_kernels(ns: &str, depth: &str) -> Vec<String> {
 #[test]
 fn stop_holds_long_queued_kernels_by_the_drivers_count() {
     root_required();
-    let _serial = cuslice_test_harness::serial();
+    let _quiet = cuslice_test_harness::quiet();
     let sim = Sim::new(&["--memory", "8GiB"]);
     let root = state_root();
     let agent = Agent::start(&sim, root.path(), &["--enforce", "stop"]);
@@ -1031,7 +1031,7 @@ fn stop_holds_long_queued_kernels_by_the_drivers_count() {
 #[test]
 fn stop_kills_queued_work_freezing_cannot_hold() {
     root_required();
-    let _serial = cuslice_test_harness::serial();
+    let _quiet = cuslice_test_harness::quiet();
     let sim = Sim::new(&["--memory", "8GiB"]);
     let root = state_root();
     let agent = Agent::start(&sim, root.path(), &["--enforce", "stop"]);
@@ -1103,7 +1103,7 @@ fn stop_kills_queued_work_freezing_cannot_hold() {
 #[test]
 fn stop_kills_a_slice_that_keeps_going_back_over_its_cap() {
     root_required();
-    let _serial = cuslice_test_harness::serial();
+    let _quiet = cuslice_test_harness::quiet();
     let sim = Sim::new(&["--memory", "8GiB"]);
     let root = state_root();
     let agent = Agent::start(
@@ -1181,7 +1181,7 @@ fn stop_kills_a_slice_that_keeps_going_back_over_its_cap() {
 #[test]
 fn stop_leaves_a_slice_filling_its_cap_alone() {
     root_required();
-    let _serial = cuslice_test_harness::serial();
+    let _quiet = cuslice_test_harness::quiet();
     let sim = Sim::new(&["--memory", "8GiB"]);
     let root = state_root();
     let agent = Agent::start(
@@ -1245,7 +1245,7 @@ fn frozen_often(sim: &Sim, root: &Path, n: &str) -> RuncContainer {
 #[test]
 fn a_restarted_agent_thaws_what_a_killed_one_froze() {
     root_required();
-    let _serial = cuslice_test_harness::serial();
+    let _quiet = cuslice_test_harness::quiet();
     let sim = Sim::new(&["--memory", "8GiB"]);
     let root = state_root();
     let n = name("restart");
@@ -1288,7 +1288,7 @@ fn a_restarted_agent_thaws_what_a_killed_one_froze() {
 #[test]
 fn a_restarted_agent_leaves_an_operators_pause_alone() {
     root_required();
-    let _serial = cuslice_test_harness::serial();
+    let _quiet = cuslice_test_harness::quiet();
     let sim = Sim::new(&["--memory", "8GiB"]);
     let root = state_root();
     let n = name("paused");
@@ -1343,6 +1343,17 @@ fn a_restarted_agent_leaves_an_operators_pause_alone() {
 }
 
 /// `cuslice set TARGET ARGS` on the test's state root.
+/// The agent's log lines that say it acted (an action, a kill, a freeze), but those containing
+/// `except`.
+fn acted_but(agent: &Agent, except: &str) -> Vec<String> {
+    agent
+        .log()
+        .into_iter()
+        .filter(|l| l.contains("; action: ") || l.contains("killed") || l.contains("frozen"))
+        .filter(|l| !l.contains(except))
+        .collect()
+}
+
 fn set(root: &Path, target: &str, args: &[&str]) {
     let out = std::process::Command::new(bin_dir().join("cuslice"))
         .args(["set", target, "--state-root", root.to_str().unwrap()])
@@ -1366,6 +1377,7 @@ fn set(root: &Path, target: &str, args: &[&str]) {
 #[test]
 fn stop_finds_nothing_against_honest_workloads() {
     root_required();
+    // Eight processes flat out: about 1.7 of the 2-core machine's cores.
     let _serial = cuslice_test_harness::serial();
     let sim = Sim::new(&["--memory", "40GiB"]);
     let root = state_root();
@@ -1583,12 +1595,7 @@ fn stop_finds_nothing_against_honest_workloads() {
         f["actions"]["frozen_seconds"].as_f64().unwrap() <= 0.5,
         "{f}"
     );
-    let acted: Vec<String> = agent
-        .log()
-        .into_iter()
-        .filter(|l| l.contains("; action: ") || l.contains("killed") || l.contains("frozen"))
-        .filter(|l| !l.contains("action: none: its cap was lowered"))
-        .collect();
+    let acted = acted_but(&agent, "action: none: its cap was lowered");
     assert!(acted.is_empty(), "{acted:#?}");
     // They ran: every one still does, or ended by itself with status 0.
     for (what, _, c) in &mut running {
@@ -1613,115 +1620,134 @@ fn stop_finds_nothing_against_honest_workloads() {
 /// library, both flat out.
 #[test]
 fn stop_leaves_honest_slices_sharing_the_device_alone() {
+    honest_pair("CUSLICE_CORE_LIMIT=30", AROUND, true);
+}
+
+/// As above, the neighbour a slice with a memory cap only.
+#[test]
+fn stop_leaves_honest_slices_sharing_the_device_alone_beside_a_memory_only_slice() {
+    honest_pair("CUSLICE_MEMORY_LIMIT=1GiB", AROUND, true);
+}
+
+/// As above, both slices one process each through the library.
+#[test]
+fn stop_leaves_honest_slices_sharing_the_device_alone_through_the_library() {
+    honest_pair(
+        "CUSLICE_CORE_LIMIT=30",
+        "cuda-workload launch --ns-per-block 1000000 --blocks 1 --secs 40",
+        false,
+    );
+}
+
+const AROUND: &str =
+    "cuda-workload --route bypass launch --ns-per-block 1000000 --blocks 1 --secs 40";
+
+/// A slice at a core limit of 70 (two processes when `two`) running `flat_out` beside one
+/// process of a slice with `neighbour`'s setting: neither is found, frozen or killed.
+fn honest_pair(neighbour: &str, flat_out: &str, two: bool) {
     root_required();
-    let _serial = cuslice_test_harness::serial();
-    let around = "cuda-workload --route bypass launch --ns-per-block 1000000 --blocks 1 --secs 40";
-    let through = "cuda-workload launch --ns-per-block 1000000 --blocks 1 --secs 40";
-    for (neighbour, flat_out, two) in [
-        ("CUSLICE_CORE_LIMIT=30", around, true),
-        ("CUSLICE_MEMORY_LIMIT=1GiB", around, true),
-        ("CUSLICE_CORE_LIMIT=30", through, false),
-    ] {
-        let sim = Sim::new(&["--memory", "8GiB"]);
-        let root = state_root();
-        let agent = Agent::start(&sim, root.path(), &["--enforce", "stop"]);
-        let start = |n: &str, env: &str, cmd: &str| {
-            runc(
-                &sim,
-                root.path(),
-                &Spec {
-                    name: n,
-                    env: &[env],
-                    cmd: &["sh", "-c", cmd],
-                    read_only: false,
-                },
-            )
-        };
-        let (big, small) = (name("honest70"), name("honest30"));
-        let mut a = start(
-            &big,
-            "CUSLICE_CORE_LIMIT=70",
-            &if two {
-                format!("{flat_out} & exec {flat_out}")
-            } else {
-                format!("exec {flat_out}")
+    let _quiet = cuslice_test_harness::quiet();
+    let sim = Sim::new(&["--memory", "8GiB"]);
+    let root = state_root();
+    let agent = Agent::start(&sim, root.path(), &["--enforce", "stop"]);
+    let start = |n: &str, env: &str, cmd: &str| {
+        runc(
+            &sim,
+            root.path(),
+            &Spec {
+                name: n,
+                env: &[env],
+                cmd: &["sh", "-c", cmd],
+                read_only: false,
             },
-        );
-        let mut b = start(&small, neighbour, &format!("exec {flat_out}"));
-        engines::wait_for(&mut a, "start");
-        engines::wait_for(&mut b, "start");
-        let truth = Truth::start(&sim);
-        let pb = b.host_pid();
-        let (_, b0) = self::truth(&sim, pb);
-        let t0 = Instant::now();
-        let start_s = unix_now();
-        let mut compute = Vec::new();
-        while t0.elapsed() < Duration::from_secs(20) {
-            if let Some(f) = findings(root.path()) {
-                for x in f["findings"].as_array().unwrap() {
-                    if x["kind"] == "compute" {
-                        compute.push(x.clone());
-                    }
+        )
+    };
+    let (big, small) = (name("honest70"), name("honest30"));
+    let mut a = start(
+        &big,
+        "CUSLICE_CORE_LIMIT=70",
+        &if two {
+            format!("{flat_out} & exec {flat_out}")
+        } else {
+            format!("exec {flat_out}")
+        },
+    );
+    let mut b = start(&small, neighbour, &format!("exec {flat_out}"));
+    engines::wait_for(&mut a, "start");
+    engines::wait_for(&mut b, "start");
+    let truth = Truth::start(&sim);
+    let pb = b.host_pid();
+    let (_, b0) = self::truth(&sim, pb);
+    let t0 = Instant::now();
+    let start_s = unix_now();
+    let mut compute = Vec::new();
+    while t0.elapsed() < Duration::from_secs(20) {
+        if let Some(f) = findings(root.path()) {
+            for x in f["findings"].as_array().unwrap() {
+                if x["kind"] == "compute" {
+                    compute.push(x.clone());
                 }
             }
-            std::thread::sleep(Duration::from_millis(500));
         }
-        let (_, b1) = self::truth(&sim, pb);
-        let whole = truth.share(start_s, unix_now());
-        let b_share = (b1 - b0) as f64 / t0.elapsed().as_nanos() as f64 * 100.0;
-        let a_share = whole - b_share;
-        let f = findings(root.path()).unwrap();
-        eprintln!(
-            "limit 70 ({}) beside {neighbour} (1 process): shares over 20 s by the \
-             simulator's count {a_share:.1}% and {b_share:.1}%; actions {}; compute findings \
-             {}: {:?}",
-            if two {
-                "2 processes around the library"
-            } else {
-                "1 process through the library"
-            },
-            f["actions"],
-            compute.len(),
-            compute.first().map(|c| c["message"].clone())
-        );
-        assert!(
-            a_share < 72.0 && b_share < 35.0,
-            "not honest: {a_share:.1}% {b_share:.1}%"
-        );
-        let acted: Vec<String> = agent
-            .log()
-            .into_iter()
-            .filter(|l| l.contains("; action: ") || l.contains("killed") || l.contains("frozen"))
-            // Going around the library shows in the ledger check, by design, with no action.
-            .filter(|l| !l.contains("ledger does not match the driver"))
-            .collect();
-        assert!(compute.is_empty(), "{:#?}", compute.first());
-        assert_eq!(f["actions"]["kills"], 0, "{f}");
-        assert_eq!(f["actions"]["freezes"], 0, "{f}");
-        assert!(acted.is_empty(), "{acted:#?}");
-        assert!(a.exited().is_none() && b.exited().is_none());
-        drop(truth);
-        drop(agent);
-        Box::new(a).remove();
-        Box::new(b).remove();
+        std::thread::sleep(Duration::from_millis(500));
     }
+    let (_, b1) = self::truth(&sim, pb);
+    let whole = truth.share(start_s, unix_now());
+    let b_share = (b1 - b0) as f64 / t0.elapsed().as_nanos() as f64 * 100.0;
+    let a_share = whole - b_share;
+    let f = findings(root.path()).unwrap();
+    eprintln!(
+        "limit 70 ({}) beside {neighbour} (1 process): shares over 20 s by the \
+         simulator's count {a_share:.1}% and {b_share:.1}%; actions {}; compute findings \
+         {}: {:?}",
+        if two {
+            "2 processes around the library"
+        } else {
+            "1 process through the library"
+        },
+        f["actions"],
+        compute.len(),
+        compute.first().map(|c| c["message"].clone())
+    );
+    assert!(
+        a_share < 72.0 && b_share < 35.0,
+        "not honest: {a_share:.1}% {b_share:.1}%"
+    );
+    // Going around the library shows in the ledger check, by design, with no action.
+    let acted = acted_but(&agent, "ledger does not match the driver");
+    assert!(compute.is_empty(), "{:#?}", compute.first());
+    assert_eq!(f["actions"]["kills"], 0, "{f}");
+    assert_eq!(f["actions"]["freezes"], 0, "{f}");
+    assert!(acted.is_empty(), "{acted:#?}");
+    assert!(a.exited().is_none() && b.exited().is_none());
+    drop(truth);
+    drop(agent);
+    Box::new(a).remove();
+    Box::new(b).remove();
 }
 
 /// One sample a period (simgpu's default, as a real driver): a slice with a core limit of 20
 /// whose workload goes around the library, flat out beside an honest slice at 30 running
 /// through it, is found and held by freezing on the bound the driver establishes (the
 /// device's busy time less what the honest slice may use by its limit), though the samples
-/// name it with the device's figure, not its own; the honest slice gets no finding. With a
-/// sample per process (`--process-samples per-process`), the same by the driver's count. With
-/// no per-process samples at all (`--no-process-samples`, as on MIG instances), the same bound
-/// from the device's utilisation.
+/// name it with the device's figure, not its own; the honest slice gets no finding.
 #[test]
 fn stop_holds_a_bypass_beside_an_honest_slice_by_the_bound() {
-    root_required();
-    let _serial = cuslice_test_harness::serial();
-    for model in ["one-per-period", "per-process", "none"] {
-        bypass_beside_honest(model);
-    }
+    bypass_beside_honest("one-per-period");
+}
+
+/// As above, with a sample per process (`--process-samples per-process`): held by the driver's
+/// count.
+#[test]
+fn stop_holds_a_bypass_beside_an_honest_slice_by_the_drivers_count() {
+    bypass_beside_honest("per-process");
+}
+
+/// As above, with no per-process samples at all (`--no-process-samples`, as on MIG instances):
+/// held by the same bound from the device's utilisation.
+#[test]
+fn stop_holds_a_bypass_beside_an_honest_slice_by_the_bound_without_samples() {
+    bypass_beside_honest("none");
 }
 
 /// One sample a period (simgpu's default, as a real driver): a slice with a core limit of 30
@@ -1734,7 +1760,7 @@ fn stop_holds_a_bypass_beside_an_honest_slice_by_the_bound() {
 #[test]
 fn stop_kills_a_bypass_beside_honest_slices_taking_turns_by_the_stamps_that_name_it() {
     root_required();
-    let _serial = cuslice_test_harness::serial();
+    let _quiet = cuslice_test_harness::quiet();
     let sim = Sim::new(&["--memory", "8GiB"]);
     let root = state_root();
     let agent = Agent::start(&sim, root.path(), &["--enforce", "stop"]);
@@ -1851,6 +1877,8 @@ fn stop_kills_a_bypass_beside_honest_slices_taking_turns_by_the_stamps_that_name
 }
 
 fn bypass_beside_honest(model: &str) {
+    root_required();
+    let _quiet = cuslice_test_harness::quiet();
     let samples: &[&str] = if model == "none" {
         &["--no-process-samples"]
     } else {

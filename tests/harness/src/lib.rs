@@ -16,10 +16,22 @@ use serde_json::Value;
 
 pub const MIB: u64 = 1 << 20;
 
-/// Tests that measure shares of time take turns, so a loaded machine does not skew them.
-pub fn serial() -> std::sync::MutexGuard<'static, ()> {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+/// Tests of one binary that measure shares of time or watch the simulator's clock take the
+/// machine by this lock, so a loaded machine does not skew them.
+static MACHINE: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+/// A test whose processes keep the host's CPUs busy, or whose judgement needs them idle (a loop
+/// bound by the host's launches, judged against its rate alone), runs with no other test of its
+/// binary that takes `serial()` or `quiet()` beside it.
+pub fn serial() -> std::sync::RwLockWriteGuard<'static, ()> {
+    MACHINE.write().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A test that watches the simulator's clock (a share, a window, a finding) while its processes
+/// hardly use the host's CPUs (under half a core over its run, measured: docs/testing.md) runs
+/// beside other such tests, never beside a `serial()` one: its windows are waiting, not work.
+pub fn quiet() -> std::sync::RwLockReadGuard<'static, ()> {
+    MACHINE.read().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Runs a scenario judged by a share of time; one that fails (its panic printed) is run once
