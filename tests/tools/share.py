@@ -33,11 +33,19 @@ points of its configured share and stayed there. `tests/tools/share.py [NAME...]
     --aggregate            instead: two busy loops' throughput together at 30/70 against the same
                            two without the library (tests/bench; goal >= 97%)
 
+    --rates-alone          instead: measure the rate alone of each named scenario's loops (all
+                           scenarios' by default) into SHARE_ALONE_CACHE, and run nothing else
+
 SHARE_SAMPLES picks how the simulator's NVML gives per-process samples: one-per-period (default),
 per-process, or none. SHARE_SECS (default 8) and SHARE_SETTLE (default 3) set the run and the
-settling time. Used by tests/bench (section 5) and tests/run.
+settling time. SHARE_LOCK names a lock file that runs side by side share (tests/run runs the
+three sample modes at once): a scenario whose loops the host holds back (the launch-bound and
+reported-only ones, and any loop below 99.5% of the device alone) runs holding it alone, and a
+rate alone is measured holding it alone; the other scenarios, whose processes use a fifth of a
+core or less on the 2-core machine (docs/testing.md), hold it shared. Used by tests/bench
+(section 5) and tests/run.
 """
-import json, os, shutil, subprocess, sys, tempfile, time
+import contextlib, fcntl, json, os, shutil, subprocess, sys, tempfile, time
 
 # The real-GPU tier loads this file by its path, not as a script: simtruth.py beside it is found
 # by path either way.
@@ -199,6 +207,39 @@ if ALONE_CACHE and os.path.exists(ALONE_CACHE):
         RATES_ALONE = {tuple(json.loads(k)): v for k, v in json.load(f).items()}
 
 
+LOCK = os.environ.get("SHARE_LOCK")
+
+
+@contextlib.contextmanager
+def machine(alone):
+    """Holds SHARE_LOCK (when set) alone or shared while the block runs."""
+    if not LOCK:
+        yield
+        return
+    fd = os.open(LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)
+
+
+def measured_alone(slices):
+    """Every alone-judged loop of `slices` has its rate alone (measured now, holding the lock
+    alone, where it has none yet)."""
+    missing = [s for s in slices if s["alone"] and loop_key(s) not in RATES_ALONE]
+    if missing:
+        with machine(alone=True):
+            for s in missing:
+                rate_alone(s)
+
+
+def host_held(name, slices):
+    """Whether the host holds back a loop of scenario `name`: it then runs with nothing beside it."""
+    return (name in LAUNCH_BOUND_CHECK or name in REPORTED_ONLY
+            or any(s["alone"] and rate_alone(s) < 99.5 for s in slices))
+
+
 def loop_key(s):
     return (s["kernel"], s["kernel_us"], s["via"], s["streams"], s["sync_every"], s["procs"], depth(s))
 
@@ -218,8 +259,10 @@ def rate_alone(s):
             rates += [alone_once(s, key), alone_once(s, key)]
         RATES_ALONE[key] = sorted(rates)[len(rates) // 2]
         if ALONE_CACHE:
-            with open(ALONE_CACHE, "w") as f:
+            # Whole or not at all, for runs side by side that read it.
+            with open(ALONE_CACHE + ".new", "w") as f:
                 json.dump({json.dumps(list(k)): v for k, v in RATES_ALONE.items()}, f)
+            os.replace(ALONE_CACHE + ".new", ALONE_CACHE)
     return RATES_ALONE[key]
 
 
@@ -419,9 +462,11 @@ def main(names, check=None, window_check=WINDOW_CHECK):
         # shares add up to the device: a host that leaves the device idle in a slice's turn takes
         # from every slice, and what the library decides is how the device is split (how much of
         # it a busy pair loses is measured in tests/bench, `--aggregate`).
+        measured_alone(slices)
         for attempt in (1, 2):
             label = name if attempt == 1 else f"{name} (again)"
-            rows = run(name, slices, expected)
+            with machine(alone=host_held(name, slices)):
+                rows = run(name, slices, expected)
             for k, r in enumerate(rows):
                 through = fmt(r["throughput"])
                 cols = f"{label if k == 0 else '':34} {k:>5}"
@@ -454,7 +499,8 @@ def main(names, check=None, window_check=WINDOW_CHECK):
             if attempt == 1:
                 again.append("; ".join(missed))
                 print(f"   missed ({'; '.join(missed)}): run again once", flush=True)
-                remeasure(slices)
+                with machine(alone=True):
+                    remeasure(slices)
             else:
                 failed += missed
     ok = worst_err <= 2.0 and slowest <= 3.0
@@ -490,6 +536,17 @@ def aggregate():
 
 if __name__ == "__main__":
     args = sys.argv[1:]
+    if args[:1] == ["--rates-alone"]:
+        unknown = [a for a in args[1:] if a not in SCENARIOS]
+        if unknown or not ALONE_CACHE:
+            sys.exit(f"share.py --rates-alone: {'SHARE_ALONE_CACHE is not set' if not ALONE_CACHE else 'no scenario ' + ', '.join(map(repr, unknown))}")
+        for name in args[1:] or SCENARIOS:
+            measured_alone(SCENARIOS[name][0])
+        print("rates alone, without the library: " + "; ".join(
+            f"{k[1]} us {k[0]} via {k[2]}{f', {k[3]} streams' if k[3] > 1 else ''}"
+            f"{f', {k[5]} processes' if k[5] > 1 else ''}{f', synchronising every {k[4]}' if k[4] else ''}: {v:.1f}%"
+            for k, v in RATES_ALONE.items()), flush=True)
+        sys.exit(0)
     if args == ["--aggregate"]:
         # tests/bench: what sharing costs the two loops together
         sys.exit(0 if aggregate() else 1)
