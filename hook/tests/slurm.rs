@@ -156,10 +156,17 @@ fn shard_jobs_get_their_share_of_memory_under_srun_and_sbatch() {
 }
 
 /// Two jobs of 25 and 75 shards running fixed-work kernels back to back at once: each gets
-/// its share of the GPU's time, by the simulator's count.
+/// its share of the GPU's time, by the simulator's count. Judged as every share is: one run
+/// that misses is run once more (a host that holds a job's launching thread back leaves the
+/// device idle in its turn: 23.2% and 69.9% once, 93.1% of the device in all), and the test
+/// fails when it misses twice running.
 #[test]
 fn shard_jobs_get_their_share_of_compute() {
     root_required();
+    cuslice_test_harness::twice(shard_jobs_get_their_share_of_compute_once);
+}
+
+fn shard_jobs_get_their_share_of_compute_once() {
     let c = cluster();
     let secs = 14.0;
     let launch = format!(
