@@ -1134,17 +1134,18 @@ fn a_forged_want_of_memory_costs_a_neighbour_a_thaw_and_nothing_more() {
             "CUSLICE_MEMORY_FREEZE_IDLE=1h",
             "CUSLICE_LOG=info",
         ],
-        "5",
+        "8",
     );
     wait_for(&mut c, "holding");
-    // Frozen within its quiet spell, by the simulator's count.
-    let end = Instant::now() + Duration::from_secs(4);
+    // Frozen within its quiet spell (8 s), by the simulator's count: checkpointed, not only
+    // locked (copying its 1 GiB to the host takes a slow host a while).
+    let end = Instant::now() + Duration::from_secs(7);
     let frozen = loop {
         let cps = sim.show()["checkpoints"]
             .as_array()
             .cloned()
             .unwrap_or_default();
-        if !cps.is_empty() || Instant::now() > end {
+        if cps.iter().any(|c| c["state"] == "checkpointed") || Instant::now() > end {
             break cps;
         }
         std::thread::sleep(Duration::from_millis(100));

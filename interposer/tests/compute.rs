@@ -150,10 +150,29 @@ fn within(got: &[f64], want: &[f64], points: f64) -> bool {
 
 /// The shares `measure` gives, each within 2 points of `want`. One that misses is printed and
 /// measured once more (a 2-core host that stalls a launching thread for a while can put one
-/// run past it): the test fails when it misses twice running.
+/// run past it): the test fails when it misses twice running, unless the second run held in
+/// proportion (`in_proportion`).
 fn near(what: &str, want: &[f64], measure: impl FnMut() -> Vec<f64>) -> Vec<f64> {
     near_within(what, want, 2.0, measure)
 }
+
+/// Where the configured shares add up to the whole device (every slice busy), each slice's part
+/// of what the slices got together, scaled to the whole, as `tests/tools/share.py` judges a run
+/// again: a host that leaves the device idle in a slice's turn (its launching or its draining
+/// thread waiting for a CPU) takes from every slice, and how the device was split is the
+/// library's doing. None where the shares do not add up to the device, or where the slices
+/// together got less than `TOGETHER` points of it (turns that lose that much fail).
+fn in_proportion(got: &[f64], want: &[f64]) -> Option<Vec<f64>> {
+    let together: f64 = got.iter().sum();
+    ((want.iter().sum::<f64>() - 100.0).abs() < 0.01 && got.len() > 1 && together >= TOGETHER)
+        .then(|| got.iter().map(|g| 100.0 * g / together).collect())
+}
+
+/// The least of the device (points) that slices whose shares add up to it must keep busy
+/// together for their split to be judged (`in_proportion`). On the 2-core machine with two
+/// other busy processes on each core the 50 us loops at 30/70 kept it 90.6% busy; without them,
+/// 96 to 98%.
+const TOGETHER: f64 = 80.0;
 
 /// `near`, each within `points`.
 fn near_within(
@@ -168,9 +187,19 @@ fn near_within(
     }
     eprintln!("{what}: achieved {got:?}, configured {want:?}: missed, measured once more");
     let again = measure();
+    if within(&again, want, points) {
+        return again;
+    }
+    let held = in_proportion(&again, want);
     assert!(
-        within(&again, want, points),
-        "{what}: achieved {got:?}, then {again:?}, configured {want:?} (within {points} points)"
+        held.as_ref().is_some_and(|h| within(h, want, points)),
+        "{what}: achieved {got:?}, then {again:?} (of what they got together {held:?}), \
+         configured {want:?} (within {points} points)"
+    );
+    eprintln!(
+        "{what}: of what the slices got together ({:.1}%), {held:?}: held in proportion (the host \
+         left the device idle)",
+        again.iter().sum::<f64>()
     );
     again
 }
