@@ -1544,12 +1544,15 @@ fn stop_finds_nothing_against_honest_workloads() {
         }
         std::thread::sleep(Duration::from_millis(500));
     }
-    // Each container's share of the device over the last 10 s, by the simulator's count.
+    // Each container's share of the device over the last 10 s, by the simulator's count. One
+    // that ends meanwhile (the churn runs 40 s) is left out: on a slow host it may end between
+    // the look at its exit and runc's answer.
     let inits: Vec<(String, Option<PathBuf>)> = running
         .iter_mut()
         .filter_map(|r| {
             r.2.exited().is_none().then_some(())?;
-            let ns = std::fs::read_link(format!("/proc/{}/ns/pid", r.2.host_pid())).ok();
+            let pid = engines::runc::try_state_pid(&r.2.id()).ok()?;
+            let ns = std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok();
             Some((r.0.clone(), ns))
         })
         .collect();

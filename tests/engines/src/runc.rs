@@ -97,10 +97,15 @@ impl RuncContainer {
 
 /// The pid of container `id`'s init, as the host sees it (`runc state`).
 pub fn state_pid(id: &str) -> i32 {
+    try_state_pid(id).unwrap_or_else(|e| panic!("runc state {id}: {e}"))
+}
+
+/// `state_pid`, or what runc said where it knows no such container (it ended and was deleted).
+pub fn try_state_pid(id: &str) -> Result<i32, String> {
     let out = Command::new("runc").args(["state", id]).output().unwrap();
     let v: Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|_| panic!("runc state {id}: {}", String::from_utf8_lossy(&out.stderr)));
-    v["pid"].as_i64().unwrap() as i32
+        .map_err(|_| String::from_utf8_lossy(&out.stderr).trim().to_string())?;
+    Ok(v["pid"].as_i64().unwrap() as i32)
 }
 
 impl Container for RuncContainer {
