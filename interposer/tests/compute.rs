@@ -170,8 +170,8 @@ fn in_proportion(got: &[f64], want: &[f64]) -> Option<Vec<f64>> {
 
 /// The least of the device (points) that slices whose shares add up to it must keep busy
 /// together for their split to be judged (`in_proportion`). On the 2-core machine with two
-/// other busy processes on each core the 50 us loops at 30/70 kept it 90.6% busy; without them,
-/// 96 to 98%.
+/// other busy processes on each core, the 50 us loops at 30/70 got 90.7 and 94.4% of their rate
+/// alone together (30.0/70.0 and 29.6/70.4% of that).
 const TOGETHER: f64 = 80.0;
 
 /// `near`, each within `points`.
