@@ -104,6 +104,29 @@ class Share(unittest.TestCase):
                                       together=True)
         self.assertEqual([c.status for c in checks], [FAIL, FAIL])
 
+    def test_a_run_again_on_the_simulator_may_hold_in_proportion(self):
+        util = [(1 if t % 5 else 2, t * 200_000, 99) for t in range(1, 31)]
+        # The host left the device idle: 28.5 + 65.5 of the rate alone, split 30.3 / 69.7.
+        checks = compute.judge_shares("x", ["a", "b"], [1, 2], [30, 70], util, 0.0, 6.0, [28.5, 65.5],
+                                      together=True)
+        self.assertEqual([c.status for c in checks], [PASS, FAIL])
+        held = compute.in_proportion(checks)
+        self.assertEqual([c.status for c in held], [PASS, PASS])
+        self.assertIn("held in proportion", held[1].figure)
+        self.assertAlmostEqual(held[1].data["in_proportion"], 100 * 65.5 / 94.0)
+        # Split wrong: 35.0 / 57.0 is 38.0 / 62.0 of what they got.
+        wrong = compute.judge_shares("x", ["a", "b"], [1, 2], [30, 70], util, 0.0, 6.0, [35.0, 57.0],
+                                     together=True)
+        self.assertEqual([c.status for c in compute.in_proportion(wrong)], [FAIL, FAIL])
+        # Too little of the device together: not judged in proportion.
+        idle = compute.judge_shares("x", ["a", "b"], [1, 2], [30, 70], util, 0.0, 6.0, [20.0, 50.0],
+                                    together=True)
+        self.assertEqual([c.status for c in compute.in_proportion(idle)], [FAIL, FAIL])
+        # Shares that are not the whole device: unchanged.
+        part = compute.judge_shares("x", ["a", "b"], [1, 2], [20, 30], util, 0.0, 6.0, [18.0, 26.0],
+                                    together=True)
+        self.assertEqual([c.status for c in compute.in_proportion(part)], [PASS, FAIL])
+
     def test_throughput_from_progress_lines(self):
         share = compute._share_py()
         out = "\n".join(json.dumps({"event": "progress", "mono_ns": int(t * 1e9), "work_ns": int(w * 1e9)})
