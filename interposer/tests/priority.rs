@@ -183,7 +183,8 @@ fn a_low_priority_slice_beside_a_busy_high_one_gets_device_time_every_second() {
 /// A low-priority slice with a request of 30 beside a busy high-priority one: the low slice gets
 /// its request, within 5 points, and the high one the rest. A run that misses is run once more;
 /// the second may instead show the high slice held to what the request leaves (within 2 points),
-/// the two together keeping the device at least 80% busy: beside a high-priority slice the low
+/// the low one at half its request or more and the two together keeping the device at least 80%
+/// busy: beside a high-priority slice the low
 /// one launches one kernel at a time, each once the last is done, so a host that runs its threads
 /// late leaves the device idle in its turns, and that comes out of its request (on the 2-core
 /// machine with two busy processes on each core, 21.2 to 24.5% for 30, the high slice 68.8 to
@@ -201,7 +202,7 @@ fn a_low_priority_request_is_still_met_beside_a_busy_high_slice() {
         return;
     }
     assert!(
-        (55.0..=72.0).contains(&h2) && l2 + h2 >= 80.0,
+        (55.0..=72.0).contains(&h2) && l2 >= 15.0 && l2 + h2 >= 80.0,
         "low slice with request 30: {l:.1}%, then {l2:.1}% (high {h:.1}%, then {h2:.1}%)"
     );
     eprintln!(
