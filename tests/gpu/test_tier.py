@@ -110,8 +110,10 @@ class Share(unittest.TestCase):
         checks = compute.judge_shares("x", ["a", "b"], [1, 2], [30, 70], util, 0.0, 6.0, [28.5, 65.5],
                                       together=True)
         self.assertEqual([c.status for c in checks], [PASS, FAIL])
-        held = compute.in_proportion(checks)
-        self.assertEqual([c.status for c in held], [PASS, PASS])
+        rate = compute.Check(compute.GROUP, "x: rate alone", "95.5%", "reference", INFO)
+        held = compute.in_proportion([rate] + checks)
+        self.assertEqual([c.status for c in held], [INFO, PASS, PASS])
+        held = held[1:]
         self.assertIn("held in proportion", held[1].figure)
         self.assertAlmostEqual(held[1].data["in_proportion"], 100 * 65.5 / 94.0)
         # Split wrong: 35.0 / 57.0 is 38.0 / 62.0 of what they got.
