@@ -148,13 +148,17 @@ fn within(got: &[f64], want: &[f64], points: f64) -> bool {
     got.iter().zip(want).all(|(g, w)| (g - w).abs() <= points)
 }
 
-/// The shares `measure` gives, each within 2 points of `want`. One that misses is printed and
-/// measured once more (a 2-core host that stalls a launching thread for a while can put one
-/// run past it): the test fails when it misses twice running, unless the second run held in
+/// The shares `measure` gives, each within 2 points of `want`. A run that misses is printed and
+/// measured again, up to `RUNS` runs (a 2-core host that stalls a launching thread for a while,
+/// or a shared machine slowed by its neighbours, can put a run past it): the test fails when
+/// every run misses. A run whose slices' shares add up to the whole device may also hold in
 /// proportion (`in_proportion`).
 fn near(what: &str, want: &[f64], measure: impl FnMut() -> Vec<f64>) -> Vec<f64> {
     near_within(what, want, 2.0, measure)
 }
+
+/// How many times a scenario is measured before it fails: every run printed.
+const RUNS: usize = 3;
 
 /// Where the configured shares add up to the whole device (every slice busy), each slice's part
 /// of what the slices got together, scaled to the whole, as `tests/tools/share.py` judges a run
@@ -181,27 +185,27 @@ fn near_within(
     points: f64,
     mut measure: impl FnMut() -> Vec<f64>,
 ) -> Vec<f64> {
-    let got = measure();
-    if within(&got, want, points) {
-        return got;
+    let mut runs = Vec::new();
+    for run in 1..=RUNS {
+        let got = measure();
+        if within(&got, want, points) {
+            return got;
+        }
+        if let Some(held) = in_proportion(&got, want).filter(|h| within(h, want, points)) {
+            eprintln!(
+                "{what}: achieved {got:?}; of what the slices got together ({:.1}%), {held:?}: \
+                 held in proportion (the host left the device idle)",
+                got.iter().sum::<f64>()
+            );
+            return got;
+        }
+        eprintln!("{what}: achieved {got:?}, configured {want:?}: missed (run {run} of {RUNS})");
+        runs.push(got);
     }
-    eprintln!("{what}: achieved {got:?}, configured {want:?}: missed, measured once more");
-    let again = measure();
-    if within(&again, want, points) {
-        return again;
-    }
-    let held = in_proportion(&again, want);
-    assert!(
-        held.as_ref().is_some_and(|h| within(h, want, points)),
-        "{what}: achieved {got:?}, then {again:?} (of what they got together {held:?}), \
-         configured {want:?} (within {points} points)"
+    panic!(
+        "{what}: achieved {runs:?} in {RUNS} runs, configured {want:?} (within {points} points, \
+         or in proportion with the slices together at least {TOGETHER}% busy)"
     );
-    eprintln!(
-        "{what}: of what the slices got together ({:.1}%), {held:?}: held in proportion (the host \
-         left the device idle)",
-        again.iter().sum::<f64>()
-    );
-    again
 }
 
 /// Percent of the device one process launching `kernel_us` fixed-work kernels back to back keeps
@@ -482,16 +486,24 @@ fn requests_beyond_the_device_are_refused_at_cuinit() {
 /// 30/70 with `kernel_us` fixed-work kernels, each slice's share against the loop's rate alone,
 /// within `points`.
 fn kernels_held(kernel_us: u32, points: f64) {
-    let rate = rate_alone(kernel_us);
-    assert!(
-        rate > 50.0,
-        "{kernel_us} us kernels alone kept the device {rate:.1}% busy"
-    );
+    let mut rate = rate_alone(kernel_us);
+    let mut runs = 0;
     near_within(
-        &format!("30/70, {kernel_us} us kernels (alone {rate:.1}%)"),
+        &format!("30/70, {kernel_us} us kernels, against their rate alone"),
         &[30.0, 70.0],
         points,
         || {
+            // The host's speed may have changed since the last run: the rate alone is measured
+            // again before each run after the first.
+            runs += 1;
+            if runs > 1 {
+                rate = rate_alone(kernel_us);
+            }
+            assert!(
+                rate > 50.0,
+                "{kernel_us} us kernels alone kept the device {rate:.1}% busy"
+            );
+            eprintln!("{kernel_us} us kernels alone: {rate:.1}% of the device");
             shares(&limits(&["30", "70"]), kernel_us, "kernel")
                 .iter()
                 .map(|s| s * 100.0 / rate)

@@ -104,14 +104,14 @@ class Share(unittest.TestCase):
                                       together=True)
         self.assertEqual([c.status for c in checks], [FAIL, FAIL])
 
-    def test_a_run_again_on_the_simulator_may_hold_in_proportion(self):
+    def test_a_run_on_the_simulator_may_hold_in_proportion(self):
         util = [(1 if t % 5 else 2, t * 200_000, 99) for t in range(1, 31)]
         # The host left the device idle: 28.5 + 65.5 of the rate alone, split 30.3 / 69.7.
         checks = compute.judge_shares("x", ["a", "b"], [1, 2], [30, 70], util, 0.0, 6.0, [28.5, 65.5],
                                       together=True)
         self.assertEqual([c.status for c in checks], [PASS, FAIL])
         rate = compute.Check(compute.GROUP, "x: rate alone", "95.5%", "reference", INFO)
-        held = compute.in_proportion([rate] + checks)
+        held = compute.in_proportion([rate] + checks, compute._share_py().TOGETHER)
         self.assertEqual([c.status for c in held], [INFO, PASS, PASS])
         held = held[1:]
         self.assertIn("held in proportion", held[1].figure)
@@ -119,15 +119,15 @@ class Share(unittest.TestCase):
         # Split wrong: 35.0 / 57.0 is 38.0 / 62.0 of what they got.
         wrong = compute.judge_shares("x", ["a", "b"], [1, 2], [30, 70], util, 0.0, 6.0, [35.0, 57.0],
                                      together=True)
-        self.assertEqual([c.status for c in compute.in_proportion(wrong)], [FAIL, FAIL])
+        self.assertEqual([c.status for c in compute.in_proportion(wrong, compute._share_py().TOGETHER)], [FAIL, FAIL])
         # Too little of the device together: not judged in proportion.
         idle = compute.judge_shares("x", ["a", "b"], [1, 2], [30, 70], util, 0.0, 6.0, [20.0, 50.0],
                                     together=True)
-        self.assertEqual([c.status for c in compute.in_proportion(idle)], [FAIL, FAIL])
+        self.assertEqual([c.status for c in compute.in_proportion(idle, compute._share_py().TOGETHER)], [FAIL, FAIL])
         # Shares that are not the whole device: unchanged.
         part = compute.judge_shares("x", ["a", "b"], [1, 2], [20, 30], util, 0.0, 6.0, [18.0, 26.0],
                                     together=True)
-        self.assertEqual([c.status for c in compute.in_proportion(part)], [PASS, FAIL])
+        self.assertEqual([c.status for c in compute.in_proportion(part, compute._share_py().TOGETHER)], [PASS, FAIL])
 
     def test_throughput_from_progress_lines(self):
         share = compute._share_py()
@@ -159,6 +159,9 @@ class Share(unittest.TestCase):
         # The device busy, split wrong: no proportion makes 40 / 60 into 30 / 70.
         wrong = share.split([row(30, 40.0, [40.0]), row(70, 60.0, [60.0])])
         self.assertEqual(len(share.misses("30/70", "x", wrong, 2.0, 5.0)), 4)
+        # Slices that lost more than a fifth of the device together are not judged in proportion,
+        # however they split the rest (16.5 / 39.5: 29.5 / 70.5 of 56%).
+        self.assertIsNone(share.split([row(30, 16.5, [16.5]), row(70, 39.5, [39.5])]))
         # Shares that leave the device idle by design are judged as they are.
         self.assertIsNone(share.split([row(10, 6.7, [6.7]), row(20, 12.7, [12.7])]))
         self.assertIsNone(share.split([row(20, 20.0, [20.0]), row(None, 65.0, [65.0])]))

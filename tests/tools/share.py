@@ -23,12 +23,13 @@ points of its configured share and stayed there. `tests/tools/share.py [NAME...]
 
     --check POINTS         fail (exit 1) when a slice's judged figure is more than POINTS from its
                            configured share, or any 1 s window after SETTLE more than the
-                           window limit (tests/run: --check 2), in two runs of the scenario
-                           running (one that misses is run once more; both are printed). Where
-                           the configured shares add up to the device, the second run may hold
-                           in proportion instead: each slice's part of what the slices got
-                           together, and of each 1 s window, within the same limits (a host
-                           that leaves the device idle takes from every slice)
+                           window limit (tests/run: --check 2), in each of RUNS runs of the
+                           scenario running (one that misses is run again; every run is
+                           printed). Where the configured shares add up to the device, a run may
+                           hold in proportion instead: each slice's part of what the slices got
+                           together, and of each 1 s window, within the same limits, the slices
+                           together at least TOGETHER% of their rates alone (a host that leaves
+                           the device idle takes from every slice)
     --window-check POINTS  the window limit (default 5)
     --aggregate            instead: two busy loops' throughput together at 30/70 against the same
                            two without the library (tests/bench; goal >= 97%)
@@ -79,6 +80,15 @@ HOST_HELD = 99.5
 # running (65.3 and 66.0% over each), while the 50 us and 10 ms loops held within 2 points there.
 REPORTED_ONLY = {"100us 30/70"}
 SETTLED = 2.0  # points: a slice has settled once its 1 s windows stay this close to its share
+# A scenario that misses is run again, up to this many runs in all: a 2-core host that stalls a
+# launching thread for a while, or a shared machine its neighbours slow down, can put one run past
+# the check (CI's machine once kept a pair of 50 us loops at 65% of their rate alone together for
+# one run, where they got 96% in the run before).
+RUNS = 3
+# Slices whose shares add up to the device hold in proportion only where they kept it at least this
+# busy together (percent of their rates alone): turns that lose more than a fifth of the device fail
+# however they split the rest. (interposer/tests/compute.rs and the real-GPU tier judge alike.)
+TOGETHER = 80.0
 
 
 # name -> (slices, expected share per slice); expected None: reported, not configured.
@@ -433,11 +443,12 @@ def split(rows):
     the whole device (every slice busy): the rows with each judged figure and 1 s window scaled to
     the whole. A host that leaves the device idle (a launching thread waiting for a CPU, in its
     slice's turn) takes from every slice; how the device was split is the library's doing. None
-    where the shares do not add up to the device."""
+    where the shares do not add up to the device, or where the slices together got less than
+    TOGETHER percent of it."""
     if len(rows) < 2 or any(r["expected"] is None for r in rows) or sum(r["expected"] for r in rows) != 100:
         return None
     total = sum(r["judged"] or 0.0 for r in rows)
-    if total <= 0.0:
+    if total < TOGETHER:
         return None
     held = []
     for k, r in enumerate(rows):
@@ -459,15 +470,15 @@ def main(names, check=None, window_check=WINDOW_CHECK):
     worst_err, worst_window, slowest, failed, again, in_proportion = 0.0, 0.0, 0.0, [], [], []
     for name in names or SCENARIOS:
         slices, expected = SCENARIOS[name]
-        # A scenario that misses the check is run once more (both runs printed): a 2-core host
-        # that stalls a launching thread for a while can put one run past it. It fails when it
-        # misses twice running, unless the second run held in proportion where the slices'
-        # shares add up to the device: a host that leaves the device idle in a slice's turn takes
+        # A scenario that misses the check is run again, up to RUNS runs (every run printed): a
+        # 2-core host that stalls a launching thread for a while can put one run past it. It
+        # fails when every run misses, where a run whose slices' shares add up to the device may
+        # hold in proportion instead: a host that leaves the device idle in a slice's turn takes
         # from every slice, and what the library decides is how the device is split (how much of
         # it a busy pair loses is measured in tests/bench, `--aggregate`).
         measured_alone(slices)
-        for attempt in (1, 2):
-            label = name if attempt == 1 else f"{name} (again)"
+        for attempt in range(1, RUNS + 1):
+            label = name if attempt == 1 else f"{name} (run {attempt})"
             with machine(alone=host_held(name, slices)):
                 rows = run(name, slices, expected)
             for k, r in enumerate(rows):
@@ -488,20 +499,20 @@ def main(names, check=None, window_check=WINDOW_CHECK):
             if missed and name in REPORTED_ONLY:
                 print(f"   reported, not judged (docs/compute.md, Known limits): {'; '.join(missed)}", flush=True)
                 break
-            if missed and attempt == 2:
+            if missed:
                 held = split(rows)
                 if held is not None and not misses(name, label, held, check, window_check):
                     used = sum(r["simulator"] or 0.0 for r in rows)
-                    line = (f"{name}: the device ran {used:.1f}% of the time; of what it ran, "
+                    line = (f"{label}: the device ran {used:.1f}% of the time; of what it ran, "
                             + " / ".join(f"{r['judged']:.1f}%" for r in held))
                     print(f"   {line}: held in proportion (the host left the device idle)", flush=True)
                     in_proportion.append(line)
                     missed = []
             if not missed:
                 break
-            if attempt == 1:
+            if attempt < RUNS:
                 again.append("; ".join(missed))
-                print(f"   missed ({'; '.join(missed)}): run again once", flush=True)
+                print(f"   missed ({'; '.join(missed)}): run again", flush=True)
                 with machine(alone=True):
                     remeasure(slices)
             else:
@@ -511,9 +522,9 @@ def main(names, check=None, window_check=WINDOW_CHECK):
           f"{worst_window:.1f} points off; slowest to settle: {slowest:.1f} s (target <= 3): "
           f"{'meets' if ok else 'MISSES'}")
     if again:
-        print(f"missed once and run again: {len(again)} scenario(s): " + " | ".join(again))
+        print(f"missed and run again: {len(again)} time(s): " + " | ".join(again))
     if in_proportion:
-        print(f"held in proportion on the run again, the device idle for the host: {len(in_proportion)} "
+        print(f"held in proportion, the device idle for the host: {len(in_proportion)} "
               "scenario(s): " + " | ".join(in_proportion))
     if check is not None:
         if failed:
