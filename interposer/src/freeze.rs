@@ -47,7 +47,7 @@ use crate::{gate, nvml_query, real, turns};
 use cuslice_policy::duration::format_duration;
 use cuslice_policy::format_size;
 use cuslice_policy::room;
-use cuslice_state::board::{ROOM_AHEAD_NS, now_ns};
+use cuslice_state::board::{ROOM_AHEAD_NS, give_way, now_ns};
 
 /// How long the driver's lock may wait for a call under way before the freeze gives up.
 const LOCK_TIMEOUT_MS: u32 = 100;
@@ -489,8 +489,7 @@ fn hold_room(s: &Slice) -> Option<Vec<(usize, u64)>> {
         return Some(posts);
     }
     release_room(&posts);
-    let wait = 1 + (now ^ (std::process::id() as u64).wrapping_mul(0x9e37_79b9)) % 20;
-    std::thread::sleep(Duration::from_millis(wait));
+    give_way(now, 20);
     None
 }
 

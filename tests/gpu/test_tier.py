@@ -162,8 +162,22 @@ class Share(unittest.TestCase):
         # Slices that lost more than a fifth of the device together are not judged in proportion,
         # however they split the rest (16.5 / 39.5: 29.5 / 70.5 of 56%).
         self.assertIsNone(share.split([row(30, 16.5, [16.5]), row(70, 39.5, [39.5])]))
-        # Shares that leave the device idle by design are judged as they are.
+        # Shares that leave the device idle by design are judged as they are,
         self.assertIsNone(share.split([row(10, 6.7, [6.7]), row(20, 12.7, [12.7])]))
+        # but for loops the host holds back (their rate alone 35%), what the host ran of them:
+        # 8.2 / 16.8 is 9.8 / 20.2 of what they were configured; 12.0 / 12.0 is split wrong.
+        def bound(want, got, windows):
+            return dict(row(want, got, windows), alone=35.0)
+
+        slow = share.split([bound(10, 8.2, [8.0, 8.6]), bound(20, 16.8, [13.9, 17.0])])
+        self.assertAlmostEqual(slow[0]["judged"], 9.84, places=2)
+        self.assertAlmostEqual(slow[1]["windows"][0][1], 30 * 13.9 / 21.9, places=2)
+        self.assertEqual(share.misses("10us 10/20", "x", slow, 2.0, 5.0), [])
+        self.assertEqual(len(share.misses("10us 10/20", "x", share.split(
+            [bound(10, 12.0, [12.0]), bound(20, 12.0, [12.0])]), 2.0, 5.0)), 2)
+        # Outside 80 to 125% of what they were configured together: not the host's speed.
+        self.assertIsNone(share.split([bound(10, 15.0, [15.0]), bound(20, 30.0, [30.0])]))
+        self.assertIsNone(share.split([bound(10, 7.0, [7.0]), bound(20, 14.0, [14.0])]))
         self.assertIsNone(share.split([row(20, 20.0, [20.0]), row(None, 65.0, [65.0])]))
 
     def test_worst_window(self):

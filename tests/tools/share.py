@@ -25,11 +25,13 @@ points of its configured share and stayed there. `tests/tools/share.py [NAME...]
                            configured share, or any 1 s window after SETTLE more than the
                            window limit (tests/run: --check 2), in each of RUNS runs of the
                            scenario running (one that misses is run again; every run is
-                           printed). Where the configured shares add up to the device, a run may
-                           hold in proportion instead: each slice's part of what the slices got
-                           together, and of each 1 s window, within the same limits, the slices
-                           together at least TOGETHER% of their rates alone (a host that leaves
-                           the device idle takes from every slice)
+                           printed). Where the configured shares add up to the device, or every
+                           slice's loop is one the host holds back, a run may hold in proportion
+                           instead: each slice's part of what the slices got together, and of
+                           each 1 s window, within the same limits, the slices together at
+                           TOGETHER% or more of what they were configured (host-held loops: and
+                           at most 10000 / TOGETHER%; a host that leaves the device idle takes
+                           from every slice, and runs a host-held loop at its own speed)
     --window-check POINTS  the window limit (default 5)
     --aggregate            instead: two busy loops' throughput together at 30/70 against the same
                            two without the library (tests/bench; goal >= 97%)
@@ -88,6 +90,8 @@ RUNS = 3
 # Slices whose shares add up to the device hold in proportion only where they kept it at least this
 # busy together (percent of their rates alone): turns that lose more than a fifth of the device fail
 # however they split the rest. (interposer/tests/compute.rs and the real-GPU tier judge alike.)
+# Slices of loops the host holds back hold in proportion only where they got together between this
+# and 10000 / TOGETHER percent of what they were configured (`split`).
 TOGETHER = 80.0
 
 
@@ -439,24 +443,33 @@ def misses(name, label, rows, check, window_check):
 
 
 def split(rows):
-    """Each slice's part of what the slices got together, where their configured shares add up to
-    the whole device (every slice busy): the rows with each judged figure and 1 s window scaled to
-    the whole. A host that leaves the device idle (a launching thread waiting for a CPU, in its
-    slice's turn) takes from every slice; how the device was split is the library's doing. None
-    where the shares do not add up to the device, or where the slices together got less than
-    TOGETHER percent of it."""
-    if len(rows) < 2 or any(r["expected"] is None for r in rows) or sum(r["expected"] for r in rows) != 100:
+    """Each slice's part of what the slices got together, scaled to what they were configured
+    together: the rows with each judged figure and 1 s window scaled so. Where the configured shares
+    add up to the whole device (every slice busy): a host that leaves the device idle (a launching
+    thread waiting for a CPU, in its slice's turn) takes from every slice; how the device was split
+    is the library's doing. Where every slice's loop is one the host holds back (below HOST_BOUND
+    alone), whatever the shares: such a loop is charged its turns' time and runs in them as fast as
+    the host lets it, which changes from one run to the next (in CI a pair at limits 10/20 got
+    11.6/23.1, 8.2/16.8 and 10.6/22.1% of their rate alone in three runs running, the rate alone
+    34.7 to 35.8% each time, and every run split 1:2). None where neither applies, or where the
+    slices together got less than TOGETHER percent of what they were configured, or more than
+    10000 / TOGETHER percent (the host ran them that much slower or faster than alone)."""
+    if len(rows) < 2 or any(r["expected"] is None for r in rows):
+        return None
+    configured = sum(r["expected"] for r in rows)
+    host_bound = all(r["alone"] is not None and r["alone"] < HOST_BOUND for r in rows)
+    if configured != 100 and not host_bound:
         return None
     total = sum(r["judged"] or 0.0 for r in rows)
-    if total < TOGETHER:
+    if not TOGETHER <= 100.0 * total / configured <= 10000.0 / TOGETHER:
         return None
     held = []
     for k, r in enumerate(rows):
         windows = []
         for i, (t, w) in enumerate(r["windows"]):
             together = sum(x["windows"][i][1] for x in rows if i < len(x["windows"]))
-            windows.append((t, 100.0 * w / together if together > 0.0 else 0.0))
-        held.append(dict(r, judged=100.0 * (r["judged"] or 0.0) / total, windows=windows))
+            windows.append((t, configured * w / together if together > 0.0 else 0.0))
+        held.append(dict(r, judged=configured * (r["judged"] or 0.0) / total, windows=windows))
     return held
 
 
@@ -503,9 +516,11 @@ def main(names, check=None, window_check=WINDOW_CHECK):
                 held = split(rows)
                 if held is not None and not misses(name, label, held, check, window_check):
                     used = sum(r["simulator"] or 0.0 for r in rows)
-                    line = (f"{label}: the device ran {used:.1f}% of the time; of what it ran, "
+                    got = sum(r["judged"] or 0.0 for r in rows) / sum(r["expected"] for r in rows)
+                    line = (f"{label}: the device ran {used:.1f}% of the time; the slices got {100 * got:.1f}% "
+                            "of what they were configured together, split "
                             + " / ".join(f"{r['judged']:.1f}%" for r in held))
-                    print(f"   {line}: held in proportion (the host left the device idle)", flush=True)
+                    print(f"   {line}: held in proportion (the host's speed, not the split)", flush=True)
                     in_proportion.append(line)
                     missed = []
             if not missed:
@@ -524,7 +539,7 @@ def main(names, check=None, window_check=WINDOW_CHECK):
     if again:
         print(f"missed and run again: {len(again)} time(s): " + " | ".join(again))
     if in_proportion:
-        print(f"held in proportion, the device idle for the host: {len(in_proportion)} "
+        print(f"held in proportion, the host's speed not the split: {len(in_proportion)} "
               "scenario(s): " + " | ".join(in_proportion))
     if check is not None:
         if failed:

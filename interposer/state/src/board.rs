@@ -629,8 +629,7 @@ impl Board {
                 }
                 // Somebody else is posting at this moment: one of us gives way for a random
                 // moment (1 to 16 ms).
-                let wait = 1 + (now ^ ((std::process::id() as u64) * 0x9e37_79b9)) % 16;
-                std::thread::sleep(std::time::Duration::from_millis(wait));
+                give_way(now, 16);
                 continue;
             }
             e.state.store(HELD, Ordering::Release);
@@ -1210,6 +1209,14 @@ pub fn sweep(node: &Path, root: Option<HookRoot<'_>>, remove: &dyn Fn(&Path)) {
             remove(&place);
         }
     }
+}
+
+/// Sleeps a moment of 1 to `most` ms, picked from `now` and this process's id: two processes that
+/// found each other in the way at the same moment (both posting claims, both restoring) give way
+/// for different moments, so they do not go on finding each other.
+pub fn give_way(now: u64, most: u64) {
+    let ms = 1 + (now ^ u64::from(std::process::id()).wrapping_mul(0x9e37_79b9)) % most.max(1);
+    std::thread::sleep(std::time::Duration::from_millis(ms));
 }
 
 pub fn now_ns() -> u64 {
