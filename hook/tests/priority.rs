@@ -156,9 +156,16 @@ fn probe_beside(sim: &Sim, probe_env: &[&str], neighbour_env: Option<&[&str]>) -
         .collect()
 }
 
+/// Judged by the host's timing (a probe is late where a handoff's threads ran late): one that
+/// fails is run once more (`twice`). In one full run on a busy host a quarter of the probes
+/// beside a low-priority neighbour came late (149 of 584; 238 of 601 beside a normal one).
 #[test]
 fn a_high_priority_probe_container_waits_less_beside_a_low_priority_one() {
     root_required();
+    cuslice_test_harness::twice(high_priority_probe_waits_less_once);
+}
+
+fn high_priority_probe_waits_less_once() {
     let sim = Sim::new(&[]);
     // Alone: what this host adds to a probe's own latency (waking its thread, the container's
     // share of the CPUs), the yardstick for "late" below.
