@@ -162,7 +162,7 @@ const RUNS: usize = 3;
 
 /// Where the configured shares add up to the whole device (every slice busy), each slice's part
 /// of what the slices got together, scaled to the whole, as `tests/tools/share.py` judges a run
-/// again: a host that leaves the device idle in a slice's turn (its launching or its draining
+/// that missed: a host that leaves the device idle in a slice's turn (its launching or its draining
 /// thread waiting for a CPU) takes from every slice, and how the device was split is the
 /// library's doing. None where the shares do not add up to the device, or where the slices
 /// together got less than `TOGETHER` points of it (turns that lose that much fail).

@@ -220,7 +220,7 @@ def judge_shares(name, labels, pids, expected, util, t0, t1, through=None, toget
 def in_proportion(checks, least):
     """On the simulated GPU, whose speed is the host's: where the slices judged by throughput
     together are configured the whole device and a run missed, each slice's part of what they got
-    together, judged within the same points, as share.py judges a run again: a host that leaves
+    together, judged within the same points, as share.py judges a run that missed: a host that leaves
     the device idle in a slice's turn (a launching or draining thread waiting for a CPU) takes
     from every slice, and how the device was split is the library's doing. The slices together
     must have got at least `least` percent of their rate alone. `checks` is returned unchanged
