@@ -44,6 +44,19 @@ pub fn twice(scenario: fn()) {
         scenario();
     }
 }
+/// Whether the shares `got` (percent of the device, one a slice) are each within `points` of
+/// `want`, or, where `want` adds up to the whole device, held in proportion: each slice's part of
+/// what the slices got together within `points`, the slices together keeping the device at least
+/// 80% busy. A host that leaves the device idle in a slice's turn (its launching thread waiting
+/// for a CPU) takes from every slice; how the device was split is the library's doing.
+pub fn shares_hold(got: &[f64], want: &[f64], points: f64) -> bool {
+    let within = |s: &[f64]| s.iter().zip(want).all(|(g, w)| (g - w).abs() <= points);
+    let together: f64 = got.iter().sum();
+    let parts: Vec<f64> = got.iter().map(|g| 100.0 * g / together).collect();
+    within(got)
+        || ((want.iter().sum::<f64>() - 100.0).abs() < 0.01 && together >= 80.0 && within(&parts))
+}
+
 pub const GIB: u64 = 1 << 30;
 
 /// target/release, where the simulated libraries and the workload are built.
