@@ -266,7 +266,7 @@ fn cupy_sorts_queries_and_graphs_work_in_a_slice_and_outside() {
 
 /// Two slices at core limits 30 and 70, each a CuPy process launching an NVRTC-compiled
 /// elementwise kernel (1024 blocks of 1 us: about 1 ms) back to back; the simulator's device
-/// time gives each its share, within 3 points or in proportion (`shares_hold`); a run that
+/// time gives each its share, within 3 points or in proportion (`held_to_shares`); a run that
 /// misses is run once more (`twice`), as `torch.rs`'s pair is.
 fn shares_30_70(venv: &str) {
     let Some(python) = framework_python_or_skip(venv, "cupy") else {
@@ -311,7 +311,7 @@ fn shares_30_70(venv: &str) {
         assert_eq!(r.child.wait().unwrap().code(), Some(0));
     }
     assert!(
-        shares_hold(&shares, &[30.0, 70.0], 3.0),
+        held_to_shares(&shares, &[30.0, 70.0], 3.0),
         "{venv}: slices limited to 30 and 70 had {shares:.1?}% of the device by the simulator's count"
     );
 }

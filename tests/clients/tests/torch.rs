@@ -274,7 +274,7 @@ fn two_processes_in_one_slice_share_the_cap() {
 
 /// Two slices at core limits 30 and 70, each a PyTorch process launching libtorch's elementwise
 /// kernel (`x.add_(1)`) back to back; the simulator's device time gives each its share, within 3
-/// points or in proportion (`shares_hold`: one full run on a busy host got 28.1/65.7%, 30.0/70.0%
+/// points or in proportion (`held_to_shares`: one full run on a busy host got 28.1/65.7%, 30.0/70.0%
 /// of what the two got together). A run that misses is run once more (`twice`).
 #[test]
 fn torch_kernels_in_slices_at_30_and_70_share_the_device() {
@@ -314,7 +314,7 @@ fn torch_kernels_in_slices_at_30_and_70_once() {
         assert_eq!(r.child.wait().unwrap().code(), Some(0));
     }
     assert!(
-        shares_hold(&shares, &[30.0, 70.0], 3.0),
+        held_to_shares(&shares, &[30.0, 70.0], 3.0),
         "slices limited to 30 and 70 had {shares:.1?}% of the device by the simulator's count"
     );
 }

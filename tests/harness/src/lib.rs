@@ -49,7 +49,7 @@ pub fn twice(scenario: fn()) {
 /// what the slices got together within `points`, the slices together keeping the device at least
 /// 80% busy. A host that leaves the device idle in a slice's turn (its launching thread waiting
 /// for a CPU) takes from every slice; how the device was split is the library's doing.
-pub fn shares_hold(got: &[f64], want: &[f64], points: f64) -> bool {
+pub fn held_to_shares(got: &[f64], want: &[f64], points: f64) -> bool {
     let within = |s: &[f64]| s.iter().zip(want).all(|(g, w)| (g - w).abs() <= points);
     let together: f64 = got.iter().sum();
     let parts: Vec<f64> = got.iter().map(|g| 100.0 * g / together).collect();
