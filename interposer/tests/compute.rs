@@ -144,10 +144,6 @@ fn shares_and_events(
     (shares, events)
 }
 
-fn within(got: &[f64], want: &[f64], points: f64) -> bool {
-    got.iter().zip(want).all(|(g, w)| (g - w).abs() <= points)
-}
-
 /// The shares `measure` gives, each within 2 points of `want`. A run that misses is printed and
 /// measured again, up to `RUNS` runs (a 2-core host that stalls a launching thread for a while,
 /// or a shared machine slowed by its neighbours, can put a run past it): the test fails when
@@ -159,24 +155,6 @@ fn near(what: &str, want: &[f64], measure: impl FnMut() -> Vec<f64>) -> Vec<f64>
 
 /// How many times a scenario is measured before it fails: every run printed.
 const RUNS: usize = 3;
-
-/// Where the configured shares add up to the whole device (every slice busy), each slice's part
-/// of what the slices got together, scaled to the whole, as `tests/tools/share.py` judges a run
-/// that missed: a host that leaves the device idle in a slice's turn (its launching or its draining
-/// thread waiting for a CPU) takes from every slice, and how the device was split is the
-/// library's doing. None where the shares do not add up to the device, or where the slices
-/// together got less than `TOGETHER` points of it (turns that lose that much fail).
-fn in_proportion(got: &[f64], want: &[f64]) -> Option<Vec<f64>> {
-    let together: f64 = got.iter().sum();
-    ((want.iter().sum::<f64>() - 100.0).abs() < 0.01 && got.len() > 1 && together >= TOGETHER)
-        .then(|| got.iter().map(|g| 100.0 * g / together).collect())
-}
-
-/// The least of the device (points) that slices whose shares add up to it must keep busy
-/// together for their split to be judged (`in_proportion`). On the 2-core machine with two
-/// other busy processes on each core, the 50 us loops at 30/70 got 90.7 and 94.4% of their rate
-/// alone together (30.0/70.0 and 29.6/70.4% of that).
-const TOGETHER: f64 = 80.0;
 
 /// `near`, each within `points`.
 fn near_within(
