@@ -344,6 +344,23 @@ class Environment(unittest.TestCase):
                 del os.environ[k]
 
 
+class TestCommand(unittest.TestCase):
+    def test_tests_run_runs_every_group_on_the_simulator_once(self):
+        """tests/run runs the tier in parts (its compute alone, the rest beside the calibration):
+        a group added to the tier and not to those parts would go unrun without a word."""
+        import importlib.machinery
+        import importlib.util
+        import re
+        loader = importlib.machinery.SourceFileLoader("tier_run", os.path.join(HERE, "run"))
+        spec = importlib.util.spec_from_loader("tier_run", loader)
+        tier_run = importlib.util.module_from_spec(spec)
+        loader.exec_module(tier_run)
+        with open(os.path.join(HERE, "..", "run")) as f:
+            parts = re.findall(r"^\s*tests/gpu/run --sim --only (\S+)", f.read(), re.M)
+        groups = [g for part in parts for g in part.split(",")]
+        self.assertEqual(sorted(groups), sorted(tier_run.GROUPS), f"tests/run runs {parts}")
+
+
 class TierOnTheSimulator(unittest.TestCase):
     """The tier itself can fail: a library that caps nothing fails the memory check that the real
     library passes."""
