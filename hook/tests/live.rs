@@ -159,6 +159,7 @@ fn device_ns(sim: &Sim, pid: i32) -> u64 {
 }
 
 fn live_core(engine: &dyn Engine) {
+    let _serial = cuslice_test_harness::serial();
     let _turn = agent_turn();
     let sim = Sim::new(&["--memory", "8GiB"]);
     let _agent = NodeAgent::start(&sim);

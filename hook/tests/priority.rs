@@ -162,6 +162,7 @@ fn probe_beside(sim: &Sim, probe_env: &[&str], neighbour_env: Option<&[&str]>) -
 #[test]
 fn a_high_priority_probe_container_waits_less_beside_a_low_priority_one() {
     root_required();
+    let _serial = cuslice_test_harness::serial();
     cuslice_test_harness::twice(high_priority_probe_waits_less_once);
 }
 

@@ -162,6 +162,7 @@ fn shard_jobs_get_their_share_of_memory_under_srun_and_sbatch() {
 /// fails when it misses twice running.
 #[test]
 fn shard_jobs_get_their_share_of_compute() {
+    let _serial = cuslice_test_harness::serial();
     root_required();
     cuslice_test_harness::twice(shard_jobs_get_their_share_of_compute_once);
 }

@@ -167,6 +167,7 @@ pub fn nothing_shared_is_writable(engine: &dyn Engine) {
 /// least its request, the one without core settings the rest; and a second one with a request
 /// is admitted too.
 pub fn forged_claims_take_nothing(engine: &dyn Engine) {
+    let _serial = cuslice_test_harness::serial();
     let _turn = super::agent_turn();
     let sim = Sim::new(&["--memory", "8GiB"]);
     let _agent = super::NodeAgent::start(&sim);
@@ -342,6 +343,7 @@ pub fn duplicate_claims_count_once(engine: &dyn Engine) {
 /// keeps it from counting. Without that evidence the slice limited to 70% was allotted an equal
 /// split with the tenant (35.0% in place of 69.9%) while the tenant left its part idle.
 pub fn forged_claims_beside_busy_neighbours(engine: &dyn Engine) {
+    let _serial = cuslice_test_harness::serial();
     let _turn = super::agent_turn();
     let sim = Sim::new(&["--memory", "8GiB"]);
     let _agent = super::NodeAgent::start(&sim);
@@ -434,6 +436,7 @@ pub fn forged_claims_beside_busy_neighbours(engine: &dyn Engine) {
 ///   the device's busy time shows was counted twice off what those kernels cost, so the 30 was
 ///   charged half its device time and got 59.9%.
 pub fn forged_time_in_flight_beside_long_kernels(engine: &dyn Engine) {
+    let _serial = cuslice_test_harness::serial();
     let _turn = super::agent_turn();
     let sim = Sim::new(&["--memory", "8GiB"]);
     let _agent = super::NodeAgent::start(&sim);
@@ -629,6 +632,7 @@ fn library_dropped_is_stopped(engine: &dyn Engine, what: &str, env: &[&str], cmd
 /// 15 s, once it has found it), and says so by what the driver measured. (node/agent/tests has
 /// the same with runc, and with kernels too long to hold by freezing.)
 pub fn queued_kernels_are_held_by_the_drivers_count(engine: &dyn Engine) {
+    let _serial = cuslice_test_harness::serial();
     let _turn = super::agent_turn();
     let sim = Sim::new(&["--memory", "8GiB"]);
     let agent = super::NodeAgent::start_with(&sim, &["--enforce", "stop"]);

@@ -54,6 +54,7 @@ const SLICES: [Slice; 3] = [
 ];
 
 pub fn shares_hold(engine: &dyn Engine) {
+    let _serial = cuslice_test_harness::serial();
     let _turn = agent_turn();
     let sim = Sim::new(&["--memory", "8GiB"]);
     let _agent = NodeAgent::start(&sim);

@@ -16,22 +16,76 @@ use serde_json::Value;
 
 pub const MIB: u64 = 1 << 20;
 
-/// Tests of one binary that measure shares of time or watch the simulator's clock take the
-/// machine by this lock, so a loaded machine does not skew them.
+/// Tests that measure shares of time or watch the simulator's clock take the machine by this
+/// lock, so a loaded machine does not skew them: within a binary by `MACHINE`, and across the
+/// test binaries that `tests/run` runs side by side (the node agent's beside the container
+/// engines') by the lock file `machine_lock`.
 static MACHINE: std::sync::RwLock<()> = std::sync::RwLock::new(());
 
+/// The machine lock's files: the lock itself and a turnstile that every taker passes through
+/// first, so that a `serial()` test waiting for the lock holds back new `quiet()` ones of other
+/// binaries (a file lock by itself would let a stream of overlapping shared holders starve it).
+/// `CUSLICE_TEST_MACHINE_LOCK` names another lock file.
+pub fn machine_lock() -> (PathBuf, PathBuf) {
+    let lock = std::env::var_os("CUSLICE_TEST_MACHINE_LOCK")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| std::env::temp_dir().join("cuslice-tests-machine.lock"));
+    let mut turnstile = lock.clone().into_os_string();
+    turnstile.push(".turnstile");
+    (lock, turnstile.into())
+}
+
+fn lock_file(path: &Path) -> std::fs::File {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .unwrap_or_else(|e| panic!("the machine lock {}: {e}", path.display()))
+}
+
+/// The machine lock across binaries, held alone (`serial`) or shared, after passing the
+/// turnstile.
+fn machine_file(alone: bool) -> std::fs::File {
+    let (lock, turnstile) = machine_lock();
+    let gate = lock_file(&turnstile);
+    gate.lock()
+        .unwrap_or_else(|e| panic!("the machine lock {}: {e}", turnstile.display()));
+    let f = lock_file(&lock);
+    let held = if alone { f.lock() } else { f.lock_shared() };
+    held.unwrap_or_else(|e| panic!("the machine lock {}: {e}", lock.display()));
+    // Closing the turnstile's file lets the next taker through.
+    drop(gate);
+    f
+}
+
+/// The machine, held by a test (`serial` or `quiet`) until dropped.
+pub struct Machine<G> {
+    // The file before the guard: released first, then the binary's own lock.
+    _file: std::fs::File,
+    _guard: G,
+}
+
 /// A test whose processes keep the host's CPUs busy, or whose judgement needs them idle (a loop
-/// bound by the host's launches, judged against its rate alone), runs with no other test of its
-/// binary that takes `serial()` or `quiet()` beside it.
-pub fn serial() -> std::sync::RwLockWriteGuard<'static, ()> {
-    MACHINE.write().unwrap_or_else(|e| e.into_inner())
+/// bound by the host's launches, judged against its rate alone, or a share of time), runs with
+/// no other test that takes `serial()` or `quiet()` beside it, in its binary or another.
+pub fn serial() -> Machine<std::sync::RwLockWriteGuard<'static, ()>> {
+    let guard = MACHINE.write().unwrap_or_else(|e| e.into_inner());
+    Machine {
+        _file: machine_file(true),
+        _guard: guard,
+    }
 }
 
 /// A test that watches the simulator's clock (a share, a window, a finding) while its processes
 /// hardly use the host's CPUs (under half a core over its run, measured: docs/testing.md) runs
 /// beside other such tests, never beside a `serial()` one: its windows are waiting, not work.
-pub fn quiet() -> std::sync::RwLockReadGuard<'static, ()> {
-    MACHINE.read().unwrap_or_else(|e| e.into_inner())
+pub fn quiet() -> Machine<std::sync::RwLockReadGuard<'static, ()>> {
+    let guard = MACHINE.read().unwrap_or_else(|e| e.into_inner());
+    Machine {
+        _file: machine_file(false),
+        _guard: guard,
+    }
 }
 
 /// Runs a scenario judged by a share of time; one that fails (its panic printed) is run once
