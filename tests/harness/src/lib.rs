@@ -35,12 +35,18 @@ pub fn machine_lock() -> (PathBuf, PathBuf) {
     (lock, turnstile.into())
 }
 
+/// A lock file, opened to read (a file lock needs no more, so a file another user created
+/// serves), or created where there is none.
 fn lock_file(path: &Path) -> std::fs::File {
-    std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(path)
+    std::fs::File::open(path)
+        .or_else(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(path),
+            _ => Err(e),
+        })
         .unwrap_or_else(|e| panic!("the machine lock {}: {e}", path.display()))
 }
 
