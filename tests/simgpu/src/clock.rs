@@ -35,18 +35,20 @@ pub fn sleep_ns(ns: u64) {
     std::thread::sleep(std::time::Duration::from_nanos(ns));
 }
 
-/// How late a spinning wait may wake. A real driver's synchronising call (a stream's or a
+/// How late a wait for the device may wake. A real driver's synchronising call (a stream's or a
 /// context's, or an event's without `CU_EVENT_BLOCKING_SYNC`) spins or yields by default and
-/// returns within microseconds of the work's end; the simulator sleeps, but wakes as close to on
-/// time. With Linux's default timer slack (50 us) a sleep ends up to 50 us late unless another
-/// timer fires meanwhile: a loop that synchronised its stream every 2 ms ran 1.5 points of the
-/// device slower alone than beside another process whose threads poll, and that difference, not
-/// the device, decided a slice's throughput against its rate alone. A blocking-sync event's wait
-/// sleeps as `sleep_ns` does, as the driver's blocks in the kernel.
+/// returns within microseconds of the work's end, and one that blocks in the kernel (a
+/// blocking-sync event's) is woken by the device's interrupt; the simulator sleeps, but wakes as
+/// close to on time. With Linux's default timer slack (50 us) a sleep ends up to 50 us late
+/// unless another timer fires meanwhile: a loop that synchronised its stream every 2 ms ran 1.5
+/// points of the device slower alone than beside another process whose threads poll, and a loop
+/// of 10 us kernels waiting on blocking-sync events 6 to 30% faster in its turns beside one (the
+/// slower the host, the more), and that difference, not the device, decided a slice's
+/// throughput against its rate alone.
 const SPIN_SLACK_NS: libc::c_ulong = 1_000;
 
-/// Sleeps `ns` for a wait a real driver spins through: the calling thread's timer slack is
-/// `SPIN_SLACK_NS` for the sleep, and the application's own setting is put back after.
+/// Sleeps `ns` for a wait on the device: the calling thread's timer slack is `SPIN_SLACK_NS` for
+/// the sleep, and the application's own setting is put back after.
 pub fn sleep_ns_on_time(ns: u64) {
     // SAFETY: PR_GET_TIMERSLACK takes no pointer and returns the calling thread's slack.
     let was = unsafe { libc::prctl(libc::PR_GET_TIMERSLACK, 0, 0, 0, 0) };

@@ -157,7 +157,7 @@ fn checkpoint(d: &Driver, s: u32, me: &ProcSlot) -> Res {
         .collect();
     for (dev, ctx, generation) in ctxs {
         let seq = d.state.lock_device(dev).dev().b.ctxs[ctx as usize].submitted;
-        wait_seq(d, dev, ctx, generation, seq, Wake::Block);
+        wait_seq(d, dev, ctx, generation, seq);
     }
     let data = d.state.data().map_err(|_| CUresult::CUDA_ERROR_UNKNOWN)?;
     let file =

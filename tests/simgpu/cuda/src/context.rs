@@ -46,7 +46,7 @@ pub fn create(d: &Driver, inner: &mut Inner, ordinal: i32, flags: u32, primary: 
 /// Waits for all work of context `h`.
 pub fn sync_ctx(d: &Driver, c: &CtxLocal) {
     let target = d.state.lock_device(c.dev).dev().submitted(c.shared);
-    wait_seq(d, c.dev, c.shared, c.shared_gen, target, Wake::Spin);
+    wait_seq(d, c.dev, c.shared, c.shared_gen, target);
 }
 
 /// Destroys context `h` and everything made in it.
@@ -237,7 +237,7 @@ fn ctx_sync(ctx: Option<u64>) -> Res {
         (c.dev, (c.dev, c.shared, c.shared_gen))
     };
     let target = d.state.lock_device(dev).dev().submitted(c.1);
-    wait_seq(d, c.0, c.1, c.2, target, Wake::Spin);
+    wait_seq(d, c.0, c.1, c.2, target);
     crate::pool::release_to_thresholds(d, dev);
     Ok(())
 }

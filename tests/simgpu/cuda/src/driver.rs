@@ -654,19 +654,13 @@ impl VaSpace {
 
 // ---- waiting for work -------------------------------------------------------------------
 
-/// How a wait ends once the work is done: `Spin` as a synchronising call the driver spins or
-/// yields through (a stream's, a context's, an event's without `CU_EVENT_BLOCKING_SYNC`), on
-/// time; `Block` as one that blocks in the kernel (a blocking-sync event, the driver's own
-/// threads), when the host gets round to it.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub enum Wake {
-    Spin,
-    Block,
-}
-
 /// Blocks until item `seq` of shared context `ctx` on device `dev` has finished (or the context
-/// is gone), sleeping (never spinning) for at least the engine time still needed.
-pub fn wait_seq(d: &Driver, dev: u32, ctx: u32, ctx_gen: u32, seq: u64, wake: Wake) {
+/// is gone), sleeping (never spinning) for at least the engine time still needed, and waking on
+/// time (`clock::sleep_ns_on_time`): a real driver's synchronising call either spins or yields
+/// through the wait (a stream's, a context's, an event's without `CU_EVENT_BLOCKING_SYNC`) or
+/// blocks in the kernel until the device's interrupt wakes it (a blocking-sync event, the
+/// driver's own threads); neither wakes later for want of another process's timer.
+pub fn wait_seq(d: &Driver, dev: u32, ctx: u32, ctx_gen: u32, seq: u64) {
     loop {
         let wait = {
             let mut g = d.state.lock_device(dev);
@@ -677,10 +671,6 @@ pub fn wait_seq(d: &Driver, dev: u32, ctx: u32, ctx_gen: u32, seq: u64, wake: Wa
             }
             dv.min_wait(ctx, seq)
         };
-        let wait = wait.clamp(20 * US, 10_000 * US);
-        match wake {
-            Wake::Spin => clock::sleep_ns_on_time(wait),
-            Wake::Block => clock::sleep_ns(wait),
-        }
+        clock::sleep_ns_on_time(wait.clamp(20 * US, 10_000 * US));
     }
 }

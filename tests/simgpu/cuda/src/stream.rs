@@ -172,7 +172,7 @@ fn stream_sync(s: CUstream, ptsz: bool) -> Res {
         }
         sync_target(&inner, sref)?
     };
-    wait_seq(d, dev, ctx, generation, seq, Wake::Spin);
+    wait_seq(d, dev, ctx, generation, seq);
     crate::pool::release_to_thresholds(d, dev);
     Ok(())
 }
@@ -293,7 +293,7 @@ fn stream_wait_event(s: CUstream, e: CUevent, ptsz: bool) -> Res {
             .get(sref_ctx)
             .is_some_and(|c| c.dev == dev && c.shared == ctx);
         if !same {
-            wait_seq(d, dev, ctx, generation, seq, Wake::Block);
+            wait_seq(d, dev, ctx, generation, seq);
         }
     }
     Ok(())
@@ -427,18 +427,12 @@ pub unsafe extern "C" fn cuEventQuery(e: CUevent) -> CUresult {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuEventSynchronize(e: CUevent) -> CUresult {
     status(drv().and_then(|d| {
-        let (rec, flags) = {
+        let rec = {
             let inner = d.inner.lock();
-            let ev = inner.events.get(from_ptr(e)).ok_or(E_INVALID_HANDLE)?;
-            (ev.recorded, ev.flags)
+            inner.events.get(from_ptr(e)).ok_or(E_INVALID_HANDLE)?.recorded
         };
         if let Some((dev, ctx, generation, seq)) = rec {
-            let wake = if flags & CU_EVENT_BLOCKING_SYNC != 0 {
-                Wake::Block
-            } else {
-                Wake::Spin
-            };
-            wait_seq(d, dev, ctx, generation, seq, wake);
+            wait_seq(d, dev, ctx, generation, seq);
             crate::pool::release_to_thresholds(d, dev);
         }
         Ok(())
@@ -531,9 +525,7 @@ fn hostfn_worker(rx: std::sync::mpsc::Receiver<HostCall>) {
             call.dev,
             call.ctx,
             call.ctx_gen,
-            call.seq - 1,
-            Wake::Block,
-        );
+            call.seq - 1);
         // SAFETY: the application's callback with its own argument, as cuLaunchHostFunc promises.
         unsafe { (call.f)(call.data as *mut c_void) };
         let mut g = d.state.lock_device(call.dev);
