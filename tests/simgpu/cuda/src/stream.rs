@@ -429,7 +429,11 @@ pub unsafe extern "C" fn cuEventSynchronize(e: CUevent) -> CUresult {
     status(drv().and_then(|d| {
         let rec = {
             let inner = d.inner.lock();
-            inner.events.get(from_ptr(e)).ok_or(E_INVALID_HANDLE)?.recorded
+            inner
+                .events
+                .get(from_ptr(e))
+                .ok_or(E_INVALID_HANDLE)?
+                .recorded
         };
         if let Some((dev, ctx, generation, seq)) = rec {
             wait_seq(d, dev, ctx, generation, seq);
@@ -520,12 +524,7 @@ fn hostfn_worker(rx: std::sync::mpsc::Receiver<HostCall>) {
     for call in rx {
         // Run when everything queued before it has finished; the engine holds the context's
         // later work until we report the function returned.
-        wait_seq(
-            d,
-            call.dev,
-            call.ctx,
-            call.ctx_gen,
-            call.seq - 1);
+        wait_seq(d, call.dev, call.ctx, call.ctx_gen, call.seq - 1);
         // SAFETY: the application's callback with its own argument, as cuLaunchHostFunc promises.
         unsafe { (call.f)(call.data as *mut c_void) };
         let mut g = d.state.lock_device(call.dev);
