@@ -45,16 +45,16 @@ pub fn sleep_ns(ns: u64) {
 /// of 10 us kernels waiting on blocking-sync events 6 to 30% faster in its turns beside one (the
 /// slower the host, the more), and that difference, not the device, decided a slice's
 /// throughput against its rate alone.
-const SPIN_SLACK_NS: libc::c_ulong = 1_000;
+const WAKE_SLACK_NS: libc::c_ulong = 1_000;
 
-/// Sleeps `ns` for a wait on the device: the calling thread's timer slack is `SPIN_SLACK_NS` for
+/// Sleeps `ns` for a wait on the device: the calling thread's timer slack is `WAKE_SLACK_NS` for
 /// the sleep, and the application's own setting is put back after.
 pub fn sleep_ns_on_time(ns: u64) {
     // SAFETY: PR_GET_TIMERSLACK takes no pointer and returns the calling thread's slack.
     let was = unsafe { libc::prctl(libc::PR_GET_TIMERSLACK, 0, 0, 0, 0) };
-    let tighter = was > SPIN_SLACK_NS as libc::c_int
+    let tighter = was > WAKE_SLACK_NS as libc::c_int
         // SAFETY: PR_SET_TIMERSLACK sets a value of the calling thread only.
-        && unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, SPIN_SLACK_NS, 0, 0, 0) } == 0;
+        && unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, WAKE_SLACK_NS, 0, 0, 0) } == 0;
     sleep_ns(ns);
     if tighter {
         // SAFETY: as above; puts back the value read before.
