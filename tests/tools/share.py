@@ -533,9 +533,15 @@ def main(names, check=None, window_check=WINDOW_CHECK):
             else:
                 failed += missed
     ok = worst_err <= 2.0 and slowest <= 3.0
-    print(f"largest |achieved - configured|: {worst_err:.1f} points (target <= 2); worst 1 s window: "
-          f"{worst_window:.1f} points off; slowest to settle: {slowest:.1f} s (target <= 3): "
-          f"{'meets' if ok else 'MISSES'}")
+    figures = (f"largest |achieved - configured|: {worst_err:.1f} points (target <= 2); worst 1 s window: "
+               f"{worst_window:.1f} points off; slowest to settle: {slowest:.1f} s (target <= 3)")
+    if check is None:
+        print(f"{figures}: {'meets' if ok else 'MISSES'}")
+    else:
+        # The targets are the benchmark's (tests/bench, on a quiet machine). Here these figures
+        # take in every run printed, those run again, held in proportion or reported only, so
+        # the check below, not this line, is the verdict.
+        print(f"over every run printed, {figures}; the check:")
     if again:
         print(f"missed and run again: {len(again)} time(s): " + " | ".join(again))
     if in_proportion:
