@@ -541,7 +541,7 @@ def main(names, check=None, window_check=WINDOW_CHECK):
         # The targets are the benchmark's (tests/bench, on a quiet machine). Here these figures
         # take in every run printed, those run again, held in proportion or reported only, so
         # the check below, not this line, is the verdict.
-        print(f"over every run printed, {figures}; the check:")
+        print(f"over every run printed, {figures} (the check's verdict below)")
     if again:
         print(f"missed and run again: {len(again)} time(s): " + " | ".join(again))
     if in_proportion:
