@@ -96,7 +96,7 @@ pub fn push(d: &Driver, inner: &mut Inner, sref: StreamRef, item: Item) -> Res<u
                 }
             }
         };
-        simgpu::clock::sleep_ns(wait.clamp(20_000, 10_000_000));
+        simgpu::clock::sleep_ns_on_time(wait.clamp(20_000, 10_000_000));
     };
     let blocking = match sref {
         StreamRef::Real(h, _) => {
