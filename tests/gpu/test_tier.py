@@ -185,6 +185,13 @@ class Share(unittest.TestCase):
         self.assertAlmostEqual(nvml.worst_window(util, 1, 0.0, 2.0, want=30), 49.5)
 
 
+class DeviceUtilisation(unittest.TestCase):
+    def test_only_the_readings_that_changed_are_logged(self):
+        readings = [(0.00, 15), (0.05, 15), (0.10, 26), (0.15, 26), (0.20, 26), (0.25, 15)]
+        self.assertEqual(nvml.changes(readings), [(0.00, 15), (0.10, 26), (0.25, 15)])
+        self.assertEqual(nvml.changes([]), [])
+
+
 class JudgeFill(unittest.TestCase):
     START = {"event": "start", "free": 3 * GIB, "reported_total": 4 * GIB}
     REFUSED = {"event": "refused", "code": 2, "call": "cuMemAlloc_v2", "count": 59, "allocated": 59 * 64 * MIB,

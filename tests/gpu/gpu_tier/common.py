@@ -10,6 +10,8 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 
+from .nvml import changes
+
 # The checkout this tier runs from (tests/gpu/gpu_tier/ is three levels down).
 CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
@@ -186,6 +188,12 @@ class Tier:
         if util:
             lines.append("--- NVML utilisation samples (pid, s, smUtil): " +
                          " ".join(f"{pid}@{ts / 1e6 - t0:.2f}:{sm}" for pid, ts, sm in util))
+        # The device's own figure beside them: a meter compares the two, and the per-process
+        # samples alone do not say how the driver's device-wide window moves.
+        device = changes(self.nvml.device_utilisation(t0, t1))
+        if device:
+            lines.append("--- NVML device utilisation when it changed (s, gpu %): " +
+                         " ".join(f"{t - t0:.2f}:{g}" for t, g in device))
         self.log(group, "\n".join(lines) + "\n")
 
 

@@ -2,7 +2,8 @@
 
 `Sampler` polls NVML (NVIDIA's Python bindings, nvidia-ml-py) in a thread of the tier's own
 process, which never loads cuslice: per-process used memory every 20 ms, per-process utilisation
-samples every 50 ms, device used memory and utilisation. The functions below it turn samples into
+samples and the device's utilisation (nvmlDeviceGetUtilizationRates) every 50 ms, and the
+device's used memory. The functions below it turn samples into
 the figures the checks judge; they are pure and unit-tested (tests/gpu/test_tier.py).
 """
 import statistics
@@ -98,10 +99,21 @@ class Sampler(threading.Thread):
         with self.lock:
             return sorted((pid, ts, sm) for (pid, ts), sm in self.util.items() if t0 * 1e6 <= ts <= t1 * 1e6)
 
-    def device_busy(self, t0, t1):
+    def device_utilisation(self, t0, t1):
+        """[(wall s, gpu %)]: nvmlDeviceGetUtilizationRates's readings in [t0, t1]."""
         with self.lock:
-            v = [g for t, g in self.device_util if t0 <= t <= t1]
-        return statistics.mean(v) if v else None
+            return [(t, g) for t, g in self.device_util if t0 <= t <= t1]
+
+
+def changes(readings):
+    """The (time, value) readings whose value differs from the reading before: a device's
+    utilisation, read every 50 ms, changes about once a sample period."""
+    out, last = [], object()
+    for t, v in readings:
+        if v != last:
+            out.append((t, v))
+            last = v
+    return out
 
 
 def _text(v):
