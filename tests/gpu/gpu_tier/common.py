@@ -188,8 +188,9 @@ class Tier:
         if util:
             lines.append("--- NVML utilisation samples (pid, s, smUtil): " +
                          " ".join(f"{pid}@{ts / 1e6 - t0:.2f}:{sm}" for pid, ts, sm in util))
-        # The device's own figure beside them: a meter compares the two, and the per-process
-        # samples alone do not say how the driver's device-wide window moves.
+        # The device's own figure beside them: the per-process samples do not say what
+        # nvmlDeviceGetUtilizationRates reads (over which window, and whether it counts what
+        # smUtil counts), which a meter comparing the two depends on.
         device = changes(self.nvml.device_utilisation(t0, t1))
         if device:
             lines.append("--- NVML device utilisation when it changed (s, gpu %): " +
