@@ -176,14 +176,13 @@ class Tier:
                 lines.append("stderr:\n" + _clip(p.stderr.rstrip()))
         samples = self.nvml.memory(t0, t1)
         lines.append(f"--- NVML: {len(samples)} memory samples, device used before: {mib(base)}")
-        last = None
+        rows = []
         for t, dev, used in samples:
             mine = {pid: v for pid, v in used.items() if any(pid == p.pid for p in procs)} or used
-            row = (dev, tuple(sorted(mine.items())))
-            if row != last:  # changes only
-                lines.append(f"  {t - t0:7.3f} s device {mib(dev)}  " +
-                             " ".join(f"{pid}:{mib(v)}" for pid, v in sorted(mine.items())))
-                last = row
+            rows.append((t, (dev, tuple(sorted(mine.items())))))
+        for t, (dev, mine) in changes(rows):
+            lines.append(f"  {t - t0:7.3f} s device {mib(dev)}  " +
+                         " ".join(f"{pid}:{mib(v)}" for pid, v in mine))
         util = self.nvml.utilisation(t0, t1)
         if util:
             lines.append("--- NVML utilisation samples (pid, s, smUtil): " +

@@ -106,8 +106,8 @@ class Sampler(threading.Thread):
 
 
 def changes(readings):
-    """The (time, value) readings whose value differs from the reading before: a device's
-    utilisation, read every 50 ms, changes about once a sample period."""
+    """The (time, value) readings whose value differs from the reading before: what the logs
+    show of readings taken every 20 or 50 ms (memory, the device's utilisation)."""
     out, last = [], object()
     for t, v in readings:
         if v != last:
