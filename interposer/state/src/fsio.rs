@@ -2,10 +2,10 @@
 //! same directory, written whole, renamed over the target. A reader sees the old file or the new
 //! one, never a part. How durable the result is (which fsyncs are made) is the caller's choice:
 //! a CDI spec or an installed configuration file must survive a power loss, per-boot state under
-//! /run need not.
+//! /run need not. And one read: of files under /proc ([`read_proc`]).
 
 use std::fs::{self, File, OpenOptions, Permissions};
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -153,6 +153,28 @@ pub fn umask() -> u32 {
 fn own_ids() -> (u32, u32) {
     // SAFETY: geteuid and getegid take no arguments, cannot fail and touch no memory.
     unsafe { (libc::geteuid(), libc::getegid()) }
+}
+
+/// The whole of a file under /proc (whose size reads as 0): read in one `read` where it fits in
+/// 4 KiB, where `fs::read` would ask its size first and then read in small steps. `None` if it
+/// cannot be opened or read (the process is gone).
+pub fn read_proc(path: &str) -> Option<Vec<u8>> {
+    let mut f = File::open(path).ok()?;
+    let mut buf = vec![0u8; 4096];
+    let mut n = 0;
+    loop {
+        if n == buf.len() {
+            buf.resize(buf.len() * 2, 0);
+        }
+        match f.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    }
+    buf.truncate(n);
+    Some(buf)
 }
 
 #[cfg(test)]

@@ -480,7 +480,7 @@ pub struct Locked {
 
 /// The start time of process `pid` (field 22 of /proc/PID/stat), or `None` if it is gone.
 pub fn start_time(pid: i32) -> Option<u64> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let stat = String::from_utf8(crate::fsio::read_proc(&format!("/proc/{pid}/stat"))?).ok()?;
     // The command name (field 2) may hold spaces and parentheses: count from the last ')'.
     let rest = &stat[stat.rfind(')')? + 1..];
     rest.split_whitespace().nth(19)?.parse().ok()

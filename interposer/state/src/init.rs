@@ -69,7 +69,8 @@ impl Init {
 
 /// The pid process `pid` (as this process's `/proc` names it) has in its own pid namespace.
 pub fn inner_pid(pid: i32) -> Option<i32> {
-    innermost_pid(&std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?)
+    let status = crate::fsio::read_proc(&format!("/proc/{pid}/status"))?;
+    innermost_pid(std::str::from_utf8(&status).ok()?)
 }
 
 /// The last field of the `NSpid:` line of a `/proc/PID/status` text: the process's pid in its

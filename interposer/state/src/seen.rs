@@ -176,6 +176,35 @@ pub fn write(dir: &Path, seen: &Seen) -> std::io::Result<()> {
     )
 }
 
+/// Marks the file in `dir` written now without writing it (its figures are what they were):
+/// its modification time is what readers judge its freshness by. An error where it is not there
+/// (or is a link); the caller then writes it.
+pub fn touch(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.join(FILE).as_os_str().as_bytes())
+        .map_err(std::io::Error::other)?;
+    let now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: libc::UTIME_NOW,
+    };
+    let times = [now, now];
+    // SAFETY: `path` is a NUL-terminated string and `times` two timespecs, both alive for the
+    // call; the call writes nothing of ours.
+    let r = unsafe {
+        libc::utimensat(
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            times.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 /// Takes the file away (the agent stops): its figures would go stale anyway.
 pub fn remove(dir: &Path) {
     let _ = std::fs::remove_file(dir.join(FILE));
@@ -261,6 +290,34 @@ mod tests {
             remove(dir.path());
             std::os::unix::fs::symlink("/etc/hostname", &path).unwrap();
             assert_eq!(read(dir.path()), None, "a link");
+        }
+    }
+
+    #[test]
+    fn a_touched_file_is_fresh_again_with_the_same_figures() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        assert!(touch(dir.path()).is_err(), "no file to touch");
+        write(dir.path(), &sample()).unwrap();
+        let path = dir.path().join(FILE);
+        let old = SystemTime::now() - Duration::from_secs(10);
+        File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+        let ino = std::fs::metadata(&path).unwrap().ino();
+        touch(dir.path()).unwrap();
+        let m = std::fs::metadata(&path).unwrap();
+        assert_eq!(m.ino(), ino, "the same file, not written again");
+        let age = SystemTime::now()
+            .duration_since(m.modified().unwrap())
+            .unwrap_or(Duration::ZERO);
+        assert!(age < Duration::from_secs(1), "{age:?} old");
+        // SAFETY: geteuid takes no arguments and cannot fail.
+        if unsafe { libc::geteuid() } == 0 {
+            assert_eq!(read(dir.path()), Some(sample()));
         }
     }
 }

@@ -586,6 +586,9 @@ pub struct Named {
     /// (end of the step, ns; busy time of the stamps that named the slice; the time the
     /// device's stamps stand for; how many stamps the device gave), oldest first.
     steps: VecDeque<(u64, u64, u64, u64)>,
+    /// The sums over `steps` of the named busy time, the cover and the stamps (asked for at
+    /// every step, over a window of hundreds of steps).
+    sums: (u64, u64, u64),
 }
 
 /// What the named stamps say of a slice.
@@ -603,19 +606,21 @@ impl Named {
     /// slice, out of `stamps` stamps standing for `cover_ns`.
     pub fn add(&mut self, now_ns: u64, named_ns: u64, cover_ns: u64, stamps: u64) {
         self.steps.push_back((now_ns, named_ns, cover_ns, stamps));
-        while let Some(&(end, ..)) = self.steps.front() {
+        let (n, c, k) = &mut self.sums;
+        (*n, *c, *k) = (*n + named_ns, *c + cover_ns, *k + stamps);
+        while let Some(&(end, named, cover, count)) = self.steps.front() {
             if now_ns.saturating_sub(end) < NAMED_WINDOW_NS {
                 break;
             }
             self.steps.pop_front();
+            let (n, c, k) = &mut self.sums;
+            (*n, *c, *k) = (*n - named, *c - cover, *k - count);
         }
     }
 
     /// The slice's named share over the window; None while the stamps are too few to judge.
     pub fn share(&self) -> Option<NamedShare> {
-        let (named, cover, stamps) = self.steps.iter().fold((0u64, 0u64, 0u64), |(n, c, k), s| {
-            (n + s.1, c + s.2, k + s.3)
-        });
+        let (named, cover, stamps) = self.sums;
         (stamps >= NAMED_MIN_STAMPS && cover > 0).then(|| NamedShare {
             share: (named as f64 / cover as f64).min(1.0),
             stamps,

@@ -55,7 +55,23 @@ pub(super) fn zeroed_header() -> Box<Header> {
 /// word zero.
 pub(super) fn read_copy_used(f: &File, copy: &mut Header, version: u32) {
     let table = std::mem::offset_of!(Header, procs);
-    read_range(f, copy, 0, table);
+    // Device records are taken lowest first and never given back: the ones in use are the first,
+    // up to the first free one. They are read that far (a record at a time: a slice uses one
+    // device or a few of the 64 records, and the whole table is a hundred kilobytes, read every
+    // period for every slice); the rest of `copy`'s table is zeroed, as if read free.
+    let devices = std::mem::offset_of!(Header, devices);
+    let rec = std::mem::size_of::<DeviceRec>();
+    read_range(f, copy, 0, devices);
+    let mut end = MAX_DEVICES;
+    for i in 0..MAX_DEVICES {
+        let at = devices + i * rec;
+        read_range(f, copy, at, at + rec);
+        if copy.devices[i].state.load(Ordering::Relaxed) == FREE {
+            end = i + 1;
+            break;
+        }
+    }
+    zero_range(copy, devices + end * rec, table);
     let used = (copy.procs_used.load(Ordering::Relaxed) as usize).min(MAX_PROCS);
     if version != PREVIOUS {
         read_range(
@@ -100,6 +116,15 @@ fn read_range(f: &File, copy: &mut Header, from: usize, to: usize) {
     // SAFETY: `copy` is `size()` bytes we hold exclusively; any bytes are a valid `Header`.
     let bytes = unsafe { std::slice::from_raw_parts_mut(start, size()) };
     read_bytes(f, bytes, from, to);
+}
+
+/// Zeroes bytes `from..to` of `copy`.
+fn zero_range(copy: &mut Header, from: usize, to: usize) {
+    let start = (copy as *mut Header).cast::<u8>();
+    // SAFETY: `copy` is `size()` bytes we hold exclusively; all-zero bytes are a valid `Header`
+    // (`zeroed_header`).
+    let bytes = unsafe { std::slice::from_raw_parts_mut(start, size()) };
+    bytes[from.min(to)..to].fill(0);
 }
 
 /// Reads bytes `from..to` of the file `f` into the same bytes of `bytes` (zeros past what could

@@ -224,3 +224,32 @@ fn a_process_that_dies_measuring_passes_the_measuring_lock_on() {
     assert!(waited < std::time::Duration::from_secs(2), "{waited:?}");
     drop(live.measuring(d).unwrap());
 }
+
+#[test]
+fn a_node_tool_reading_again_sees_every_device_the_slice_came_to_use() {
+    let dir = tempfile::tempdir().unwrap();
+    let (l, me, d0) = join(dir.path(), Some(4 * CHUNK));
+    l.reserve(me, d0, CHUNK).unwrap();
+    let ro = ReadOnly::open(&dir.path().join(FILE_NAME)).unwrap();
+    let first = ro.snapshot();
+    assert_eq!(first.devices.len(), 1);
+    assert_eq!(first.devices[0].used, CHUNK);
+    // Two more devices, each holding something of its own; the same reader, read again.
+    for (k, uuid) in [[8u8; 16], [9u8; 16]].into_iter().enumerate() {
+        let (d, _) = l.device(uuid, Some(4 * CHUNK)).unwrap();
+        l.reserve(me, d, (k as u64 + 2) * CHUNK).unwrap();
+    }
+    let again = ro.snapshot();
+    let used: Vec<([u8; 16], u64)> = again.devices.iter().map(|d| (d.uuid, d.used)).collect();
+    assert_eq!(
+        used,
+        vec![([7; 16], CHUNK), ([8; 16], 2 * CHUNK), ([9; 16], 3 * CHUNK)]
+    );
+    assert_eq!(
+        again,
+        l.snapshot(),
+        "the slice's own view and the copy agree"
+    );
+    let p = again.procs.iter().find(|p| p.alive).unwrap();
+    assert_eq!(p.charged, vec![CHUNK, 2 * CHUNK, 3 * CHUNK]);
+}

@@ -19,8 +19,10 @@ pub(super) fn snapshot_of(h: &Header, alive: impl Fn(usize) -> bool) -> Snapshot
         .filter(|(_, d)| d.state.load(Ordering::Acquire) == LIVE)
         .map(|(i, d)| (i, device_snapshot(uuid_of(d), d)))
         .collect();
-    let procs: Vec<ProcSnapshot> = h
-        .procs
+    // Only the slots ever taken (slots are taken lowest first; the rest are free): a copy read
+    // with `read_copy_used` holds nothing past them, and each slot is a record a kilobyte long.
+    let used = (h.procs_used.load(Ordering::Acquire) as usize).min(MAX_PROCS);
+    let procs: Vec<ProcSnapshot> = h.procs[..used]
         .iter()
         .enumerate()
         .filter(|(_, p)| p.state.load(Ordering::Acquire) == LIVE)

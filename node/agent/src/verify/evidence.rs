@@ -29,6 +29,8 @@ struct Step {
 pub(super) struct Window {
     devices: HashMap<String, VecDeque<Step>>,
     written_ns: Option<u64>,
+    /// What the file holds, as last written: the same figures again only mark it fresh.
+    written: Option<Seen>,
     /// The last write failed (said once until one succeeds).
     failing: bool,
 }
@@ -79,7 +81,9 @@ impl Window {
         out
     }
 
-    /// Publishes the figures in `dir` if `EVERY_NS` passed since the last time.
+    /// Publishes the figures in `dir` if `EVERY_NS` passed since the last time: written, or
+    /// where they are what the file already holds, the file only marked fresh (a rewrite is a
+    /// new file and a rename, which a disk file system pays for).
     pub(super) fn publish(
         &mut self,
         dir: &Path,
@@ -92,13 +96,26 @@ impl Window {
         {
             return;
         }
-        self.written_ns = Some(now_ns);
         let places: Vec<(&str, u64)> = slices
             .iter()
             .filter_map(|(id, s)| Some((id.as_str(), s.place?)))
             .collect();
-        match seen::write(dir, &self.figures(now_ns, &places)) {
-            Ok(()) => self.failing = false,
+        self.publish_places(dir, now_ns, &places);
+    }
+
+    /// Publishes the figures of the slices at `places` in `dir` now.
+    fn publish_places(&mut self, dir: &Path, now_ns: u64, places: &[(&str, u64)]) {
+        self.written_ns = Some(now_ns);
+        let figures = self.figures(now_ns, places);
+        if self.written.as_ref() == Some(&figures) && seen::touch(dir).is_ok() {
+            return;
+        }
+        self.written = None;
+        match seen::write(dir, &figures) {
+            Ok(()) => {
+                self.failing = false;
+                self.written = Some(figures);
+            }
             Err(e) => {
                 if !std::mem::replace(&mut self.failing, true) {
                     log(&format!(
@@ -145,5 +162,51 @@ mod tests {
         // Past the window, steps are forgotten; a device with nothing left is not listed.
         w.add(uuid, 10_000 * MS, 0, BTreeMap::new());
         assert!(!w.figures(10_000 * MS, &places).covers(uuid));
+    }
+
+    #[test]
+    fn the_same_figures_again_leave_the_file_and_keep_it_fresh() {
+        use std::os::unix::fs::MetadataExt;
+        use std::time::{Duration, SystemTime};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(seen::FILE);
+        let (uuid, places) = ("GPU-1", [("a", 1)]);
+        let mut w = Window::default();
+        w.add(
+            uuid,
+            0,
+            100 * MS,
+            BTreeMap::from([("a".to_string(), 40 * MS)]),
+        );
+        w.publish_places(dir.path(), 100 * MS, &places);
+        let written = std::fs::read_to_string(&path).unwrap();
+        assert!(written.contains("0000000000000001 400000"), "{written}");
+        let ino = std::fs::metadata(&path).unwrap().ino();
+        // Made to look old: the next publish with the same figures marks it fresh, in place.
+        let old = SystemTime::now() - Duration::from_secs(10);
+        let f = std::fs::File::options().write(true).open(&path).unwrap();
+        f.set_modified(old).unwrap();
+        w.publish_places(dir.path(), 600 * MS, &places);
+        let m = std::fs::metadata(&path).unwrap();
+        assert_eq!(m.ino(), ino);
+        assert!(m.modified().unwrap() > old + Duration::from_secs(5));
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), written);
+        // Other figures are written (a new file).
+        w.add(uuid, 700 * MS, 100 * MS, BTreeMap::new());
+        w.publish_places(dir.path(), 1_100 * MS, &places);
+        assert!(
+            std::fs::read_to_string(&path)
+                .unwrap()
+                .contains("0000000000000001 200000")
+        );
+        assert_ne!(std::fs::metadata(&path).unwrap().ino(), ino);
+        // Taken away meanwhile: written again, the figures unchanged.
+        std::fs::remove_file(&path).unwrap();
+        w.publish_places(dir.path(), 1_600 * MS, &places);
+        assert!(
+            std::fs::read_to_string(&path)
+                .unwrap()
+                .contains("0000000000000001 200000")
+        );
     }
 }

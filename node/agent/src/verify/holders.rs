@@ -357,10 +357,15 @@ pub(super) fn limits(
 ) -> BTreeMap<(String, String), Limits> {
     let mut limits: BTreeMap<(String, String), Limits> = BTreeMap::new();
     for (id, s) in slices {
-        let nvidia = environ(s.init, "NVIDIA_VISIBLE_DEVICES");
+        // The devices' numbering matters only to a config that names devices by ordinal;
+        // without one every device gets the same limits, and no process's environment is read.
+        let by_ordinal = !s.config.mentioned_ordinals().is_empty();
+        let nvidia = by_ordinal
+            .then(|| environ(s.init, "NVIDIA_VISIBLE_DEVICES"))
+            .flatten();
         for uuid in uuids {
             let key = (id.clone(), uuid.clone());
-            let per_process: Vec<Limits> = if s.config.mentioned_ordinals().is_empty() {
+            let per_process: Vec<Limits> = if !by_ordinal {
                 Vec::new()
             } else {
                 held.get(&key)

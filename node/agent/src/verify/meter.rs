@@ -2,7 +2,7 @@
 //! into each slice's window and bucket and freezes a slice that owes device time; the thaw
 //! thread thaws each when its time is served, taking only the state's lock, never the driver.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::thread::JoinHandle;
@@ -219,13 +219,22 @@ pub(super) fn poll(shared: &Shared) {
         }
         // The slices a bound may be acted on for: their processes on the device count as
         // having run there (the samples may never name a slice that uses a minority share).
-        for (pid, id) in st.device_pids.get(uuid).into_iter().flatten() {
-            let key = (id.clone(), uuid.clone());
-            if let (Some((judge::Bound::Established(lb), _)), Some(m)) =
-                (bound.get(&key), st.meters.get_mut(&key))
-                && *lb > 0
-            {
-                m.pids.insert(*pid, now_ns);
+        // (By the slices' keys in `bound`: no key is made for each process at each step.)
+        let established: HashMap<&str, &(String, String)> = bound
+            .iter()
+            .filter(|(key, (b, _))| {
+                key.1 == *uuid && matches!(b, judge::Bound::Established(lb) if *lb > 0)
+            })
+            .map(|(key, _)| (key.0.as_str(), key))
+            .collect();
+        if !established.is_empty() {
+            for (pid, id) in st.device_pids.get(uuid).into_iter().flatten() {
+                if let Some(m) = established
+                    .get(id.as_str())
+                    .and_then(|key| st.meters.get_mut(*key))
+                {
+                    m.pids.insert(*pid, now_ns);
+                }
             }
         }
     }
@@ -240,27 +249,25 @@ pub(super) fn poll(shared: &Shared) {
     let mut holds: Vec<((String, String), Hold)> = Vec::new();
     // Slices the stamps that name them found far over their limits at this step.
     let mut named_found: Vec<((String, String), judge::NamedShare)> = Vec::new();
-    let keys: Vec<(String, String)> = st.meters.keys().cloned().collect();
-    for key in keys {
+    for (key, m) in st.meters.iter_mut() {
         let f = frozen_ns(&key.0);
-        let (u, b) = match bound.get(&key) {
+        let (u, b) = match bound.get(key) {
             Some(&(b, busy)) => match b {
                 judge::Bound::Established(lb) => (lb, Some((b, busy))),
                 _ => (0, Some((b, busy))),
             },
             None => (
-                used.get(&key).copied().unwrap_or(0).min(i64::MAX as u64) as i64,
+                used.get(key).copied().unwrap_or(0).min(i64::MAX as u64) as i64,
                 None,
             ),
         };
         let (frozen, just_thawed) = (st.frozen.contains_key(&key.0), thawed.contains_key(&key.0));
-        let m = st.meters.get_mut(&key).expect("listed above");
         // Under one sample a period, the stamps that named the slice: once far over its limit
         // by them, its device time in a step is what they name (the bounds cannot say whose
         // the busy time was beside other slices), from then on.
         let mut u = u;
         if let Some((cover, _, _)) = one_per_period.get(&key.1) {
-            let mine = named_busy.get(&key).copied().unwrap_or(0);
+            let mine = named_busy.get(key).copied().unwrap_or(0);
             m.named.add(
                 now_ns,
                 mine,
@@ -306,7 +313,7 @@ pub(super) fn poll(shared: &Shared) {
             } else {
                 m.bucket.step_signed(rate, dt, u);
             }
-            holds.push((key, m.bucket.hold(rate, frozen, just_thawed)));
+            holds.push((key.clone(), m.bucket.hold(rate, frozen, just_thawed)));
         }
     }
     if !shared.stop.load(Ordering::SeqCst) {

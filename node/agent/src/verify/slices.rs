@@ -156,7 +156,7 @@ pub(super) fn classify(pid: i32, slices: &BTreeMap<String, Arc<Slice>>) -> Optio
 
 /// A variable of process `pid`'s environment as it was at exec.
 pub(super) fn environ(pid: i32, name: &str) -> Option<String> {
-    let raw = fs::read(format!("/proc/{pid}/environ")).ok()?;
+    let raw = cuslice_state::fsio::read_proc(&format!("/proc/{pid}/environ"))?;
     raw.split(|&b| b == 0).find_map(|kv| {
         let kv = std::str::from_utf8(kv).ok()?;
         let (k, v) = kv.split_once('=')?;
