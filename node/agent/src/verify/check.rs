@@ -184,7 +184,7 @@ impl Verifier {
             let place = if own.is_dir() {
                 Some(own)
             } else {
-                root.place(id)
+                s.place_dir.clone()
             };
             let claims = place.as_ref().map(|p| p.join(cuslice_state::board::CLAIMS));
             let turns = place.map(|p| p.join(cuslice_state::board::turns::FILE));
@@ -529,15 +529,12 @@ const GRANT_SETTLE: std::time::Duration = std::time::Duration::from_secs(2);
 /// done. Every reader counts such claims once or not at all (`cuslice_state::board::faults`), so
 /// they harm nobody; the finding names the container that wrote them. Not judged while its grant
 /// is fresh (`GRANT_SETTLE`).
-pub(super) fn check_claims(
-    state_root: &std::path::Path,
-    slices: &BTreeMap<String, Arc<Slice>>,
-) -> Vec<(Key, Finding)> {
+pub(super) fn check_claims(slices: &BTreeMap<String, Arc<Slice>>) -> Vec<(Key, Finding)> {
     use cuslice_state::board;
     let mut found = Vec::new();
     for (id, s) in slices {
         let Some(slice) = s.place else { continue };
-        let Some(place) = Root::new(state_root).place(id) else {
+        let Some(place) = &s.place_dir else {
             continue;
         };
         let grant_path = place.join(board::GRANT);

@@ -106,8 +106,10 @@ struct Slice {
     ledger: PathBuf,
     /// The ledger's format as the hook recorded it (`Record::ledger_version`).
     ledger_version: Option<u32>,
-    /// Its place on the node's compute board (`<id>/board`), if it has one.
+    /// Its place on the node's compute board (`<id>/board`), if it has one: the place's
+    /// number, and its folder (the hook's record, host-only, written once for the container).
     place: Option<u64>,
+    place_dir: Option<PathBuf>,
     /// A Slurm job's slice: its config file's text, which its processes see at
     /// `/run/cuslice/slice/config` in their own mount namespaces (a job has no pid namespace or
     /// cgroup of cuslice's to tell its processes by).
@@ -513,7 +515,7 @@ impl Verifier {
         };
         let mut found = self.check_memory(&slices, &holders.held, &ledger_used, &limits, at);
         found.extend(self.check_files(&slices));
-        found.extend(check::check_claims(&self.cfg.state_root, &slices));
+        found.extend(check::check_claims(&slices));
         self.forget(&slices, &holders, at);
         found.extend(self.check_compute(&slices, &usage, &limits, at.now));
         self.log_changes(&mut found, at.now);

@@ -80,7 +80,8 @@ impl Verifier {
                 .and_then(|t| serde_json::from_str(&t).ok())
                 .unwrap_or_default();
             // Its place on the compute board: the last part of the path the hook recorded.
-            let place = root.place(&r.id).and_then(|p| {
+            let place_dir = root.place(&r.id);
+            let place = place_dir.as_ref().and_then(|p| {
                 let name = p.file_name()?.to_str()?.to_string();
                 (name.len() == 16)
                     .then(|| u64::from_str_radix(&name, 16).ok())
@@ -94,6 +95,7 @@ impl Verifier {
                         .as_ref()
                         .and_then(|_| fs::read_to_string(&config_path).ok()),
                     place,
+                    place_dir,
                     ledger_version: r.ledger_version,
                     ledger: root
                         .mnt(&r.id)
