@@ -16,8 +16,8 @@
 //! what it used over the agent's window (`WINDOW_NS`). A slice not listed under a listed device
 //! is one the agent does not know: a standalone slice (whose claims count as they are), or a
 //! container newer than its last look (passed over until it is listed).
-//! The file is rewritten every `EVERY_NS`; older than `FRESH_NS` it says nothing (the agent
-//! stopped).
+//! The file is rewritten every `EVERY_NS` (or, with the same figures, only marked fresh:
+//! `touch`); older than `FRESH_NS` it says nothing (the agent stopped).
 
 use std::collections::BTreeMap;
 use std::io::Read;
