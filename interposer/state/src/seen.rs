@@ -177,8 +177,8 @@ pub fn write(dir: &Path, seen: &Seen) -> std::io::Result<()> {
 }
 
 /// Marks the file in `dir` written now without writing it (its figures are what they were):
-/// its modification time is what readers judge its freshness by. An error where it is not there
-/// (or is a link); the caller then writes it.
+/// its modification time is what readers judge its freshness by. An error where it is not there;
+/// the caller then writes it. Only the agent writes this directory.
 pub fn touch(dir: &Path) -> std::io::Result<()> {
     use std::os::unix::ffi::OsStrExt;
     let path = std::ffi::CString::new(dir.join(FILE).as_os_str().as_bytes())
