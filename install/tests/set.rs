@@ -8,14 +8,15 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use cuslice_test_harness::{GIB, MIB, Running, Sim, libcuslice, twice, workload};
+use cuslice_test_harness::{GIB, MIB, Running, Sim, ahead, libcuslice, twice, workload};
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_cuslice");
 
-/// A process of the slice in `dir`, with the library preloaded.
+/// A process of the slice in `dir`, with the library preloaded, run ahead of the machine's other
+/// work (`ahead`: these tests judge its share of device time).
 fn start(sim: &Sim, dir: &Path, node: &Path, env: &[&str], args: &[&str]) -> Running {
-    let mut c = sim.command(&workload(), args);
+    let mut c = ahead(sim.command(&workload(), args));
     c.env("LD_PRELOAD", libcuslice())
         .env("CUSLICE_STATE_DIR", dir)
         .env("CUSLICE_NODE_DIR", node);
