@@ -61,18 +61,7 @@ fn free_port() -> u16 {
 
 /// `cmd` under `timeout`, so that a rank that hangs is killed after `BOUND_SECS`.
 fn bounded(cmd: &Command) -> Command {
-    let mut c = Command::new("timeout");
-    c.arg("--kill-after=5")
-        .arg(BOUND_SECS.to_string())
-        .arg(cmd.get_program())
-        .args(cmd.get_args());
-    for (k, v) in cmd.get_envs() {
-        match v {
-            Some(v) => c.env(k, v),
-            None => c.env_remove(k),
-        };
-    }
-    c
+    under(&["timeout", "--kill-after=5", &BOUND_SECS.to_string()], cmd)
 }
 
 /// NCCL_CUMEM_ENABLE for a job: unset (NCCL's default, on) or 0.

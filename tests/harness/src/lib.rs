@@ -515,9 +515,14 @@ pub fn ahead(cmd: Command) -> Command {
     if !is_root() {
         return cmd;
     }
-    let mut c = Command::new("nice");
-    c.arg("-n")
-        .arg(AHEAD_NICE.to_string())
+    under(&["nice", "-n", &AHEAD_NICE.to_string()], &cmd)
+}
+
+/// `cmd` run by the command line `prefix` (a program and its arguments before `cmd`'s own, as
+/// `nice -n -10` or `timeout 60`), with `cmd`'s environment and folder.
+pub fn under(prefix: &[&str], cmd: &Command) -> Command {
+    let mut c = Command::new(prefix[0]);
+    c.args(&prefix[1..])
         .arg(cmd.get_program())
         .args(cmd.get_args());
     for (k, v) in cmd.get_envs() {
