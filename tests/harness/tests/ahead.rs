@@ -29,22 +29,23 @@ fn a_command_run_ahead_keeps_its_arguments_environment_and_folder_at_the_raised_
             dir.path().canonicalize().unwrap().display()
         )
     );
-    // The niceness is the 19th field; the command (field 2) is in parentheses and may hold spaces.
-    let after = &stat[stat.rfind(')').unwrap() + 2..];
-    let nice: i32 = after.split_whitespace().nth(16).unwrap().parse().unwrap();
-    let own: i32 = {
-        let s = std::fs::read_to_string("/proc/self/stat").unwrap();
-        s[s.rfind(')').unwrap() + 2..]
-            .split_whitespace()
-            .nth(16)
-            .unwrap()
-            .parse()
-            .unwrap()
-    };
+    let nice = niceness(stat);
+    let own = niceness(&std::fs::read_to_string("/proc/self/stat").unwrap());
     if is_root() {
         assert_eq!(nice, (own + AHEAD_NICE).max(-20), "{stat}");
     } else {
         assert_eq!(nice, own, "not root: as it is; {stat}");
     }
     assert!(String::from_utf8_lossy(&out.stderr).is_empty(), "{out:?}");
+}
+
+/// The niceness in a `/proc/PID/stat` line: its 19th field (the command, field 2, is in
+/// parentheses and may hold spaces).
+fn niceness(stat: &str) -> i32 {
+    stat[stat.rfind(')').unwrap() + 2..]
+        .split_whitespace()
+        .nth(16)
+        .unwrap()
+        .parse()
+        .unwrap()
 }
