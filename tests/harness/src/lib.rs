@@ -518,6 +518,38 @@ pub fn ahead(cmd: Command) -> Command {
     under(&["nice", "-n", &AHEAD_NICE.to_string()], &cmd)
 }
 
+/// A process already running (one a container engine started, which `ahead` cannot wrap) put
+/// ahead as `ahead` puts a command: each of its threads at the test's niceness plus
+/// `AHEAD_NICE`, as `nice -n -10` would have started it, where the test may raise a priority
+/// (root; left as it is otherwise). Threads it starts later inherit it from the thread that
+/// starts them; one started while its threads are gone through is taken on the next pass.
+pub fn put_ahead(pid: i32) {
+    if !is_root() {
+        return;
+    }
+    // SAFETY: getpriority takes plain integers (0: the calling thread, which exists).
+    let own = unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
+    let nice = (own + AHEAD_NICE).clamp(-20, 19);
+    let mut done = std::collections::BTreeSet::new();
+    loop {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            return;
+        };
+        let new: Vec<u32> = tasks
+            .filter_map(|t| t.ok()?.file_name().to_str()?.parse().ok())
+            .filter(|t| !done.contains(t))
+            .collect();
+        if new.is_empty() {
+            return;
+        }
+        for tid in new {
+            // SAFETY: plain integers; a thread that has ended is an error, which changes nothing.
+            unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, nice) };
+            done.insert(tid);
+        }
+    }
+}
+
 /// `cmd` run by the command line `prefix` (a program and its arguments before `cmd`'s own, as
 /// `nice -n -10` or `timeout 60`), with `cmd`'s environment and folder.
 pub fn under(prefix: &[&str], cmd: &Command) -> Command {

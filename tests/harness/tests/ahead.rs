@@ -1,10 +1,10 @@
 //! `ahead` runs a judged workload at a raised CPU priority where the test may raise it (root),
-//! with its arguments, environment and folder as given; the kernel's figure for the process
-//! (`/proc/PID/stat`'s niceness) is the judge.
+//! with its arguments, environment and folder as given, and `put_ahead` raises a running one's;
+//! the kernel's figure for each thread (`/proc/PID/task/TID/stat`'s niceness) is the judge.
 
 use std::process::Command;
 
-use cuslice_test_harness::{AHEAD_NICE, ahead, is_root};
+use cuslice_test_harness::{AHEAD_NICE, ahead, is_root, put_ahead};
 
 #[test]
 fn a_command_run_ahead_keeps_its_arguments_environment_and_folder_at_the_raised_priority() {
@@ -48,4 +48,54 @@ fn niceness(stat: &str) -> i32 {
         .unwrap()
         .parse()
         .unwrap()
+}
+
+/// A running process with several threads: `put_ahead` gives each the raised priority, and a
+/// thread it starts afterwards has it too.
+#[test]
+fn a_running_process_put_ahead_has_every_thread_ahead_and_so_do_its_new_threads() {
+    let mut child = Command::new("python3")
+        .args([
+            "-c",
+            "import sys, threading, time\n\
+             for _ in range(3): threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n\
+             print('started', flush=True)\n\
+             sys.stdin.readline()\n\
+             threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n\
+             print('started', flush=True)\n\
+             sys.stdin.readline()\n",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut stdin = child.stdin.take().unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    let pid = child.id();
+    put_ahead(pid as i32);
+    std::io::Write::write_all(&mut stdin, b"\n").unwrap();
+    line.clear();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    let threads: Vec<i32> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .map(|t| {
+            let path = t.unwrap().path().join("stat");
+            niceness(&std::fs::read_to_string(path).unwrap())
+        })
+        .collect();
+    drop(stdin);
+    child.wait().unwrap();
+    let own = niceness(&std::fs::read_to_string("/proc/self/stat").unwrap());
+    let want = if is_root() {
+        (own + AHEAD_NICE).max(-20)
+    } else {
+        own
+    };
+    assert_eq!(
+        threads,
+        vec![want; 5],
+        "the main thread, three, then one more"
+    );
 }
