@@ -133,8 +133,10 @@ pub enum Scenario {
     #[command(
         long_about = "Time cuMemAlloc_v2 + cuMemFree_v2 pairs on one or more threads.\n\n\
         Each of --threads threads makes the process's primary context current, makes 1000 \
-        untimed pairs, waits for the others, then times --iters pairs. One `bench` line: \
-        ns_per_pair and pairs_per_sec_per_thread (means over the threads), total_pairs_per_sec \
+        untimed pairs, waits for the others, then times --iters pairs, in batches of 1000. One \
+        `bench` line: ns_per_pair and pairs_per_sec_per_thread (means over the threads), \
+        ns_per_pair_p10 and ns_per_pair_median (over every thread's whole batches: batch, the \
+        pairs in one), total_pairs_per_sec \
         (all pairs over the wall time from the first thread's start to the last one's end), \
         per_thread_ns_per_pair, wall_ns, and start_mono_ns / end_mono_ns (CLOCK_MONOTONIC) to \
         line up several processes."
@@ -145,8 +147,8 @@ pub enum Scenario {
         Loads --kernel (spin or work) of --kernel-ns per block and, after --warmup-secs of untimed batches, \
         times --batches batches of --batch one-block launches through --via, synchronising the \
         stream and sleeping --pause-us after each batch (untimed), so that a slice with a core \
-        limit is never held back while timed. One `bench` line: ns_per_launch_median, _mean, \
-        _p90 and _max over the batches (each batch's time / --batch).")]
+        limit is never held back while timed. One `bench` line: ns_per_launch_p10, _median, \
+        _mean, _p90 and _max over the batches (each batch's time / --batch).")]
     BenchLaunch(BenchLaunchArgs),
     /// A latency probe: a short kernel every few milliseconds, each waited for
     #[command(

@@ -411,6 +411,7 @@ pub fn bench_launch(s: &Session, a: &BenchLaunchArgs) -> Result<(), Failure> {
         "via": a.via.name(),
         "batches": a.batches,
         "batch": a.batch,
+        "ns_per_launch_p10": pick(0.1),
         "ns_per_launch_median": pick(0.5),
         "ns_per_launch_mean": mean,
         "ns_per_launch_p90": pick(0.9),

@@ -242,31 +242,58 @@ fn alloc_free_pairs(d: &Driver, size: usize, n: u64) -> Result<(), CuError> {
     Ok(())
 }
 
-/// One thread's timed phase: (start, end) on the monotonic clock, in ns.
-fn bench_thread(d: &Driver, a: &BenchAllocArgs, start: &StartLine) -> Result<(u64, u64), CuError> {
+/// Pairs timed together: each batch's ns a pair is kept, so that a run can say what a pair
+/// costs when nothing else on the host gets in the way (a low percentile of its batches).
+const BENCH_BATCH: u64 = 1000;
+
+/// One thread's timed phase: (start, end) on the monotonic clock, in ns, and the ns a pair of
+/// each whole batch of `BENCH_BATCH` pairs.
+fn bench_thread(
+    d: &Driver,
+    a: &BenchAllocArgs,
+    start: &StartLine,
+) -> Result<(u64, u64, Vec<f64>), CuError> {
     let size = a.size as usize;
     alloc_free_pairs(d, size, BENCH_WARMUP)?;
     if !start.arrive() {
-        return Ok((0, 0));
+        return Ok((0, 0, Vec::new()));
     }
+    let mut batches = Vec::with_capacity((a.iters / BENCH_BATCH) as usize);
     let t0 = Instant::now();
     let t0_ns = monotonic_ns();
-    alloc_free_pairs(d, size, a.iters)?;
+    let mut left = a.iters;
+    while left > 0 {
+        let n = left.min(BENCH_BATCH);
+        let b0 = Instant::now();
+        alloc_free_pairs(d, size, n)?;
+        if n == BENCH_BATCH {
+            batches.push(b0.elapsed().as_nanos() as f64 / n as f64);
+        }
+        left -= n;
+    }
     let ns = t0.elapsed().as_nanos() as u64;
-    Ok((t0_ns, t0_ns + ns.max(1)))
+    Ok((t0_ns, t0_ns + ns.max(1), batches))
 }
 
 pub fn bench_alloc(s: &Session, a: &BenchAllocArgs) -> Result<(), Failure> {
     let results = on_threads(s, a.threads, |_, start| bench_thread(s.d, a, start));
     let mut spans = Vec::new();
+    let mut batches = Vec::new();
     let mut errors = Vec::new();
     for r in results {
         match r {
-            Ok(span) => spans.push(span),
+            Ok((t0, t1, b)) => {
+                spans.push((t0, t1));
+                batches.extend(b);
+            }
             Err(e) => errors.push(e),
         }
     }
     report_errors(&errors)?;
+    batches.sort_by(f64::total_cmp);
+    let pick = |q: f64| {
+        (!batches.is_empty()).then(|| batches[((batches.len() - 1) as f64 * q).round() as usize])
+    };
     let iters = a.iters as f64;
     let ns_per_pair: Vec<f64> = spans
         .iter()
@@ -284,6 +311,9 @@ pub fn bench_alloc(s: &Session, a: &BenchAllocArgs) -> Result<(), Failure> {
             "iters": a.iters,
             "size": a.size,
             "ns_per_pair": ns_per_pair.iter().sum::<f64>() / n,
+            "batch": BENCH_BATCH,
+            "ns_per_pair_p10": pick(0.1),
+            "ns_per_pair_median": pick(0.5),
             "pairs_per_sec_per_thread": rates.iter().sum::<f64>() / n,
             "total_pairs_per_sec": n * iters * 1e9 / wall_ns as f64,
             "per_thread_ns_per_pair": ns_per_pair,
