@@ -72,7 +72,8 @@ WINDOW_CHECK = 5.0  # points: every 1 s window after SETTLE, with --check
 # are tighter (docs/compute.md, Known limits): the two named, and any loop the host held below
 # HOST_BOUND percent of the device alone in this run (a slower host holds back longer kernels
 # too: 100 us kernels kept 4 deep ran at 91.9% alone on one).
-LAUNCH_BOUND_CHECK = {"10us 10/20": (3.0, 7.0), "50us 30/70": (3.0, 7.0)}
+HOST_BOUND_CHECK = (3.0, 7.0)
+LAUNCH_BOUND_CHECK = {"10us 10/20": HOST_BOUND_CHECK, "50us 30/70": HOST_BOUND_CHECK}
 HOST_BOUND = 97.0
 # A loop below this percent of the device alone is one the host holds back: its rate alone is
 # printed beside its row, measured again before a run again, and (with SHARE_LOCK) it runs alone.
@@ -421,6 +422,12 @@ def off(r):
     return err, max((abs(w - r["expected"]) for _, w in r["windows"]), default=0.0)
 
 
+def host_bound(name, r):
+    """Whether row `r` of scenario `name` is a loop the host bounds: one of the launch-bound
+    scenarios, or one held below HOST_BOUND percent of the device alone."""
+    return name in LAUNCH_BOUND_CHECK or (r["alone"] is not None and r["alone"] < HOST_BOUND)
+
+
 def misses(name, label, rows, check, window_check):
     """What `rows` (one run of scenario `name`) missed: a slice's judged figure more than `check`
     points from its configured share, a 1 s window more than `window_check` (each wider for a
@@ -431,9 +438,9 @@ def misses(name, label, rows, check, window_check):
             continue
         judged = r["judged"]
         err, window_err = off(r)
-        bound, bound_window = LAUNCH_BOUND_CHECK.get(name, (0.0, 0.0))
-        if r["alone"] is not None and r["alone"] < HOST_BOUND:
-            bound, bound_window = max(bound, 3.0), max(bound_window, 7.0)
+        bound, bound_window = (0.0, 0.0)
+        if host_bound(name, r):
+            bound, bound_window = HOST_BOUND_CHECK
         if err > max(check, bound):
             out.append(f"{label} slice {k}: {fmt(judged)} for {r['expected']}%")
         if window_err > max(window_check, bound_window):
@@ -457,8 +464,8 @@ def split(rows):
     if len(rows) < 2 or any(r["expected"] is None for r in rows):
         return None
     configured = sum(r["expected"] for r in rows)
-    host_bound = all(r["alone"] is not None and r["alone"] < HOST_BOUND for r in rows)
-    if configured != 100 and not host_bound:
+    all_held = all(r["alone"] is not None and r["alone"] < HOST_BOUND for r in rows)
+    if configured != 100 and not all_held:
         return None
     total = sum(r["judged"] or 0.0 for r in rows)
     if not TOGETHER <= 100.0 * total / configured <= 10000.0 / TOGETHER:
@@ -481,6 +488,10 @@ def main(names, check=None, window_check=WINDOW_CHECK):
     print(f"{'scenario':34} {'slice':>5} {'configured':>10} {'throughput':>10} {'simulator':>9} "
           f"{'worst 1 s':>9} {'settled':>8}")
     worst_err, worst_window, slowest, failed, again, in_proportion = 0.0, 0.0, 0.0, [], [], []
+    # Loops the host holds back (`host_bound`) and those only reported are summed up apart,
+    # against the bounds --check gives the former: their shares are the host's speed as much as
+    # the split.
+    bound_err, bound_window, bound_slowest, bound_names = 0.0, 0.0, 0.0, []
     for name in names or SCENARIOS:
         slices, expected = SCENARIOS[name]
         # A scenario that misses the check is run again, up to RUNS runs (every run printed): a
@@ -506,8 +517,15 @@ def main(names, check=None, window_check=WINDOW_CHECK):
                 print(f"{cols} {r['expected']:>9}% {through:>10} {fmt(r['simulator']):>9} {fmt(r['worst_1s']):>9} "
                       f"{settled:>8}{note}", flush=True)
                 err, window_err = off(r)
-                worst_err, worst_window = max(worst_err, err), max(worst_window, window_err)
-                slowest = max(slowest, r["settled_s"] if r["settled_s"] is not None else float("inf"))
+                settled_s = r["settled_s"] if r["settled_s"] is not None else float("inf")
+                if host_bound(name, r) or name in REPORTED_ONLY:
+                    bound_err, bound_window = max(bound_err, err), max(bound_window, window_err)
+                    bound_slowest = max(bound_slowest, settled_s)
+                    if name not in bound_names:
+                        bound_names.append(name)
+                else:
+                    worst_err, worst_window = max(worst_err, err), max(worst_window, window_err)
+                    slowest = max(slowest, settled_s)
             missed = misses(name, label, rows, check, window_check) if check is not None else []
             if missed and name in REPORTED_ONLY:
                 print(f"   reported, not judged (docs/compute.md, Known limits): {'; '.join(missed)}", flush=True)
@@ -532,9 +550,17 @@ def main(names, check=None, window_check=WINDOW_CHECK):
                     remeasure(slices)
             else:
                 failed += missed
-    ok = worst_err <= 2.0 and slowest <= 3.0
+    bound_ok = bound_err <= HOST_BOUND_CHECK[0] and bound_window <= HOST_BOUND_CHECK[1]
+    if bound_names:
+        print(f"loops the host holds back or only reported ({', '.join(bound_names)}; judged as --check judges "
+              f"the former): largest "
+              f"|achieved - configured|: {bound_err:.1f} points (target <= {HOST_BOUND_CHECK[0]:g}); worst 1 s "
+              f"window: {bound_window:.1f} points off (target <= {HOST_BOUND_CHECK[1]:g}); slowest to settle: "
+              f"{bound_slowest:.1f} s (reported): {'meets' if bound_ok else 'MISSES'}")
+    ok = worst_err <= 2.0 and slowest <= 3.0 and bound_ok
     figures = (f"largest |achieved - configured|: {worst_err:.1f} points (target <= 2); worst 1 s window: "
-               f"{worst_window:.1f} points off; slowest to settle: {slowest:.1f} s (target <= 3)")
+               f"{worst_window:.1f} points off; slowest to settle: {slowest:.1f} s (target <= 3)"
+               + (", those loops apart" if bound_names else ""))
     if check is None:
         print(f"{figures}: {'meets' if ok else 'MISSES'}")
     else:
