@@ -307,6 +307,15 @@ pub unsafe extern "C" fn cuCtxCreate_v4(
     create(dev, ctx, || unsafe { f(ctx, params, flags, dev) })
 }
 
+/// Before `cuCtxDestroy`: the meter's events in the context go first (`turns::forget_ctx`), and
+/// the charges made in it are named while the driver can still say which they are.
+fn destroying(ctx: CUcontext) {
+    crate::turns::forget_ctx(ctx as usize);
+    if let Ok(Some(_)) = membership::active() {
+        membership::ask_contexts(ctx as usize);
+    }
+}
+
 fn destroyed(ctx: CUcontext, r: CUresult) -> CUresult {
     if r.is_ok()
         && let Ok(Some(s)) = membership::active()
@@ -323,7 +332,7 @@ pub unsafe extern "C" fn cuCtxDestroy(ctx: CUcontext) -> CUresult {
     let Some(f) = real::cuCtxDestroy() else {
         return CUresult::CUDA_ERROR_NOT_INITIALIZED;
     };
-    crate::turns::forget_ctx(ctx as usize);
+    destroying(ctx);
     // SAFETY: forwarded unchanged.
     destroyed(ctx, unsafe { f(ctx) })
 }
@@ -335,7 +344,7 @@ pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult {
     let Some(f) = real::cuCtxDestroy_v2() else {
         return CUresult::CUDA_ERROR_NOT_INITIALIZED;
     };
-    crate::turns::forget_ctx(ctx as usize);
+    destroying(ctx);
     // SAFETY: forwarded unchanged.
     destroyed(ctx, unsafe { f(ctx) })
 }
@@ -404,6 +413,7 @@ macro_rules! primary_wrappers {
             // events in it go first (`turns::forget_ctx`).
             if let Some(ctx) = s.and_then(|s| primary_going(s, dev, $reset)) {
                 crate::turns::forget_ctx(ctx);
+                membership::ask_contexts(ctx);
             }
             // SAFETY: forwarded unchanged.
             let r = unsafe { f(dev) };

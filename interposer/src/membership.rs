@@ -383,6 +383,22 @@ pub fn contexts_changed() {
     CTX_GENERATION.fetch_add(1, Ordering::Relaxed);
 }
 
+/// The context of a charge whose allocation the driver can name the context of
+/// (`CU_POINTER_ATTRIBUTE_CONTEXT`): asked only when a context goes away ([`ask_contexts`]), so
+/// that an allocation on a process's one device costs no call for its context.
+pub const CTX_ASK: usize = usize::MAX;
+
+/// What an allocation of device memory is charged under: (context, device ordinal). On a slice of
+/// one device, [`CTX_ASK`] and 0 without asking the driver; else as [`current`]. A call made
+/// with no context current still reaches the driver, which refuses it.
+#[inline]
+pub fn allocation_place(s: &Slice) -> Option<(usize, usize)> {
+    if s.devs().len() == 1 {
+        return Some((CTX_ASK, 0));
+    }
+    current(s)
+}
+
 /// The current context and the ordinal of its device, or None without a current context (the
 /// real call will then report the error itself).
 #[inline]
@@ -418,7 +434,8 @@ fn current_device(s: &Slice, ctx: CUcontext) -> Option<(usize, usize)> {
 
 // ---- the process-local table -----------------------------------------------------------------
 
-/// One charge: `bytes` on device `dev`, made under context `ctx` (0: not tied to a context).
+/// One charge: `bytes` on device `dev`, made under context `ctx` (0: not tied to a context;
+/// [`CTX_ASK`]: the context current when it was made, which the driver names when asked).
 #[derive(Clone, Copy, Debug)]
 pub struct Charge {
     pub dev: usize,
@@ -634,6 +651,58 @@ pub fn alloc_insert(ptr: u64, c: Charge) -> Option<Charge> {
 #[inline]
 pub fn alloc_remove(ptr: u64) -> Option<Charge> {
     shard(ptr).with(|m| m.remove(&ptr))
+}
+
+/// Before context `ctx` goes away: every charge made under [`CTX_ASK`] is given the context the
+/// driver says its allocation is in, while the driver still knows it (one call for each; a charge
+/// the driver cannot place keeps `CTX_ASK`: nothing releases it with a context).
+pub fn ask_contexts(ctx: usize) {
+    let Some(attr) = real::cuPointerGetAttribute() else {
+        return;
+    };
+    for sh in ALLOCS.iter() {
+        let mut asked = Vec::new();
+        sh.with(|m| {
+            m.retain(|&ptr, c| {
+                if c.ctx == CTX_ASK {
+                    asked.push(ptr);
+                }
+                true
+            })
+        });
+        if asked.is_empty() {
+            continue;
+        }
+        // Asked with the shard unlocked: the driver takes locks of its own.
+        let going: rustc_hash::FxHashSet<u64> = asked
+            .into_iter()
+            .filter(|&ptr| {
+                let mut c: CUcontext = std::ptr::null_mut();
+                // SAFETY: a CUcontext out-value for CU_POINTER_ATTRIBUTE_CONTEXT, of an
+                // allocation the driver handed out and this process has not freed.
+                let r = unsafe {
+                    attr(
+                        (&mut c as *mut CUcontext).cast::<c_void>(),
+                        CU_POINTER_ATTRIBUTE_CONTEXT,
+                        ptr,
+                    )
+                };
+                r.is_ok() && c as usize == ctx
+            })
+            .collect();
+        if going.is_empty() {
+            // Only the charges of the context going away are placed; the others stay to ask.
+            continue;
+        }
+        sh.with(|m| {
+            m.retain(|p, v| {
+                if v.ctx == CTX_ASK && going.contains(p) {
+                    v.ctx = ctx;
+                }
+                true
+            })
+        });
+    }
 }
 
 /// A context went away (destroyed, or a primary context's last release or a reset): the driver

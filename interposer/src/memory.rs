@@ -58,7 +58,7 @@ pub fn spillable_alloc(
         Ok(None) => return alloc(),
         Ok(Some(s)) => s,
     };
-    let Some((ctx, dev)) = membership::current(s) else {
+    let Some((ctx, dev)) = membership::allocation_place(s) else {
         return alloc();
     };
     let reserved = s.rounded(dev, estimate);
@@ -125,6 +125,12 @@ fn spill_alloc(s: &membership::Slice, ctx: usize, dev: usize, bytes: u64) -> Res
         s.release_spill(dev, bytes);
         return Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
     }
+    // Spilled charges are found by their context when it goes away: named now.
+    let ctx = if ctx == membership::CTX_ASK {
+        membership::current(s).map_or(0, |(c, _)| c)
+    } else {
+        ctx
+    };
     membership::SPILL_USED.store(true, std::sync::atomic::Ordering::Relaxed);
     membership::SPILLED
         .lock()

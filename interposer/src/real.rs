@@ -180,6 +180,8 @@ table! {
     Cuda cuGraphLaunch_ptsz(CUgraphExec, CUstream) -> CUresult;
     Cuda cuCtxGetCurrent(*mut CUcontext) -> CUresult;
     Cuda cuCtxGetDevice(*mut CUdev) -> CUresult;
+    // the context an allocation was made in, asked when a context goes away (`membership`)
+    Cuda cuPointerGetAttribute(*mut c_void, c_uint, CUdeviceptr) -> CUresult;
     // turns: the compute thread drains a closed turn's streams with events
     Cuda cuCtxSetCurrent(CUcontext) -> CUresult;
     Cuda cuEventCreate(*mut CUevent, c_uint) -> CUresult;

@@ -1,6 +1,7 @@
 //! What the slice charges and reports where the driver's own figures move under it: pool memory
-//! the driver gave back at a synchronisation, a device physically fuller than the cap, and
-//! cuMemGetInfo with one out-pointer NULL. Ground truth is the simulator's.
+//! the driver gave back at a synchronisation, allocations freed with the context they were made
+//! in, a device physically fuller than the cap, and cuMemGetInfo with one out-pointer NULL.
+//! Ground truth is the simulator's.
 
 mod common;
 use common::*;
@@ -158,4 +159,32 @@ fn mem_get_info_with_one_null_pointer_writes_the_other_capped() {
         u(&info["mem_get_info"]["free"]) / MIB,
         "capped, (&free, NULL): free (MiB)"
     );
+}
+
+/// A context that goes away with allocations still in it (`cuCtxDestroy`, a primary context's
+/// reset) gives the slice those allocations back, and only those: under a 6 GiB cap, 4 GiB more
+/// fit in context B once context A went away with 2 GiB never freed, and 1 GiB past B's own 5
+/// does not; the primary context's 5 GiB come back at its reset. The simulator's count says the
+/// driver freed them too.
+#[test]
+fn allocations_a_context_took_with_it_go_back_to_the_slice() {
+    let (_dir, program) = c_program("context_teardown");
+    let sim = Sim::new(&["--memory", "16GiB"]);
+    let slice = Slice::new(&[("CUSLICE_MEMORY_LIMIT", "6GiB")]);
+    let out = slice.command(&sim, &program, &[]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        text,
+        "a2 0\nb1 0\nb4 2\ndestroy_a 0\nb4 0\nb1 2\ndestroy_b 0\np5 0\nreset 0\np5 0\np1 2\n"
+    );
+    // At its peak the device held A's 2 GiB, B's 1 and two contexts, then B's 5 GiB: never A's
+    // and B's together past the cap.
+    let peak = peak_used(&sim, 0);
+    assert!(peak <= 6 * GIB, "peak {peak}");
+    assert!(peak >= 5 * GIB, "peak {peak}");
 }

@@ -429,22 +429,7 @@ fn spilled_memory_cannot_be_shared_by_ipc() {
 #[test]
 fn spilled_memory_says_it_is_managed() {
     let _g = serial();
-    let dir = tempfile::tempdir().unwrap();
-    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/pointer_kind.c");
-    let program = dir.path().join("pointer_kind");
-    let cc = std::process::Command::new("cc")
-        .arg("-O1")
-        .arg("-o")
-        .arg(&program)
-        .arg(&src)
-        .arg("-ldl")
-        .output()
-        .unwrap();
-    assert!(
-        cc.status.success(),
-        "{}",
-        String::from_utf8_lossy(&cc.stderr)
-    );
+    let (_dir, program) = c_program("pointer_kind");
     let sim = Sim::new(&["--memory", "8GiB"]);
     let slice = Slice::new(&[
         ("CUSLICE_MEMORY_LIMIT", "1GiB"),

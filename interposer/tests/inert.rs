@@ -2,7 +2,8 @@
 //! that never use CUDA, and its dlsym override must answer only the exact names it wraps,
 //! keeping every other lookup (RTLD_NEXT ones of other libraries included) as it was.
 
-use cuslice_test_harness::*;
+mod common;
+use common::*;
 use std::process::Command;
 
 fn run(
@@ -45,32 +46,6 @@ fn true_and_sh_behave_as_without_the_library_even_with_a_bad_setting() {
             );
         }
     }
-}
-
-fn build_c(dir: &std::path::Path, src: &str, out: &str, shared: bool) -> std::path::PathBuf {
-    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/c")
-        .join(src);
-    let out = dir.join(out);
-    let mut c = Command::new("cc");
-    if shared {
-        c.args(["-shared", "-fPIC"]);
-    }
-    let done = c
-        .arg("-O1")
-        .arg("-o")
-        .arg(&out)
-        .arg(&src)
-        .arg("-ldl")
-        .output()
-        .unwrap();
-    assert!(
-        done.status.success(),
-        "cc {} failed: {}",
-        src.display(),
-        String::from_utf8_lossy(&done.stderr)
-    );
-    out
 }
 
 #[test]

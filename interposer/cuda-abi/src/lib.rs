@@ -213,6 +213,9 @@ pub const CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: u32 = 6;
 pub const CU_MEMPOOL_ATTR_USED_MEM_CURRENT: u32 = 7;
 pub const CU_MEMPOOL_ATTR_USED_MEM_HIGH: u32 = 8;
 
+/// `CUpointer_attribute` for `cuPointerGetAttribute`: the context an allocation is in.
+pub const CU_POINTER_ATTRIBUTE_CONTEXT: u32 = 1;
+
 /// `CUmemAttach_flags` for `cuMemAllocManaged`.
 pub const CU_MEM_ATTACH_GLOBAL: u32 = 0x1;
 pub const CU_MEM_ATTACH_HOST: u32 = 0x2;

@@ -75,3 +75,42 @@ pub fn peak_used(sim: &Sim, dev: usize) -> u64 {
 pub fn used(sim: &Sim, dev: usize) -> u64 {
     u(&sim.device(dev)["used"])
 }
+
+/// `tests/c/NAME.c` compiled into a temporary folder (kept while the folder is): the program's
+/// path beside it.
+// Not every test binary runs a C program.
+#[allow(dead_code)]
+pub fn c_program(name: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let program = build_c(dir.path(), &format!("{name}.c"), name, false);
+    (dir, program)
+}
+
+/// `tests/c/SRC` compiled to `dir/OUT` (a shared library where `shared`), linked with `-ldl`.
+// Not every test binary runs a C program.
+#[allow(dead_code)]
+pub fn build_c(dir: &Path, src: &str, out: &str, shared: bool) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/c")
+        .join(src);
+    let out = dir.join(out);
+    let mut c = Command::new("cc");
+    if shared {
+        c.args(["-shared", "-fPIC"]);
+    }
+    let done = c
+        .arg("-O1")
+        .arg("-o")
+        .arg(&out)
+        .arg(&src)
+        .arg("-ldl")
+        .output()
+        .unwrap();
+    assert!(
+        done.status.success(),
+        "cc {} failed: {}",
+        src.display(),
+        String::from_utf8_lossy(&done.stderr)
+    );
+    out
+}
