@@ -68,12 +68,24 @@ def main():
     ap.add_argument("--json", dest="json_out")
     a = ap.parse_args()
 
+    def listed():
+        status = json.loads(subprocess.check_output(
+            [f"{a.bin}/simgpu", "run", "--state", a.state, "--", f"{a.bin}/cuslice", "status", "--json"]))
+        return status["devices"][0]["slices"] if status["devices"] else []
+
+    at_start = listed()
     t0, before = sim(a.bin, a.state)
     time.sleep(a.secs)
     t1, after = sim(a.bin, a.state)
-    status = json.loads(subprocess.check_output(
-        [f"{a.bin}/simgpu", "run", "--state", a.state, "--", f"{a.bin}/cuslice", "status", "--json"]))
-    slices = status["devices"][0]["slices"] if status["devices"] else []
+    slices = listed()
+    # A slice that ended inside the window has no share over it to show: said, never left out
+    # (the configured shares of the others would be wrong without it).
+    name = lambda s: s["name"] or s["slice"][:12]
+    gone = sorted({name(s) for s in at_start} - {name(s) for s in slices})
+    if gone:
+        print(f"  {', '.join(gone)} ended within the {a.secs:g} s window: no share over it to show "
+              "(the window must end while every container runs)")
+        return 1
     # A stable order: by name.
     slices.sort(key=lambda s: s["name"] or s["slice"])
     rows = []
@@ -82,7 +94,7 @@ def main():
         used = sum(after.get(p, 0) - before.get(p, 0) for p in pids)
         c = s["compute"]
         rows.append({
-            "name": s["name"] or s["slice"][:12],
+            "name": name(s),
             "request_pct": c["request_pct"],
             "limit_pct": c["limit_pct"],
             "configured_pct": want,
