@@ -209,6 +209,21 @@ pub fn unattributed(used: u64, entries: u64, own: u64, headroom: Option<u64>) ->
 /// Ticks in a row a ledger mismatch must be seen before it is a finding.
 pub const LEDGER_TICKS: u32 = 2;
 
+/// How many times at most a slice whose ledger looks short of the driver's count is looked at
+/// again within a tick (`short_at_a_look`) before the tick counts it short.
+pub const LEDGER_LOOKS: u32 = 5;
+
+/// Whether one look again finds a slice's ledger short: the driver's count of the slice's
+/// processes on the device, against its ledger read just before and just after it. A process
+/// of the slice charges its ledger before the driver allocates and gives back after the driver
+/// frees, so the ledger never says less than the driver counts at one moment; but the two are
+/// read at different moments, and a process that frees between them makes the ledger look short
+/// by what it freed. Memory held around the library is short at every look; an honest slice
+/// churning at its cap, at some looks only.
+pub fn short_at_a_look(ledger_before: u64, driver_used: u64, ledger_after: u64) -> bool {
+    ledger_short(ledger_before.max(ledger_after), driver_used)
+}
+
 // ---- the slice's limits per device ----------------------------------------------------------
 
 /// Entries of a `*_VISIBLE_DEVICES` list as CUDA reads them: a comma-separated list of device

@@ -57,6 +57,11 @@ fn ledger_mismatch_needs_more_than_the_slack() {
     // Large slices get a proportional slack.
     assert!(!ledger_short(60 * GIB, 63 * GIB));
     assert!(ledger_short(60 * GIB, 70 * GIB));
+    // A look again: against the larger of the ledger's two reads around the driver's.
+    assert!(!short_at_a_look(300 * MIB, 900 * MIB, 900 * MIB));
+    assert!(!short_at_a_look(900 * MIB, 900 * MIB, 300 * MIB));
+    assert!(short_at_a_look(300 * MIB, 900 * MIB, 300 * MIB));
+    assert!(short_at_a_look(0, 900 * MIB, 0));
 }
 
 fn cfg(text: &str) -> Config {

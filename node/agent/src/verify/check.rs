@@ -3,7 +3,7 @@
 //! the driver could not establish), and logging what started and ended. The findings say what
 //! the next step (`stop`) does about them.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::sync::Arc;
@@ -34,12 +34,14 @@ pub(super) struct At {
 
 impl Verifier {
     /// Each slice's memory on each device against its cap (what a cap lowered while it held
-    /// more allows aside), and its ledger against the driver.
+    /// more allows aside), and its ledger against the driver (`cleared`: where the ledger looked
+    /// short but not when looked at again).
     pub(super) fn check_memory(
         &mut self,
         slices: &BTreeMap<String, Arc<Slice>>,
         held: &BTreeMap<(String, String), Vec<Held>>,
         ledger_used: &HashMap<(String, String), u64>,
+        cleared: &HashSet<(String, String)>,
         limits: &BTreeMap<(String, String), Limits>,
         at: At,
     ) -> Vec<(Key, Finding)> {
@@ -122,17 +124,16 @@ impl Verifier {
             if self.unreadable.contains(id) {
                 continue;
             }
-            let ledger = ledger_used
-                .get(&(id.clone(), uuid.clone()))
-                .copied()
-                .unwrap_or(0);
+            let pair = (id.clone(), uuid.clone());
+            let ledger = ledger_used.get(&pair).copied().unwrap_or(0);
             let key = Key {
                 slice: id.clone(),
                 uuid: uuid.clone(),
                 kind: Kind::Ledger,
             };
             let streak = self.ledger_streak.entry(key.clone()).or_insert(0);
-            if judge::ledger_short(ledger, driver) {
+            // Short at this tick's reads, and at every look again.
+            if judge::ledger_short(ledger, driver) && !cleared.contains(&pair) {
                 *streak += 1;
             } else {
                 *streak = 0;

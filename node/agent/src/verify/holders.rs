@@ -3,7 +3,7 @@
 //! apply from the hook's config, memory that no process's entry shows, and what is handed to the
 //! meter thread.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::sync::Arc;
@@ -182,6 +182,64 @@ impl Verifier {
         self.ledgers = mapped;
         self.untold = untold;
         ledger_used
+    }
+
+    /// The slices (and devices) whose ledger looked short of the driver's count at this tick's
+    /// reads, read at different moments, but not when looked at again
+    /// (`judge::short_at_a_look`, `judge::LEDGER_LOOKS` times at most): a slice that freed
+    /// between the reads, not one holding memory the ledger does not know of.
+    pub(super) fn looked_again(
+        &self,
+        nvml: &Nvml,
+        devices: &[(Device, String)],
+        slices: &BTreeMap<String, Arc<Slice>>,
+        holders: &Holders,
+        ledger_used: &HashMap<(String, String), u64>,
+    ) -> HashSet<(String, String)> {
+        let mut cleared = HashSet::new();
+        for (key, list) in &holders.held {
+            let (id, uuid) = key;
+            let ledger = ledger_used.get(key).copied().unwrap_or(0);
+            if self.unreadable.contains(id) || !judge::ledger_short(ledger, judge::total(list)) {
+                continue;
+            }
+            let (Some(s), Some((d, _))) = (slices.get(id), devices.iter().find(|d| &d.1 == uuid))
+            else {
+                continue;
+            };
+            for _ in 0..judge::LEDGER_LOOKS {
+                let before = self.ledger_on(s, uuid);
+                let Ok(procs) = nvml.processes(*d) else {
+                    break;
+                };
+                let after = self.ledger_on(s, uuid);
+                // The slice's processes as this tick placed them (one started since is left
+                // out: it may only clear the look).
+                let driver = procs
+                    .iter()
+                    .filter(|p| holders.pid_slice.get(&p.pid) == Some(&Some(id.clone())))
+                    .map(|p| p.used.unwrap_or(0))
+                    .sum();
+                if !judge::short_at_a_look(before, driver, after) {
+                    cleared.insert(key.clone());
+                    break;
+                }
+            }
+        }
+        cleared
+    }
+
+    /// What a slice's ledger, mapped at this tick, says it holds on a device now (what its
+    /// frozen processes hold aside); 0 when not mapped or without the device.
+    fn ledger_on(&self, s: &Slice, uuid: &str) -> u64 {
+        let Some((_, l)) = self.ledgers.get(&s.ledger) else {
+            return 0;
+        };
+        l.snapshot()
+            .devices
+            .iter()
+            .find(|dev| uuid_string(&dev.uuid) == uuid)
+            .map_or(0, |dev| dev.used.saturating_sub(dev.frozen))
     }
 
     /// Device memory that no process's NVML entry shows, beyond what the slices' caps allow

@@ -496,6 +496,7 @@ impl Verifier {
 
         let mut holders = self.holders(&nvml, &devices, &slices);
         let ledger_used = self.read_ledgers(&slices, &mut holders.held);
+        let cleared = self.looked_again(&nvml, &devices, &slices, &holders, &ledger_used);
         let limits = holders::limits(&slices, &uuids, &holders.held);
         self.unattributed_memory(
             &nvml,
@@ -513,7 +514,8 @@ impl Verifier {
             grace,
             window: judge::over_window_s(grace, self.cfg.period.as_secs_f64()),
         };
-        let mut found = self.check_memory(&slices, &holders.held, &ledger_used, &limits, at);
+        let mut found =
+            self.check_memory(&slices, &holders.held, &ledger_used, &cleared, &limits, at);
         found.extend(self.check_files(&slices));
         found.extend(check::check_claims(&slices));
         self.forget(&slices, &holders, at);
