@@ -422,10 +422,15 @@ def off(r):
     return err, max((abs(w - r["expected"]) for _, w in r["windows"]), default=0.0)
 
 
+def held_alone(r):
+    """Whether the host held a slice's loop below HOST_BOUND percent of the device alone."""
+    return r["alone"] is not None and r["alone"] < HOST_BOUND
+
+
 def host_bound(name, r):
     """Whether row `r` of scenario `name` is a loop the host bounds: one of the launch-bound
     scenarios, or one held below HOST_BOUND percent of the device alone."""
-    return name in LAUNCH_BOUND_CHECK or (r["alone"] is not None and r["alone"] < HOST_BOUND)
+    return name in LAUNCH_BOUND_CHECK or held_alone(r)
 
 
 def misses(name, label, rows, check, window_check):
@@ -464,7 +469,7 @@ def split(rows):
     if len(rows) < 2 or any(r["expected"] is None for r in rows):
         return None
     configured = sum(r["expected"] for r in rows)
-    all_held = all(r["alone"] is not None and r["alone"] < HOST_BOUND for r in rows)
+    all_held = all(held_alone(r) for r in rows)
     if configured != 100 and not all_held:
         return None
     total = sum(r["judged"] or 0.0 for r in rows)

@@ -109,6 +109,12 @@ impl Via {
     }
 }
 
+/// The value at quantile `q` (0 to 1) of `sorted`, by nearest rank; None when it is empty.
+pub(crate) fn nearest_rank<T: Copy>(sorted: &[T], q: f64) -> Option<T> {
+    let last = sorted.len().checked_sub(1)?;
+    sorted.get((last as f64 * q).round() as usize).copied()
+}
+
 pub(crate) fn parse_size(s: &str) -> Result<u64, String> {
     cuslice_policy::parse_size(s).map_err(|e| e.to_string())
 }

@@ -406,7 +406,7 @@ pub fn bench_launch(s: &Session, a: &BenchLaunchArgs) -> Result<(), Failure> {
     kernel.unload(d)?;
     let mean = per_launch.iter().sum::<f64>() / per_launch.len() as f64;
     per_launch.sort_by(f64::total_cmp);
-    let pick = |q: f64| per_launch[((per_launch.len() - 1) as f64 * q).round() as usize];
+    let pick = |q: f64| nearest_rank(&per_launch, q);
     let mut f = json!({
         "via": a.via.name(),
         "batches": a.batches,
@@ -476,12 +476,7 @@ pub fn probe(s: &Session, a: &ProbeArgs) -> Result<(), Failure> {
     kernel.unload(d)?;
     let mut sorted = latencies.clone();
     sorted.sort_unstable();
-    let pick = |q: f64| {
-        sorted
-            .get(((sorted.len().max(1) - 1) as f64 * q).round() as usize)
-            .copied()
-            .unwrap_or(0)
-    };
+    let pick = |q: f64| nearest_rank(&sorted, q).unwrap_or(0);
     let mut f = json!({
         "kernel_ns": kernel_ns,
         "period_ms": a.period_ms,

@@ -3,6 +3,17 @@ use super::threads::{StartLine, churn_size};
 use super::*;
 
 #[test]
+fn nearest_rank_picks_from_the_sorted_values() {
+    let v = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0];
+    assert_eq!(nearest_rank(&v, 0.0), Some(1.0));
+    assert_eq!(nearest_rank(&v, 0.1), Some(2.0));
+    assert_eq!(nearest_rank(&v, 0.5), Some(6.0));
+    assert_eq!(nearest_rank(&v, 1.0), Some(11.0));
+    assert_eq!(nearest_rank::<u64>(&[], 0.5), None);
+    assert_eq!(nearest_rank(&[7u64], 0.99), Some(7));
+}
+
+#[test]
 fn uuid_format() {
     let u = CUuuid {
         bytes: [

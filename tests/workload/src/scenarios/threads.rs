@@ -291,9 +291,7 @@ pub fn bench_alloc(s: &Session, a: &BenchAllocArgs) -> Result<(), Failure> {
     }
     report_errors(&errors)?;
     batches.sort_by(f64::total_cmp);
-    let pick = |q: f64| {
-        (!batches.is_empty()).then(|| batches[((batches.len() - 1) as f64 * q).round() as usize])
-    };
+    let pick = |q: f64| nearest_rank(&batches, q);
     let iters = a.iters as f64;
     let ns_per_pair: Vec<f64> = spans
         .iter()
