@@ -217,7 +217,7 @@ impl Verifier {
                 // out: it may only clear the look).
                 let driver = procs
                     .iter()
-                    .filter(|p| holders.pid_slice.get(&p.pid) == Some(&Some(id.clone())))
+                    .filter(|p| matches!(holders.pid_slice.get(&p.pid), Some(Some(x)) if x == id))
                     .map(|p| p.used.unwrap_or(0))
                     .sum();
                 if !judge::short_at_a_look(before, driver, after) {
