@@ -452,6 +452,12 @@ fn a_priority_raised_while_running_puts_the_slice_first_and_lowered_again_shares
     // Shares are measured beside quiet tests only: beside another test's busy processes on a
     // small machine, a slice's own process may not get the CPU to keep the device busy.
     let _turn = cuslice_test_harness::quiet();
+    twice(
+        a_priority_raised_while_running_puts_the_slice_first_and_lowered_again_shares_evenly_once,
+    );
+}
+
+fn a_priority_raised_while_running_puts_the_slice_first_and_lowered_again_shares_evenly_once() {
     let sim = Sim::new(&["--memory", "8GiB"]);
     let node = tempfile::tempdir().unwrap();
     let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());

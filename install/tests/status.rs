@@ -176,8 +176,14 @@ fn two_slices() -> Two {
 
 #[test]
 fn status_json_shows_each_slice_as_the_simulator_does() {
-    // Device time is compared with the simulator's: not beside the busy-host test's loops.
+    // Device time is compared with the simulator's: not beside the busy-host test's loops, and
+    // measured once more when it misses (a launching thread the host holds up inside its turn is
+    // charged the device's idle time: docs/compute.md, "Known limits").
     let _turn = serial();
+    twice(status_json_shows_each_slice_as_the_simulator_does_once);
+}
+
+fn status_json_shows_each_slice_as_the_simulator_does_once() {
     let t = two_slices();
     let (a, b) = (t.a(), t.b());
     let view = status(&t.sim, &[&a, &b]);
@@ -367,8 +373,14 @@ impl Drop for Exporter {
 
 #[test]
 fn exporter_serves_the_slices_in_openmetrics_while_they_run() {
-    // Device time is compared with the simulator's: not beside the busy-host test's loops.
+    // Device time is compared with the simulator's: not beside the busy-host test's loops, and
+    // measured once more when it misses (a launching thread the host holds up inside its turn is
+    // charged the device's idle time: docs/compute.md, "Known limits").
     let _turn = serial();
+    twice(exporter_serves_the_slices_in_openmetrics_while_they_run_once);
+}
+
+fn exporter_serves_the_slices_in_openmetrics_while_they_run_once() {
     let t = two_slices();
     let (a, b) = (t.a(), t.b());
     let (_guard, addr) = exporter(&t.sim, &[&a, &b]);
