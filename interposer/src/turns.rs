@@ -501,7 +501,7 @@ impl Turns {
         let open = g.open.load(Ordering::Acquire) == 1;
         match s.board.turn(s.d) {
             Turn::Holding { since, until } => {
-                self.observer.lock().own_turn();
+                self.observer.lock().own_turn(now);
                 if open && self.leads.load(Ordering::Relaxed) == n {
                     return Some(self.lead(s, now));
                 }
@@ -747,7 +747,8 @@ impl Turns {
     /// One look at the turn this process leads: let more work be queued, renew it, or close it.
     fn lead(&self, s: &Slot<'_>, now: u64) -> u64 {
         let g = s.gate;
-        let rivals = self.rivals(s, now);
+        let read = s.board.rivals(s.d, s.uuid);
+        let rivals = self.observed(&read, None, now);
         let mut l = self.lead.lock();
         let started = g.started_ns.load(Ordering::Relaxed);
         if !l.anchored && started != 0 {
@@ -795,7 +796,7 @@ impl Turns {
             l.quiet_since = now;
         }
         let quiet = now.saturating_sub(l.quiet_since);
-        let waiters = turn::waiters(s.priority, &rivals, now);
+        let waiters = turn::waiters(s.priority, &rivals, &read, now);
         // What another turn would last, paid by the tokens left (this one's is taken ahead).
         let renew = turn::length(s.allot(), s.tokens_now(now));
         // Two slices that took the turn at once find out at their first look: the one that took

@@ -116,6 +116,95 @@ fn a_high_priority_probe_waits_less_beside_a_low_priority_neighbour_than_beside_
     );
 }
 
+/// A high-priority probe whose host stops it for longer than a waiter may leave the device free
+/// (`turn::TAKE_GRACE_NS`, 20 ms) is passed over while it waits first in the queue. Once it runs
+/// again it gets its turns back: before, the low neighbour went on renewing its turn while the
+/// probe waited, until the probe passed it over in turn (after 150 ms), and from then on the two
+/// held the device at once, sharing it by the engine's time slices for the rest of the run (seen
+/// every few runs of the priority benchmark on a loaded 2-core machine).
+#[test]
+fn a_high_priority_probe_its_host_stops_for_a_while_gets_its_turns_back() {
+    let _turn = serial();
+    // Contexts take turns on the engine every 4 ms, as in the test above: two slices that hold
+    // the device at once share it by time slices, and the probe waits for the rest of one.
+    let sim = Sim::new(&["--timeslice-us", "4000"]);
+    let node = tempfile::tempdir().unwrap();
+    let (mut n, _) = start(
+        &sim,
+        node.path(),
+        &[("CUSLICE_PRIORITY", "low")],
+        &args(&busy(1000, 16.0)),
+    );
+    let (p, pid) = start(
+        &sim,
+        node.path(),
+        &[("CUSLICE_PRIORITY", "high")],
+        &["probe", "--secs", "10", "--warmup-secs", "1"],
+    );
+    // 25 stops of 30 ms, one every 230 ms from 1.5 s on: some fall while the probe waits for the
+    // turn (a fifth of its time). The last ends more than 3 s before the probe does.
+    let stopper = std::thread::spawn(move || {
+        let signal = |sig: &str| {
+            std::process::Command::new("kill")
+                .args([sig, &pid.to_string()])
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        std::thread::sleep(Duration::from_millis(1500));
+        let mut stops = 0;
+        for _ in 0..25 {
+            if !signal("-STOP") {
+                break;
+            }
+            stops += 1;
+            std::thread::sleep(Duration::from_millis(30));
+            signal("-CONT");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        stops
+    });
+    let out = p.wait_with_output().unwrap();
+    let stops = stopper.join().unwrap();
+    let _ = n.kill();
+    let _ = n.wait();
+    assert!(out.status.success(), "{out:?}");
+    let lines = parse_lines(&String::from_utf8_lossy(&out.stdout));
+    let probed = event(&lines, "probed");
+    let lat: Vec<u64> = probed["latencies_ns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(u)
+        .collect();
+    // A stop that fell inside a probe (the rest fell between probes).
+    let stopped = lat.iter().filter(|&&ns| ns >= 25_000_000).count();
+    // The last 3 s of probes, more than half a second after the last stop.
+    let tail = &lat[lat.len().saturating_sub(600)..];
+    eprintln!(
+        "{stops} stops, {stopped} of {} probes took 25 ms or more (the longest {:.1} ms); of the \
+         last {} probes {} took more than 1.6 ms (median {:.2} ms)",
+        lat.len(),
+        lat.iter().max().copied().unwrap_or(0) as f64 / 1e6,
+        tail.len(),
+        late(tail),
+        median(tail) as f64 / 1e6
+    );
+    assert!(
+        stops == 25 && stopped >= 1,
+        "the stops did not take: {stops} stops, {stopped} probes of 25 ms or more"
+    );
+    // Back to turns: a probe waits for the rest of one neighbour kernel (1 ms), not for the rest
+    // of the engine's 4 ms time slice (in the runs that held the device at once, a third of the
+    // probes took longer than 1.6 ms; with turns, 5%).
+    assert!(
+        late(tail) * 6 < tail.len(),
+        "after the stops, {} of the last {} probes took more than 1.6 ms: the probe and its \
+         neighbour hold the device at once",
+        late(tail),
+        tail.len()
+    );
+}
+
 /// Each pid's device time by the simulator's count, every second `n` times after `settle`, and
 /// the wall time between the first and the last count (ns), each at the instant it stands for
 /// (`Sim::device_times_at`).

@@ -172,8 +172,14 @@ pub const AGE_NS: u64 = 50_000_000;
 /// period in which it learns that another waits, and its drain.
 pub const OVERHOLD_NS: u64 = 150_000_000;
 /// A slice seen first in the queue of a free device for this long in all, without taking the
-/// turn in between, is passed over: an honest one takes it within a poll.
-pub const TAKE_GRACE_NS: u64 = 5_000_000;
+/// turn in between, is passed over: an honest one takes it within a poll, unless its host holds
+/// its threads up (on a loaded 2-core machine, for up to 13 ms at a time).
+pub const TAKE_GRACE_NS: u64 = 20_000_000;
+/// A slice passed over that took turns before (an honest one its host held up, more likely than
+/// one that never takes) is given the free device again for this long when a turn of the reader's
+/// own slice ends, for `OVERHOLD_NS` after it was passed over: an honest waiter looks that often
+/// near a holder's end.
+pub const RETRY_NS: u64 = 250_000;
 /// How long a change a reader sees must last before it counts (a slice that posts "not holding"
 /// for less than this between holds is still holding), and how far before a reader first saw a
 /// slice waiting its wait may have begun (readers look at least this often).
@@ -204,6 +210,11 @@ struct Seen {
     stalled: u64,
     /// When this reader last saw it so (0: at its last look it did not).
     first_look: u64,
+    /// When this reader passed it over for not taking a free turn (0: not since it last saw it
+    /// hold the turn). Holders believe it idle until then.
+    passed_at: u64,
+    /// Whether this reader has seen it hold the turn.
+    held_before: bool,
 }
 
 impl Observer {
@@ -237,6 +248,8 @@ impl Observer {
                 s.free_from = 0;
                 s.stalled = 0;
                 s.first_look = 0;
+                s.passed_at = 0;
+                s.held_before = true;
                 if me.is_some() {
                     if s.last_look != 0 {
                         s.held_while_waiting += now.saturating_sub(s.last_look);
@@ -267,7 +280,9 @@ impl Observer {
                         Turn::Urgent { .. } => Turn::Urgent { since },
                         _ => Turn::Waiting { since },
                     };
-                    if s.stalled > TAKE_GRACE_NS {
+                    // Passed over: for a holder until it takes a turn (its turn then ends at its
+                    // planned end, `waiters`), for a waiter until its retry runs out.
+                    if s.stalled > TAKE_GRACE_NS || (me.is_none() && s.passed_at != 0) {
                         r.turn = Turn::Idle;
                     }
                 }
@@ -303,6 +318,9 @@ impl Observer {
                     first_now = Some(slice);
                     break;
                 }
+                if s.passed_at == 0 {
+                    s.passed_at = now;
+                }
                 // First for too long in all without taking a free turn: passed over.
                 if let Some(r) = out.iter_mut().find(|r| r.slice == slice) {
                     r.turn = Turn::Idle;
@@ -317,16 +335,21 @@ impl Observer {
         out
     }
 
-    /// This reader's own slice holds the turn (another process of it may lead, so this reader
-    /// does not look at the others meanwhile): the time until its next look is nobody else's
-    /// holding or stalling, and a slice it still believed gave way, as a break would show. One
-    /// already passed over stays so until a break is seen.
-    pub fn own_turn(&mut self) {
+    /// This reader's own slice holds the turn at `now` (another process of it may lead, so this
+    /// reader does not look at the others meanwhile): the time until its next look is nobody
+    /// else's holding or stalling, and a slice it still believed gave way, as a break would show.
+    /// One already passed over for holding stays so until a break is seen; one passed over for
+    /// not taking a free turn, that took turns before, gets `RETRY_NS` of the free device after
+    /// this turn, for `OVERHOLD_NS` after it was passed over.
+    pub fn own_turn(&mut self, now: u64) {
         for s in &mut self.seen {
             s.last_look = 0;
             s.first_look = 0;
             if s.held_while_waiting <= OVERHOLD_NS {
                 s.held_while_waiting = 0;
+            }
+            if s.passed_at != 0 && s.held_before && now.saturating_sub(s.passed_at) <= OVERHOLD_NS {
+                s.stalled = s.stalled.min(TAKE_GRACE_NS.saturating_sub(RETRY_NS));
             }
         }
     }
@@ -387,15 +410,22 @@ pub fn keeps(slice: u64, since: u64, rivals: &[Rival], now: u64) -> bool {
 /// The waiting slices a holder sees, as they bear on its turn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Waiters {
-    /// Some slice waits for the turn.
+    /// Some other slice wants the device: one that waits for the turn, believed or passed over,
+    /// or one that holds it at the same time. The turn is then not renewed past its end.
     pub any: bool,
     /// A slice waits that the holder gives way to: urgent, before a holder below high priority,
     /// or waiting for `AGE_NS` already, before any holder.
     pub higher: bool,
 }
 
-/// The waiting slices among `rivals` at `now`, for a holder at `priority`.
-pub fn waiters(priority: Priority, rivals: &[Rival], now: u64) -> Waiters {
+/// The waiting slices at `now`, for a holder at `priority`: `rivals` as this holder believes
+/// them (`Observer::filter`), `read` as they post. Only a slice believed waiting ends the turn
+/// early; every slice that posts a wait or holds the turn too stops it from being renewed, so
+/// that it ends at its planned end. A slice passed over is still given the free device after
+/// that end, should it take it then (an honest one delayed by its host), and two slices that came
+/// to hold at once (each having passed the other over) part again: without that, each would go
+/// on renewing its turn beside the other.
+pub fn waiters(priority: Priority, rivals: &[Rival], read: &[Rival], now: u64) -> Waiters {
     let mut w = Waiters::default();
     for r in rivals {
         let Some(since) = r.waits_since(now) else {
@@ -405,6 +435,9 @@ pub fn waiters(priority: Priority, rivals: &[Rival], now: u64) -> Waiters {
         let urgent = matches!(r.turn, Turn::Urgent { .. });
         w.higher |= aged(since, now) || (urgent && priority != Priority::High);
     }
+    w.any |= read
+        .iter()
+        .any(|r| r.holds(now) || r.waits_since(now).is_some());
     w
 }
 
@@ -570,16 +603,16 @@ mod tests {
         let light = [rival(2, Turn::Urgent { since: 99 * MS })];
         assert_eq!(next(1, 60 * MS, Class::Normal, &light, now), Next::Queued);
         assert_eq!(next(1, 99 * MS, Class::High, &light, now), Next::Take);
-        assert!(waiters(Priority::Normal, &light, now).higher);
-        assert!(!waiters(Priority::High, &light, now).higher);
+        assert!(waiters(Priority::Normal, &light, &light, now).higher);
+        assert!(!waiters(Priority::High, &light, &light, now).higher);
         assert_eq!(
-            waiters(Priority::Normal, &urgent, now),
+            waiters(Priority::Normal, &urgent, &urgent, now),
             Waiters {
                 any: true,
                 higher: true
             }
         );
-        assert!(!waiters(Priority::Normal, &busy, now).higher);
+        assert!(!waiters(Priority::Normal, &busy, &busy, now).higher);
     }
 
     #[test]
@@ -605,9 +638,9 @@ mod tests {
                 since: now - AGE_NS,
             },
         );
-        assert!(waiters(Priority::High, &[aged], now).higher);
+        assert!(waiters(Priority::High, &[aged], &[aged], now).higher);
         let young = rival(3, Turn::Waiting { since: now - MS });
-        assert!(!waiters(Priority::High, &[young], now).higher);
+        assert!(!waiters(Priority::High, &[young], &[young], now).higher);
     }
 
     #[test]
@@ -717,7 +750,7 @@ mod tests {
         assert_eq!(next(1, t0, Class::Normal, &r, t), Next::Take);
         // This reader's own turn in between does not start the count again.
         o.filter(&forged(t + MS / 2), None, t + MS / 2);
-        o.own_turn();
+        o.own_turn(t);
         let r = o.filter(&forged(t + MS), Some((1, t0, Class::Normal)), t + MS);
         assert_eq!(r[0].turn, Turn::Idle);
         // Seen not holding for a moment only: still counted as the same hold.
@@ -751,7 +784,7 @@ mod tests {
             assert!(r[0].holds(t));
             let r = o.filter(&held, Some((1, t, Class::Normal)), t + 29 * MS);
             assert!(r[0].holds(t + 29 * MS), "passed over at {} ms", t / MS);
-            o.own_turn();
+            o.own_turn(t);
             t += 42 * MS;
         }
     }
@@ -815,10 +848,135 @@ mod tests {
         o.filter(&jumper, me(t0), t0 + 30 * MS);
         let r = o.filter(&jumper, me(t0), t0 + 30 * MS + TAKE_GRACE_NS / 2 + 1);
         assert_eq!(r[0].turn, Turn::Idle);
-        // And for holders too, at their next look.
-        let r = o.filter(&jumper, None, t0 + 40 * MS);
+        // And for holders too, at their next look: it no longer ends their turns early, but
+        // their turns end at their planned end (it may take the free device then).
+        let t = t0 + 40 * MS;
+        let r = o.filter(&jumper, None, t);
         assert_eq!(r[0].turn, Turn::Idle);
-        assert!(!waiters(Priority::Normal, &r, t0 + 40 * MS).any);
+        let w = waiters(Priority::Normal, &r, &jumper, t);
+        assert_eq!(
+            w,
+            Waiters {
+                any: true,
+                higher: false
+            }
+        );
+        assert_eq!(
+            step(t, (t - 5 * MS, t + MS), false, w, Some(40 * MS)),
+            Step::Hold
+        );
+        assert_eq!(
+            step(t + MS, (t - 5 * MS, t + MS), false, w, Some(40 * MS)),
+            Step::Close
+        );
+    }
+
+    #[test]
+    fn a_slice_that_took_turns_and_stalled_once_gets_the_free_device_again_after_a_turn() {
+        let t0 = 1_000 * MS;
+        let me = |since| Some((1, since, Class::Normal));
+        let mut o = Observer::default();
+        // It took turns before: seen holding.
+        let held = [rival(
+            2,
+            Turn::Holding {
+                since: t0 - 5 * MS,
+                until: t0 - MS,
+            },
+        )];
+        o.filter(&held, me(t0 - 2 * MS), t0 - 2 * MS);
+        // Then it waits first in the queue of the free device, and its host holds it up.
+        let urgent = [rival(2, Turn::Urgent { since: t0 })];
+        let mut t = t0;
+        while t <= t0 + TAKE_GRACE_NS {
+            let r = o.filter(&urgent, me(t0), t);
+            assert_eq!(
+                next(1, t0, Class::Normal, &r, t),
+                Next::Queued,
+                "{} ms",
+                (t - t0) / MS
+            );
+            t += MS;
+        }
+        let r = o.filter(&urgent, me(t0), t);
+        assert_eq!(next(1, t0, Class::Normal, &r, t), Next::Take);
+        // This reader's turn: the passed-over slice does not end it early, and is believed
+        // waiting again once it ends.
+        o.own_turn(t + MS);
+        let r = o.filter(&urgent, None, t + MS);
+        assert_eq!(r[0].turn, Turn::Idle);
+        let end = t + 40 * MS;
+        o.own_turn(end);
+        let r = o.filter(&urgent, me(end), end);
+        assert_eq!(next(1, end, Class::Normal, &r, end), Next::Queued);
+        let r = o.filter(&urgent, me(end), end + RETRY_NS);
+        assert_eq!(
+            next(1, end, Class::Normal, &r, end + RETRY_NS),
+            Next::Queued
+        );
+        // Not taken within the retry: passed over again.
+        let later = end + RETRY_NS + 1;
+        let r = o.filter(&urgent, me(end), later);
+        assert_eq!(next(1, end, Class::Normal, &r, later), Next::Take);
+        // Retries end OVERHOLD_NS after it was first passed over.
+        let past = t + OVERHOLD_NS + MS;
+        o.own_turn(past);
+        let r = o.filter(&urgent, me(past), past);
+        assert_eq!(next(1, past, Class::Normal, &r, past), Next::Take);
+        // Taken at a retry: believed as before.
+        let mut o2 = o.clone();
+        let took = [rival(
+            2,
+            Turn::Holding {
+                since: past,
+                until: past + 5 * MS,
+            },
+        )];
+        o2.filter(&took, None, past + MS);
+        let r = o2.filter(&urgent, None, past + 2 * MS);
+        assert!(matches!(r[0].turn, Turn::Urgent { .. }), "{:?}", r[0].turn);
+
+        // A slice never seen holding gets no retry.
+        let mut o = Observer::default();
+        let mut t = t0;
+        while t <= t0 + TAKE_GRACE_NS + MS {
+            o.filter(&urgent, me(t0), t);
+            t += MS;
+        }
+        o.own_turn(t);
+        let r = o.filter(&urgent, me(t), t + MS);
+        assert_eq!(next(1, t, Class::Normal, &r, t + MS), Next::Take);
+    }
+
+    #[test]
+    fn two_slices_that_came_to_hold_at_once_part_at_the_end_of_a_turn() {
+        // A waiting slice its host held up past the take grace was passed over; the holder then
+        // went on past the overhold, and the waiter passed it over in turn: both hold. Each sees
+        // the other's holding record, passed over or not, so neither renews its turn: the first
+        // to end waits, the other is believed again once seen not holding, and turns resume.
+        let t = 1_000 * MS;
+        let other = [rival(
+            2,
+            Turn::Holding {
+                since: t - 200 * MS,
+                until: t + 30 * MS,
+            },
+        )];
+        let passed_over = [rival(2, Turn::Idle)];
+        let w = waiters(Priority::Low, &passed_over, &other, t);
+        assert!(w.any && !w.higher);
+        let end = t + 10 * MS;
+        assert_eq!(
+            step(end, (t - 50 * MS, end), false, w, Some(40 * MS)),
+            Step::Close
+        );
+        // Nobody else on the device: renewed as before.
+        let w = waiters(Priority::Low, &[], &[], end);
+        assert_eq!(w, Waiters::default());
+        assert_eq!(
+            step(end, (t - 50 * MS, end), false, w, Some(40 * MS)),
+            Step::Renew(end + 40 * MS)
+        );
     }
 
     #[test]
