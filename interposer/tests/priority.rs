@@ -60,17 +60,21 @@ fn probe_beside(probe_env: &[(&str, &str)], neighbour_env: &[(&str, &str)]) -> V
     let out = p.wait_with_output().unwrap();
     let _ = n.kill();
     let _ = n.wait();
+    let lat = latencies(&out);
+    assert!(lat.len() > 300, "{} probes", lat.len());
+    lat
+}
+
+/// The latencies (ns) a probe that exited reported, in order.
+fn latencies(out: &std::process::Output) -> Vec<u64> {
     assert!(out.status.success(), "{out:?}");
     let lines = parse_lines(&String::from_utf8_lossy(&out.stdout));
-    let probed = event(&lines, "probed");
-    let lat: Vec<u64> = probed["latencies_ns"]
+    event(&lines, "probed")["latencies_ns"]
         .as_array()
         .unwrap()
         .iter()
         .map(u)
-        .collect();
-    assert!(lat.len() > 300, "{probed}");
-    lat
+        .collect()
 }
 
 fn median(v: &[u64]) -> u64 {
@@ -167,15 +171,7 @@ fn a_high_priority_probe_its_host_stops_for_a_while_gets_its_turns_back() {
     let stops = stopper.join().unwrap();
     let _ = n.kill();
     let _ = n.wait();
-    assert!(out.status.success(), "{out:?}");
-    let lines = parse_lines(&String::from_utf8_lossy(&out.stdout));
-    let probed = event(&lines, "probed");
-    let lat: Vec<u64> = probed["latencies_ns"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(u)
-        .collect();
+    let lat = latencies(&out);
     // A stop that fell inside a probe (the rest fell between probes).
     let stopped = lat.iter().filter(|&&ns| ns >= 25_000_000).count();
     // The last 3 s of probes, more than half a second after the last stop.
