@@ -333,6 +333,18 @@ impl Meter {
         );
         let mut views = b.views(self.index, &self.uuid, now, now.saturating_sub(ACTIVE_NS));
         corroborate(&mut views, &self.uuid, now);
+        // What each other slice may hold this one's turns up by (`turn::Observer`): its
+        // allotment, as this slice would count it were it at normal priority (a slice below this
+        // one still takes the time this one leaves). A slice the node agent has not seen at work
+        // has none.
+        let counted: Vec<_> = views.iter().map(|v| (v.demand, v.priority)).collect();
+        let allotted: Vec<(u64, u32)> = views
+            .iter()
+            .map(|v| v.slice)
+            .zip(priority::allotments(prio.min(Priority::Normal), &counted))
+            .skip(1)
+            .collect();
+        self.turns.allotted(&allotted, now);
         let waiting = b
             .rivals(self.index, &self.uuid)
             .iter()

@@ -669,6 +669,12 @@ impl Turns {
         false
     }
 
+    /// The other slices' allotments on the device (slice, ppm), as this process's slice counts
+    /// them at `now` (`turn::Observer::set_allotted`).
+    pub fn allotted(&self, allotted: &[(u64, u32)], now: u64) {
+        self.observer.lock().set_allotted(allotted, now);
+    }
+
     /// The other slices' turns on the device, read now and as this process believes them
     /// (`turn::Observer`).
     fn rivals(&self, s: &Slot<'_>, now: u64) -> Vec<Rival> {

@@ -70,7 +70,7 @@ pub fn view(mine: Priority, slices: &[(Demand, Priority)]) -> Vec<Demand> {
     slices
         .iter()
         .enumerate()
-        .filter(|&(i, &(_, p))| i == 0 || mine == Priority::High || p < Priority::High)
+        .filter(|&(i, &(_, p))| counted(mine, i, p))
         .map(|(i, &(d, p))| {
             if i > 0 && mine == Priority::High && p < Priority::High {
                 Demand {
@@ -80,6 +80,30 @@ pub fn view(mine: Priority, slices: &[(Demand, Priority)]) -> Vec<Demand> {
                 }
             } else {
                 d
+            }
+        })
+        .collect()
+}
+
+/// Whether a slice at `mine` counts slice `i` (at `p`; its own is 0) in its view: a slice below
+/// high priority leaves the high slices out.
+fn counted(mine: Priority, i: usize, p: Priority) -> bool {
+    i == 0 || mine == Priority::High || p < Priority::High
+}
+
+/// Each slice's allotment (ppm) as a slice at `mine` sees it, from every slice on the device
+/// (its own first): `share::allot` over its `view`, and the whole device for a slice the view
+/// leaves out (high slices, seen from below: they go first).
+pub fn allotments(mine: Priority, slices: &[(Demand, Priority)]) -> Vec<u32> {
+    let mut allotted = crate::share::allot(&view(mine, slices)).into_iter();
+    slices
+        .iter()
+        .enumerate()
+        .map(|(i, &(_, p))| {
+            if counted(mine, i, p) {
+                allotted.next().unwrap_or(0)
+            } else {
+                crate::share::FULL
             }
         })
         .collect()
@@ -103,6 +127,25 @@ mod tests {
         }
         assert_eq!(Priority::from_code(0), Priority::Normal);
         assert_eq!(Priority::default(), Priority::Normal);
+    }
+
+    #[test]
+    fn each_slices_allotment_is_as_the_reader_sees_it_and_a_high_one_seen_from_below_has_all() {
+        use crate::share::FULL;
+        let busy = Demand {
+            request: 0,
+            limit: FULL,
+            hungry: true,
+            usage: FULL / 2,
+        };
+        let (hi, no) = (Priority::High, Priority::Normal);
+        let pct = |v: Vec<u32>| v.into_iter().map(|x| x / 10_000).collect::<Vec<_>>();
+        assert_eq!(pct(allotments(no, &[(busy, no), (busy, no)])), [50, 50]);
+        assert_eq!(
+            pct(allotments(no, &[(busy, no), (busy, hi), (busy, no)])),
+            [50, 100, 50]
+        );
+        assert_eq!(pct(allotments(hi, &[(busy, hi), (busy, no)]))[0], 100);
     }
 
     #[test]

@@ -185,11 +185,27 @@ pub const RETRY_NS: u64 = 250_000;
 /// slice waiting its wait may have begun (readers look at least this often).
 pub const SEEN_NS: u64 = 1_000_000;
 
+/// A slice that has held this reader up (held the turn, or sat first in the queue of a free
+/// device, while the reader waited) this much longer than its allotment of the time since is
+/// passed over, whatever it posts, until its allotment has paid the excess back.
+pub const DEBT_NS: i64 = 150_000_000;
+/// How far ahead of what it held this reader up a slice may run: a round.
+pub const CREDIT_NS: i64 = CYCLE_NS as i64;
+/// How much of the time (ppm) a slice with an allotment may hold a reader up beyond it: an honest
+/// one on a loaded host sits first in the queue of a free device now and then before it takes
+/// the turn, and its turns end a drain after their planned end.
+pub const LEEWAY: u32 = FULL / 10;
+
 /// What one reader saw of each other slice's turn, by its own clock: the only account of the
 /// others it trusts.
 #[derive(Debug, Clone, Default)]
 pub struct Observer {
     seen: Vec<Seen>,
+    /// Each other slice's allotment as this reader last computed it (slice, ppm); a slice not
+    /// listed has none.
+    allotted: Vec<(u64, u32)>,
+    /// When the slices' debts were last paid down by their allotments.
+    paid_at: u64,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -215,6 +231,23 @@ struct Seen {
     passed_at: u64,
     /// Whether this reader has seen it hold the turn.
     held_before: bool,
+    /// How much longer it has held this reader up than its allotment of the time (ns), at least
+    /// `-CREDIT_NS`.
+    debt: i64,
+    /// Passed over for its debt, until it is paid.
+    indebted: bool,
+}
+
+impl Seen {
+    /// It held this reader up for `ns` more, since the reader's last look: at most `SEEN_NS` of
+    /// it, as a reader that waits looks that often (one that stopped waiting in between, held
+    /// back by its tokens or out of work, does not look until it waits again).
+    fn held_up(&mut self, ns: u64) {
+        self.debt = self.debt.saturating_add(ns.min(SEEN_NS) as i64);
+        if self.debt > DEBT_NS {
+            self.indebted = true;
+        }
+    }
 }
 
 impl Observer {
@@ -228,8 +261,11 @@ impl Observer {
         me: Option<(u64, u64, Class)>,
         now: u64,
     ) -> Vec<Rival> {
+        self.pay(now);
+        // A slice no longer on the board is forgotten, unless it owes (a tenant that makes its
+        // turns unreadable for a moment does not clear its debt).
         self.seen
-            .retain(|s| rivals.iter().any(|r| r.slice == s.slice));
+            .retain(|s| s.debt > 0 || rivals.iter().any(|r| r.slice == s.slice));
         let mut out: Vec<Rival> = Vec::with_capacity(rivals.len());
         for r in rivals {
             let i = match self.seen.iter().position(|s| s.slice == r.slice) {
@@ -252,7 +288,9 @@ impl Observer {
                 s.held_before = true;
                 if me.is_some() {
                     if s.last_look != 0 {
-                        s.held_while_waiting += now.saturating_sub(s.last_look);
+                        let held = now.saturating_sub(s.last_look);
+                        s.held_while_waiting += held;
+                        s.held_up(held);
                     }
                     s.last_look = now;
                 } else {
@@ -288,6 +326,9 @@ impl Observer {
                 }
                 _ => s.waiting_from = 0,
             }
+            if s.indebted {
+                r.turn = Turn::Idle;
+            }
             out.push(r);
         }
         // Who is first in the queue while nobody holds the turn, as this reader waits.
@@ -311,7 +352,9 @@ impl Observer {
                     break;
                 };
                 if s.first_look != 0 {
-                    s.stalled += now.saturating_sub(s.first_look);
+                    let stalled = now.saturating_sub(s.first_look);
+                    s.stalled += stalled;
+                    s.held_up(stalled);
                 }
                 s.first_look = now;
                 if s.stalled <= TAKE_GRACE_NS {
@@ -342,6 +385,7 @@ impl Observer {
     /// not taking a free turn, that took turns before, gets `RETRY_NS` of the free device after
     /// this turn, for `OVERHOLD_NS` after it was passed over.
     pub fn own_turn(&mut self, now: u64) {
+        self.pay(now);
         for s in &mut self.seen {
             s.last_look = 0;
             s.first_look = 0;
@@ -350,6 +394,39 @@ impl Observer {
             }
             if s.passed_at != 0 && s.held_before && now.saturating_sub(s.passed_at) <= OVERHOLD_NS {
                 s.stalled = s.stalled.min(TAKE_GRACE_NS.saturating_sub(RETRY_NS));
+            }
+        }
+    }
+}
+
+impl Observer {
+    /// The other slices' allotments (slice, ppm) as this reader computed them at `now`: what
+    /// each may hold it up from now on.
+    pub fn set_allotted(&mut self, allotted: &[(u64, u32)], now: u64) {
+        self.pay(now);
+        self.allotted.clear();
+        self.allotted.extend_from_slice(allotted);
+    }
+
+    /// Pays each slice's debt down by its allotment of the time since the last payment.
+    fn pay(&mut self, now: u64) {
+        let since = now.saturating_sub(self.paid_at);
+        self.paid_at = now;
+        if since == 0 {
+            return;
+        }
+        for s in &mut self.seen {
+            let ppm = self
+                .allotted
+                .iter()
+                .find(|&&(slice, _)| slice == s.slice)
+                .map_or(0, |&(_, ppm)| ppm)
+                .min(FULL);
+            let ppm = if ppm > 0 { (ppm + LEEWAY).min(FULL) } else { 0 };
+            let paid = (since as u128 * ppm as u128 / FULL as u128).min(i64::MAX as u128) as i64;
+            s.debt = s.debt.saturating_sub(paid).max(-CREDIT_NS);
+            if s.debt <= 0 {
+                s.indebted = false;
             }
         }
     }
@@ -728,6 +805,9 @@ mod tests {
     #[test]
     fn a_slice_seen_holding_too_long_holds_nobody_up() {
         let mut o = Observer::default();
+        let t0 = 1_000 * MS;
+        // Allotted half the device (what its claims say, where nobody corroborates them).
+        o.set_allotted(&[(2, FULL / 2)], t0);
         // It keeps posting a fresh turn, each within the bounds.
         let forged = |now: u64| {
             [rival(
@@ -738,7 +818,6 @@ mod tests {
                 },
             )]
         };
-        let t0 = 1_000 * MS;
         let mut t = t0;
         while t <= t0 + OVERHOLD_NS {
             let r = o.filter(&forged(t), Some((1, t0, Class::Normal)), t);
@@ -766,12 +845,95 @@ mod tests {
     }
 
     #[test]
+    fn a_slice_that_flickers_between_holding_and_waiting_first_holds_a_reader_up_no_longer_than_its_allotment()
+     {
+        // A tenant posts a fresh holding record for 2 ms, then that it has waited since the start
+        // of time for 14 ms, and again: each hold starts the stall count again, and each wait is
+        // a break in its holding, so neither bound alone ever passes it over.
+        let flicker = |t: u64| {
+            if (t / MS) % 16 < 2 {
+                rival(
+                    2,
+                    Turn::Holding {
+                        since: t - (t / MS % 16) * MS,
+                        until: t + 2 * MS,
+                    },
+                )
+            } else {
+                rival(2, Turn::Urgent { since: 1 })
+            }
+        };
+        // How much of `secs` the reader, waiting throughout and looking every 100 µs, is held up.
+        let held_up = |allotted: u32, secs: u64| {
+            let mut o = Observer::default();
+            let t0 = 1_000 * MS;
+            o.set_allotted(&[(2, allotted)], t0);
+            let (mut t, mut held) = (t0, 0);
+            while t < t0 + secs * 1_000 * MS {
+                let r = o.filter(&[flicker(t)], Some((1, t0, Class::Normal)), t);
+                if next(1, t0, Class::Normal, &r, t) != Next::Take {
+                    held += 1;
+                }
+                t += MS / 10;
+            }
+            held as f64 / (secs * 10_000) as f64
+        };
+        // Nothing allotted (its claims not corroborated by the node agent): passed over for good
+        // after its first 150 ms.
+        let none = held_up(0, 5);
+        assert!(none < 0.04, "held up {:.1}% of the time", 100.0 * none);
+        // Half the device allotted (its claims believed): it holds the reader up about that long
+        // and the leeway, as a busy slice at half would at most.
+        let half = held_up(FULL / 2, 5);
+        assert!(
+            (0.5..0.65).contains(&half),
+            "held up {:.1}% of the time",
+            100.0 * half
+        );
+    }
+
+    #[test]
+    fn the_time_a_reader_did_not_look_is_not_held_against_a_slice_within_its_allotment() {
+        // A slice allotted a fifth of the device holds the turn 8 ms of every 40. The reader
+        // waits through one of its turns, then stops wanting the device (out of work) without
+        // looking until the next of its turns, waits through that one too and takes the turn
+        // after it; and so on.
+        let mut o = Observer::default();
+        let t0 = 1_000 * MS;
+        o.set_allotted(&[(2, FULL / 5)], t0);
+        let held = |start: u64| {
+            [rival(
+                2,
+                Turn::Holding {
+                    since: start,
+                    until: start + 8 * MS,
+                },
+            )]
+        };
+        for round in 0..125 {
+            let start = t0 + round * 40 * MS;
+            for t in (start..start + 8 * MS).step_by(MS as usize / 10).skip(1) {
+                let r = o.filter(&held(start), Some((1, t0, Class::Normal)), t);
+                assert!(
+                    r[0].holds(t),
+                    "passed over after {round} of its turns, each within its allotment"
+                );
+            }
+            if round % 2 == 1 {
+                o.own_turn(start + 8 * MS + MS / 10);
+            }
+        }
+    }
+
+    #[test]
     fn a_turn_of_its_own_slice_between_two_looks_is_not_counted_as_anothers_hold() {
         // A reader that waits, then finds its slice holding (led by another process of it, so it
         // does not look at the others), then waits again: an honest slice that held before and
         // after each of those turns is never an overholder.
         let mut o = Observer::default();
         let mut t = 1_000 * MS;
+        // It holds 29 ms of every 42: its allotment, 70% (this reader's 30% is the rest).
+        o.set_allotted(&[(2, FULL * 7 / 10)], t);
         for _ in 0..20 {
             let held = [rival(
                 2,

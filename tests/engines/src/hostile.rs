@@ -170,7 +170,8 @@ pub fn nothing_shared_is_writable(engine: &dyn Engine) {
 
 /// A tenant with only a memory cap forges the node's compute state for every device (the
 /// whole device claimed, high priority, high-priority work always in flight, always wanting
-/// more) and takes more places in the arbitration than there are, with the node agent running
+/// more, its turn flickering between a short hold and a wait since the start of time) and takes
+/// more places in the arbitration than there are, with the node agent running
 /// (as on a node in production: it tells each container process its host pid). Beside it, by
 /// the simulator's count: a container without core settings keeps the share of the device it had
 /// before the tenant came, also where the driver names one process a period (as real drivers
@@ -205,7 +206,7 @@ pub fn forged_claims_take_nothing(engine: &dyn Engine) {
         &sim,
         "forger",
         &["CUSLICE_MEMORY_LIMIT=4GiB"],
-        "exec cuda-workload tamper --forge --flood 260 --secs 120",
+        "exec cuda-workload tamper --forge --forge-flicker --flood 260 --secs 120",
     );
     let (tried, _) = within(tenant.as_mut(), "ready", 180)
         .unwrap_or_else(|| panic!("the tenant did not get ready: {}", tenant.stderr()));

@@ -28,6 +28,11 @@ pub struct TamperArgs {
     /// apportioned by, where the driver names one process a sample), instead of none
     #[arg(long)]
     pub forge_launched: bool,
+    /// With --forge: flicker, in every 16 ms, between holding the turn for 2 ms and waiting
+    /// for it since the start of time, so that each hold starts a neighbour's count of how long
+    /// it sat first in the queue of a free device afresh, and each wait breaks its holding
+    #[arg(long)]
+    pub forge_flicker: bool,
     /// Post the slice's one granted core request on its first device in this many entries of
     /// its claims file, and keep them fresh
     #[arg(long, default_value_t = 0)]
@@ -278,12 +283,14 @@ fn replace(root: &Path, held: &mut Vec<std::fs::File>) {
 /// The forged claims, kept fresh until `until`: the slice's own place on the node's compute
 /// board (the one place it can write) claims the whole of every device the container sees, with
 /// high priority, always wanting more, and waiting for the turn since the start of time; with
-/// `launched`, holding the turn instead, a fresh turn posted every 20 ms.
+/// `launched`, holding the turn instead, a fresh turn posted every 20 ms; with `flicker`,
+/// holding it 2 ms of every 16 and waiting since the start of time the rest, posted every 200 µs.
 fn forge(
     s: &Session<'_>,
     root: &Path,
     until: Instant,
     launched: bool,
+    flicker: bool,
 ) -> Vec<std::thread::JoinHandle<()>> {
     use cuslice_policy::priority::Priority;
     use cuslice_policy::share::FULL;
@@ -317,9 +324,15 @@ fn forge(
                     active_ns: now,
                 };
                 board.post(d as u32, uuid, &post, now);
+                let ms = now / 1_000_000;
                 board.post_turn(
                     d as u32,
-                    if launched {
+                    if flicker && ms % 16 < 2 {
+                        Turn::Holding {
+                            since: (ms - ms % 16) * 1_000_000,
+                            until: (ms - ms % 16 + 2) * 1_000_000,
+                        }
+                    } else if launched {
                         Turn::Holding {
                             since: now,
                             until: now + turn::MAX_TURN_NS,
@@ -329,7 +342,11 @@ fn forge(
                     },
                 );
             }
-            std::thread::sleep(Duration::from_millis(20));
+            std::thread::sleep(if flicker {
+                Duration::from_micros(200)
+            } else {
+                Duration::from_millis(20)
+            });
         }
     })]
 }
@@ -568,7 +585,7 @@ pub fn tamper(s: &Session<'_>, a: &TamperArgs) {
     }
     let mut held = Vec::new();
     let mut forgers = if a.forge {
-        forge(s, &a.root, until, a.forge_launched)
+        forge(s, &a.root, until, a.forge_launched, a.forge_flicker)
     } else {
         Vec::new()
     };
