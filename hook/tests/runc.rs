@@ -58,6 +58,13 @@ fn run_bundle(b: &Bundle, id: &str) -> Output {
 engine_scenarios!(&Runc);
 hostile_scenarios!(&Runc);
 
+/// An honest slice back at work is passed over for a moment, and then has its limit again.
+#[test]
+fn a_limited_slice_back_at_work_beside_a_busy_one_gets_its_limit() {
+    root_required();
+    cuslice_test_harness::twice(|| engines::hostile::back_at_work_beside_a_busy_slice(&Runc));
+}
+
 /// The demo's three containers, with the node agent: shares hold (checked against the simulator).
 #[test]
 fn demo_shares_hold_with_the_agent() {

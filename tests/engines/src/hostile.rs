@@ -348,6 +348,62 @@ pub fn duplicate_claims_count_once(engine: &dyn Engine) {
     );
 }
 
+/// What bounds forged turns costs an honest slice: a container limited to 30, idle long enough
+/// for the node agent to see it so (a slice without a request seen idle has no allotment), comes
+/// back to work beside a busy container without core settings. The busy one's account of what
+/// it holds it up goes past its bound within about half a second, and passes it over until the
+/// agent's next look sees it at work (docs/compute.md, "What another slice posts"); from 3 s after
+/// its work began, by the simulator's count, it has its limit again and the busy one the rest.
+pub fn back_at_work_beside_a_busy_slice(engine: &dyn Engine) {
+    let _serial = cuslice_test_harness::serial();
+    let _turn = super::agent_turn();
+    let sim = Sim::new(&["--memory", "8GiB"]);
+    let _agent = super::NodeAgent::start(&sim);
+    let mut busy = spawn(
+        engine,
+        &sim,
+        "busy",
+        &["CUSLICE_MEMORY_LIMIT=1GiB"],
+        &format!("exec {LONG_KERNELS} --secs 40"),
+    );
+    within(busy.as_mut(), "start", 30)
+        .unwrap_or_else(|| panic!("the busy container did not start: {}", busy.stderr()));
+    judged(busy.as_ref());
+    let mut back = spawn(
+        engine,
+        &sim,
+        "back",
+        &["CUSLICE_MEMORY_LIMIT=1GiB", "CUSLICE_CORE_LIMIT=30"],
+        "exec cuda-workload launch --ns-per-block 10000 --blocks 100 --idle-secs 3 \
+         --progress-ms 250 --secs 12",
+    );
+    within(back.as_mut(), "start", 30)
+        .unwrap_or_else(|| panic!("the limited container did not start: {}", back.stderr()));
+    judged(back.as_ref());
+    within(back.as_mut(), "progress", 30)
+        .unwrap_or_else(|| panic!("the limited container did no work: {}", back.stderr()));
+    // Half-second windows from a quarter of a second after its work began.
+    let pids = [busy.host_pid(), back.host_pid()];
+    let windows: Vec<Vec<f64>> = (0..12).map(|_| shares(&sim, &pids, 0.5)).collect();
+    for c in [back, busy] {
+        c.remove();
+    }
+    let shown = windows
+        .iter()
+        .map(|w| format!("{:.0}/{:.0}", w[0], w[1]))
+        .collect::<Vec<_>>()
+        .join(" ");
+    eprintln!("busy/limited, each half second from its work's first quarter: {shown}");
+    let settled = &windows[6..];
+    let mean = |i: usize| settled.iter().map(|w| w[i]).sum::<f64>() / settled.len() as f64;
+    let (busy, back) = (mean(0), mean(1));
+    assert!(
+        (back - 30.0).abs() <= 5.0 && busy >= 60.0,
+        "from 3 s after its work began, the container limited to 30 got {back:.1}% of the device \
+         and the busy one {busy:.1}% (each half second: {shown})"
+    );
+}
+
 /// A tenant with only a memory cap claims the whole of every device, always wanting more, and says
 /// its launches took the whole device too (the figure by which a period the driver names one
 /// process for is shared out). Two slices at core limits 30 and 70 beside it, both busy, with the
