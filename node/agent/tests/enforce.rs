@@ -254,6 +254,15 @@ fn state_root() -> tempfile::TempDir {
         .unwrap()
 }
 
+/// A simulated device of 8 GiB, a node state folder of its own, and the agent on them with
+/// `args` (dropped in that order's reverse: the agent first).
+fn node(args: &[&str]) -> (Sim, tempfile::TempDir, Agent) {
+    let sim = Sim::new(&["--memory", "8GiB"]);
+    let root = state_root();
+    let agent = Agent::start(&sim, root.path(), args);
+    (sim, root, agent)
+}
+
 const BYPASS_2GIB: &[&str] = &[
     "cuda-workload",
     "--route",
@@ -274,13 +283,7 @@ const BYPASS_2GIB: &[&str] = &[
 fn stop_kills_a_slice_over_its_memory_cap() {
     root_required();
     let _quiet = cuslice_test_harness::quiet();
-    let sim = Sim::new(&["--memory", "8GiB"]);
-    let root = state_root();
-    let agent = Agent::start(
-        &sim,
-        root.path(),
-        &["--enforce", "stop", "--period", "1", "--grace", "2"],
-    );
+    let (sim, root, agent) = node(&["--enforce", "stop", "--period", "1", "--grace", "2"]);
     let n = name("stopmem");
     let mut c = runc(
         &sim,
@@ -339,9 +342,7 @@ fn stop_kills_a_slice_over_its_memory_cap() {
 fn stop_holds_a_slice_to_its_core_limit_by_freezing() {
     root_required();
     let _quiet = cuslice_test_harness::quiet();
-    let sim = Sim::new(&["--memory", "8GiB"]);
-    let root = state_root();
-    let mut agent = Agent::start(&sim, root.path(), &["--enforce", "stop"]);
+    let (sim, root, mut agent) = node(&["--enforce", "stop"]);
     let n = name("stopcpu");
     let mut c = runc(
         &sim,
@@ -459,9 +460,7 @@ fn stop_holds_a_slice_to_its_core_limit_by_freezing() {
 fn report_shows_the_overuse_and_kills_nothing() {
     root_required();
     let _quiet = cuslice_test_harness::quiet();
-    let sim = Sim::new(&["--memory", "8GiB"]);
-    let root = state_root();
-    let agent = Agent::start(&sim, root.path(), &["--enforce", "report", "--grace", "1"]);
+    let (sim, root, agent) = node(&["--enforce", "report", "--grace", "1"]);
     let (n, honest) = (name("report"), name("honest"));
     let mut c = runc(
         &sim,
@@ -568,9 +567,7 @@ fn report_shows_the_overuse_and_kills_nothing() {
 fn a_ledger_lie_is_found(what: &str, tamper: &str, said: &str) -> Value {
     root_required();
     let _quiet = cuslice_test_harness::quiet();
-    let sim = Sim::new(&["--memory", "8GiB"]);
-    let root = state_root();
-    let agent = Agent::start(&sim, root.path(), &["--enforce", "report"]);
+    let (sim, root, agent) = node(&["--enforce", "report"]);
     let n = name(what);
     let mut c = runc(
         &sim,
@@ -672,9 +669,7 @@ fn own_space_refused() -> Vec<(String, bool, bool)> {
 fn files_grown_past_their_size_are_found_and_cut_back() {
     root_required();
     let _quiet = cuslice_test_harness::quiet();
-    let sim = Sim::new(&["--memory", "8GiB"]);
-    let root = state_root();
-    let agent = Agent::start(&sim, root.path(), &["--enforce", "stop"]);
+    let (sim, root, agent) = node(&["--enforce", "stop"]);
     let n = name("grow");
     let mut c = runc(
         &sim,
@@ -732,9 +727,7 @@ fn space_reserved_past_the_end_of_files_is_refused_in_the_slices_own_space() {
     use std::os::unix::fs::MetadataExt;
     root_required();
     let _quiet = cuslice_test_harness::quiet();
-    let sim = Sim::new(&["--memory", "8GiB"]);
-    let root = state_root();
-    let _agent = Agent::start(&sim, root.path(), &["--enforce", "stop"]);
+    let (sim, root, _agent) = node(&["--enforce", "stop"]);
     let n = name("falloc");
     let mut c = runc(
         &sim,
@@ -786,9 +779,7 @@ fn space_reserved_past_the_end_of_files_is_refused_in_the_slices_own_space() {
 fn a_claim_posted_five_times_counts_once_and_is_found() {
     root_required();
     let _quiet = cuslice_test_harness::quiet();
-    let sim = Sim::new(&["--memory", "8GiB"]);
-    let root = state_root();
-    let agent = Agent::start(&sim, root.path(), &["--enforce", "report"]);
+    let (sim, root, agent) = node(&["--enforce", "report"]);
     let n = name("dupclaim");
     let mut c = runc(
         &sim,
@@ -859,9 +850,7 @@ fn a_claim_posted_five_times_counts_once_and_is_found() {
 fn stop_leaves_a_slice_the_library_holds_alone() {
     root_required();
     let _quiet = cuslice_test_harness::quiet();
-    let sim = Sim::new(&["--memory", "8GiB"]);
-    let root = state_root();
-    let agent = Agent::start(&sim, root.path(), &["--enforce", "stop"]);
+    let (sim, root, agent) = node(&["--enforce", "stop"]);
     let n = name("honestcpu");
     let mut c = runc(
         &sim,
@@ -955,9 +944,7 @@ fn long_kernels(ns: &str, depth: &str) -> Vec<String> {
 fn stop_holds_long_queued_kernels_by_the_drivers_count() {
     root_required();
     let _serial = cuslice_test_harness::serial();
-    let sim = Sim::new(&["--memory", "8GiB"]);
-    let root = state_root();
-    let agent = Agent::start(&sim, root.path(), &["--enforce", "stop"]);
+    let (sim, root, agent) = node(&["--enforce", "stop"]);
     let n = name("longk");
     let cmd = long_kernels("100000000", "4");
     let cmd: Vec<&str> = cmd.iter().map(String::as_str).collect();
@@ -1037,9 +1024,7 @@ fn stop_holds_long_queued_kernels_by_the_drivers_count() {
 fn stop_kills_queued_work_freezing_cannot_hold() {
     root_required();
     let _quiet = cuslice_test_harness::quiet();
-    let sim = Sim::new(&["--memory", "8GiB"]);
-    let root = state_root();
-    let agent = Agent::start(&sim, root.path(), &["--enforce", "stop"]);
+    let (sim, root, agent) = node(&["--enforce", "stop"]);
     let n = name("queued");
     let cmd = format!("{}; sleep 60", long_kernels("1000000000", "4").join(" "));
     let mut c = runc(
@@ -1109,13 +1094,7 @@ fn stop_kills_queued_work_freezing_cannot_hold() {
 fn stop_kills_a_slice_that_keeps_going_back_over_its_cap() {
     root_required();
     let _quiet = cuslice_test_harness::quiet();
-    let sim = Sim::new(&["--memory", "8GiB"]);
-    let root = state_root();
-    let agent = Agent::start(
-        &sim,
-        root.path(),
-        &["--enforce", "stop", "--period", "1", "--grace", "2"],
-    );
+    let (sim, root, agent) = node(&["--enforce", "stop", "--period", "1", "--grace", "2"]);
     let n = name("pulse");
     let mut c = runc(
         &sim,
@@ -1187,13 +1166,7 @@ fn stop_kills_a_slice_that_keeps_going_back_over_its_cap() {
 fn stop_leaves_a_slice_filling_its_cap_alone() {
     root_required();
     let _quiet = cuslice_test_harness::quiet();
-    let sim = Sim::new(&["--memory", "8GiB"]);
-    let root = state_root();
-    let agent = Agent::start(
-        &sim,
-        root.path(),
-        &["--enforce", "stop", "--period", "1", "--grace", "2"],
-    );
+    let (sim, root, agent) = node(&["--enforce", "stop", "--period", "1", "--grace", "2"]);
     let n = name("filler");
     let mut c = runc(
         &sim,
@@ -1235,13 +1208,7 @@ fn stop_leaves_a_slice_filling_its_cap_alone() {
 fn a_slice_churning_at_its_cap_is_never_found_short_of_its_ledger() {
     root_required();
     let _serial = cuslice_test_harness::serial();
-    let sim = Sim::new(&["--memory", "8GiB"]);
-    let root = state_root();
-    let agent = Agent::start(
-        &sim,
-        root.path(),
-        &["--enforce", "stop", "--period", "0.1", "--grace", "2"],
-    );
+    let (sim, root, agent) = node(&["--enforce", "stop", "--period", "0.1", "--grace", "2"]);
     let n = name("churn");
     let mut c = runc(
         &sim,
@@ -1723,9 +1690,7 @@ const AROUND: &str =
 fn honest_pair(neighbour: &str, flat_out: &str, two: bool) {
     root_required();
     let _quiet = cuslice_test_harness::quiet();
-    let sim = Sim::new(&["--memory", "8GiB"]);
-    let root = state_root();
-    let agent = Agent::start(&sim, root.path(), &["--enforce", "stop"]);
+    let (sim, root, agent) = node(&["--enforce", "stop"]);
     let start = |n: &str, env: &str, cmd: &str| {
         runc(
             &sim,
@@ -1837,9 +1802,7 @@ fn stop_holds_a_bypass_beside_an_honest_slice_by_the_bound_without_samples() {
 fn stop_kills_a_bypass_beside_honest_slices_taking_turns_by_the_stamps_that_name_it() {
     root_required();
     let _quiet = cuslice_test_harness::quiet();
-    let sim = Sim::new(&["--memory", "8GiB"]);
-    let root = state_root();
-    let agent = Agent::start(&sim, root.path(), &["--enforce", "stop"]);
+    let (sim, root, agent) = node(&["--enforce", "stop"]);
     let start = |n: &str, limit: &str, around: bool| {
         let mut cmd = vec!["cuda-workload"];
         if around {
