@@ -25,8 +25,9 @@
 //!   further ahead than `MAX_TURN_NS`; past its end by `GRACE_NS` it no longer holds anybody up.
 //!   And each reader keeps its own record of what it saw (`Observer`): a slice it has seen
 //!   holding the turn, while it waited, for longer than any honest turn lasts once another
-//!   waits, or first in the queue for longer than an honest slice takes to take a free turn,
-//!   holds nobody up, whatever it posts.
+//!   waits, or first in the queue for longer than an honest slice takes to take a free turn, or
+//!   that has held it up, in all, further beyond its allotment than an honest slice does
+//!   (`DEBT_NS`), holds nobody up, whatever it posts.
 
 use crate::priority::Priority;
 use crate::share::FULL;
@@ -186,8 +187,8 @@ pub const RETRY_NS: u64 = 250_000;
 pub const SEEN_NS: u64 = 1_000_000;
 
 /// A slice that has held this reader up (held the turn, or sat first in the queue of a free
-/// device, while the reader waited) this much longer than its allotment of the time since is
-/// passed over, whatever it posts, until its allotment has paid the excess back.
+/// device, while the reader waited) this much longer than its allotment of the time since (and
+/// `LEEWAY`) is passed over, whatever it posts, until its allotment has paid the excess back.
 pub const DEBT_NS: i64 = 150_000_000;
 /// How far ahead of what it held this reader up a slice may run: a round.
 pub const CREDIT_NS: i64 = CYCLE_NS as i64;
@@ -195,6 +196,10 @@ pub const CREDIT_NS: i64 = CYCLE_NS as i64;
 /// one on a loaded host sits first in the queue of a free device now and then before it takes
 /// the turn, and its turns end a drain after their planned end.
 pub const LEEWAY: u32 = FULL / 10;
+/// A slice gone from the board (or whose turns could not be read) for this long is forgotten,
+/// with what it owed: it held nobody up meanwhile. Until then what it owes is kept, so that a
+/// tenant cannot clear it by making its turns unreadable for a moment.
+pub const FORGET_NS: u64 = 60_000_000_000;
 
 /// What one reader saw of each other slice's turn, by its own clock: the only account of the
 /// others it trusts.
@@ -236,6 +241,8 @@ struct Seen {
     debt: i64,
     /// Passed over for its debt, until it is paid.
     indebted: bool,
+    /// When this reader first found it gone from the board, without a break since (0: there).
+    gone_since: u64,
 }
 
 impl Seen {
@@ -262,10 +269,18 @@ impl Observer {
         now: u64,
     ) -> Vec<Rival> {
         self.pay(now);
-        // A slice no longer on the board is forgotten, unless it owes (a tenant that makes its
-        // turns unreadable for a moment does not clear its debt).
-        self.seen
-            .retain(|s| s.debt > 0 || rivals.iter().any(|r| r.slice == s.slice));
+        // A slice no longer on the board is forgotten, unless it owes and left less than
+        // `FORGET_NS` ago.
+        self.seen.retain_mut(|s| {
+            if rivals.iter().any(|r| r.slice == s.slice) {
+                s.gone_since = 0;
+                return true;
+            }
+            if s.gone_since == 0 {
+                s.gone_since = now;
+            }
+            s.debt > 0 && now.saturating_sub(s.gone_since) < FORGET_NS
+        });
         let mut out: Vec<Rival> = Vec::with_capacity(rivals.len());
         for r in rivals {
             let i = match self.seen.iter().position(|s| s.slice == r.slice) {
@@ -899,6 +914,49 @@ mod tests {
             "held up {:.1}% of the time",
             100.0 * half
         );
+    }
+
+    #[test]
+    fn what_a_slice_gone_from_the_board_owes_is_kept_for_a_while_then_forgotten() {
+        // Nothing allotted: a slice that holds the turn while the reader waits owes all of it.
+        // It holds 10 ms of every 12 (the breaks keep it clear of `OVERHOLD_NS`).
+        let held = |t: u64| {
+            [rival(
+                2,
+                if (t / MS) % 12 < 10 {
+                    Turn::Holding {
+                        since: t - MS,
+                        until: t + MS,
+                    }
+                } else {
+                    Turn::Idle
+                },
+            )]
+        };
+        let me = Some((1, 0, Class::Normal));
+        let mut o = Observer::default();
+        let mut t = 1_200 * MS;
+        o.set_allotted(&[], t);
+        // A look every half millisecond for 240 ms: held up 200 ms, 150 ms past what it may.
+        for _ in 0..480 {
+            o.filter(&held(t), me, t);
+            t += MS / 2;
+        }
+        assert!((t / MS) % 12 < 10);
+        assert!(!o.filter(&held(t), me, t)[0].holds(t), "not passed over");
+        // Gone for 1.2 s: back, still passed over.
+        o.filter(&[], me, t + 1);
+        t += 1_200 * MS;
+        assert!(
+            !o.filter(&held(t), me, t)[0].holds(t),
+            "1.2 s away cleared it"
+        );
+        // Gone for longer than `FORGET_NS`: believed again.
+        o.filter(&[], me, t + 1);
+        t += FORGET_NS + 12 * MS;
+        o.filter(&[], me, t);
+        t += 12 * MS;
+        assert!(o.filter(&held(t), me, t)[0].holds(t), "not forgotten");
     }
 
     #[test]
