@@ -550,6 +550,7 @@ impl Turns {
                 // Nobody of the slice wants it any more.
                 s.board.swap_turn(s.d, code, Turn::Idle);
             }
+            self.observer.lock().not_waiting(now);
             return None;
         }
         s.board.touch(s.d, now);
@@ -571,6 +572,7 @@ impl Turns {
             if turn.waits() {
                 s.board.swap_turn(s.d, code, Turn::Idle);
             }
+            self.observer.lock().not_waiting(now);
             let pause = share::pause_ns(need.unwrap_or(0) - tokens, allot);
             return Some(now + pause.min(WAIT_POLL_SLOW_NS * 2));
         }

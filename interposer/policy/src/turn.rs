@@ -249,8 +249,8 @@ struct Seen {
 
 impl Seen {
     /// It held this reader up for `ns` more, since the reader's last look: at most `SEEN_NS` of
-    /// it, as a reader that waits looks that often (one that stopped waiting in between, held
-    /// back by its tokens or out of work, does not look until it waits again).
+    /// it, as a reader that waits looks that often (a longer gap is its host holding the reader's
+    /// thread up, not the slice; one that stopped waiting says so, `Observer::not_waiting`).
     fn held_up(&mut self, ns: u64) {
         self.debt = self.debt.saturating_add(ns.min(SEEN_NS) as i64);
         if self.debt > DEBT_NS {
@@ -417,6 +417,17 @@ impl Observer {
 }
 
 impl Observer {
+    /// This reader stopped waiting at `now` (held back by its tokens, or out of work): it looks no
+    /// more until it waits again, so the time until then is nobody's holding or stalling. A slice
+    /// that still holds when it waits again counts from that look.
+    pub fn not_waiting(&mut self, now: u64) {
+        self.pay(now);
+        for s in &mut self.seen {
+            s.last_look = 0;
+            s.first_look = 0;
+        }
+    }
+
     /// The other slices' allotments (slice, ppm) as this reader computed them at `now`: what
     /// each may hold it up from now on.
     pub fn set_allotted(&mut self, allotted: &[(u64, u32)], now: u64) {
@@ -965,9 +976,9 @@ mod tests {
     #[test]
     fn the_time_a_reader_did_not_look_is_not_held_against_a_slice_within_its_allotment() {
         // A slice allotted a fifth of the device holds the turn 8 ms of every 40. The reader
-        // waits through one of its turns, then stops wanting the device (out of work) without
-        // looking until the next of its turns, waits through that one too and takes the turn
-        // after it; and so on.
+        // waits through one of its turns, then does not look until the next of its turns (its
+        // host holds its thread up), waits through that one too and takes the turn after it; and
+        // so on.
         let mut o = Observer::default();
         let t0 = 1_000 * MS;
         o.set_allotted(&[(2, FULL / 5)], t0);
@@ -992,6 +1003,36 @@ mod tests {
             if round % 2 == 1 {
                 o.own_turn(start + 8 * MS + MS / 10);
             }
+        }
+    }
+
+    #[test]
+    fn a_holder_that_renews_while_the_reader_stopped_waiting_is_not_an_overholder() {
+        // An honest slice allotted 70% renews its turn while nobody waits. The reader waits 5 ms
+        // (looking every 100 µs), is held back by its tokens for 60 ms (out of the queue, so the
+        // holder renews), and waits again; twelve times. It saw the slice hold for 60 ms while it
+        // waited, under `OVERHOLD_NS`: the 720 ms it did not wait are nobody's holding.
+        let mut o = Observer::default();
+        let t0 = 1_000 * MS;
+        o.set_allotted(&[(2, FULL * 7 / 10)], t0);
+        let held = |t: u64| {
+            [rival(
+                2,
+                Turn::Holding {
+                    since: t - t % (40 * MS),
+                    until: t - t % (40 * MS) + 40 * MS,
+                },
+            )]
+        };
+        let mut t = t0;
+        for round in 0..12 {
+            for _ in 0..50 {
+                let r = o.filter(&held(t), Some((1, t, Class::Normal)), t);
+                assert!(r[0].holds(t), "passed over in wait {round}");
+                t += MS / 10;
+            }
+            o.not_waiting(t);
+            t += 60 * MS;
         }
     }
 
