@@ -85,6 +85,23 @@ fn judged(c: &dyn Container) {
     cuslice_test_harness::put_ahead(c.host_pid());
 }
 
+/// `spawn`, waits for its work to start (`who` names it if it does not), and puts it ahead
+/// (`judged`).
+fn started_judged<'e>(
+    engine: &'e dyn Engine,
+    sim: &Sim,
+    what: &str,
+    who: &str,
+    env: &[&str],
+    script: &str,
+) -> Box<dyn Container + 'e> {
+    let mut c = spawn(engine, sim, what, env, script);
+    within(c.as_mut(), "start", 30)
+        .unwrap_or_else(|| panic!("{who} did not start: {}", c.stderr()));
+    judged(c.as_ref());
+    c
+}
+
 /// Each pid's share of the device (%) over `secs`, by the simulator's count (each count one the
 /// simulator gave promptly, at the instant it stands for: `Sim::device_times_at`).
 fn shares(sim: &Sim, pids: &[i32], secs: f64) -> Vec<f64> {
@@ -185,20 +202,14 @@ pub fn forged_claims_take_nothing(engine: &dyn Engine) {
     let _agent = super::NodeAgent::start(&sim);
     // Without core settings: what it gets of an otherwise idle device, before the tenant and
     // beside it. (10 ms kernels, so that the launching thread needs little of the CPU.)
-    let mut free = spawn(
+    let free = started_judged(
         engine,
         &sim,
         "free",
+        "a container without core settings",
         &["CUSLICE_MEMORY_LIMIT=1GiB"],
         &format!("exec {LONG_KERNELS} --secs 90"),
     );
-    within(free.as_mut(), "start", 30).unwrap_or_else(|| {
-        panic!(
-            "a container without core settings did not start: {}",
-            free.stderr()
-        )
-    });
-    judged(free.as_ref());
     std::thread::sleep(Duration::from_secs(2));
     let before = shares(&sim, &[free.host_pid()], 3.0)[0];
     let mut tenant = spawn(
@@ -359,27 +370,23 @@ pub fn back_at_work_beside_a_busy_slice(engine: &dyn Engine) {
     let _turn = super::agent_turn();
     let sim = Sim::new(&["--memory", "8GiB"]);
     let _agent = super::NodeAgent::start(&sim);
-    let mut busy = spawn(
+    let busy = started_judged(
         engine,
         &sim,
         "busy",
+        "the busy container",
         &["CUSLICE_MEMORY_LIMIT=1GiB"],
         &format!("exec {LONG_KERNELS} --secs 40"),
     );
-    within(busy.as_mut(), "start", 30)
-        .unwrap_or_else(|| panic!("the busy container did not start: {}", busy.stderr()));
-    judged(busy.as_ref());
-    let mut back = spawn(
+    let mut back = started_judged(
         engine,
         &sim,
         "back",
+        "the limited container",
         &["CUSLICE_MEMORY_LIMIT=1GiB", "CUSLICE_CORE_LIMIT=30"],
         "exec cuda-workload launch --ns-per-block 10000 --blocks 100 --idle-secs 3 \
          --progress-ms 250 --secs 12",
     );
-    within(back.as_mut(), "start", 30)
-        .unwrap_or_else(|| panic!("the limited container did not start: {}", back.stderr()));
-    judged(back.as_ref());
     within(back.as_mut(), "progress", 30)
         .unwrap_or_else(|| panic!("the limited container did no work: {}", back.stderr()));
     // Half-second windows from a quarter of a second after its work began.
@@ -420,17 +427,14 @@ pub fn forged_claims_beside_busy_neighbours(engine: &dyn Engine) {
     let mut honest = Vec::new();
     for (what, limit) in [("thirty", 30), ("seventy", 70)] {
         let env = format!("CUSLICE_CORE_LIMIT={limit}");
-        let mut c = spawn(
+        honest.push(started_judged(
             engine,
             &sim,
             what,
+            &format!("the {what} container"),
             &["CUSLICE_MEMORY_LIMIT=1GiB", &env],
             &format!("exec {KERNELS} --secs 90"),
-        );
-        within(c.as_mut(), "start", 30)
-            .unwrap_or_else(|| panic!("the {what} container did not start: {}", c.stderr()));
-        judged(c.as_ref());
-        honest.push(c);
+        ));
     }
     let pids: Vec<i32> = honest.iter().map(|c| c.host_pid()).collect();
     std::thread::sleep(Duration::from_secs(3));
@@ -450,16 +454,14 @@ pub fn forged_claims_beside_busy_neighbours(engine: &dyn Engine) {
     tenant.remove();
     // An honest best-effort slice in its place, busy: its claim counts, since the driver sees
     // it at work, and it gets an equal part of what the 30 leaves.
-    let mut busy = spawn(
+    let busy = started_judged(
         engine,
         &sim,
         "busy",
+        "the busy container",
         &["CUSLICE_MEMORY_LIMIT=1GiB"],
         &format!("exec {KERNELS} --secs 60"),
     );
-    within(busy.as_mut(), "start", 30)
-        .unwrap_or_else(|| panic!("the busy container did not start: {}", busy.stderr()));
-    judged(busy.as_ref());
     std::thread::sleep(Duration::from_secs(6));
     let honest_pids = [pids[0], pids[1], busy.host_pid()];
     let fair = shares(&sim, &honest_pids, 6.0);
@@ -512,16 +514,14 @@ pub fn forged_time_in_flight_beside_long_kernels(engine: &dyn Engine) {
     let _turn = super::agent_turn();
     let sim = Sim::new(&["--memory", "8GiB"]);
     let _agent = super::NodeAgent::start(&sim);
-    let mut victim = spawn(
+    let victim = started_judged(
         engine,
         &sim,
         "long",
+        "the limited container",
         &["CUSLICE_MEMORY_LIMIT=1GiB", "CUSLICE_CORE_LIMIT=30"],
         &format!("exec {LONG_KERNELS} --secs 90"),
     );
-    within(victim.as_mut(), "start", 30)
-        .unwrap_or_else(|| panic!("the limited container did not start: {}", victim.stderr()));
-    judged(victim.as_ref());
     let pid = victim.host_pid();
     std::thread::sleep(Duration::from_secs(3));
     let before = shares(&sim, &[pid], 4.0)[0];
