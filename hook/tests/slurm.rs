@@ -244,9 +244,12 @@ fn a_job_that_tries_to_escape_is_held() {
         wl(),
         board = c.node_dir.display()
     );
+    // It also names another node in the environment it submits (taken for this node's name, it
+    // matched none of the job's GRES, and the task ran with no slice).
     let mut cmd = c.command("srun");
     cmd.args(["-n1", "--quiet", "--gres=shard:25"])
         .arg("--export=ALL")
+        .env("SLURMD_NODENAME", "elsewhere")
         .args(["sh", "-c", &script]);
     let (lines, stderr, ok) = output(cmd);
     assert!(ok, "srun failed: {stderr}; slurmd: {}", c.slurmd_log());

@@ -47,7 +47,6 @@ const DEFAULT_HOOK: &str = "/usr/local/bin/cuslice-hook";
 // Resolved in slurmd, slurmstepd, srun and sbatch, which load the plugin.
 unsafe extern "C" {
     fn spank_get_item(sp: Spank, item: c_int, ...) -> c_int;
-    fn spank_getenv(sp: Spank, var: *const c_char, buf: *mut c_char, len: c_int) -> c_int;
     fn slurm_error(format: *const c_char, ...);
 }
 
@@ -99,29 +98,8 @@ fn job_id(sp: Spank) -> Option<u32> {
     let mut id: u32 = 0;
     // SAFETY: S_JOB_ID takes one uint32_t *, which points at `id`.
     let rc = unsafe { spank_get_item(sp, S_JOB_ID, &mut id as *mut u32) };
-    if rc == SUCCESS && id != 0 {
-        return Some(id);
-    }
-    getenv(sp, "SLURM_JOB_ID").and_then(|v| v.trim().parse().ok())
-}
-
-fn getenv(sp: Spank, name: &str) -> Option<String> {
-    let name = CString::new(name).ok()?;
-    let mut buf = vec![0u8; 4096];
-    // SAFETY: buf is writable for its length, which is passed; name is NUL-terminated.
-    let rc = unsafe {
-        spank_getenv(
-            sp,
-            name.as_ptr(),
-            buf.as_mut_ptr().cast(),
-            c_int::try_from(buf.len()).unwrap_or(0),
-        )
-    };
-    if rc != SUCCESS {
-        return None;
-    }
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    Some(String::from_utf8_lossy(&buf[..end]).into_owned())
+    // Never the job's SLURM_JOB_ID: its user sets the job's environment.
+    (rc == SUCCESS && id != 0).then_some(id)
 }
 
 /// Runs the hook; its last line of stderr on failure.
@@ -189,7 +167,13 @@ fn task_init(sp: Spank, args: &Args) -> Result<(), String> {
         "--host-pid".to_string(),
         std::os::unix::process::parent_id().to_string(),
     ];
-    if let Some(node) = getenv(sp, "SLURMD_NODENAME") {
+    // This node's name in slurm.conf, from slurmstepd's own environment (slurmd sets it there),
+    // never the job's: its user sets that, and a job naming another node would get that node's
+    // GPUs, or no slice at all.
+    if let Some(node) = std::env::var("SLURMD_NODENAME")
+        .ok()
+        .filter(|n| !n.is_empty())
+    {
         extra.extend(["--node".to_string(), node]);
     }
     hook(args, "slurm-task", &extra)
