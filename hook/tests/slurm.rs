@@ -397,31 +397,15 @@ fn status_names_the_job_and_scancel_leaves_nothing() {
 
 /// A job that hides /etc/ld.so.preload from its program (a user namespace of its own, with an
 /// empty file mounted over it) runs without the library and takes 4 GiB under its 2 GiB cap.
-/// The node agent under `--enforce stop` tells the job's processes by the slice mounted in their
-/// mount namespace, and kills it by the driver's count.
-#[test]
-fn the_agent_stops_a_job_that_drops_the_library() {
-    root_required();
-    let c = cluster();
-    let agent = cuslice_test_engines::NodeAgent::start_at_args(
-        &c.sim,
-        &c.state_root,
-        &["--enforce", "stop"],
-    );
+/// A job's process started by `srun` with `args`, once it says it holds its memory: (the job, its
+/// `holding` line).
+fn holding_job(
+    c: &Cluster,
+    args: &[&str],
+    agent: &cuslice_test_engines::NodeAgent,
+) -> (std::process::Child, Value) {
     let mut job = c
-        .srun(
-            &["--gres=shard:25"],
-            &[
-                "drop-preload",
-                "--",
-                &wl(),
-                "hold",
-                "--bytes",
-                "4GiB",
-                "--secs",
-                "60",
-            ],
-        )
+        .srun(&["--gres=shard:25"], args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -448,6 +432,58 @@ fn the_agent_stops_a_job_that_drops_the_library() {
             .all(|v| v["event"] != "dropped" || v["ok"] == true),
         "the job could not hide the preload file: {lines:?}"
     );
+    (job, held)
+}
+
+/// The node agent under `--enforce stop` tells the job's processes by the slice mounted in their
+/// mount namespace, and kills it by the driver's count. Beside it, a job that put a FIFO over its
+/// slice's config file (in a mount namespace of its own) does not hold the agent up: the agent,
+/// which read that file to tell a job's processes, waited on the FIFO for ever and stopped
+/// nobody.
+#[test]
+fn the_agent_stops_a_job_that_drops_the_library() {
+    root_required();
+    let c = cluster();
+    let agent = cuslice_test_engines::NodeAgent::start_at_args(
+        &c.sim,
+        &c.state_root,
+        &["--enforce", "stop"],
+    );
+    let fifo = out_dir(c).join(format!("fifo-{}", std::process::id()));
+    let _ = std::fs::remove_file(&fifo);
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o666)).unwrap();
+    std::fs::set_permissions(&fifo, std::os::unix::fs::PermissionsExt::from_mode(0o666)).unwrap();
+    let over = format!("/run/cuslice/slice/config={}", fifo.display());
+    let (mut hider, _) = holding_job(
+        c,
+        &[
+            "drop-preload",
+            "--over",
+            &over,
+            "--",
+            &wl(),
+            "hold",
+            "--bytes",
+            "1GiB",
+            "--secs",
+            "60",
+        ],
+        &agent,
+    );
+    let (mut job, held) = holding_job(
+        c,
+        &[
+            "drop-preload",
+            "--",
+            &wl(),
+            "hold",
+            "--bytes",
+            "4GiB",
+            "--secs",
+            "60",
+        ],
+        &agent,
+    );
     // The library did not load: the process sees the whole device.
     assert_eq!(u(&held["total"]), GPU_MEMORY, "{held}");
     let pid = held["pid"].clone();
@@ -468,8 +504,11 @@ fn the_agent_stops_a_job_that_drops_the_library() {
         }
         std::thread::sleep(Duration::from_millis(50));
     };
-    let _ = job.kill();
-    let _ = job.wait();
+    for j in [&mut job, &mut hider] {
+        let _ = j.kill();
+        let _ = j.wait();
+    }
+    let _ = std::fs::remove_file(&fifo);
     let log = agent.log();
     let gone = gone.unwrap_or_else(|| {
         panic!("the job's process holding 4 GiB under a 2 GiB cap was not stopped in 20 s; agent: {log}")

@@ -632,6 +632,10 @@ pub struct DropPreloadArgs {
     /// The preload file to hide
     #[arg(long, default_value = "/etc/ld.so.preload")]
     pub file: PathBuf,
+    /// Also put SOURCE over TARGET (`TARGET=SOURCE`, a bind mount), e.g. a FIFO, or a file of
+    /// the process's own, over its slice's config file
+    #[arg(long, value_name = "TARGET=SOURCE")]
+    pub over: Vec<String>,
     /// The command to run without it
     #[arg(trailing_var_arg = true, required = true)]
     pub command: Vec<String>,
@@ -702,6 +706,31 @@ pub fn drop_preload(a: &DropPreloadArgs) -> u8 {
     });
     if !step("bind mount", bound) {
         return 1;
+    }
+    for over in &a.over {
+        let Some((Ok(target), Ok(source))) = over
+            .split_once('=')
+            .map(|(t, s)| (CString::new(t), CString::new(s)))
+        else {
+            step(
+                "--over",
+                Err(std::io::Error::other(format!("{over}: not TARGET=SOURCE"))),
+            );
+            return 1;
+        };
+        // SAFETY: as above.
+        let bound = os(unsafe {
+            libc::mount(
+                source.as_ptr(),
+                target.as_ptr(),
+                std::ptr::null(),
+                libc::MS_BIND,
+                std::ptr::null(),
+            )
+        });
+        if !step(&format!("bind mount over {over}"), bound) {
+            return 1;
+        }
     }
     let left = std::fs::read(&a.file).map_or(0, |b| b.len());
     emit(

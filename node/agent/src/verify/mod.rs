@@ -110,10 +110,10 @@ struct Slice {
     /// number, and its folder (the hook's record, host-only, written once for the container).
     place: Option<u64>,
     place_dir: Option<PathBuf>,
-    /// A Slurm job's slice: its config file's text, which its processes see at
+    /// A Slurm job's slice: its config file (device, inode), which its processes see at
     /// `/run/cuslice/slice/config` in their own mount namespaces (a job has no pid namespace or
     /// cgroup of cuslice's to tell its processes by).
-    job_config: Option<String>,
+    job_config: Option<(u64, u64)>,
 }
 
 /// A slice's cap on one device as the agent last saw it, and what it may hold over it since

@@ -90,10 +90,12 @@ impl Verifier {
             out.insert(
                 r.id.clone(),
                 Arc::new(Slice {
-                    job_config: r
-                        .slurm
-                        .as_ref()
-                        .and_then(|_| fs::read_to_string(&config_path).ok()),
+                    job_config: r.slurm.as_ref().and_then(|_| {
+                        fs::symlink_metadata(&config_path)
+                            .ok()
+                            .filter(fs::Metadata::is_file)
+                            .map(|m| (m.dev(), m.ino()))
+                    }),
                     place,
                     place_dir,
                     ledger_version: r.ledger_version,
@@ -145,15 +147,34 @@ pub(super) fn classify(pid: i32, slices: &BTreeMap<String, Arc<Slice>>) -> Optio
         return Some(s.id.clone());
     }
     // A Slurm job's process: the slice mounted in its mount namespace (read-only to it).
-    let seen = fs::read_to_string(format!(
-        "/proc/{pid}/root/{}/config",
-        cuslice_state::paths::CONTAINER_SLICE_DIR.trim_start_matches('/')
-    ))
-    .ok()?;
+    if !slices.values().any(|s| s.job_config.is_some()) {
+        return None;
+    }
+    let seen = job_slice_config(pid)?;
     slices
         .values()
-        .find(|s| s.job_config.as_deref() == Some(seen.as_str()))
+        .find(|s| s.job_config == Some(seen))
         .map(|s| s.id.clone())
+}
+
+/// The file (device, inode) at the slice's config path in process `pid`'s own root: a job's
+/// slice is mounted there, so it is the slice's own config file. Told by what the file is, never
+/// by what it holds, as a process may put its own file there (with another job's settings in it);
+/// and resolved inside the process's root without following a link or opening the file for
+/// reading, as it may put a link (to another job's slice, or to a device), or a FIFO, there.
+fn job_slice_config(pid: i32) -> Option<(u64, u64)> {
+    use nix::fcntl::{OFlag, OpenHow, ResolveFlag, openat2};
+    let root = fs::File::open(format!("/proc/{pid}/root")).ok()?;
+    let path = format!(
+        "{}/config",
+        cuslice_state::paths::CONTAINER_SLICE_DIR.trim_start_matches('/')
+    );
+    let how = OpenHow::new()
+        .flags(OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC)
+        .resolve(ResolveFlag::RESOLVE_IN_ROOT | ResolveFlag::RESOLVE_NO_SYMLINKS);
+    let file = fs::File::from(openat2(&root, path.as_str(), how).ok()?);
+    let m = file.metadata().ok()?;
+    m.is_file().then(|| (m.dev(), m.ino()))
 }
 
 /// A variable of process `pid`'s environment as it was at exec.
