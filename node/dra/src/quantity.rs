@@ -49,7 +49,10 @@ pub fn parse(q: &str) -> Result<u64, String> {
         _ => return Err(bad("unknown suffix")),
     };
     let scaled = digits.checked_mul(mul).ok_or_else(|| bad("too large"))?;
-    let div = 10u128.pow(frac.len() as u32 + div_pow10);
+    let div = u32::try_from(frac.len())
+        .ok()
+        .and_then(|n| 10u128.checked_pow(n.checked_add(div_pow10)?))
+        .ok_or_else(|| bad("too many decimal places"))?;
     if scaled % div != 0 {
         return Err(bad("not a whole number"));
     }
@@ -96,6 +99,9 @@ mod tests {
 
     #[test]
     fn refuses_what_is_not_a_whole_quantity() {
+        // More decimal places than a u128 power of ten holds (it wrapped to 0, then divided).
+        let fine = format!("0.{}1", "0".repeat(130));
+        assert!(parse(&fine).is_err());
         for q in [
             "",
             "Gi",
