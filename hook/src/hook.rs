@@ -328,12 +328,50 @@ pub(crate) fn lock(root: &Root, opts: &Options) -> Result<cuslice_state::host::L
     })
 }
 
+/// The node directory (the compute board), like /tmp: 1777, root's. Any account may have made
+/// it first (a standalone slice's process makes it where it is missing), or put something else
+/// in its place, so what is there is checked without following a link:
+/// - a link, a file or a FIFO is removed (in the way, every container start failed; a link
+///   put the board where that account chose);
+/// - a directory of another account's is made root's (its owner could close it to the others,
+///   or move their places out of it, sticky bit or not).
 fn make_node_dir(dir: &Path) -> Result<(), String> {
-    use std::os::unix::fs::PermissionsExt;
-    if !dir.is_dir() {
-        std::fs::create_dir_all(dir)
-            .and_then(|()| std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o1777)))
-            .map_err(|e| format!("cannot make the node directory {}: {e}", dir.display()))?;
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+    let bad = |e: std::io::Error| format!("cannot make the node directory {}: {e}", dir.display());
+    let root = nix::unistd::geteuid().is_root();
+    match std::fs::symlink_metadata(dir) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) if root => std::fs::remove_file(dir).map_err(bad)?,
+        Ok(_) => {
+            return Err(format!(
+                "{} is not a directory; remove it, and cuslice makes the node directory there",
+                dir.display()
+            ));
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(bad(e)),
+    }
+    if let Some(parent) = dir.parent() {
+        std::fs::create_dir_all(parent).map_err(bad)?;
+    }
+    let made = match std::fs::DirBuilder::new().mode(0o1777).create(dir) {
+        Ok(()) => true,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => false,
+        Err(e) => return Err(bad(e)),
+    };
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(dir)
+        .map_err(bad)?;
+    let m = f.metadata().map_err(bad)?;
+    let theirs = root && m.uid() != 0;
+    if theirs {
+        std::os::unix::fs::fchown(&f, Some(0), Some(0)).map_err(bad)?;
+    }
+    if made || theirs {
+        f.set_permissions(std::fs::Permissions::from_mode(0o1777))
+            .map_err(bad)?;
     }
     Ok(())
 }
@@ -428,6 +466,47 @@ pub fn sweep(opts: &Options) -> Result<Outcome, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_node_directory_is_roots_whoever_made_it_and_nothing_else_stands_in_its_place() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        cuslice_test_harness::require_root("the node directory is made root's");
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("cuslice");
+        let check = |what: &str| {
+            let m = std::fs::symlink_metadata(&dir).unwrap();
+            assert!(m.is_dir(), "{what}: not a directory");
+            assert_eq!((m.uid(), m.gid()), (0, 0), "{what}: owner");
+            assert_eq!(m.mode() & 0o7777, 0o1777, "{what}: mode");
+        };
+        make_node_dir(&dir).unwrap();
+        check("missing");
+        // Made by another account's process first, and closed to the others.
+        std::os::unix::fs::chown(&dir, Some(65534), Some(65534)).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        make_node_dir(&dir).unwrap();
+        check("another account's");
+        // A link to a directory of another's, a file, a FIFO in its place.
+        let elsewhere = tmp.path().join("elsewhere");
+        std::fs::create_dir(&elsewhere).unwrap();
+        std::fs::remove_dir(&dir).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, &dir).unwrap();
+        make_node_dir(&dir).unwrap();
+        check("a link");
+        std::fs::remove_dir(&dir).unwrap();
+        std::fs::write(&dir, "").unwrap();
+        make_node_dir(&dir).unwrap();
+        check("a file");
+        std::fs::remove_dir(&dir).unwrap();
+        nix::unistd::mkfifo(&dir, nix::sys::stat::Mode::from_bits_truncate(0o666)).unwrap();
+        make_node_dir(&dir).unwrap();
+        check("a FIFO");
+        // An operator's own root directory keeps its mode.
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1770)).unwrap();
+        make_node_dir(&dir).unwrap();
+        let mode = std::fs::metadata(&dir).unwrap().mode() & 0o7777;
+        assert_eq!(mode, 0o1770);
+    }
 
     /// A bundle whose config.json is `spec`, and the state a runtime would pass for it.
     fn bundle(spec: serde_json::Value) -> (tempfile::TempDir, String) {
