@@ -1164,12 +1164,28 @@ pub fn faults(path: &Path, slice: u64, grant: &Grant) -> Vec<String> {
     out
 }
 
-/// Removes a slice's place: its two files, then the directory (which stays if anything else is
-/// in it).
+/// Removes a slice's place: its files, then the directory (which stays if anything else is in
+/// it). The files are removed through the directory itself, opened without following a link:
+/// any account may put a link to a directory of its choice on the board, where a sweep run as
+/// root would otherwise remove files of those names there.
 pub fn remove_place(dir: &Path) {
-    let _ = std::fs::remove_file(dir.join(CLAIMS));
-    let _ = std::fs::remove_file(dir.join(turns::FILE));
-    let _ = std::fs::remove_file(dir.join(GRANT));
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let Ok(d) = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(dir)
+    else {
+        return;
+    };
+    for name in [CLAIMS, turns::FILE, GRANT] {
+        let Ok(name) = std::ffi::CString::new(name) else {
+            continue;
+        };
+        // SAFETY: `d` is an open directory for the call; `name` is NUL-terminated and outlives it.
+        unsafe { libc::unlinkat(d.as_raw_fd(), name.as_ptr(), 0) };
+    }
+    drop(d);
     let _ = std::fs::remove_dir(dir);
 }
 

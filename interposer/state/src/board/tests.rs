@@ -264,6 +264,24 @@ fn a_standalone_slice_leaves_and_its_leftovers_are_swept() {
 }
 
 #[test]
+fn a_place_that_is_a_link_removes_nothing_where_it_points() {
+    // An account puts a link to a directory of its choice on the board, as a leftover place
+    // (no grant: a standalone one whose processes died long ago).
+    let node = tempfile::tempdir().unwrap();
+    let target = tempfile::tempdir().unwrap();
+    for name in [CLAIMS, GRANT, turns::FILE] {
+        std::fs::write(target.path().join(name), "kept").unwrap();
+    }
+    let link = slice_dir(node.path(), 9);
+    std::os::unix::fs::symlink(target.path(), &link).unwrap();
+    remove_place(&link);
+    sweep(node.path(), None, &remove_place);
+    for name in [CLAIMS, GRANT, turns::FILE] {
+        assert!(target.path().join(name).exists(), "{name} removed");
+    }
+}
+
+#[test]
 fn a_claim_written_several_times_counts_once_and_is_reported() {
     let node = tempfile::tempdir().unwrap();
     let a = standalone(node.path(), 1, grant(200_000, FULL, Priority::Normal));
