@@ -791,7 +791,7 @@ fn the_agent_is_installed_as_a_systemd_unit_and_removed_with_the_last_engine() {
 fn without_systemd_install_says_how_to_start_the_agent() {
     let env = Env::new();
     let line = format!(
-        "agent: systemd does not run this system (no /run/systemd/system under --root {}), so no unit was installed: start `/usr/local/bin/cuslice agent` as root at boot",
+        "agent: systemd does not run this system (no /run/systemd/system under --root {}), so no unit was installed: start `/usr/local/bin/cuslice agent --enforce stop` as root at boot",
         env.root.display()
     );
     // Said by a dry run too: it is what the plan leaves out.

@@ -401,7 +401,7 @@ fn doctor_says_what_is_right_and_each_thing_broken() {
     one_problem(
         &node,
         &format!("PROBLEM agent: no cuslice agent at {}", socket.display()),
-        "run `cuslice agent` as root (at boot, with the init system you use)",
+        "run `cuslice agent --enforce stop` as root (at boot, with the init system you use)",
     );
     // Started again, it is found again.
     let mut agent = node.agent();

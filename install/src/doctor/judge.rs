@@ -454,7 +454,10 @@ fn agent(f: &Facts, out: &mut Vec<Item>) {
     let a = &f.agent;
     let start = match &a.unit {
         Some(u) => format!("systemctl restart {u}"),
-        None => "run `cuslice agent` as root (at boot, with the init system you use)".to_owned(),
+        None => {
+            "run `cuslice agent --enforce stop` as root (at boot, with the init system you use)"
+                .to_owned()
+        }
     };
     const WITHOUT: &str = "container processes other than each container's first cannot learn \
                            their host pids and nothing checks slices against the driver";

@@ -81,7 +81,7 @@ pub(super) fn agent(
             }
             if !systemd && old.is_none() {
                 plan.warnings.push(format!(
-                    "agent: systemd does not run this system (no {SYSTEMD_RUNNING}{under_root}), so no unit was installed: start `{cli} agent` as root at boot with the init system you use, and restart it when it exits (docs/agent.md, \"Installing it as a service\")"
+                    "agent: systemd does not run this system (no {SYSTEMD_RUNNING}{under_root}), so no unit was installed: start `{cli} agent --enforce stop` as root at boot with the init system you use, and restart it when it exits (docs/agent.md, \"Installing it as a service\")"
                 ));
                 return Ok(changes);
             }

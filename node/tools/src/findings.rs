@@ -43,7 +43,7 @@ pub struct Finding {
     pub name: Option<String>,
     /// The device (NVML's UUID).
     pub uuid: String,
-    /// "memory", "compute" or "ledger".
+    /// "memory", "compute", "ledger", "files" or "claims".
     pub kind: String,
     /// When the agent first saw it (Unix seconds).
     pub since: f64,

@@ -369,7 +369,8 @@ fn encode_node(node: &Node, mut enc: DescriptorEncoder) -> Result<(), std::fmt::
             "slice_violation",
             "1 while the node agent finds the slice over its cap (check=memory) or core limit \
              (compute) by the driver's count, its ledger not matching the driver (ledger), \
-             or its files written past their end (files)",
+             its files written past their end (files), or its claims on the compute board \
+             saying what no process of it posts (claims)",
             None,
             Gauge,
             violations,
