@@ -692,18 +692,19 @@ pub fn drop_preload(a: &DropPreloadArgs) -> u8 {
             std::ptr::null(),
         )
     });
-    let bound = private.and_then(|()| {
-        // SAFETY: as above.
+    let bind = |source: &CString, target: &CString| {
+        // SAFETY: NUL-terminated paths that outlive the call; no data argument.
         os(unsafe {
             libc::mount(
-                null.as_ptr(),
+                source.as_ptr(),
                 target.as_ptr(),
                 std::ptr::null(),
                 libc::MS_BIND,
                 std::ptr::null(),
             )
         })
-    });
+    };
+    let bound = private.and_then(|()| bind(&null, &target));
     if !step("bind mount", bound) {
         return 1;
     }
@@ -718,17 +719,7 @@ pub fn drop_preload(a: &DropPreloadArgs) -> u8 {
             );
             return 1;
         };
-        // SAFETY: as above.
-        let bound = os(unsafe {
-            libc::mount(
-                source.as_ptr(),
-                target.as_ptr(),
-                std::ptr::null(),
-                libc::MS_BIND,
-                std::ptr::null(),
-            )
-        });
-        if !step(&format!("bind mount over {over}"), bound) {
+        if !step(&format!("bind mount over {over}"), bind(&source, &target)) {
             return 1;
         }
     }
