@@ -30,6 +30,11 @@ use cuslice_state::uuid_string;
 /// How long `cuslice set` waits for another one to finish.
 pub const WAIT: Duration = Duration::from_secs(10);
 
+/// The most of the record that is read: far more than any node's slices take (about 60 bytes a
+/// device each). A larger record (any account of the node can write it) is started afresh, as
+/// one cut short is.
+const MOST: u64 = 1 << 20;
+
 /// The record: slice id (16 hex digits) -> device UUID -> the request set there (ppm).
 type Set = BTreeMap<String, BTreeMap<String, u32>>;
 
@@ -103,7 +108,11 @@ impl Requests {
         let mut text = String::new();
         // A record that cannot be read or parsed (cut short by a killed `cuslice set`) is
         // started afresh: the claims on the board stay, and they are what a check counts first.
-        if r.file.read_to_string(&mut text).is_ok() {
+        if (&r.file)
+            .take(MOST + 1)
+            .read_to_string(&mut text)
+            .is_ok_and(|n| n as u64 <= MOST)
+        {
             r.set = serde_json::from_str(&text).unwrap_or_default();
         }
         Ok(r)
@@ -190,6 +199,32 @@ mod tests {
             _ => None,
         };
         assert_eq!(taken(&claims, set), 600_000 + 300_000 + 200_000);
+    }
+
+    #[test]
+    fn a_record_larger_than_any_node_needs_is_started_afresh() {
+        let tmp = tempfile::tempdir().unwrap();
+        let node = tmp.path().join("cuslice");
+        let uuid = [7u8; 16];
+        // A request of the whole device recorded for slice 1, then 2 MiB more of the record.
+        let write = |pad: usize| {
+            let text = format!(
+                r#"{{"0000000000000001":{{"{}":1000000}},"{}":{{}}}}"#,
+                uuid_string(&uuid),
+                "f".repeat(pad)
+            );
+            std::fs::write(path(&node), text).unwrap();
+        };
+        let set_for_1 = |r: &Requests| {
+            r.set
+                .get("0000000000000001")
+                .and_then(|d| d.get(&uuid_string(&uuid)))
+                .copied()
+        };
+        write(16);
+        assert_eq!(set_for_1(&Requests::lock(&node).unwrap()), Some(1_000_000));
+        write(2 << 20);
+        assert_eq!(set_for_1(&Requests::lock(&node).unwrap()), None);
     }
 
     #[test]
