@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::fs;
 use std::os::unix::fs::MetadataExt;
+use std::path::Path;
 use std::sync::Arc;
 
 use cuslice_policy::config::Config as SliceConfig;
@@ -159,20 +160,28 @@ pub(super) fn classify(pid: i32, slices: &BTreeMap<String, Arc<Slice>>) -> Optio
 
 /// The file (device, inode) at the slice's config path in process `pid`'s own root: a job's
 /// slice is mounted there, so it is the slice's own config file. Told by what the file is, never
-/// by what it holds, as a process may put its own file there (with another job's settings in it);
-/// and resolved inside the process's root without following a link or opening the file for
-/// reading, as it may put a link (to another job's slice, or to a device), or a FIFO, there.
+/// by what it holds, as a process may put its own file there (with another job's settings in it).
+/// Walked one component at a time from the process's root, following no link (an absolute one
+/// met on the way would resolve in the agent's root, where another job's slice is) and opening
+/// nothing for reading, as it may put a link or a FIFO there. (`openat2`'s `RESOLVE_IN_ROOT`
+/// would do the same in one call, from Linux 5.6; GPU nodes still run older kernels.)
 fn job_slice_config(pid: i32) -> Option<(u64, u64)> {
-    use nix::fcntl::{OFlag, OpenHow, ResolveFlag, openat2};
-    let root = fs::File::open(format!("/proc/{pid}/root")).ok()?;
-    let path = format!(
-        "{}/config",
-        cuslice_state::paths::CONTAINER_SLICE_DIR.trim_start_matches('/')
-    );
-    let how = OpenHow::new()
-        .flags(OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC)
-        .resolve(ResolveFlag::RESOLVE_IN_ROOT | ResolveFlag::RESOLVE_NO_SYMLINKS);
-    let file = fs::File::from(openat2(&root, path.as_str(), how).ok()?);
+    let path = format!("{}/config", cuslice_state::paths::CONTAINER_SLICE_DIR);
+    file_in_root(Path::new(&format!("/proc/{pid}/root")), &path)
+}
+
+/// The regular file (device, inode) at `path` under `root`, reached without following a link.
+fn file_in_root(root: &Path, path: &str) -> Option<(u64, u64)> {
+    use nix::fcntl::{OFlag, openat};
+    use nix::sys::stat::Mode;
+    let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
+    let (last, dirs) = parts.split_last()?;
+    let flags = OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let mut at = std::os::fd::OwnedFd::from(fs::File::open(root).ok()?);
+    for dir in dirs {
+        at = openat(&at, *dir, flags | OFlag::O_DIRECTORY, Mode::empty()).ok()?;
+    }
+    let file = fs::File::from(openat(&at, *last, flags, Mode::empty()).ok()?);
     let m = file.metadata().ok()?;
     m.is_file().then(|| (m.dev(), m.ino()))
 }
@@ -185,4 +194,37 @@ pub(super) fn environ(pid: i32, name: &str) -> Option<String> {
         let (k, v) = kv.split_once('=')?;
         (k == name).then(|| v.to_string())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_jobs_config_file_is_found_without_following_a_link_or_opening_it() {
+        use std::os::unix::fs::symlink;
+        let root = tempfile::tempdir().unwrap();
+        let slice = root.path().join("run/cuslice/slice");
+        fs::create_dir_all(&slice).unwrap();
+        let config = slice.join("config");
+        fs::write(&config, "CUSLICE_MEMORY_LIMIT=2GiB\n").unwrap();
+        let path = "/run/cuslice/slice/config";
+        let m = fs::metadata(&config).unwrap();
+        assert_eq!(file_in_root(root.path(), path), Some((m.dev(), m.ino())));
+        // Another job's slice, where an absolute link would lead from the agent's root.
+        let other = tempfile::tempdir().unwrap();
+        fs::write(other.path().join("config"), "CUSLICE_MEMORY_LIMIT=2GiB\n").unwrap();
+        // The file a link, a directory on the way a link: not found.
+        fs::remove_file(&config).unwrap();
+        symlink(other.path().join("config"), &config).unwrap();
+        assert_eq!(file_in_root(root.path(), path), None);
+        fs::remove_dir_all(&slice).unwrap();
+        symlink(other.path(), &slice).unwrap();
+        assert_eq!(file_in_root(root.path(), path), None);
+        // A FIFO: not a file, and nothing waits for a writer.
+        fs::remove_file(&slice).unwrap();
+        fs::create_dir(&slice).unwrap();
+        nix::unistd::mkfifo(&config, nix::sys::stat::Mode::from_bits_truncate(0o666)).unwrap();
+        assert_eq!(file_in_root(root.path(), path), None);
+    }
 }
