@@ -163,8 +163,9 @@ pub(super) fn classify(pid: i32, slices: &BTreeMap<String, Arc<Slice>>) -> Optio
 /// by what it holds, as a process may put its own file there (with another job's settings in it).
 /// Walked one component at a time from the process's root, following no link (an absolute one
 /// met on the way would resolve in the agent's root, where another job's slice is) and opening
-/// nothing for reading, as it may put a link or a FIFO there. (`openat2`'s `RESOLVE_IN_ROOT`
-/// would do the same in one call, from Linux 5.6; GPU nodes still run older kernels.)
+/// nothing for reading, as it may put a link or a FIFO there. (What `openat2` with
+/// `RESOLVE_IN_ROOT | RESOLVE_NO_SYMLINKS` does in one call, as the hook's `rootfs.rs` resolves
+/// paths in a container; either needs no more than the kernel cuslice already requires.)
 fn job_slice_config(pid: i32) -> Option<(u64, u64)> {
     let path = format!("{}/config", cuslice_state::paths::CONTAINER_SLICE_DIR);
     file_in_root(Path::new(&format!("/proc/{pid}/root")), &path)
