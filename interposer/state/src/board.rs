@@ -434,7 +434,7 @@ fn valid(c: &Claims, slice: u64) -> bool {
 
 /// The places under the board's directory `node`: (slice id, its directory). None when the
 /// directory cannot be read.
-fn places(node: &Path) -> Option<impl Iterator<Item = (u64, PathBuf)> + '_> {
+pub(crate) fn places(node: &Path) -> Option<impl Iterator<Item = (u64, PathBuf)> + '_> {
     let dir = std::fs::read_dir(node).ok()?;
     Some(dir.flatten().filter_map(move |entry| {
         let id = entry

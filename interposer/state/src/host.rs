@@ -41,6 +41,8 @@
 //!                                            /dev/shm/cuslice): a shared mount (`share_board`),
 //!                                            mounted read-only at /run/cuslice/node in every
 //!                                            container as a slave of it
+//!   .lock                           (0600)   root's: serialises changes to the board's mounts
+//!                                            between the hooks of every state root
 //!   <slice id>/                              a container's place: its `mnt/slice/board`, mounted
 //!                                            read-only (`mount_place`); every container's view
 //!                                            of the board gets it, also one started before
@@ -173,6 +175,8 @@ fn share_board(node: &Path) -> io::Result<()> {
 /// Takes the place at `place` off the compute board (out of every container's view of it too),
 /// and the board's own mount once no place is left on it.
 pub fn take_off(place: &Path) {
+    // Without the lock (an account that cannot have it makes no mounts to take off), as before.
+    let _board = place.parent().map(lock_board);
     detach(place);
     board::remove_place(place);
     if let Some(node) = place.parent() {
@@ -180,10 +184,75 @@ pub fn take_off(place: &Path) {
     }
 }
 
+/// In the node directory: the lock that serialises changes to the board's mounts (its own, and
+/// the places on it) between the hooks of every state root that shares the board, each of which
+/// holds only its own root's lock. Root's, 0600: no other account can open it, so none can hold
+/// it.
+const BOARD_LOCK: &str = ".lock";
+
+/// Holds the board's lock (`BOARD_LOCK`) until dropped. Without it, one hook could find the
+/// board empty and take its mount off while another's place was being mounted on it, taking that
+/// place with it: the other container then started without its files on the board, or failed to.
+/// A lock file that is not root's own (any account may make files in the node directory) is
+/// removed and made again.
+fn lock_board(node: &Path) -> io::Result<Locked> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let path = node.join(BOARD_LOCK);
+    let fail = |e: io::Error| {
+        io::Error::new(
+            e.kind(),
+            format!(
+                "cannot lock the compute board at {} ({e}): the hook, as root, keeps a file of \
+                 its own there",
+                path.display()
+            ),
+        )
+    };
+    for _ in 0..8 {
+        let f = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(&path);
+        let ours = f.as_ref().is_ok_and(|f| {
+            f.metadata().is_ok_and(|m| {
+                m.file_type().is_file() && m.uid() == 0 && m.nlink() == 1 && m.mode() & 0o077 == 0
+            })
+        });
+        if !ours {
+            // Another account's file (or a link, or a FIFO): root may remove it from its
+            // sticky directory, and the next round makes its own.
+            fs::remove_file(&path).map_err(fail)?;
+            continue;
+        }
+        let f = f.map_err(fail)?;
+        loop {
+            // SAFETY: flock(2) on a descriptor `f` owns and keeps open for the call.
+            if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } == 0 {
+                return Ok(Locked { _file: f });
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(fail(e));
+            }
+        }
+    }
+    Err(fail(io::Error::other(
+        "another account makes it again as fast as it is removed",
+    )))
+}
+
 /// Takes the board's own mount off again once no place is left on it, where it is the
-/// directory bound onto itself (`share_board`): a mount an operator made there stays.
+/// directory bound onto itself (`share_board`): a mount an operator made there stays. Called
+/// with the board's lock held.
 fn unshare_board_if_empty(node: &Path) {
-    let empty = fs::read_dir(node).is_ok_and(|mut d| d.next().is_none());
+    let empty = fs::read_dir(node).is_ok_and(|d| {
+        d.flatten()
+            .all(|e| e.file_name().as_encoded_bytes() == BOARD_LOCK.as_bytes())
+    });
     let parent = node.join("..");
     let same_fs = match (fs::metadata(node), fs::metadata(&parent)) {
         (Ok(a), Ok(b)) => {
@@ -666,10 +735,14 @@ impl Root {
                 place.as_os_str().as_encoded_bytes(),
                 0o600,
             )?;
+            // Under the board's lock: another root's hook taking the board's mount off as its
+            // last place goes would take this place with it.
+            let board = lock_board(node)?;
             share_board(node)?;
             make_dir(&place, 0o755)?;
             // Its three files appear on the board at once, read-only there.
             mount_place(&own, &place)?;
+            drop(board);
             Ok((slice, claims))
         })();
         match made {
@@ -991,6 +1064,91 @@ mod tests {
         assert_eq!(std::fs::read_dir(root.trash()).unwrap().count(), 1);
         root.empty_trash();
         assert_eq!(std::fs::read_dir(root.trash()).unwrap().count(), 0);
+    }
+
+    /// Hooks of two state roots (the agent's tests beside the engines', or Slurm's beside a
+    /// container engine's) share one board, each under its own root's lock. One makes and removes
+    /// a container over and over; the other's place, made meanwhile, is on the board each time,
+    /// a mount with its files, until the other removes it: the last place to go takes the
+    /// board's own mount off, never a place made while it went.
+    #[test]
+    fn hooks_of_two_state_roots_never_take_each_others_places_off_the_board() {
+        const ROUNDS: usize = 200;
+        let node = tempfile::tempdir().unwrap();
+        let node = node.path();
+        let churn = |id: &str, watch: bool| -> Vec<String> {
+            let tmp = tempfile::tempdir().unwrap();
+            let root = Root::new(tmp.path());
+            let mut lost = Vec::new();
+            for round in 0..ROUNDS {
+                let l = root.lock().unwrap();
+                make(&root, id, "CUSLICE_MEMORY_LIMIT=1GiB\n", node);
+                drop(l);
+                let place = root.place(id).unwrap();
+                for look in 0..if watch { 3 } else { 0 } {
+                    let on_board =
+                        mount_root(&place).unwrap_or(false) && place.join(board::CLAIMS).is_file();
+                    if !on_board {
+                        lost.push(format!("round {round}, look {look}"));
+                    }
+                    std::thread::sleep(std::time::Duration::from_micros(200));
+                }
+                let _l = root.lock().unwrap();
+                root.remove(id, &[], &unmake);
+            }
+            lost
+        };
+        let lost = std::thread::scope(|s| {
+            s.spawn(|| churn("a", false));
+            churn("b", true)
+        });
+        assert!(lost.is_empty(), "the place was off the board: {lost:?}");
+        // Both gone: the board's own mount went with the last place.
+        assert!(!mount_root(node).unwrap());
+        assert!(board::places(node).is_some_and(|mut p| p.next().is_none()));
+    }
+
+    /// Any account may make files in the node directory, the board's lock's too: a file of
+    /// another account there, a link or a FIFO is replaced by root's own, which no other account
+    /// can open (so none can hold the lock), and what a link pointed at is untouched.
+    #[test]
+    fn the_boards_lock_is_roots_own_whoever_made_the_file_first() {
+        use std::os::unix::fs::PermissionsExt;
+        let node = tempfile::tempdir().unwrap();
+        fs::set_permissions(node.path(), fs::Permissions::from_mode(0o1777)).unwrap();
+        let lock = node.path().join(BOARD_LOCK);
+        let target = node.path().join("elsewhere");
+        fs::write(&target, b"keep").unwrap();
+        let theirs = |p: &Path| std::os::unix::fs::chown(p, Some(65534), Some(65534)).unwrap();
+        let planted: [&dyn Fn(); 3] = [
+            &|| {
+                fs::write(&lock, b"").unwrap();
+                fs::set_permissions(&lock, fs::Permissions::from_mode(0o666)).unwrap();
+                theirs(&lock);
+            },
+            &|| std::os::unix::fs::symlink(&target, &lock).unwrap(),
+            &|| {
+                use std::os::unix::ffi::OsStrExt;
+                let p = std::ffi::CString::new(lock.as_os_str().as_bytes()).unwrap();
+                // SAFETY: mkfifo(3) with a NUL-terminated path that outlives the call.
+                assert_eq!(unsafe { libc::mkfifo(p.as_ptr(), 0o666) }, 0);
+            },
+        ];
+        for plant in planted {
+            let _ = fs::remove_file(&lock);
+            plant();
+            let held = lock_board(node.path()).unwrap();
+            let m = fs::symlink_metadata(&lock).unwrap();
+            assert!(m.file_type().is_file(), "{:?}", m.file_type());
+            assert_eq!((m.uid(), m.mode() & 0o777), (0, 0o600));
+            // Held: another open description of it cannot have it.
+            let other = fs::File::open(&lock).unwrap();
+            // SAFETY: flock(2) on a descriptor `other` owns.
+            let rc = unsafe { libc::flock(other.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+            assert_eq!(rc, -1);
+            drop(held);
+            assert_eq!(fs::read(&target).unwrap(), b"keep");
+        }
     }
 
     #[test]
