@@ -384,14 +384,9 @@ fn status_names_the_job_and_scancel_leaves_nothing() {
     poll("the cancelled job's slice removed", 30, || {
         c.slices().is_empty().then_some(())
     });
-    // Nothing of it on the compute board either (the board's lock file is no place).
+    // Nothing of it on the compute board either.
     let board: Vec<_> = std::fs::read_dir(&c.node_dir)
-        .map(|d| {
-            d.flatten()
-                .map(|e| e.file_name())
-                .filter(|n| n != ".lock")
-                .collect()
-        })
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
         .unwrap_or_default();
     assert!(
         c.slices().is_empty() == board.is_empty(),

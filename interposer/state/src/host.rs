@@ -41,11 +41,11 @@
 //!                                            /dev/shm/cuslice): a shared mount (`share_board`),
 //!                                            mounted read-only at /run/cuslice/node in every
 //!                                            container as a slave of it
-//!   .lock                           (0600)   root's: serialises changes to the board's mounts
-//!                                            between the hooks of every state root
 //!   <slice id>/                              a container's place: its `mnt/slice/board`, mounted
 //!                                            read-only (`mount_place`); every container's view
 //!                                            of the board gets it, also one started before
+//! <node dir>.lock                   (0600)   root's: serialises changes to the board's mounts
+//!                                            between the hooks of every state root
 //! ```
 //!
 //! So every file a container's processes write is in its own space: what they write past the
@@ -184,20 +184,26 @@ pub fn take_off(place: &Path) {
     }
 }
 
-/// In the node directory: the lock that serialises changes to the board's mounts (its own, and
-/// the places on it) between the hooks of every state root that shares the board, each of which
-/// holds only its own root's lock. Root's, 0600: no other account can open it, so none can hold
-/// it.
-const BOARD_LOCK: &str = ".lock";
+/// Beside the node directory (`/dev/shm/cuslice.lock`): the lock that serialises changes to the
+/// board's mounts (its own, and the places on it) between the hooks of every state root that
+/// shares the board, each of which holds only its own root's lock. Not in the node directory:
+/// every container sees that (read-only, yet a read-only descriptor takes a `flock`), and a
+/// tenant holding the lock would hold up every container's start. Root's, 0600: no other host
+/// account can open it, so none can hold it.
+pub fn board_lock_path(node: &Path) -> PathBuf {
+    let mut name = node.file_name().unwrap_or_default().to_os_string();
+    name.push(".lock");
+    node.with_file_name(name)
+}
 
-/// Holds the board's lock (`BOARD_LOCK`) until dropped. Without it, one hook could find the
-/// board empty and take its mount off while another's place was being mounted on it, taking that
-/// place with it: the other container then started without its files on the board, or failed to.
-/// A lock file that is not root's own (any account may make files in the node directory) is
-/// removed and made again.
+/// Holds the board's lock ([`board_lock_path`]) until dropped. Without it, one hook could find
+/// the board empty and take its mount off while another's place was being mounted on it, taking
+/// that place with it: the other container then started without its files on the board, or
+/// failed to. Whatever another account put at the lock's path first (any account may make files
+/// in `/dev/shm`) is moved aside, and root's own made in its place.
 fn lock_board(node: &Path) -> io::Result<Locked> {
     use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-    let path = node.join(BOARD_LOCK);
+    let path = board_lock_path(node);
     let fail = |e: io::Error| {
         io::Error::new(
             e.kind(),
@@ -208,7 +214,7 @@ fn lock_board(node: &Path) -> io::Result<Locked> {
             ),
         )
     };
-    for _ in 0..8 {
+    for round in 0..8 {
         let f = fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -223,9 +229,16 @@ fn lock_board(node: &Path) -> io::Result<Locked> {
             })
         });
         if !ours {
-            // Another account's file (or a link, or a FIFO): root may remove it from its
-            // sticky directory, and the next round makes its own.
-            fs::remove_file(&path).map_err(fail)?;
+            // Another account's file, link, FIFO or directory: root may move it within its
+            // sticky directory (a directory could not be removed while it holds files), and
+            // the next round makes its own.
+            let mut aside = path.as_os_str().to_os_string();
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_nanos();
+            aside.push(format!(".{}.{now}.{round}.not-cuslice", std::process::id()));
+            fs::rename(&path, &aside).map_err(fail)?;
             continue;
         }
         let f = f.map_err(fail)?;
@@ -241,7 +254,7 @@ fn lock_board(node: &Path) -> io::Result<Locked> {
         }
     }
     Err(fail(io::Error::other(
-        "another account makes it again as fast as it is removed",
+        "another account makes it again as fast as it is moved aside",
     )))
 }
 
@@ -249,10 +262,7 @@ fn lock_board(node: &Path) -> io::Result<Locked> {
 /// directory bound onto itself (`share_board`): a mount an operator made there stays. Called
 /// with the board's lock held.
 fn unshare_board_if_empty(node: &Path) {
-    let empty = fs::read_dir(node).is_ok_and(|d| {
-        d.flatten()
-            .all(|e| e.file_name().as_encoded_bytes() == BOARD_LOCK.as_bytes())
-    });
+    let empty = fs::read_dir(node).is_ok_and(|mut d| d.next().is_none());
     let parent = node.join("..");
     let same_fs = match (fs::metadata(node), fs::metadata(&parent)) {
         (Ok(a), Ok(b)) => {
@@ -1108,19 +1118,23 @@ mod tests {
         assert!(board::places(node).is_some_and(|mut p| p.next().is_none()));
     }
 
-    /// Any account may make files in the node directory, the board's lock's too: a file of
-    /// another account there, a link or a FIFO is replaced by root's own, which no other account
-    /// can open (so none can hold the lock), and what a link pointed at is untouched.
+    /// The board's lock is beside the node directory, not in it (every container sees that).
+    /// Any account may make files there, at the lock's path too: a file of another account, a
+    /// link, a FIFO or a directory full of files is moved aside for root's own, which no other
+    /// account can open (so none can hold the lock); what a link pointed at is untouched.
     #[test]
     fn the_boards_lock_is_roots_own_whoever_made_the_file_first() {
         use std::os::unix::fs::PermissionsExt;
-        let node = tempfile::tempdir().unwrap();
-        fs::set_permissions(node.path(), fs::Permissions::from_mode(0o1777)).unwrap();
-        let lock = node.path().join(BOARD_LOCK);
-        let target = node.path().join("elsewhere");
+        let shm = tempfile::tempdir().unwrap();
+        fs::set_permissions(shm.path(), fs::Permissions::from_mode(0o1777)).unwrap();
+        let node = shm.path().join("cuslice");
+        make_dir(&node, 0o1777).unwrap();
+        let lock = board_lock_path(&node);
+        assert_eq!(lock, shm.path().join("cuslice.lock"));
+        let target = shm.path().join("elsewhere");
         fs::write(&target, b"keep").unwrap();
         let theirs = |p: &Path| std::os::unix::fs::chown(p, Some(65534), Some(65534)).unwrap();
-        let planted: [&dyn Fn(); 3] = [
+        let planted: [&dyn Fn(); 4] = [
             &|| {
                 fs::write(&lock, b"").unwrap();
                 fs::set_permissions(&lock, fs::Permissions::from_mode(0o666)).unwrap();
@@ -1133,11 +1147,15 @@ mod tests {
                 // SAFETY: mkfifo(3) with a NUL-terminated path that outlives the call.
                 assert_eq!(unsafe { libc::mkfifo(p.as_ptr(), 0o666) }, 0);
             },
+            &|| {
+                make_dir(&lock, 0o777).unwrap();
+                fs::write(lock.join("full"), b"x").unwrap();
+                theirs(&lock);
+            },
         ];
         for plant in planted {
-            let _ = fs::remove_file(&lock);
             plant();
-            let held = lock_board(node.path()).unwrap();
+            let held = lock_board(&node).unwrap();
             let m = fs::symlink_metadata(&lock).unwrap();
             assert!(m.file_type().is_file(), "{:?}", m.file_type());
             assert_eq!((m.uid(), m.mode() & 0o777), (0, 0o600));
@@ -1148,6 +1166,9 @@ mod tests {
             assert_eq!(rc, -1);
             drop(held);
             assert_eq!(fs::read(&target).unwrap(), b"keep");
+            // Nothing of it in the node directory, which every container sees.
+            assert_eq!(fs::read_dir(&node).unwrap().count(), 0);
+            fs::remove_file(&lock).unwrap();
         }
     }
 
