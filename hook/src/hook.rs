@@ -165,19 +165,25 @@ pub fn create(opts: &Options, state_json: &str) -> Result<Outcome, String> {
             })
         })
         .collect::<Result<Vec<(&str, &str)>, String>>()?;
-    let Some(found) = settings::read(env.iter().copied(), annotations.iter().copied())? else {
+    let Some(mut found) = settings::read(env.iter().copied(), annotations.iter().copied())? else {
         return Ok(Outcome::Untouched);
     };
     // A per-device setting for a GPU the container does not have would apply to nothing.
-    let device_paths = spec
+    let device_paths: Vec<&str> = spec
         .pointer("/linux/devices")
         .and_then(|d| d.as_array())
         .into_iter()
         .flatten()
-        .filter_map(|d| d.get("path").and_then(|p| p.as_str()));
-    if let Some((gpus, seen)) = settings::visible_gpus(env.iter().copied(), device_paths) {
+        .filter_map(|d| d.get("path").and_then(|p| p.as_str()))
+        .collect();
+    if let Some((gpus, seen)) =
+        settings::visible_gpus(env.iter().copied(), device_paths.iter().copied())
+    {
         found.check_devices(gpus, &seen)?;
     }
+    // Which GPU each per-device setting is for, as the engine gave the container its GPUs:
+    // not as a process of it lists them for itself.
+    found.record_gpus(env.iter().copied(), device_paths.iter().copied());
     let library = find_library(opts.library.as_deref())?;
     let pid = state.pid().filter(|&p| p > 0).ok_or(
         "the container state has no pid; run cuslice-hook at the prestart or createRuntime stage",

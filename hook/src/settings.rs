@@ -90,7 +90,8 @@ pub fn read<'a>(
         any = true;
         if config::is_placement(&name) {
             return Err(format!(
-                "annotation {} is not accepted: the hook decides where a container's slice state lives; remove it",
+                "annotation {} is not accepted: the hook decides where a container's slice state \
+                 lives and records its GPUs itself; remove it",
                 cut(key)
             ));
         }
@@ -167,6 +168,29 @@ impl Settings {
         let c = Config::from_vars(self.entries.iter().map(|(n, v)| (n.as_str(), v.as_str())))
             .map_err(|e| e.to_string())?;
         c.check_device_count(gpus, seen).map_err(|e| e.to_string())
+    }
+
+    /// Where the settings name devices by ordinal, records the container's GPUs as its spec
+    /// gives them (device nodes, else its `NVIDIA_VISIBLE_DEVICES` and `CUDA_VISIBLE_DEVICES`;
+    /// [`cuslice_policy::config::gpus`]) among them, for the hook file: the library and the
+    /// node agent number the container's GPUs by it, so a process that lists them in another
+    /// order for itself does not move a GPU's setting to another GPU.
+    pub fn record_gpus<'a>(
+        &mut self,
+        env: impl IntoIterator<Item = &'a str>,
+        device_paths: impl IntoIterator<Item = &'a str>,
+    ) {
+        let by_ordinal =
+            Config::from_vars(self.entries.iter().map(|(n, v)| (n.as_str(), v.as_str())))
+                .is_ok_and(|c| !c.mentioned_ordinals().is_empty());
+        if !by_ordinal {
+            return;
+        }
+        if let Some(gpus) = cuslice_policy::config::gpus::Gpus::of_container(env, device_paths) {
+            for (name, value) in gpus.entries() {
+                self.entries.push((name.to_string(), value));
+            }
+        }
     }
 
     /// What the container may claim on any device of the node's compute board: its largest core
@@ -368,6 +392,36 @@ mod tests {
         assert!(mentioned(["CUSLICE_MEMORY_LIMIT=1GiB"], []));
         assert!(mentioned(["CUDA_DEVICE_MEMORY_LIMIT=1g"], []));
         assert!(mentioned([], ["cuslice.io/core-limit"]));
+    }
+
+    #[test]
+    fn a_containers_gpus_are_recorded_where_its_settings_name_devices_and_never_taken_from_it() {
+        let env = [
+            "CUSLICE_MEMORY_LIMIT_1=2GiB",
+            "CUSLICE_DEVICE_NODES=0",
+            "CUDA_VISIBLE_DEVICES=1,0",
+        ];
+        let mut s = read(env, []).unwrap().unwrap();
+        assert!(!s.entries.iter().any(|(n, _)| n == "CUSLICE_DEVICE_NODES"));
+        s.record_gpus(env, ["/dev/nvidia3", "/dev/nvidiactl", "/dev/nvidia1"]);
+        let text = s.config_file("c");
+        assert!(text.contains("CUSLICE_DEVICE_NODES=3,1\n"), "{text}");
+        assert!(!text.contains("VISIBLE"), "{text}");
+        // Without device nodes, the container's own lists.
+        let mut s = read(env, []).unwrap().unwrap();
+        s.record_gpus(env, ["/dev/null"]);
+        let text = s.config_file("c");
+        assert!(
+            text.contains("CUSLICE_CUDA_VISIBLE_DEVICES=1,0\n"),
+            "{text}"
+        );
+        // Without per-device settings nothing is recorded.
+        let env = ["CUSLICE_MEMORY_LIMIT=2GiB", "CUDA_VISIBLE_DEVICES=1,0"];
+        let mut s = read(env, []).unwrap().unwrap();
+        s.record_gpus(env, ["/dev/nvidia1"]);
+        assert!(!s.config_file("c").contains("CUSLICE_DEVICE"));
+        let e = read([], [("cuslice.io/device-nodes", "0")]).unwrap_err();
+        assert!(e.contains("not accepted"), "{e}");
     }
 
     #[test]

@@ -507,6 +507,107 @@ fn live_device_cap(engine: &dyn Engine) {
     c.remove();
 }
 
+/// A container given GPUs 3 and 1 (`CUDA_VISIBLE_DEVICES=3,1`), each with its own cap
+/// (`CUSLICE_MEMORY_LIMIT_0=1GiB` for GPU 3, `_1=2GiB` for GPU 1), whose one process lists the
+/// two the other way round for itself and uses GPU 3 as its device 1. It is held to GPU 3's cap,
+/// 1 GiB, not its device 1's ordinal's; `cuslice set --device <GPU 3's UUID>` raises GPU 3's
+/// cap, which the hook file keeps as the container's device 0 (the process registered GPU 3
+/// second), and the process then holds 1.5 GiB there by the simulator's count, GPU 1 untouched.
+fn live_cap_of_a_gpu_listed_in_another_order(engine: &dyn Engine) {
+    let sim = Sim::new(&["--devices", "4", "--memory", "8GiB"]);
+    let n = name("live-order");
+    let mut c = engine.spawn(
+        &sim,
+        &Spec {
+            name: &n,
+            env: &[
+                "CUDA_VISIBLE_DEVICES=3,1",
+                "CUSLICE_MEMORY_LIMIT_0=1GiB",
+                "CUSLICE_MEMORY_LIMIT_1=2GiB",
+            ],
+            cmd: &[
+                "sh",
+                "-c",
+                "CUDA_VISIBLE_DEVICES=1,3 exec cuda-workload --device 1 steps --bytes 256MiB",
+            ],
+            read_only: false,
+        },
+    );
+    let ready = wait_for(&mut *c, "ready");
+    assert_eq!(
+        ready["total"], GIB,
+        "GPU 3 as the process's device 1: {ready}"
+    );
+    let id = c.id();
+    let pid = i64::from(c.host_pid());
+    let mut last = step(&mut *c);
+    for _ in 0..8 {
+        if last["ok"] == false {
+            break;
+        }
+        last = step(&mut *c);
+    }
+    assert_eq!(
+        last["code"], 2,
+        "never refused under GPU 3's 1 GiB cap: {last}"
+    );
+    let before = held_on(&sim, 3, pid);
+    assert!(before <= GIB, "GPU 3 held {before}");
+    let uuid = |d: usize| sim.device(d)["uuid"].as_str().unwrap().to_string();
+    // Run where the simulated NVML answers: the container's numbering comes from it.
+    let out = sim
+        .command(
+            &bin_dir().join("cuslice"),
+            &[
+                "set",
+                &id,
+                "--device",
+                &uuid(3),
+                "--memory-limit",
+                "1536MiB",
+            ],
+        )
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        said.contains(&format!("on {}: memory limit 1.5 GiB (was 1 GiB)", uuid(3))),
+        "{said}"
+    );
+    let file = config(&id);
+    assert!(
+        file.contains("CUSLICE_MEMORY_LIMIT_0=1536MiB\n")
+            && file.contains("CUSLICE_MEMORY_LIMIT_1=2GiB\n"),
+        "{file}"
+    );
+    let raised = step(&mut *c);
+    assert_eq!(
+        raised["ok"], true,
+        "refused after GPU 3's cap was raised: {raised}"
+    );
+    assert_eq!(raised["total"], 1536 * MIB, "{raised}");
+    let after = held_on(&sim, 3, pid);
+    assert!(
+        after > before && after <= 1536 * MIB,
+        "simulator, GPU 3: held {before} before, {after} after"
+    );
+    assert!(
+        sim.device(1)["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|p| p["held"].as_u64().unwrap_or(0) < GIB),
+        "GPU 1: {}",
+        sim.device(1)
+    );
+    c.remove();
+}
+
 /// `cuslice agent --enforce stop` under the simulator, stopped when dropped.
 struct StopAgent(std::process::Child, cuslice_test_harness::Stderr);
 
@@ -661,4 +762,10 @@ fn runc_cap_lowered_under_enforce_stop_kills_nothing() {
 fn podman_cap_lowered_under_enforce_stop_kills_nothing() {
     root_required();
     lowered_under_stop(engines::podman::engine());
+}
+
+#[test]
+fn runc_cap_of_a_gpu_listed_in_another_order_changed_while_running() {
+    root_required();
+    live_cap_of_a_gpu_listed_in_another_order(&Runc);
 }

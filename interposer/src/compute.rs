@@ -170,8 +170,8 @@ pub fn join(s: &Slice, devs: &[Dev]) -> Result<(), String> {
     let board = match Board::open(&dir, s.ledger.slice_id(), maker) {
         Ok(b) => Some(Arc::new(b)),
         Err(e) => {
-            let core = (0..devs.len() as u32).any(|o| {
-                let l = s.config.limits(o);
+            let core = devs.iter().enumerate().any(|(o, d)| {
+                let l = crate::nvml_query::device_limits(&s.config, o as u32, &d.uuid);
                 l.core_request.is_some() || l.core_limit.is_some()
             });
             if core {
@@ -184,7 +184,7 @@ pub fn join(s: &Slice, devs: &[Dev]) -> Result<(), String> {
     let mut meters = Vec::with_capacity(devs.len());
     let mut gated_at_join = Vec::with_capacity(devs.len());
     for (ordinal, d) in devs.iter().enumerate() {
-        let l = s.config.limits(ordinal as u32);
+        let l = crate::nvml_query::device_limits(&s.config, ordinal as u32, &d.uuid);
         // What `cuslice set` changed while the slice ran wins over this process's configuration.
         let (request, limit) = s
             .ledger

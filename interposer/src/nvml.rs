@@ -19,7 +19,7 @@ use cuda_abi::*;
 use cuslice_policy::virtual_mem_info;
 
 use crate::membership::{self, Slice, State};
-use crate::nvml_query::{Nvdev, fetch_all, in_own_query, ordinal_of, uuid_of};
+use crate::nvml_query::{Nvdev, device_limits, fetch_all, in_own_query, ordinal_of, uuid_of};
 use crate::real;
 use crate::startup;
 
@@ -45,7 +45,10 @@ fn capped(dev: Nvdev) -> Option<(u64, u64)> {
 }
 
 fn register(s: &Slice, uuid: [u8; 16]) -> Option<u32> {
-    let cap = ordinal_of(&uuid).and_then(|o| s.config.limits(o).memory);
+    let cap = match s.config.gpus() {
+        Some(_) => device_limits(&s.config, 0, &uuid).memory,
+        None => ordinal_of(&uuid).and_then(|o| s.config.limits(o).memory),
+    };
     match s.ledger.device(uuid, cap) {
         Ok((i, _)) => Some(i),
         Err(e) => {

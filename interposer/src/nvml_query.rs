@@ -5,9 +5,12 @@
 
 use std::cell::Cell;
 use std::ffi::{CStr, c_char, c_uint, c_void};
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use cuda_abi::*;
+use cuslice_policy::config::gpus::{Gpus, NvmlGpu};
+use cuslice_policy::config::{Config, Limits};
 use cuslice_state::uuid_string;
 
 use crate::real::{self, Lib};
@@ -153,6 +156,69 @@ fn nvml_uuids() -> Vec<[u8; 16]> {
         })
         .filter_map(uuid_of)
         .collect()
+}
+
+/// NVML's GPUs in its order, each with its device node's minor number where NVML says.
+fn nvml_gpus() -> Vec<NvmlGpu> {
+    let (Some(count), Some(by_index)) = (
+        real::nvmlDeviceGetCount_v2(),
+        real::nvmlDeviceGetHandleByIndex_v2(),
+    ) else {
+        return Vec::new();
+    };
+    let minor_of = real::nvmlDeviceGetMinorNumber();
+    let mut n: c_uint = 0;
+    // SAFETY: valid out-pointer.
+    if unsafe { count(&mut n) } != nvmlReturn_t::NVML_SUCCESS {
+        return Vec::new();
+    }
+    (0..n)
+        .filter_map(|i| {
+            let mut h: Nvdev = std::ptr::null_mut();
+            // SAFETY: valid out-pointer; i below the count.
+            (unsafe { by_index(i, &mut h) } == nvmlReturn_t::NVML_SUCCESS).then_some(h)
+        })
+        .filter_map(|h| {
+            let uuid = uuid_string(&uuid_of(h)?);
+            let minor = minor_of.and_then(|f| {
+                let mut m: c_uint = 0;
+                // SAFETY: a handle NVML gave and a valid out-pointer.
+                (unsafe { f(h, &mut m) } == nvmlReturn_t::NVML_SUCCESS).then_some(m)
+            });
+            Some(NvmlGpu { uuid, minor })
+        })
+        .collect()
+}
+
+/// The container's GPUs (UUIDs) in the order its per-device settings number them, from the
+/// hook's record of them and this process's NVML (which lists the container's GPUs): computed
+/// once. Empty where NVML lists none; every GPU then gets the strictest per-device settings.
+fn container_order(gpus: &Gpus) -> &'static [String] {
+    static ORDER: OnceLock<Vec<String>> = OnceLock::new();
+    ORDER.get_or_init(|| {
+        let listed = internal(|| if init() { nvml_gpus() } else { Vec::new() });
+        let order = gpus.order(&listed, false);
+        if order.is_empty() {
+            crate::log::warning!(
+                "NVML lists none of the container's GPUs, so the slice's per-device settings \
+                 cannot be told apart: each GPU is held to the strictest of them"
+            );
+        }
+        order
+    })
+}
+
+/// The limits for the GPU `uuid`, which this process sees as CUDA ordinal `ordinal`. In a
+/// container whose settings name devices by ordinal, by the container's numbering of its GPUs
+/// (the hook's record, [`Gpus`]), whatever `CUDA_VISIBLE_DEVICES` this process set for itself;
+/// elsewhere by this process's own ordinals.
+pub(crate) fn device_limits(config: &Config, ordinal: u32, uuid: &[u8; 16]) -> Limits {
+    match config.gpus() {
+        Some(g) if !config.mentioned_ordinals().is_empty() => {
+            config.limits_of_gpu(&uuid_string(uuid), container_order(g))
+        }
+        _ => config.limits(ordinal),
+    }
 }
 
 /// The CUDA ordinal `uuid` has in this process, without asking CUDA: its place in

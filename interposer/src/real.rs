@@ -207,6 +207,7 @@ table! {
     // --- NVML
     Nvml nvmlInit_v2() -> nvmlReturn_t;
     Nvml nvmlDeviceGetUUID(Nvdev, *mut c_char, c_uint) -> nvmlReturn_t;
+    Nvml nvmlDeviceGetMinorNumber(Nvdev, *mut c_uint) -> nvmlReturn_t;
     Nvml nvmlDeviceGetHandleByUUID(*const c_char, *mut Nvdev) -> nvmlReturn_t;
     Nvml nvmlDeviceGetCount_v2(*mut c_uint) -> nvmlReturn_t;
     Nvml nvmlDeviceGetHandleByIndex_v2(c_uint, *mut Nvdev) -> nvmlReturn_t;

@@ -181,10 +181,13 @@ pub fn attach_devices() -> bool {
         n = 0;
     }
     // A setting for a device this process does not see would apply to none, and the device
-    // the user meant would run without it: refused, before any device is registered.
-    if let Err(e) = s
-        .config
-        .check_device_count(n.max(0) as u32, "this process sees")
+    // the user meant would run without it: refused, before any device is registered. In a
+    // container whose GPUs the hook recorded, the settings number the container's GPUs (the
+    // hook checked them against those), not this process's.
+    if s.config.gpus().is_none()
+        && let Err(e) = s
+            .config
+            .check_device_count(n.max(0) as u32, "this process sees")
     {
         refuse(format_args!("{e}"));
         return false;
@@ -202,7 +205,7 @@ pub fn attach_devices() -> bool {
             refuse(format_args!("cannot read the UUID of CUDA device {i}"));
             return false;
         };
-        let cap = s.config.limits(i as u32).memory;
+        let cap = crate::nvml_query::device_limits(&s.config, i as u32, &uuid).memory;
         let index = match s.ledger.device(uuid, cap) {
             Ok((index, effective)) => {
                 if let Some(c) = effective {

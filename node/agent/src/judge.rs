@@ -226,43 +226,16 @@ pub fn short_at_a_look(ledger_before: u64, driver_used: u64, ledger_after: u64) 
 
 // ---- the slice's limits per device ----------------------------------------------------------
 
-/// Entries of a `*_VISIBLE_DEVICES` list as CUDA reads them: a comma-separated list of device
-/// indices or UUID prefixes (`GPU-...`), cut at the first entry that names no device. None:
-/// the variable puts no restriction (unset, or NVIDIA's `all`).
-fn visible(var: Option<&str>, among: &[String]) -> Option<Vec<String>> {
-    let v = var?.trim();
-    if v == "all" {
-        return None;
-    }
-    let mut out = Vec::new();
-    if v.is_empty() || v == "none" || v == "void" {
-        return Some(out);
-    }
-    for e in v.split(',').map(str::trim) {
-        let found = match e.parse::<usize>() {
-            Ok(i) => among.get(i).cloned(),
-            Err(_) if e.starts_with("GPU-") => {
-                let mut m = among.iter().filter(|u| u.starts_with(e));
-                match (m.next(), m.next()) {
-                    (Some(u), None) => Some(u.clone()),
-                    _ => None,
-                }
-            }
-            Err(_) => None,
-        };
-        match found {
-            Some(u) if !out.contains(&u) => out.push(u),
-            _ => break,
-        }
-    }
-    Some(out)
-}
+pub use cuslice_policy::config::gpus::strictest;
+use cuslice_policy::config::gpus::visible;
 
 /// The limits a slice's config sets for device `uuid`, as a process of the slice numbers its
 /// devices: NVML's devices (`uuids`, in NVML's order), narrowed by the container's
 /// `NVIDIA_VISIBLE_DEVICES` and the process's `CUDA_VISIBLE_DEVICES`. Without per-device
 /// variables every device gets the same limits. A device the process should not see at all
-/// gets the strictest limits the config sets for any device.
+/// gets the strictest limits the config sets for any device. For a slice whose GPUs its hook
+/// recorded, [`Config::limits_of_gpu`] instead: the container's numbering, whatever the
+/// processes' environments say.
 pub fn limits_for(
     config: &Config,
     uuid: &str,
@@ -270,37 +243,12 @@ pub fn limits_for(
     nvidia_visible: Option<&str>,
     cuda_visible: Option<&str>,
 ) -> Limits {
-    let ordinals = config.mentioned_ordinals();
-    if ordinals.is_empty() {
+    if config.mentioned_ordinals().is_empty() {
         return config.limits(0);
     }
     let container = visible(nvidia_visible, uuids).unwrap_or_else(|| uuids.to_vec());
     let process = visible(cuda_visible, &container).unwrap_or(container);
-    if let Some(i) = process.iter().position(|u| u == uuid) {
-        return config.limits(i as u32);
-    }
-    let max = ordinals.last().copied().unwrap_or(0);
-    (0..=max + 1)
-        .map(|o| config.limits(o))
-        .reduce(strictest)
-        .unwrap_or_default()
-}
-
-/// The stricter of two sets of limits, each limit on its own (a set limit is stricter than none).
-pub fn strictest(a: Limits, b: Limits) -> Limits {
-    Limits {
-        memory: min_some(a.memory, b.memory),
-        core_limit: min_some(a.core_limit, b.core_limit),
-        core_request: min_some(a.core_request, b.core_request),
-    }
-}
-
-fn min_some<T: Ord>(a: Option<T>, b: Option<T>) -> Option<T> {
-    match (a, b) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, None) => a,
-        (None, b) => b,
-    }
+    config.limits_of_gpu(uuid, &process)
 }
 
 // ---- compute: reading the driver's samples ----------------------------------------------------

@@ -334,6 +334,66 @@ fn stop_kills_a_slice_over_its_memory_cap() {
     drop(agent);
 }
 
+/// `--enforce stop` on a container given GPUs 3 and 1 (`CUDA_VISIBLE_DEVICES=3,1`), each with
+/// its own cap (1 GiB on GPU 3, its device 0; 2 GiB on GPU 1). A process of it that goes around
+/// the library and lists the two the other way round for itself (`CUDA_VISIBLE_DEVICES=1,3`)
+/// holds 1.5 GiB on GPU 3, its own device 1, whose ordinal's cap would be 2 GiB. The agent
+/// numbers the container's GPUs as the hook recorded them, not as the process's environment
+/// says: it stops the process over GPU 3's cap of 1 GiB, and the simulator shows the memory gone.
+#[test]
+fn stop_holds_each_gpu_to_its_cap_whatever_order_a_process_lists_them_in() {
+    root_required();
+    let _quiet = cuslice_test_harness::quiet();
+    let sim = Sim::new(&["--devices", "4", "--memory", "8GiB"]);
+    let root = state_root();
+    let agent = Agent::start(
+        &sim,
+        root.path(),
+        &["--enforce", "stop", "--period", "1", "--grace", "2"],
+    );
+    let n = name("stoporder");
+    let mut c = runc(
+        &sim,
+        root.path(),
+        &Spec {
+            name: &n,
+            env: &[
+                "CUDA_VISIBLE_DEVICES=3,1",
+                "CUSLICE_MEMORY_LIMIT_0=1GiB",
+                "CUSLICE_MEMORY_LIMIT_1=2GiB",
+            ],
+            cmd: &[
+                "sh",
+                "-c",
+                "CUDA_VISIBLE_DEVICES=1,3 exec cuda-workload --device 1 --route bypass hold \
+                 --bytes 1536MiB --secs 120",
+            ],
+            read_only: false,
+        },
+    );
+    engines::wait_for(&mut c, "bypass");
+    engines::wait_for(&mut c, "holding");
+    let pid = c.host_pid();
+    let on_3 = || {
+        sim.device(3)["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["pid"] == i64::from(pid))
+            .map_or(0, |p| p["held"].as_u64().unwrap_or(0))
+    };
+    let held = on_3();
+    assert!(
+        held > GIB + GIB / 4,
+        "the bypass holds {held} bytes on GPU 3 by the simulator's count"
+    );
+    poll("memory released", 30, || (on_3() == 0).then_some(()));
+    let line = agent.wait_log(&format!("killed pid {pid} "), 5);
+    assert!(line.contains("over its cap of 1 GiB"), "{line}");
+    drop(c);
+    drop(agent);
+}
+
 /// `--enforce stop`, compute: a container with a 30% core limit whose workload goes around the
 /// library and launches 1 ms kernels back to back is held near 30% of the device by freezing its
 /// cgroup; on SIGTERM the agent leaves it thawed; an agent SIGKILLed while it is frozen leaves

@@ -207,6 +207,18 @@ impl Nvml {
             .into_owned())
     }
 
+    /// N of the device's node /dev/nvidiaN; None where this NVML cannot say.
+    pub fn minor(&self, d: Device) -> Result<Option<u32>, String> {
+        let Some(f) = self.minor else {
+            return Ok(None);
+        };
+        let h = self.handle(d)?;
+        let mut n: c_uint = 0;
+        // SAFETY: a handle from NVML and an out-pointer to a local.
+        check("nvmlDeviceGetMinorNumber", unsafe { f(h, &mut n) })?;
+        Ok(Some(n))
+    }
+
     /// One device as the DRA plugin publishes it, or one line saying why NVML cannot describe
     /// it (a GPU that fell off the bus answers GPU_IS_LOST, 15).
     pub fn describe(&self, d: Device) -> Result<Description, String> {
@@ -216,15 +228,7 @@ impl Nvml {
         check("nvmlDeviceGetMemoryInfo", unsafe {
             (self.memory)(h, &mut m)
         })?;
-        let minor = match self.minor {
-            Some(f) => {
-                let mut n: c_uint = 0;
-                // SAFETY: a handle from NVML and an out-pointer to a local.
-                check("nvmlDeviceGetMinorNumber", unsafe { f(h, &mut n) })?;
-                Some(n)
-            }
-            None => None,
-        };
+        let minor = self.minor(d)?;
         let compute_capability = match self.capability {
             Some(f) => {
                 let (mut major, mut minor): (c_int, c_int) = (0, 0);

@@ -40,7 +40,9 @@ use cuslice_state::host::{Record, Root};
 use cuslice_state::ledger::{self, Ledger, LiveChange};
 use cuslice_state::uuid_string;
 
+use crate::nvml::Nvml;
 use crate::requests::Requests;
+use cuslice_policy::config::gpus::NvmlGpu;
 
 /// In a container's host-only state directory: device UUID -> what the slice held when
 /// `cuslice set` lowered its cap below that (read by the node agent).
@@ -270,23 +272,23 @@ fn device_arg(given: &str) -> Result<DeviceArg, String> {
 /// The slice's devices in the order its processes see them (the order its first process
 /// registered them in the ledger: CUDA's ordinals, as `CUSLICE_MEMORY_LIMIT_<i>` counts them),
 /// as `index: UUID`, for a refusal.
-fn listed(devices: &[[u8; 16]]) -> String {
+fn listed(devices: &[String]) -> String {
     devices
         .iter()
         .enumerate()
-        .map(|(i, d)| format!("{i}: {}", uuid_string(d)))
+        .map(|(i, d)| format!("{i}: {d}"))
         .collect::<Vec<_>>()
         .join(", ")
 }
 
 /// Which of `devices` `arg` names: its index among them. Err: one line.
-fn pick(label: &str, devices: &[[u8; 16]], arg: &DeviceArg) -> Result<usize, String> {
+fn pick(label: &str, devices: &[String], arg: &DeviceArg) -> Result<usize, String> {
     let found: Vec<usize> = devices
         .iter()
         .enumerate()
         .filter(|(i, d)| match arg {
             DeviceArg::Index(n) => *i == *n as usize,
-            DeviceArg::Uuid(u) => uuid_string(d).to_ascii_lowercase().starts_with(u),
+            DeviceArg::Uuid(u) => d.to_ascii_lowercase().starts_with(u),
         })
         .map(|(i, _)| i)
         .collect();
@@ -310,6 +312,38 @@ fn pick(label: &str, devices: &[[u8; 16]], arg: &DeviceArg) -> Result<usize, Str
             listed(devices)
         )),
     }
+}
+
+/// Where the hook recorded a container's GPUs (its settings name devices by ordinal), the
+/// container's GPUs (UUIDs) in that numbering, from this host's NVML. None: the slice's devices
+/// are numbered as its first process saw them (the ledger's order).
+fn container_order(t: &Target) -> Result<Option<Vec<String>>, String> {
+    let Some(text) = t.config.as_ref().and_then(|p| fs::read_to_string(p).ok()) else {
+        return Ok(None);
+    };
+    let c = Config::from_hook_file(&text, std::iter::empty::<(&str, &str)>())
+        .map_err(|e| format!("{}: {e}", t.label))?;
+    let Some(gpus) = c.gpus().filter(|_| !c.mentioned_ordinals().is_empty()) else {
+        return Ok(None);
+    };
+    let listed = Nvml::open().and_then(|n| {
+        n.devices()?
+            .into_iter()
+            .map(|d| {
+                Ok(NvmlGpu {
+                    uuid: n.uuid(d)?,
+                    minor: n.minor(d)?,
+                })
+            })
+            .collect::<Result<Vec<_>, String>>()
+    });
+    let listed = listed.map_err(|e| {
+        format!(
+            "{}: its per-device limits number its GPUs by NVML's list, which cannot be read: {e}",
+            t.label
+        )
+    })?;
+    Ok(Some(gpus.order(&listed, true)))
 }
 
 /// Changes the limits of the slice `target` names. Ok: what changed, one line per device.
@@ -367,9 +401,21 @@ pub fn set(target: &str, change: &Change, places: &Places) -> Result<String, Str
             ));
         }
         Some(arg) => {
-            let uuids: Vec<[u8; 16]> = snap.devices.iter().map(|d| d.uuid).collect();
-            let i = pick(&t.label, &uuids, arg)?;
-            (Some(i), Some(i as u32))
+            let uuids: Vec<String> = snap.devices.iter().map(|d| uuid_string(&d.uuid)).collect();
+            match container_order(&t)? {
+                // The container's numbering, as its hook recorded its GPUs: the ordinal is the
+                // GPU's place there, whatever order the slice's first process saw them in. A GPU
+                // no process has used yet has no device in the ledger to change now.
+                Some(order) => {
+                    let o = pick(&t.label, &order, arg)?;
+                    let in_ledger = uuids.iter().position(|d| *d == order[o]);
+                    (Some(in_ledger.unwrap_or(usize::MAX)), Some(o as u32))
+                }
+                None => {
+                    let i = pick(&t.label, &uuids, arg)?;
+                    (Some(i), Some(i as u32))
+                }
+            }
         }
     };
     // Every device first: the new core request and limit, and room for the request.
@@ -665,8 +711,8 @@ mod tests {
             assert!(e.contains(says), "{e}");
             assert!(!e.contains('\n'), "{e}");
         }
-        let devices = [[0xaa; 16], [0xab; 16]];
-        let second = uuid_string(&[0xab; 16]);
+        let devices = [uuid_string(&[0xaa; 16]), uuid_string(&[0xab; 16])];
+        let second = devices[1].clone();
         assert_eq!(pick("s", &devices, &DeviceArg::Index(1)), Ok(1));
         assert_eq!(pick("s", &devices, &device_arg(&second).unwrap()), Ok(1));
         assert_eq!(

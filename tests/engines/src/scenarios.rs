@@ -119,10 +119,12 @@ pub fn held_to_cap(engine: &dyn Engine) {
 
 /// A container given physical GPUs 3 and 1, in that order (`CUDA_VISIBLE_DEVICES=3,1`: it sees
 /// them as 0 and 1), with a cap per ordinal (`CUSLICE_MEMORY_LIMIT_0=1GiB`, `_1=2GiB`), fills
-/// each from a process of its own, beside the node agent. By the simulator's count GPU 3 holds at
-/// most 1 GiB of it and GPU 1 at most 2 GiB (each nearly all), GPUs 0 and 2 nothing; `cuslice
-/// status`, `cuslice top` and the exporter give each cap to the right GPU's UUID, and the agent,
-/// which reads the same settings against the driver, finds nothing wrong.
+/// each from a process of its own, beside the node agent. The process that fills GPU 3 lists the
+/// two the other way round for itself (`CUDA_VISIBLE_DEVICES=1,3`, so GPU 3 is its device 1):
+/// the caps stay with the GPUs. By the simulator's count GPU 3 holds at most 1 GiB of it and GPU
+/// 1 at most 2 GiB (each nearly all), GPUs 0 and 2 nothing; `cuslice status`, `cuslice top` and
+/// the exporter give each cap to the right GPU's UUID, and the agent, which reads the same
+/// settings against the driver, finds nothing wrong.
 pub fn reordered_gpus_capped_by_uuid(engine: &dyn Engine) {
     let _turn = super::agent_turn();
     let sim = Sim::new(&["--devices", "4", "--memory", "8GiB"]);
@@ -130,7 +132,7 @@ pub fn reordered_gpus_capped_by_uuid(engine: &dyn Engine) {
     let n = name("reordered");
     let fill =
         |d: u32| format!("cuda-workload --device {d} fill --family mem --chunk 64MiB --hold 60");
-    let script = format!("{} & exec {}", fill(0), fill(1));
+    let script = format!("CUDA_VISIBLE_DEVICES=1,3 {} & exec {}", fill(1), fill(1));
     let mut c = engine.spawn(
         &sim,
         &Spec {

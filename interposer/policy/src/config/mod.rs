@@ -50,6 +50,7 @@ use std::path::PathBuf;
 use crate::echo::{cut, one_line, quoted};
 use crate::priority::Priority;
 
+pub mod gpus;
 pub mod hook_file;
 pub mod live;
 pub mod names;
@@ -175,6 +176,9 @@ pub struct Config {
     /// `CUSLICE_MEMORY_FREEZE_IDLE`: how long a process goes without a CUDA call before its
     /// device memory is frozen to the host (None: never).
     pub memory_freeze_idle: Option<std::time::Duration>,
+    /// The container's GPUs as the hook recorded them ([`gpus`]): where set, per-device
+    /// settings number the container's GPUs, not the process's.
+    gpus: Option<gpus::Gpus>,
     /// One-line messages worth reporting: conflicting aliases, ignored settings.
     pub notices: Vec<String>,
     /// Every limit that some variable sets, winners and losers alike.

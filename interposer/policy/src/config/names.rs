@@ -55,6 +55,10 @@ pub(super) const PRIORITY: &str = "CUSLICE_PRIORITY";
 pub(super) const MEMORY_WAIT: &str = "CUSLICE_MEMORY_WAIT";
 pub(super) const MEMORY_SPILL: &str = "CUSLICE_MEMORY_SPILL";
 pub(super) const MEMORY_FREEZE_IDLE: &str = "CUSLICE_MEMORY_FREEZE_IDLE";
+/// The container's GPUs as its engine gave them: written by the hook ([`super::gpus`]).
+pub(super) const DEVICE_NODES: &str = "CUSLICE_DEVICE_NODES";
+pub(super) const NVIDIA_VISIBLE: &str = "CUSLICE_NVIDIA_VISIBLE_DEVICES";
+pub(super) const CUDA_VISIBLE: &str = "CUSLICE_CUDA_VISIBLE_DEVICES";
 /// A setting of an earlier release that this one no longer reads: refused, with why.
 pub(super) const CORE_METER: &str = "CUSLICE_CORE_METER";
 pub(super) const ALIYUN_CONTAINER: &str = "ALIYUN_COM_GPU_MEM_CONTAINER";
@@ -90,6 +94,8 @@ pub(super) enum Name<'a> {
     MemoryWait,
     MemorySpill,
     MemoryFreezeIdle,
+    /// One of the three lines of the container's GPUs ([`super::gpus::Gpus`]).
+    Gpus(&'static str),
     /// `CUSLICE_CORE_METER`, which an earlier release read.
     Retired,
     AliyunContainer,
@@ -136,6 +142,9 @@ pub(super) fn classify(name: &str) -> Name<'_> {
         MEMORY_WAIT => Name::MemoryWait,
         MEMORY_SPILL => Name::MemorySpill,
         MEMORY_FREEZE_IDLE => Name::MemoryFreezeIdle,
+        DEVICE_NODES => Name::Gpus(DEVICE_NODES),
+        NVIDIA_VISIBLE => Name::Gpus(NVIDIA_VISIBLE),
+        CUDA_VISIBLE => Name::Gpus(CUDA_VISIBLE),
         CORE_METER => Name::Retired,
         ALIYUN_CONTAINER => Name::AliyunContainer,
         ALIYUN_UNIT => Name::AliyunUnit,
@@ -214,9 +223,13 @@ pub fn is_setting(name: &str) -> bool {
 }
 
 /// Whether `name` is chosen by whoever runs the process rather than by the slice's owner
-/// (`CUSLICE_STATE_DIR`, `CUSLICE_NODE_DIR`): in a container the hook decides these.
+/// (`CUSLICE_STATE_DIR`, `CUSLICE_NODE_DIR`, the container's GPUs): in a container the hook
+/// decides these.
 pub fn is_placement(name: &str) -> bool {
-    matches!(classify(name), Name::StateDir | Name::NodeDir)
+    matches!(
+        classify(name),
+        Name::StateDir | Name::NodeDir | Name::Gpus(_)
+    )
 }
 
 /// A device ordinal as a per-device suffix: decimal, 0 to 63, no sign, no leading zero (so that

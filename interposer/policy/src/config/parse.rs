@@ -5,9 +5,9 @@
 use std::path::PathBuf;
 
 use super::names::{
-    ALIYUN_CONTAINER, ALIYUN_UNIT, Family, KNOWN_CUSLICE, LOG, MAX_ORDINAL, MEMORY_FREEZE_IDLE,
-    MEMORY_SPILL, MEMORY_WAIT, NODE_DIR, Name, PRIORITY, Quantity, STATE_DIR, Syntax, classify,
-    near_miss, suggest,
+    ALIYUN_CONTAINER, ALIYUN_UNIT, DEVICE_NODES, Family, KNOWN_CUSLICE, LOG, MAX_ORDINAL,
+    MEMORY_FREEZE_IDLE, MEMORY_SPILL, MEMORY_WAIT, NODE_DIR, NVIDIA_VISIBLE, Name, PRIORITY,
+    Quantity, STATE_DIR, Syntax, classify, near_miss, suggest,
 };
 use super::precedence::Setting;
 use super::{Config, ConfigError, LogLevel};
@@ -32,7 +32,11 @@ pub(super) struct Entry {
 }
 
 impl Entry {
-    fn error(&self, problem: impl Into<String>, example: impl Into<String>) -> ConfigError {
+    pub(super) fn error(
+        &self,
+        problem: impl Into<String>,
+        example: impl Into<String>,
+    ) -> ConfigError {
         ConfigError {
             line: self.line,
             variable: self.name.clone(),
@@ -357,6 +361,15 @@ impl Config {
                         ));
                     }
                     config.node_dir = Some(PathBuf::from(&entry.value));
+                }
+                Name::Gpus(name) => {
+                    let gpus = config.gpus.get_or_insert_with(Default::default);
+                    let value = entry.value.trim().to_string();
+                    match name {
+                        DEVICE_NODES => gpus.nodes = Some(super::gpus::parse_nodes(entry)?),
+                        NVIDIA_VISIBLE => gpus.nvidia_visible = Some(value),
+                        _ => gpus.cuda_visible = Some(value),
+                    }
                 }
                 Name::Log => config.log = parse_log(entry)?,
                 Name::Priority => config.priority = parse_priority(entry)?,

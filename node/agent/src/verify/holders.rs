@@ -11,6 +11,7 @@ use std::time::Instant;
 
 use cuslice_node::nvml::{Device, Nvml};
 use cuslice_policy::config::Limits;
+use cuslice_policy::config::gpus::NvmlGpu;
 use cuslice_policy::format_size;
 use cuslice_state::ledger::ReadOnly;
 use cuslice_state::uuid_string;
@@ -406,18 +407,32 @@ impl Verifier {
 }
 
 /// The limits that apply to each slice on each device, from the hook's config: where the config
-/// names devices by ordinal, the strictest over the slice's processes there (each numbers the
-/// devices by its own `CUDA_VISIBLE_DEVICES`).
+/// names devices by ordinal, by the container's GPUs as the hook recorded them (`gpus`: NVML's
+/// GPUs in its order), or, for a slice whose hook recorded none (a standalone slice, one of an
+/// earlier release), the strictest over the slice's processes there (each numbers the devices
+/// by its own `CUDA_VISIBLE_DEVICES`).
 pub(super) fn limits(
     slices: &BTreeMap<String, Arc<Slice>>,
-    uuids: &[String],
+    gpus: &[NvmlGpu],
     held: &BTreeMap<(String, String), Vec<Held>>,
 ) -> BTreeMap<(String, String), Limits> {
+    let uuids: Vec<String> = gpus.iter().map(|g| g.uuid.clone()).collect();
+    let uuids = uuids.as_slice();
     let mut limits: BTreeMap<(String, String), Limits> = BTreeMap::new();
     for (id, s) in slices {
         // The devices' numbering matters only to a config that names devices by ordinal;
         // without one every device gets the same limits, and no process's environment is read.
         let by_ordinal = !s.config.mentioned_ordinals().is_empty();
+        if let (true, Some(recorded)) = (by_ordinal, s.config.gpus()) {
+            let order = recorded.order(gpus, true);
+            for uuid in uuids {
+                limits.insert(
+                    (id.clone(), uuid.clone()),
+                    s.config.limits_of_gpu(uuid, &order),
+                );
+            }
+            continue;
+        }
         let nvidia = by_ordinal
             .then(|| environ(s.init, "NVIDIA_VISIBLE_DEVICES"))
             .flatten();

@@ -35,6 +35,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use cuslice_node::findings::{self, Actions, Finding, Findings};
 use cuslice_node::nvml::{Device, Nvml};
 use cuslice_policy::config::Config as SliceConfig;
+use cuslice_policy::config::gpus::NvmlGpu;
 use cuslice_state::host::Root;
 use cuslice_state::ledger::ReadOnly;
 
@@ -492,12 +493,24 @@ impl Verifier {
             return;
         };
         let devices = self.devices(&nvml);
-        let uuids: Vec<String> = devices.iter().map(|d| d.1.clone()).collect();
+        // With each GPU's device node, where a slice's hook recorded its GPUs by them.
+        let by_node = slices.values().any(|s| {
+            s.config
+                .gpus()
+                .is_some_and(|g| g.nodes.is_some() && !s.config.mentioned_ordinals().is_empty())
+        });
+        let gpus: Vec<NvmlGpu> = devices
+            .iter()
+            .map(|(d, uuid)| NvmlGpu {
+                uuid: uuid.clone(),
+                minor: by_node.then(|| nvml.minor(*d).ok().flatten()).flatten(),
+            })
+            .collect();
 
         let mut holders = self.holders(&nvml, &devices, &slices);
         let ledger_used = self.read_ledgers(&slices, &mut holders.held);
         let cleared = self.looked_again(&nvml, &devices, &slices, &holders, &ledger_used);
-        let limits = holders::limits(&slices, &uuids, &holders.held);
+        let limits = holders::limits(&slices, &gpus, &holders.held);
         self.unattributed_memory(
             &nvml,
             &holders.read,
