@@ -520,11 +520,7 @@ fn live_cap_of_a_gpu_listed_in_another_order(engine: &dyn Engine) {
         &sim,
         &Spec {
             name: &n,
-            env: &[
-                "CUDA_VISIBLE_DEVICES=3,1",
-                "CUSLICE_MEMORY_LIMIT_0=1GiB",
-                "CUSLICE_MEMORY_LIMIT_1=2GiB",
-            ],
+            env: &scenarios::GPUS_3_AND_1,
             cmd: &[
                 "sh",
                 "-c",

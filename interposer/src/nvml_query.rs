@@ -135,8 +135,8 @@ pub(crate) fn uuid_of(dev: Nvdev) -> Option<[u8; 16]> {
     parse_uuid(s)
 }
 
-/// UUIDs of the devices in NVML's order.
-fn nvml_uuids() -> Vec<[u8; 16]> {
+/// NVML's device handles, in its order.
+fn nvml_handles() -> Vec<Nvdev> {
     let (Some(count), Some(by_index)) = (
         real::nvmlDeviceGetCount_v2(),
         real::nvmlDeviceGetHandleByIndex_v2(),
@@ -154,30 +154,19 @@ fn nvml_uuids() -> Vec<[u8; 16]> {
             // SAFETY: valid out-pointer; i below the count.
             (unsafe { by_index(i, &mut h) } == nvmlReturn_t::NVML_SUCCESS).then_some(h)
         })
-        .filter_map(uuid_of)
         .collect()
+}
+
+/// UUIDs of the devices in NVML's order.
+fn nvml_uuids() -> Vec<[u8; 16]> {
+    nvml_handles().into_iter().filter_map(uuid_of).collect()
 }
 
 /// NVML's GPUs in its order, each with its device node's minor number where NVML says.
 fn nvml_gpus() -> Vec<NvmlGpu> {
-    let (Some(count), Some(by_index)) = (
-        real::nvmlDeviceGetCount_v2(),
-        real::nvmlDeviceGetHandleByIndex_v2(),
-    ) else {
-        return Vec::new();
-    };
     let minor_of = real::nvmlDeviceGetMinorNumber();
-    let mut n: c_uint = 0;
-    // SAFETY: valid out-pointer.
-    if unsafe { count(&mut n) } != nvmlReturn_t::NVML_SUCCESS {
-        return Vec::new();
-    }
-    (0..n)
-        .filter_map(|i| {
-            let mut h: Nvdev = std::ptr::null_mut();
-            // SAFETY: valid out-pointer; i below the count.
-            (unsafe { by_index(i, &mut h) } == nvmlReturn_t::NVML_SUCCESS).then_some(h)
-        })
+    nvml_handles()
+        .into_iter()
         .filter_map(|h| {
             let uuid = uuid_string(&uuid_of(h)?);
             let minor = minor_of.and_then(|f| {

@@ -357,11 +357,7 @@ fn stop_holds_each_gpu_to_its_cap_whatever_order_a_process_lists_them_in() {
         root.path(),
         &Spec {
             name: &n,
-            env: &[
-                "CUDA_VISIBLE_DEVICES=3,1",
-                "CUSLICE_MEMORY_LIMIT_0=1GiB",
-                "CUSLICE_MEMORY_LIMIT_1=2GiB",
-            ],
+            env: &engines::scenarios::GPUS_3_AND_1,
             cmd: &[
                 "sh",
                 "-c",

@@ -295,9 +295,10 @@ fn containerd_16_gives_a_pods_container_its_claim_through_the_index() {
 
 /// A tensor-parallel claim: two requests, 1 GiB and 30 cores of gpu-0 and 2 GiB and 40 cores of
 /// gpu-1, prepared as one spec with a CDI device each. One container gets both; a process on
-/// each of its GPUs fills it: by the simulator's count each GPU held at most its own cap and
-/// nearly all of it, and `cuslice status` shows the slice on each GPU with that GPU's cap, core
-/// request and limit.
+/// each of its GPUs fills it, the one on gpu-0 listing the two the other way round for itself
+/// (`CUDA_VISIBLE_DEVICES=1,0`, so gpu-0 is its device 1, whose ordinal's cap is gpu-1's): by
+/// the simulator's count each GPU held at most its own cap and nearly all of it, and `cuslice
+/// status` shows the slice on each GPU with that GPU's cap, core request and limit.
 fn a_claim_of_two_gpus_caps_each(engine: &dyn CdiEngine) {
     let (node, _plugin) = node_of(engine, 2);
     let uid = format!("{:08x}-0000-4000-8000-00000000002a", std::process::id());
@@ -336,7 +337,7 @@ fn a_claim_of_two_gpus_caps_each(engine: &dyn CdiEngine) {
     let n = engines::name("tp");
     let fill =
         |d: u32| format!("cuda-workload --device {d} fill --family mem --chunk 64MiB --hold 60");
-    let script = format!("{} & exec {}", fill(0), fill(1));
+    let script = format!("CUDA_VISIBLE_DEVICES=1,0 {} & exec {}", fill(1), fill(1));
     let mut k = engine.spawn_with(
         &node.sim,
         &Spec {

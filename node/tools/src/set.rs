@@ -583,14 +583,19 @@ pub fn set(target: &str, change: &Change, places: &Places) -> Result<String, Str
     }
     if plans.is_empty() {
         lines.push(format!(
-            "{}{}: {} (its processes have not used a device yet; they start with it)",
+            "{}{}: {} (its processes have not used {} yet; they start with it)",
             t.label,
             ordinal.map_or(String::new(), |o| format!(" on device {o}")),
             v.written
                 .iter()
                 .map(|(w, s)| format!("{} {s}", flag(*w)))
                 .collect::<Vec<_>>()
-                .join(", ")
+                .join(", "),
+            if ordinal.is_some() {
+                "that device"
+            } else {
+                "a device"
+            }
         ));
     }
     Ok(lines.join("\n"))

@@ -117,6 +117,14 @@ pub fn held_to_cap(engine: &dyn Engine) {
     c.remove();
 }
 
+/// The environment of a container given physical GPUs 3 and 1, in that order, each with a cap of
+/// its own: 1 GiB on GPU 3 (its device 0), 2 GiB on GPU 1 (its device 1).
+pub const GPUS_3_AND_1: [&str; 3] = [
+    "CUDA_VISIBLE_DEVICES=3,1",
+    "CUSLICE_MEMORY_LIMIT_0=1GiB",
+    "CUSLICE_MEMORY_LIMIT_1=2GiB",
+];
+
 /// A container given physical GPUs 3 and 1, in that order (`CUDA_VISIBLE_DEVICES=3,1`: it sees
 /// them as 0 and 1), with a cap per ordinal (`CUSLICE_MEMORY_LIMIT_0=1GiB`, `_1=2GiB`), fills
 /// each from a process of its own, beside the node agent. The process that fills GPU 3 lists the
@@ -137,11 +145,7 @@ pub fn reordered_gpus_capped_by_uuid(engine: &dyn Engine) {
         &sim,
         &Spec {
             name: &n,
-            env: &[
-                "CUDA_VISIBLE_DEVICES=3,1",
-                "CUSLICE_MEMORY_LIMIT_0=1GiB",
-                "CUSLICE_MEMORY_LIMIT_1=2GiB",
-            ],
+            env: &GPUS_3_AND_1,
             cmd: &["sh", "-c", &script],
             read_only: false,
         },
