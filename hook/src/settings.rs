@@ -20,10 +20,12 @@ pub const ANNOTATION_PREFIX: &str = "cuslice.io/";
 /// container.
 pub use cuslice_state::paths::{CONTAINER_DIR, CONTAINER_LIBRARY, CONTAINER_NODE_DIR};
 
-/// A container's validated settings: `NAME=VALUE` pairs, sorted by name.
+/// A container's validated settings: `NAME=VALUE` pairs, sorted by name (the GPUs the hook
+/// records for the container last), and the configuration they make, as read from its spec.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settings {
     pub entries: Vec<(String, String)>,
+    config: Config,
 }
 
 /// The variable an annotation stands for: `cuslice.io/memory-limit-1` -> `CUSLICE_MEMORY_LIMIT_1`.
@@ -113,14 +115,14 @@ pub fn read<'a>(
     if !any {
         return Ok(None);
     }
-    if let Err(e) = Config::from_vars(found.iter().map(|(n, (v, _))| (n.as_str(), v.as_str()))) {
-        return Err(match found.get(&e.variable) {
+    let config = Config::from_vars(found.iter().map(|(n, (v, _))| (n.as_str(), v.as_str())))
+        .map_err(|e| match found.get(&e.variable) {
             Some((_, Some(key))) => format!("annotation {}: {e}", cut(key)),
             _ => e.to_string(),
-        });
-    }
+        })?;
     Ok(Some(Settings {
         entries: found.into_iter().map(|(n, (v, _))| (n, v)).collect(),
+        config,
     }))
 }
 
@@ -165,9 +167,9 @@ impl Settings {
     /// as [`visible_gpus`] counts them (`seen`: its words). One line naming the variable, the
     /// value and an example.
     pub fn check_devices(&self, gpus: u32, seen: &str) -> Result<(), String> {
-        let c = Config::from_vars(self.entries.iter().map(|(n, v)| (n.as_str(), v.as_str())))
-            .map_err(|e| e.to_string())?;
-        c.check_device_count(gpus, seen).map_err(|e| e.to_string())
+        self.config
+            .check_device_count(gpus, seen)
+            .map_err(|e| e.to_string())
     }
 
     /// Where the settings name devices by ordinal, records the container's GPUs as its spec
@@ -180,10 +182,7 @@ impl Settings {
         env: impl IntoIterator<Item = &'a str>,
         device_paths: impl IntoIterator<Item = &'a str>,
     ) {
-        let by_ordinal =
-            Config::from_vars(self.entries.iter().map(|(n, v)| (n.as_str(), v.as_str())))
-                .is_ok_and(|c| !c.mentioned_ordinals().is_empty());
-        if !by_ordinal {
+        if self.config.mentioned_ordinals().is_empty() {
             return;
         }
         if let Some(gpus) = cuslice_policy::config::gpus::Gpus::of_container(env, device_paths) {
@@ -196,11 +195,8 @@ impl Settings {
     /// What the container may claim on any device of the node's compute board: its largest core
     /// request and limit, and its priority.
     pub fn grant(&self, container: &str, state_root: &Path) -> Grant {
-        // Validated by `read`: a refusal here cannot happen, and would grant the least.
-        let c = Config::from_vars(self.entries.iter().map(|(n, v)| (n.as_str(), v.as_str())))
-            .unwrap_or_default();
         Grant::from_config(
-            &c,
+            &self.config,
             Origin::Hook {
                 id: container.to_string(),
                 root: state_root.to_path_buf(),

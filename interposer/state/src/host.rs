@@ -241,17 +241,7 @@ fn lock_board(node: &Path) -> io::Result<Locked> {
             fs::rename(&path, &aside).map_err(fail)?;
             continue;
         }
-        let f = f.map_err(fail)?;
-        loop {
-            // SAFETY: flock(2) on a descriptor `f` owns and keeps open for the call.
-            if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } == 0 {
-                return Ok(Locked { _file: f });
-            }
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(fail(e));
-            }
-        }
+        return f.and_then(Locked::exclusive).map_err(fail);
     }
     Err(fail(io::Error::other(
         "another account makes it again as fast as it is moved aside",
@@ -552,9 +542,26 @@ pub struct Root {
     pub path: PathBuf,
 }
 
-/// Holds the state root's lock until dropped (closing the file releases the flock).
+/// Holds the state root's lock, or the board's, until dropped (closing the file releases the
+/// flock).
 pub struct Locked {
     _file: fs::File,
+}
+
+impl Locked {
+    /// Waits for an exclusive `flock` on `f`, through signals.
+    fn exclusive(f: fs::File) -> io::Result<Locked> {
+        loop {
+            // SAFETY: flock(2) on a descriptor `f` owns and keeps open for the call.
+            if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } == 0 {
+                return Ok(Locked { _file: f });
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    }
 }
 
 /// The start time of process `pid` (field 22 of /proc/PID/stat), or `None` if it is gone.
@@ -612,16 +619,7 @@ impl Root {
             .truncate(false)
             .write(true)
             .open(self.path.join("lock"))?;
-        loop {
-            // SAFETY: flock(2) on a descriptor `f` owns and keeps open for the call.
-            if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } == 0 {
-                return Ok(Locked { _file: f });
-            }
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(e);
-            }
-        }
+        Locked::exclusive(f)
     }
 
     pub fn read_record(&self, id: &str) -> Option<Record> {
