@@ -189,6 +189,13 @@ impl Settings {
             for (name, value) in gpus.entries() {
                 self.entries.push((name.to_string(), value));
             }
+            // The record is valid (the policy's own lines), and the grant counts the
+            // container's devices by it.
+            if let Ok(c) =
+                Config::from_vars(self.entries.iter().map(|(n, v)| (n.as_str(), v.as_str())))
+            {
+                self.config = c;
+            }
         }
     }
 
@@ -399,10 +406,21 @@ mod tests {
         ];
         let mut s = read(env, []).unwrap().unwrap();
         assert!(!s.entries.iter().any(|(n, _)| n == "CUSLICE_DEVICE_NODES"));
+        // Before the record, device 0's cap is not known (none); after it, the container has
+        // two devices, and the grant's memory cap is the larger of theirs once both have one.
+        assert_eq!(s.grant("c", Path::new("/run/cuslice")).memory, None);
         s.record_gpus(env, ["/dev/nvidia3", "/dev/nvidiactl", "/dev/nvidia1"]);
         let text = s.config_file("c");
         assert!(text.contains("CUSLICE_DEVICE_NODES=3,1\n"), "{text}");
         assert!(!text.contains("VISIBLE"), "{text}");
+        assert_eq!(s.grant("c", Path::new("/run/cuslice")).memory, None);
+        let both = ["CUSLICE_MEMORY_LIMIT_0=1GiB", "CUSLICE_MEMORY_LIMIT_1=2GiB"];
+        let mut s = read(both, []).unwrap().unwrap();
+        s.record_gpus(both, ["/dev/nvidia3", "/dev/nvidia1"]);
+        assert_eq!(
+            s.grant("c", Path::new("/run/cuslice")).memory,
+            Some(2 << 30)
+        );
         // Without device nodes, the container's own lists.
         let mut s = read(env, []).unwrap().unwrap();
         s.record_gpus(env, ["/dev/null"]);

@@ -1123,52 +1123,65 @@ fn liar(sim: &Sim, attack: &str, env: &[&str]) -> RuncContainer {
     l
 }
 
-/// A hostile tenant says, in its own claims, that it waits for 1 TiB on the device. A container
-/// beside it that freezes when idle (after an hour) is frozen once quiet for a second, as if the
-/// want were real; and that is all: its next read brings its bytes back intact, and it exits
-/// cleanly.
+/// A hostile tenant says, in its own claims, that it waits for 1 TiB on the device. A want is
+/// believed up to the wanter's memory cap, by its grant: capped at 1 GiB on a device with room
+/// for that, it gets nobody frozen. Without a cap, a container beside it that freezes when idle
+/// (after an hour) is frozen once quiet for a second, as if the want were real; and that is all:
+/// its next read brings its bytes back intact, and it exits cleanly.
 #[test]
 fn a_forged_want_of_memory_costs_a_neighbour_a_thaw_and_nothing_more() {
     root_required();
-    let sim = Sim::new(&["--memory", "8GiB"]);
-    let l = liar(&sim, "forge-want", &["CUSLICE_MEMORY_LIMIT=1GiB"]);
-    let n = name("beside-forged-want");
-    let mut c = keeper(
-        &sim,
-        &n,
-        &[
-            "CUSLICE_MEMORY_LIMIT=2GiB",
-            "CUSLICE_MEMORY_FREEZE_IDLE=1h",
-            "CUSLICE_LOG=info",
-        ],
-        "8",
-    );
-    wait_for(&mut c, "holding");
-    // Frozen within its quiet spell (8 s), by the simulator's count: checkpointed, not only
-    // locked (copying its 1 GiB to the host takes a slow host a while).
-    let end = Instant::now() + Duration::from_secs(7);
-    let frozen = loop {
-        let cps = sim.show()["checkpoints"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default();
-        if cps.iter().any(|c| c["state"] == "checkpointed") || Instant::now() > end {
-            break cps;
+    for capped in [true, false] {
+        let sim = Sim::new(&["--memory", "8GiB"]);
+        let env: &[&str] = if capped {
+            &["CUSLICE_MEMORY_LIMIT=1GiB"]
+        } else {
+            &["CUSLICE_CORE_LIMIT=50"]
+        };
+        let l = liar(&sim, "forge-want", env);
+        let n = name("beside-forged-want");
+        let mut c = keeper(
+            &sim,
+            &n,
+            &[
+                "CUSLICE_MEMORY_LIMIT=2GiB",
+                "CUSLICE_MEMORY_FREEZE_IDLE=1h",
+                "CUSLICE_LOG=info",
+            ],
+            "8",
+        );
+        wait_for(&mut c, "holding");
+        // Frozen within its quiet spell (8 s), by the simulator's count: checkpointed, not only
+        // locked (copying its 1 GiB to the host takes a slow host a while).
+        let end = Instant::now() + Duration::from_secs(7);
+        let frozen = loop {
+            let cps = sim.show()["checkpoints"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            if cps.iter().any(|c| c["state"] == "checkpointed") || Instant::now() > end {
+                break cps;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        if capped {
+            assert_eq!(frozen, Vec::<serde_json::Value>::new(), "capped at 1 GiB");
+        } else {
+            assert_eq!(frozen.len(), 1, "{frozen:?}");
+            assert_eq!(frozen[0]["state"], "checkpointed", "{frozen:?}");
         }
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    assert_eq!(frozen.len(), 1, "{frozen:?}");
-    assert_eq!(frozen[0]["state"], "checkpointed", "{frozen:?}");
-    let v = wait_for(&mut c, "checked");
-    assert_eq!(v["intact"], true, "{v}");
-    let status = exit_status(&mut c, &n);
-    let err = Container::stderr(&c);
-    assert!(status.success(), "{status}: {err}");
-    assert!(
-        err.contains("quiet: another slice waits for 1 TiB"),
-        "{err}"
-    );
-    Box::new(l).remove();
+        let v = wait_for(&mut c, "checked");
+        assert_eq!(v["intact"], true, "{v}");
+        let status = exit_status(&mut c, &n);
+        let err = Container::stderr(&c);
+        assert!(status.success(), "{status}: {err}");
+        assert_eq!(
+            err.contains("quiet: another slice waits for 1 TiB"),
+            !capped,
+            "capped {capped}: {err}"
+        );
+        Box::new(l).remove();
+    }
 }
 
 /// A hostile tenant says, in its own turns, that it brings 1 TiB back to the device from a frozen

@@ -318,7 +318,7 @@ struct Common {
     #[arg(long = "engine", value_enum, required = true, value_delimiter = ',')]
     engines: Vec<Engine>,
     /// Where the files go: PREFIX/bin/cuslice-hook, PREFIX/bin/cuslice-runtime, PREFIX/bin/cuslice,
-    /// PREFIX/lib/cuslice/libcuslice.so
+    /// PREFIX/lib/cuslice/libcuslice.so and PREFIX/lib/cuslice/libcuslice_core.so
     #[arg(long, default_value = cuslice_state::paths::DEFAULT_PREFIX, value_name = "DIR")]
     prefix: PathBuf,
     /// Read and write every file under DIR (like DESTDIR); paths written into the configuration
@@ -343,8 +343,8 @@ struct Common {
 struct InstallArgs {
     #[command(flatten)]
     common: Common,
-    /// Where cuslice-hook, cuslice-runtime, cuslice and libcuslice.so are (and, for slurm,
-    /// libcuslice_spank.so) [default: the directory holding this executable]
+    /// Where cuslice-hook, cuslice-runtime, cuslice, libcuslice.so and libcuslice_core.so are
+    /// (and, for slurm, libcuslice_spank.so) [default: the directory holding this executable]
     #[arg(long, value_name = "DIR")]
     from: Option<PathBuf>,
     /// docker: also make cuslice dockerd's default runtime

@@ -30,10 +30,39 @@ pub struct Grant {
     pub limit: u32,
     /// The highest priority.
     pub priority: Priority,
+    /// The largest memory cap (bytes) it has on any device, `None` where some device it may
+    /// use has none (or, for a grant that does not say, it is not known): another slice's want
+    /// of memory is believed up to this (`Board::memory_wanted`), since an honest process never
+    /// waits for more than its cap lets it allocate.
+    pub memory: Option<u64>,
     /// Whether its processes may be frozen when idle (`CUSLICE_MEMORY_FREEZE_IDLE`): only
     /// then do other slices count the thaws it says it has under way (`crate::room`).
     pub freezes: bool,
     pub origin: Origin,
+}
+
+/// The largest memory cap of configuration `c` on any device its processes may use: the
+/// devices its recorded device nodes count where the hook recorded them, else those its
+/// per-device variables name and every other (the all-devices value). `None` if one of them
+/// has no cap.
+fn memory_cap(c: &Config) -> Option<u64> {
+    let ordinals: Vec<u32> = match c.gpus().and_then(|g| g.nodes.as_ref()) {
+        Some(nodes) if !nodes.is_empty() => (0..nodes.len() as u32).collect(),
+        _ => c
+            .mentioned_ordinals()
+            .into_iter()
+            .chain([u32::MAX])
+            .collect(),
+    };
+    ordinals
+        .into_iter()
+        .map(|o| c.limits(o).memory)
+        .try_fold(0, |most, cap| Some(most.max(cap?)))
+}
+
+/// The larger of two memory caps, `None` being none at all.
+pub fn larger_cap(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    Some(a?.max(b?))
 }
 
 fn ppm(percent: Option<u32>, none: u32) -> u32 {
@@ -57,6 +86,7 @@ impl Grant {
             request,
             limit,
             priority: c.priority,
+            memory: memory_cap(c),
             freezes: c.memory_freeze_idle.is_some(),
             origin,
         }
@@ -68,6 +98,7 @@ impl Grant {
             request: 0,
             limit: FULL,
             priority: Priority::Normal,
+            memory: None,
             freezes: false,
             origin: Origin::Standalone,
         };
@@ -89,6 +120,7 @@ impl Grant {
                         g.priority = p;
                     }
                 }
+                (Some("memory"), Some(v)) => g.memory = v.parse::<u64>().ok(),
                 (Some("freezes"), Some("yes")) => g.freezes = true,
                 (Some("origin"), Some("hook")) => {
                     // `origin hook ID ROOT`: the root is the rest of the line (it may hold
@@ -121,6 +153,9 @@ impl Grant {
         let _ = writeln!(s, "request {}", self.request);
         let _ = writeln!(s, "limit {}", self.limit);
         let _ = writeln!(s, "priority {}", self.priority);
+        if let Some(m) = self.memory {
+            let _ = writeln!(s, "memory {m}");
+        }
         if self.freezes {
             s.push_str("freezes yes\n");
         }
@@ -197,6 +232,42 @@ mod tests {
     }
 
     #[test]
+    fn the_memory_granted_is_the_largest_cap_of_any_device_it_may_use() {
+        let m =
+            |vars: &[(&str, &str)]| Grant::from_config(&config(vars), Origin::Standalone).memory;
+        assert_eq!(m(&[]), None);
+        assert_eq!(m(&[("CUSLICE_MEMORY_LIMIT", "1GiB")]), Some(1 << 30));
+        assert_eq!(
+            m(&[
+                ("CUSLICE_MEMORY_LIMIT", "1GiB"),
+                ("CUSLICE_MEMORY_LIMIT_1", "3GiB")
+            ]),
+            Some(3 << 30)
+        );
+        // A device no variable names has no cap...
+        assert_eq!(m(&[("CUSLICE_MEMORY_LIMIT_0", "2GiB")]), None);
+        // ...unless the container's devices are known, and each of them has one.
+        let nodes = |list: &str| {
+            m(&[
+                ("CUSLICE_MEMORY_LIMIT_0", "2GiB"),
+                ("CUSLICE_MEMORY_LIMIT_1", "6GiB"),
+                ("CUSLICE_DEVICE_NODES", list),
+            ])
+        };
+        assert_eq!(nodes("3,1"), Some(6 << 30));
+        assert_eq!(nodes("3"), Some(2 << 30));
+        assert_eq!(nodes("3,1,2"), None);
+        // Written and read back; a grant that does not say is read as no cap.
+        let g = Grant::from_config(
+            &config(&[("CUSLICE_MEMORY_LIMIT", "1GiB")]),
+            Origin::Standalone,
+        );
+        assert_eq!(Grant::parse(&g.format()), g);
+        assert_eq!(Grant::parse("request 0\nlimit 1000000\n").memory, None);
+        assert_eq!(Grant::parse("memory lots\n").memory, None);
+    }
+
+    #[test]
     fn the_text_reads_back_and_anything_else_reads_as_the_least() {
         for origin in [
             Origin::Standalone,
@@ -209,6 +280,7 @@ mod tests {
                 request: 250_000,
                 limit: 600_000,
                 priority: Priority::Low,
+                memory: None,
                 freezes: true,
                 origin,
             };
@@ -218,6 +290,7 @@ mod tests {
             request: 0,
             limit: FULL,
             priority: Priority::Normal,
+            memory: None,
             freezes: false,
             origin: Origin::Standalone,
         };
@@ -241,6 +314,7 @@ mod tests {
             request: 200_000,
             limit: 500_000,
             priority: Priority::Normal,
+            memory: None,
             freezes: false,
             origin: Origin::Standalone,
         };

@@ -751,11 +751,13 @@ impl Board {
     /// The most another slice on the board waits for on device `uuid` now (`want_memory`), 0 if
     /// none: a want counts while it holds and is at most `WANT_AHEAD_NS` ahead (a waiter posts it
     /// again as it waits, so a want of a slice whose processes died lapses within that). What it
-    /// says is not trusted beyond that: the reader checks that the device is short of it.
+    /// says is not trusted beyond that: it counts up to the wanter's memory cap (its grant's;
+    /// no process waits for more than its cap lets it allocate), and the reader checks that the
+    /// device is short of it.
     pub fn memory_wanted(&self, uuid: &[u8; 16], now: u64) -> u64 {
         let w = words(uuid);
         let mut most = 0;
-        self.each_other(now, |_, c| {
+        self.each_other(now, |o, c| {
             let h = &c.header;
             let until = h.wanted_until.load(Ordering::Relaxed);
             if until >= now
@@ -763,7 +765,8 @@ impl Board {
                 && h.wanted_uuid[0].load(Ordering::Relaxed) == w.0
                 && h.wanted_uuid[1].load(Ordering::Relaxed) == w.1
             {
-                most = most.max(h.wanted_bytes.load(Ordering::Relaxed));
+                let cap = o.grant.memory.unwrap_or(u64::MAX);
+                most = most.max(h.wanted_bytes.load(Ordering::Relaxed).min(cap));
             }
         });
         most
@@ -1146,6 +1149,21 @@ pub fn faults(path: &Path, slice: u64, grant: &Grant) -> Vec<String> {
                 ));
             }
         }
+    }
+    // A want of memory past the slice's cap: no process of it waits for that.
+    let h = &c.header;
+    let until = h.wanted_until.load(Ordering::Relaxed);
+    let bytes = h.wanted_bytes.load(Ordering::Relaxed);
+    if until >= now
+        && let Some(cap) = grant.memory
+        && bytes > cap
+    {
+        out.push(format!(
+            "it says it waits for {} of device memory, more than its cap of {} (counted as {})",
+            cuslice_policy::format_size(bytes),
+            cuslice_policy::format_size(cap),
+            cuslice_policy::format_size(cap)
+        ));
     }
     for ((a, b), first, later) in named {
         if later.is_empty() {

@@ -889,6 +889,7 @@ mod tests {
             request: 0,
             limit: cuslice_policy::share::FULL,
             priority: cuslice_policy::Priority::Normal,
+            memory: None,
             freezes: false,
             origin: cuslice_policy::grant::Origin::Hook {
                 id: id.to_string(),

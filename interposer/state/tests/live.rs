@@ -54,6 +54,7 @@ fn the_nodes_check_counts_the_other_slices_requests_as_granted() {
         request,
         limit: FULL,
         priority: Priority::Normal,
+        memory: None,
         freezes: false,
         origin: Origin::Standalone,
     };

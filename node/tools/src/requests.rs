@@ -175,6 +175,7 @@ mod tests {
                 request: granted,
                 limit: 1_000_000,
                 priority: Priority::Normal,
+                memory: None,
                 freezes: false,
                 origin: Origin::Standalone,
             },

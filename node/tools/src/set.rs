@@ -31,7 +31,7 @@ use cuslice_policy::config::live::{LiveLimit, RequestAboveLimit, live_core, pars
 use cuslice_policy::config::{Config, MAX_ORDINAL, hook_file};
 use cuslice_policy::echo::{one_line, quoted};
 use cuslice_policy::format_size;
-use cuslice_policy::grant::Grant;
+use cuslice_policy::grant::{self, Grant};
 use cuslice_policy::priority::Priority;
 use cuslice_policy::share::FULL;
 use cuslice_state::board;
@@ -518,6 +518,11 @@ pub fn set(target: &str, change: &Change, places: &Places) -> Result<String, Str
                     request: v.core_request.map_or(old.request, |p| ppm(p, old.request)),
                     limit: v.core_limit.map_or(old.limit, |p| ppm(p, old.limit)),
                     priority: v.priority.map_or(old.priority, Priority::from_code),
+                    memory: match v.memory {
+                        Some(m) if device.is_some() => grant::larger_cap(old.memory, Some(m)),
+                        Some(m) => Some(m),
+                        None => old.memory,
+                    },
                     freezes: old.freezes,
                     origin: old.origin,
                 }

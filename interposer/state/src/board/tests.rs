@@ -8,6 +8,7 @@ fn grant(request: u32, limit: u32, priority: Priority) -> Grant {
         request,
         limit,
         priority,
+        memory: None,
         freezes: false,
         origin: Origin::Standalone,
     }
@@ -367,6 +368,36 @@ fn a_want_of_memory_is_read_by_the_other_slices_on_the_board_only_while_it_holds
     a.want_memory(&UUID, 3 << 30, now_ns() + 1_000_000_000);
     c.want_memory(&UUID, 5 << 30, now_ns() + 1_000_000_000);
     assert_eq!(b.memory_wanted(&UUID, now_ns()), 5 << 30);
+}
+
+#[test]
+fn a_want_counts_no_further_than_the_wanters_memory_cap() {
+    let node = tempfile::tempdir().unwrap();
+    let capped = Grant {
+        memory: Some(2 << 30),
+        ..grant(0, FULL, Priority::Normal)
+    };
+    let a = standalone(node.path(), 1, capped.clone());
+    let b = standalone(node.path(), 2, grant(0, FULL, Priority::Normal));
+    a.claim(0, &UUID, 0, FULL, Priority::Normal).unwrap();
+    b.claim(0, &UUID, 0, FULL, Priority::Normal).unwrap();
+    // A slice capped at 2 GiB that says it waits for everything is read as waiting for 2 GiB,
+    // and the node agent's check of its claims names it.
+    let claims = slice_dir(node.path(), 1).join(CLAIMS);
+    a.want_memory(&UUID, 3 << 40, now_ns() + 1_000_000_000);
+    assert_eq!(b.memory_wanted(&UUID, now_ns()), 2 << 30);
+    assert_eq!(
+        faults(&claims, 1, &capped),
+        [
+            "it says it waits for 3 TiB of device memory, more than its cap of 2 GiB (counted as 2 GiB)"
+        ]
+    );
+    a.want_memory(&UUID, 1 << 30, now_ns() + 1_000_000_000);
+    assert_eq!(b.memory_wanted(&UUID, now_ns()), 1 << 30);
+    assert!(faults(&claims, 1, &capped).is_empty());
+    // A slice without a cap is read as it says.
+    b.want_memory(&UUID, 7 << 30, now_ns() + 1_000_000_000);
+    assert_eq!(a.memory_wanted(&UUID, now_ns()), 7 << 30);
 }
 
 #[test]

@@ -47,7 +47,8 @@ pub(super) fn snapshot_of(h: &Header, alive: impl Fn(usize) -> bool) -> Snapshot
             .iter()
             .filter(|p| p.frozen_ns.is_some())
             .map(|p| p.charged[k])
-            .sum();
+            // The slice's processes write these: a sum past u64 would panic a debug build.
+            .fold(0, u64::saturating_add);
     }
     Snapshot {
         version: VERSION,
