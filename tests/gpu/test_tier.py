@@ -175,9 +175,12 @@ class Share(unittest.TestCase):
         self.assertEqual(share.misses("10us 10/20", "x", slow, 2.0, 5.0), [])
         self.assertEqual(len(share.misses("10us 10/20", "x", share.split(
             [bound(10, 12.0, [12.0]), bound(20, 12.0, [12.0])]), 2.0, 5.0)), 2)
-        # Outside 80 to 125% of what they were configured together: not the host's speed.
+        # A host that ran them at 70% of their rate alone in their turns: held in proportion.
+        self.assertEqual(share.misses("10us 10/20", "x", share.split(
+            [bound(10, 7.0, [7.0]), bound(20, 14.0, [14.0])]), 2.0, 5.0), [])
+        # Outside 60 to 125% of what they were configured together: not the host's speed.
         self.assertIsNone(share.split([bound(10, 15.0, [15.0]), bound(20, 30.0, [30.0])]))
-        self.assertIsNone(share.split([bound(10, 7.0, [7.0]), bound(20, 14.0, [14.0])]))
+        self.assertIsNone(share.split([bound(10, 5.5, [5.5]), bound(20, 11.0, [11.0])]))
         self.assertIsNone(share.split([row(20, 20.0, [20.0]), row(None, 65.0, [65.0])]))
 
     def test_worst_window(self):
