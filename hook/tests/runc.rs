@@ -1170,11 +1170,7 @@ fn a_forged_want_of_memory_costs_a_neighbour_a_thaw_and_nothing_more() {
             assert_eq!(frozen.len(), 1, "{frozen:?}");
             assert_eq!(frozen[0]["state"], "checkpointed", "{frozen:?}");
         }
-        let v = wait_for(&mut c, "checked");
-        assert_eq!(v["intact"], true, "{v}");
-        let status = exit_status(&mut c, &n);
-        let err = Container::stderr(&c);
-        assert!(status.success(), "{status}: {err}");
+        let err = ends_intact(&mut c, &n);
         assert_eq!(
             err.contains("quiet: another slice waits for 1 TiB"),
             !capped,
@@ -1210,11 +1206,7 @@ fn a_forged_thaw_holds_a_neighbour_back_seconds_and_nothing_more() {
         );
         wait_for(&mut c, "holding");
         let took = started.elapsed();
-        let v = wait_for(&mut c, "checked");
-        assert_eq!(v["intact"], true, "{v}");
-        let status = exit_status(&mut c, &n);
-        let err = Container::stderr(&c);
-        assert!(status.success(), "{status}: {err}");
+        let err = ends_intact(&mut c, &n);
         assert_eq!(
             err.contains(
                 "device 0: a new context waits while 1 TiB comes back to the device from a frozen process"
@@ -1229,6 +1221,16 @@ fn a_forged_thaw_holds_a_neighbour_back_seconds_and_nothing_more() {
         );
         Box::new(l).remove();
     }
+}
+
+/// A keeper container `n` checks its bytes, finds them intact and exits 0: its stderr.
+fn ends_intact(c: &mut RuncContainer, n: &str) -> String {
+    let v = wait_for(c, "checked");
+    assert_eq!(v["intact"], true, "{v}");
+    let status = exit_status(c, n);
+    let err = Container::stderr(c);
+    assert!(status.success(), "{status}: {err}");
+    err
 }
 
 /// Container `n`'s exit status, once runc reports it (panics after 30 s).

@@ -181,6 +181,8 @@ class Share(unittest.TestCase):
         # Outside 60 to 125% of what they were configured together: not the host's speed.
         self.assertIsNone(share.split([bound(10, 15.0, [15.0]), bound(20, 30.0, [30.0])]))
         self.assertIsNone(share.split([bound(10, 5.5, [5.5]), bound(20, 11.0, [11.0])]))
+        # Shares that add up to the device keep every slice busy: 70% of it is a turn's loss.
+        self.assertIsNone(share.split([bound(30, 21.0, [21.0]), bound(70, 49.0, [49.0])]))
         self.assertIsNone(share.split([row(20, 20.0, [20.0]), row(None, 65.0, [65.0])]))
 
     def test_worst_window(self):
