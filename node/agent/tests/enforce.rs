@@ -1769,8 +1769,15 @@ fn honest_pair(neighbour: &str, flat_out: &str, two: bool) {
             format!("exec {flat_out}")
         },
     );
-    let mut b = start(&small, neighbour, &format!("exec {flat_out}"));
+    // Every process of the first slice is on the device before the second starts: a slice
+    // alone on the device uses all of it, and the samples would rightly name it for more than
+    // its limit. (Alone meanwhile, the first is named for its whole device only until the
+    // second arrives, far from the 7 s of a 10 s window it would take at a limit of 70.)
     engines::wait_for(&mut a, "start");
+    if two {
+        engines::wait_for(&mut a, "start");
+    }
+    let mut b = start(&small, neighbour, &format!("exec {flat_out}"));
     engines::wait_for(&mut b, "start");
     let truth = Truth::start(&sim);
     let pb = b.host_pid();
