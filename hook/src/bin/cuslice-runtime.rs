@@ -53,8 +53,40 @@ fn prepare(
     })
 }
 
+/// What `cuslice-runtime --help` says before the real runtime's own help.
+fn usage() -> String {
+    format!(
+        "\
+usage: cuslice-runtime [--cuslice-runtime=PATH] [--cuslice-hook=PATH] [--cuslice-hook-arg=ARG]...
+                       [--cuslice-cdi-spec-dir=DIR]... [--cuslice-container-index=DIR] RUNTIME-ARGS...
+
+An OCI runtime wrapper: for `create` and `run` it adds cuslice-hook to a container that asks for
+cuslice limits and applies the CDI devices its cdi.k8s.io/* annotations name, then runs the real
+runtime with RUNTIME-ARGS. Its own options may come anywhere and are removed:
+  --cuslice-runtime=PATH         the real runtime (default: runc on PATH)
+  --cuslice-hook=PATH            the hook to add (default: cuslice-hook beside this program)
+  --cuslice-hook-arg=ARG         an argument for the hook (repeatable)
+  --cuslice-cdi-spec-dir=DIR     where CDI specs lie (repeatable; default {})
+  --cuslice-container-index=DIR  the DRA plugin's container index (default {})
+",
+        cuslice_cdi::DEFAULT_SPEC_DIRS.join(", "),
+        cuslice_cdi::DEFAULT_CONTAINER_INDEX
+    )
+}
+
+/// Whether RUNTIME-ARGS ask for help and nothing else.
+fn asks_for_help(rest: &[std::ffi::OsString]) -> bool {
+    matches!(rest, [one] if ["--help", "-h", "help"].iter().any(|h| one == h))
+}
+
 fn main() -> ExitCode {
     let args = split_args(std::env::args_os().skip(1));
+    if asks_for_help(&args.rest) {
+        let real = runtime(&args);
+        print!("{}", usage());
+        println!("\nThe runtime's own help ({}):", real.to_string_lossy());
+        let _ = std::io::Write::flush(&mut std::io::stdout());
+    }
     if let Some(bundle) = bundle_of(&args.rest) {
         let hook = args.hook.clone().unwrap_or_else(hook_beside_me);
         if let Err(e) = prepare(
