@@ -1795,6 +1795,12 @@ fn honest_pair(neighbour: &str, flat_out: &str, two: bool) {
         }
         std::thread::sleep(Duration::from_millis(500));
     }
+    // A slice the agent killed has no count of its own left to judge by.
+    assert!(
+        a.exited().is_none() && b.exited().is_none(),
+        "a slice ended: {:?}",
+        acted_but(&agent, "ledger does not match the driver")
+    );
     let (_, b1) = self::truth(&sim, pb);
     let whole = truth.share(start_s, unix_now());
     let b_share = (b1 - b0) as f64 / t0.elapsed().as_nanos() as f64 * 100.0;
@@ -1823,7 +1829,6 @@ fn honest_pair(neighbour: &str, flat_out: &str, two: bool) {
     assert_eq!(f["actions"]["kills"], 0, "{f}");
     assert_eq!(f["actions"]["freezes"], 0, "{f}");
     assert!(acted.is_empty(), "{acted:#?}");
-    assert!(a.exited().is_none() && b.exited().is_none());
     drop(truth);
     drop(agent);
     Box::new(a).remove();
