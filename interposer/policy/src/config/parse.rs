@@ -127,6 +127,8 @@ pub(super) fn parse_cuslice_percent(entry: &Entry) -> Result<u64, ConfigError> {
     match parse_whole(number, "a whole percent from 1 to 100") {
         Ok(p @ 1..=100) => Ok(p),
         Ok(_) => Err(entry.error("is out of range; it must be from 1 to 100", example)),
+        // The problem says what a percent is already, except for an empty value.
+        Err(problem) if problem != EMPTY => Err(entry.error(problem, format!("{}=50", entry.name))),
         Err(problem) => Err(entry.error(problem, example)),
     }
 }

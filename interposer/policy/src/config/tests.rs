@@ -255,6 +255,25 @@ fn the_documented_error_line() {
     assert_eq!(e.line, None);
 }
 
+/// A percent that is not one says what a percent is once; one out of range says it in the example.
+#[test]
+fn a_bad_percent_says_what_a_percent_is_once() {
+    for (value, problem) in [
+        ("-5", "is negative"),
+        ("5x", "is not"),
+        ("150", "out of range"),
+    ] {
+        let line = error(&[("CUSLICE_CORE_LIMIT", value)]).to_string();
+        assert!(line.contains(problem), "{line}");
+        assert_eq!(
+            line.matches("from 1 to 100").count(),
+            1 + usize::from(value == "150"),
+            "{line}"
+        );
+        assert!(line.contains("write e.g. CUSLICE_CORE_LIMIT=50"), "{line}");
+    }
+}
+
 /// `1.5GB` is 1.5 * 10^9 bytes to some and 1.5 * 2^30 to others: refused, with the binary
 /// spelling of the same number as the example.
 #[test]
