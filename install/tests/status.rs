@@ -499,6 +499,69 @@ fn exporter_serves_the_slices_in_openmetrics_while_they_run_once() {
     );
 }
 
+/// Whoever reaches the exporter's port is a client, a tenant's pod included: one that sends
+/// thousands of scrapes on a connection and never reads the answers, or sends half a request
+/// and waits, does not hold up another client's scrape; HEAD answers the head alone, and
+/// anything but GET or HEAD is refused.
+#[test]
+fn a_client_that_never_reads_holds_up_no_other_scrape() {
+    let sim = Sim::new(&[]);
+    let (_guard, addr) = exporter(&sim, &[]);
+    let (head, body) = get(&addr, "/metrics");
+    assert!(head.starts_with("HTTP/1.0 200"), "{head}");
+    assert!(body.contains("# EOF"), "{body}");
+
+    // A connection with 5,000 scrapes queued whose client reads nothing: their answers (about
+    // 20 MB) are more than the socket buffers hold, so the exporter's writes stall on it. And a
+    // connection with half a request head.
+    let stuck = std::net::TcpStream::connect(&addr).unwrap();
+    let mut flood = stuck.try_clone().unwrap();
+    let pipelined = format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\n\r\n").repeat(5000);
+    let writer = std::thread::spawn(move || {
+        let _ = flood.write_all(pipelined.as_bytes());
+    });
+    let mut half = std::net::TcpStream::connect(&addr).unwrap();
+    write!(half, "GET /metrics HTTP/1.1\r\nHo").unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+
+    // Each bounded so that a stalled exporter fails here rather than hanging the test.
+    for _ in 0..3 {
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        write!(s, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+        let mut text = String::new();
+        s.read_to_string(&mut text)
+            .expect("a scrape beside a client that never reads its answers");
+        assert!(
+            text.starts_with("HTTP/1.0 200") && text.contains("# EOF"),
+            "{text}"
+        );
+    }
+
+    let mut s = std::net::TcpStream::connect(&addr).unwrap();
+    write!(s, "HEAD /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.0 200"), "{head}");
+    assert!(head.contains("application/openmetrics-text"), "{head}");
+    assert_eq!(body, "");
+
+    let mut s = std::net::TcpStream::connect(&addr).unwrap();
+    write!(
+        s,
+        "POST /metrics HTTP/1.0\r\nHost: {addr}\r\nContent-Length: 0\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    assert!(text.starts_with("HTTP/1.0 405"), "{text}");
+
+    let _ = stuck.shutdown(std::net::Shutdown::Both);
+    drop(half);
+    let _ = writer.join();
+}
+
 #[test]
 fn what_cannot_be_read_is_one_line_each_and_nothing_is_changed() {
     let dir = tempfile::tempdir().unwrap();
