@@ -41,6 +41,8 @@ fn a_lock_waits_for_a_call_under_way_or_gives_up_at_its_timeout() {
         let (ctx, f) = (primary as usize, f as usize);
         let launched = Arc::new(AtomicU32::new(0));
         let count = launched.clone();
+        // Taken before the first launch: the first kernel ends 400 ms after it at the earliest.
+        let started = std::time::Instant::now();
         let launcher = std::thread::spawn(move || {
             assert_eq!(set_current(ctx as *mut c_void), 0);
             for _ in 0..RING + 3 {
@@ -84,7 +86,20 @@ fn a_lock_waits_for_a_call_under_way_or_gives_up_at_its_timeout() {
             0,
             "without a timeout the lock waits for it"
         );
+        let locked_at = started.elapsed();
         assert_eq!(state(), 1, "LOCKED");
+        // The call under way could end only once the first kernel had: the lock waited for it.
+        assert!(
+            locked_at >= Duration::from_millis(400),
+            "locked {locked_at:?} after the first launch, before the call under way could end"
+        );
+        // The launching thread counts the call once it has returned (it may not have run yet).
+        let counted = std::time::Instant::now();
+        while launched.load(Ordering::SeqCst) < RING + 1
+            && counted.elapsed() < Duration::from_secs(5)
+        {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         let held_at = launched.load(Ordering::SeqCst);
         assert_eq!(held_at, RING + 1, "the call under way finished");
         std::thread::sleep(Duration::from_millis(900));
